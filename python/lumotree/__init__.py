@@ -1,0 +1,10 @@
+"""LumoTree: tree speculative decoding for hybrid (Gated DeltaNet + attention) language models.
+
+Environment variables:
+    LUMOTREE_OPS        ``naive`` forces the fp32 reference ops even on CUDA tensors.
+"""
+__version__ = "0.1.0"
+
+from lumotree.tree import TreeDescriptor  # noqa: E402  (torch only; SGLang is imported lazily)
+
+__all__ = ["TreeDescriptor", "__version__"]

@@ -1,0 +1,5 @@
+import sys
+
+from lumotree.cli import main
+
+sys.exit(main())

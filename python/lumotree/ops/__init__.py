@@ -1,0 +1,88 @@
+"""Public LumoTree ops. One dispatch point: CUDA tensors use the fused kernels (Triton, and the
+CUDA C++ extension for selection when it is built), everything else the fp32 references.
+
+``LUMOTREE_OPS=naive`` forces the references everywhere (debugging, bisecting a kernel).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from lumotree.ops.commit.naive import CommitPlan, commit_plan
+from lumotree.ops.conv_tree import naive as _conv_naive
+from lumotree.ops.gdn_tree import naive as _gdn_naive
+from lumotree.ops.select import naive as _select_naive
+from lumotree.ops.select.naive import probs_from_logits
+
+__all__ = [
+    "gdn_tree_verify", "gdn_tree_verify_per_node", "gdn_tree_commit", "conv_tree_verify",
+    "conv_tree_commit", "tree_select_greedy", "tree_select_sample", "commit_plan", "CommitPlan",
+    "probs_from_logits", "backend_for",
+]
+
+
+def backend_for(device: torch.device) -> str:
+    """'triton' for CUDA tensors (unless LUMOTREE_OPS=naive), else 'naive'."""
+    forced = os.environ.get("LUMOTREE_OPS", "").strip().lower()
+    if forced not in ("", "naive", "triton"):
+        raise ValueError(f"LUMOTREE_OPS must be 'naive' or 'triton', got {forced!r}")
+    if forced == "naive" or torch.device(device).type != "cuda":
+        return "naive"
+    return "triton"
+
+
+def _fused(module: str):
+    import importlib
+
+    return importlib.import_module(f"lumotree.ops.{module}")
+
+
+def gdn_tree_verify(q, k, v, g, beta, state, tree, scale=None, use_qk_l2norm=False, state_indices=None):
+    if backend_for(state.device) == "triton":
+        return _fused("gdn_tree.triton").gdn_tree_verify(q, k, v, g, beta, state, tree, scale, use_qk_l2norm,
+                                                          state_indices)
+    return _gdn_naive.gdn_tree_verify(q, k, v, g, beta, state, tree, scale, use_qk_l2norm, state_indices)
+
+
+gdn_tree_verify.__doc__ = _gdn_naive.gdn_tree_verify.__doc__
+gdn_tree_verify_per_node = _gdn_naive.gdn_tree_verify_per_node
+
+
+def gdn_tree_commit(k, v, g, beta, state, tree, accept_nodes, accept_len, use_qk_l2norm=False,
+                    state_indices=None):
+    if backend_for(state.device) == "triton":
+        return _fused("gdn_tree.triton").gdn_tree_commit(k, v, g, beta, state, tree, accept_nodes, accept_len,
+                                                          use_qk_l2norm, state_indices)
+    return _gdn_naive.gdn_tree_commit(k, v, g, beta, state, tree, accept_nodes, accept_len, use_qk_l2norm,
+                                      state_indices)
+
+
+gdn_tree_commit.__doc__ = _gdn_naive.gdn_tree_commit.__doc__
+
+
+def conv_tree_verify(x, conv_state, weight, bias, tree, activation="silu", state_indices=None):
+    if backend_for(x.device) == "triton":
+        return _fused("conv_tree.triton").conv_tree_verify(x, conv_state, weight, bias, tree, activation,
+                                                            state_indices)
+    return _conv_naive.conv_tree_verify(x, conv_state, weight, bias, tree, activation, state_indices)
+
+
+def conv_tree_commit(x, conv_state, tree, accept_nodes, accept_len, state_indices=None):
+    if backend_for(x.device) == "triton":
+        return _fused("conv_tree.triton").conv_tree_commit(x, conv_state, tree, accept_nodes, accept_len,
+                                                            state_indices)
+    return _conv_naive.conv_tree_commit(x, conv_state, tree, accept_nodes, accept_len, state_indices)
+
+
+def tree_select_greedy(draft_tokens, target_tokens, tree):
+    if backend_for(draft_tokens.device) == "triton":
+        return _fused("select.cuda").tree_select_greedy(draft_tokens, target_tokens, tree)
+    return _select_naive.tree_select_greedy(draft_tokens, target_tokens, tree)
+
+
+def tree_select_sample(draft_tokens, target_probs, tree, coins=None, coins_final=None, generator=None):
+    if backend_for(draft_tokens.device) == "triton":
+        return _fused("select.cuda").tree_select_sample(draft_tokens, target_probs, tree, coins, coins_final,
+                                                         generator)
+    return _select_naive.tree_select_sample(draft_tokens, target_probs, tree, coins, coins_final, generator)

@@ -1,0 +1,261 @@
+"""Triton kernels for the GDN tree ops; same signatures as ``naive.py``.
+
+Verify (``gdn_tree_verify_fwd_kernel``). A tile is (request ``b``, value head ``hv``, V-block
+``iv``): a ``[BV, K]`` slice of the state, independent of every other tile. A persistent grid of
+programs takes tiles round-robin. For its tile a program loads the committed state once (in place
+from SGLang's pool row ``state_indices[b]``), then walks the tree's nodes in the descriptor's
+depth-first ``order``: consecutive nodes of one path are chained in registers; when the walk
+reaches the head of a dependent path, the program reloads the boundary state of the head's parent
+from its scratch slot ``depth(parent)``; after a boundary node it stores the state into slot
+``depth(node)``. Only boundary states ever leave registers, and the scratch is per *program*
+(``programs x SLOTS x BV x K``), so it does not grow with the batch or with the tree's node count.
+
+Commit (``gdn_tree_commit_fwd_kernel``): one program per tile replays the accepted root path from
+the pool row and writes the final state back into the same row. No per-node snapshots anywhere.
+
+Gating can be fused (``A_log, a, dt_bias, b`` -> ``g = -exp(A_log) softplus(a + dt_bias)``,
+``beta = sigmoid(b)``, as SGLang's fused kernel does) or given precomputed (``g, beta``).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from lumotree.ops.gdn_tree.common import L2NORM_EPS, check_accept, check_gdn_inputs
+from lumotree.tree import TreeDescriptor
+
+__all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_fwd", "gdn_tree_commit_fwd"]
+
+
+@triton.jit
+def _gdn_gate(p_g, p_beta, p_alog, p_dtb, FUSED_GATING: tl.constexpr):
+    if FUSED_GATING:
+        x = tl.load(p_g).to(tl.float32) + tl.load(p_dtb).to(tl.float32)
+        sp = tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x)
+        b_g = -tl.exp(tl.load(p_alog).to(tl.float32)) * sp
+        b_beta = 1.0 / (1.0 + tl.exp(-tl.load(p_beta).to(tl.float32)))
+    else:
+        b_g = tl.load(p_g).to(tl.float32)
+        b_beta = tl.load(p_beta).to(tl.float32)
+    return b_g, b_beta
+
+
+@triton.jit
+def gdn_tree_verify_fwd_kernel(
+    q, k, v, g, beta, A_log, dt_bias, o, state, state_indices, scratch,
+    order, parents, depth, flags, num_nodes,
+    scale, num_tiles, stride_state,
+    N: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, SLOTS: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, HAS_STATE_INDICES: tl.constexpr, FUSED_GATING: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    NV: tl.constexpr = (V + BV - 1) // BV
+    o_k = tl.arange(0, BK)
+    o_vb = tl.arange(0, BV)
+    mask_k = o_k < K
+    p_scr = scratch + pid.to(tl.int64) * (SLOTS * BV * BK) + o_vb[:, None] * BK + o_k[None, :]
+    for tile in range(pid, num_tiles, nprog):
+        i_v = tile % NV
+        i_bh = tile // NV
+        i_b = i_bh // HV
+        i_hv = i_bh % HV
+        i_hk = i_hv // (HV // HK)
+        o_v = i_v * BV + o_vb
+        mask_v = o_v < V
+        mask_h = mask_v[:, None] & mask_k[None, :]
+        if HAS_STATE_INDICES:
+            row = tl.load(state_indices + i_b).to(tl.int64)
+        else:
+            row = i_b.to(tl.int64)
+        p_h = state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+        b_h = tl.load(p_h, mask=mask_h & (row >= 0), other=0.0).to(tl.float32)
+        n = tl.load(num_nodes + i_b)
+        for t in range(0, n):
+            i = tl.load(order + i_b * N + t)
+            fl = tl.load(flags + i_b * N + i)  # bit 0: dependent path head, bit 1: boundary node
+            if (fl & 1) != 0:
+                par = tl.load(parents + i_b * N + i)
+                slot = tl.load(depth + i_b * N + par)
+                b_h = tl.load(p_scr + slot * (BV * BK))
+            tok = i_b * N + i
+            b_q = tl.load(q + (tok * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+            b_k = tl.load(k + (tok * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+            b_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+            b_g, b_beta = _gdn_gate(g + tok * HV + i_hv, beta + tok * HV + i_hv, A_log + i_hv, dt_bias + i_hv,
+                                    FUSED_GATING)
+            if USE_QK_L2NORM:
+                b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
+                b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+            b_h *= tl.exp(b_g)
+            b_u = (b_v - tl.sum(b_h * b_k[None, :], 1)) * b_beta
+            b_h += b_u[:, None] * b_k[None, :]
+            b_o = tl.sum(b_h * b_q[None, :], 1) * scale
+            tl.store(o + (tok * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
+            if (fl & 2) != 0:
+                tl.store(p_scr + tl.load(depth + i_b * N + i) * (BV * BK), b_h)
+                tl.debug_barrier()
+
+
+@triton.jit
+def gdn_tree_commit_fwd_kernel(
+    k, v, g, beta, A_log, dt_bias, state, state_indices, accept_nodes, accept_len, stride_state,
+    N: tl.constexpr, L: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, HAS_STATE_INDICES: tl.constexpr, FUSED_GATING: tl.constexpr,
+):
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    i_hk = i_hv // (HV // HK)
+    n = tl.load(accept_len + i_b)
+    if HAS_STATE_INDICES:
+        row = tl.load(state_indices + i_b).to(tl.int64)
+    else:
+        row = i_b.to(tl.int64)
+    if (n > 0) & (row >= 0):
+        o_k = tl.arange(0, BK)
+        o_v = i_v * BV + tl.arange(0, BV)
+        mask_k = o_k < K
+        mask_v = o_v < V
+        mask_h = mask_v[:, None] & mask_k[None, :]
+        p_h = state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+        b_h = tl.load(p_h, mask=mask_h, other=0.0).to(tl.float32)
+        for j in range(0, n):
+            i = tl.load(accept_nodes + i_b * L + j)
+            tok = i_b * N + i
+            b_k = tl.load(k + (tok * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+            b_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+            b_g, b_beta = _gdn_gate(g + tok * HV + i_hv, beta + tok * HV + i_hv, A_log + i_hv, dt_bias + i_hv,
+                                    FUSED_GATING)
+            if USE_QK_L2NORM:
+                b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+            b_h *= tl.exp(b_g)
+            b_u = (b_v - tl.sum(b_h * b_k[None, :], 1)) * b_beta
+            b_h += b_u[:, None] * b_k[None, :]
+        tl.store(p_h, b_h.to(state.dtype.element_ty), mask=mask_h)
+
+
+assert L2NORM_EPS == 1e-6  # the kernels above hard-code the shared epsilon
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":  # Triton's CPU interpreter (TRITON_INTERPRET=1) in tests
+        return 2
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def tree_kernel_args(tree: TreeDescriptor):
+    """int32 views of the descriptor that the verify kernel reads (static shapes, no sync)."""
+    idx = torch.arange(tree.max_nodes, device=tree.device)
+    dependent = tree.is_head & (idx[None, :] > 0)
+    flags = dependent.int() | (tree.is_boundary.int() << 1)
+    return (tree.order.int().contiguous(), tree.parents.int().contiguous(), tree.depth.int().contiguous(),
+            flags.contiguous(), tree.num_nodes.int().contiguous())
+
+
+def _default_bv(V: int) -> int:
+    return min(triton.next_power_of_2(V), 16)
+
+
+def gdn_tree_verify_fwd(q, k, v, state, tree: TreeDescriptor, g=None, beta=None, *, A_log=None, a=None,
+                        dt_bias=None, b=None, scale: Optional[float] = None, use_qk_l2norm: bool = False,
+                        state_indices: Optional[torch.Tensor] = None, num_slots: Optional[int] = None,
+                        kernel_args=None, BV: Optional[int] = None, num_warps: int = 4,
+                        programs_per_sm: int = 4, out: Optional[torch.Tensor] = None,
+                        scratch: Optional[torch.Tensor] = None):
+    """Launcher. Either ``g, beta`` or the raw gating ``A_log, a, dt_bias, b`` (fused).
+
+    ``num_slots`` is a static bound on 1 + the deepest boundary's depth (default: the tree's
+    maximum node depth, which needs one host sync; pass e.g. ``speculative_num_steps + 1`` under
+    CUDA graphs). ``kernel_args`` / ``scratch`` / ``out`` can be preallocated for graph capture."""
+    fused = g is None
+    B, N, HK, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    scale = K ** -0.5 if scale is None else scale
+    BK = triton.next_power_of_2(K)
+    BV = BV or _default_bv(V)
+    NV = triton.cdiv(V, BV)
+    if num_slots is None:
+        num_slots = int(tree.depth.max().item()) + 1
+    num_tiles = B * HV * NV
+    nprog = max(1, min(num_tiles, _num_sms(q.device) * programs_per_sm))
+    if scratch is None:
+        scratch = torch.empty(nprog * num_slots * BV * BK, dtype=torch.float32, device=q.device)
+    elif scratch.numel() < nprog * num_slots * BV * BK:
+        raise ValueError(f"scratch holds {scratch.numel()} floats, needs {nprog * num_slots * BV * BK}")
+    if out is None:
+        out = torch.empty(B, N, HV, V, dtype=q.dtype, device=q.device)
+    ka = kernel_args if kernel_args is not None else tree_kernel_args(tree)
+    dummy = state  # unused pointer slots
+    gdn_tree_verify_fwd_kernel[(nprog,)](
+        q.contiguous(), k.contiguous(), v.contiguous(),
+        (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
+        A_log if fused else dummy, dt_bias if fused else dummy, out, state,
+        state_indices if state_indices is not None else dummy, scratch, *ka,
+        scale, num_tiles, state.stride(0),
+        N=N, HK=HK, HV=HV, K=K, V=V, BK=BK, BV=BV, SLOTS=num_slots,
+        USE_QK_L2NORM=use_qk_l2norm, HAS_STATE_INDICES=state_indices is not None, FUSED_GATING=fused,
+        num_warps=num_warps,
+    )
+    return out
+
+
+def gdn_tree_commit_fwd(k, v, state, accept_nodes, accept_len, g=None, beta=None, *, A_log=None, a=None,
+                        dt_bias=None, b=None, use_qk_l2norm: bool = False,
+                        state_indices: Optional[torch.Tensor] = None, BV: Optional[int] = None,
+                        num_warps: int = 4):
+    """Launcher of the replay commit; updates ``state`` rows in place."""
+    fused = g is None
+    B, N, HK, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    BK = triton.next_power_of_2(K)
+    BV = BV or _default_bv(V)
+    dummy = state
+    an = accept_nodes.int().contiguous() if accept_nodes.dtype != torch.int32 else accept_nodes.contiguous()
+    al = accept_len.int().contiguous() if accept_len.dtype != torch.int32 else accept_len.contiguous()
+    gdn_tree_commit_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
+        k.contiguous(), v.contiguous(), (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
+        A_log if fused else dummy, dt_bias if fused else dummy, state,
+        state_indices if state_indices is not None else dummy, an, al, state.stride(0),
+        N=N, L=an.shape[1], HK=HK, HV=HV, K=K, V=V, BK=BK, BV=BV,
+        USE_QK_L2NORM=use_qk_l2norm, HAS_STATE_INDICES=state_indices is not None, FUSED_GATING=fused,
+        num_warps=num_warps,
+    )
+    return state
+
+
+def _check_kernel_inputs(state, q_or_k):
+    if not state.is_cuda:
+        raise ValueError("the Triton GDN tree kernels need CUDA tensors; use lumotree.ops (dispatches) or naive.py")
+    if state.dtype != torch.float32:
+        raise ValueError(f"the Triton kernels keep the state in float32, got {state.dtype}")
+    if state[0].stride() != (state.shape[2] * state.shape[3], state.shape[3], 1):
+        raise ValueError("each state row must be contiguous [Hv, V, K] (the pool's leading stride may differ)")
+
+
+def gdn_tree_verify(q, k, v, g, beta, state, tree: TreeDescriptor, scale: Optional[float] = None,
+                    use_qk_l2norm: bool = False, state_indices: Optional[torch.Tensor] = None):
+    """Path-parallel tree verify (Triton). Same contract as :func:`lumotree.ops.gdn_tree.naive.gdn_tree_verify`;
+    returns ``o`` in q's dtype."""
+    check_gdn_inputs(q, k, v, g, beta, state, tree, state_indices)
+    _check_kernel_inputs(state, k)
+    out = torch.zeros(*v.shape, dtype=q.dtype, device=q.device)  # padding nodes stay zero
+    return gdn_tree_verify_fwd(q, k, v, state, tree, g, beta, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                               state_indices=state_indices, out=out)
+
+
+def gdn_tree_commit(k, v, g, beta, state, tree: TreeDescriptor, accept_nodes, accept_len,
+                    use_qk_l2norm: bool = False, state_indices: Optional[torch.Tensor] = None):
+    """Accepted-path replay commit (Triton), in place on ``state`` (or pool rows ``state_indices``)."""
+    B, N, *_ = check_gdn_inputs(None, k, v, g, beta, state, tree, state_indices)
+    check_accept(accept_nodes, accept_len, B, N)
+    _check_kernel_inputs(state, k)
+    return gdn_tree_commit_fwd(k, v, state, accept_nodes, accept_len, g, beta, use_qk_l2norm=use_qk_l2norm,
+                               state_indices=state_indices)

@@ -48,8 +48,8 @@ def _gdn_gate(p_g, p_beta, p_alog, p_dtb, FUSED_GATING: tl.constexpr):
 def gdn_tree_verify_fwd_kernel(
     q, k, v, g, beta, A_log, dt_bias, o, state, state_indices, scratch,
     order, parents, depth, flags, num_nodes,
-    scale, num_tiles, stride_state,
-    N: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    scale, num_tiles, stride_state, N,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, SLOTS: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_STATE_INDICES: tl.constexpr, FUSED_GATING: tl.constexpr,
 ):
@@ -104,8 +104,8 @@ def gdn_tree_verify_fwd_kernel(
 
 @triton.jit
 def gdn_tree_commit_fwd_kernel(
-    k, v, g, beta, A_log, dt_bias, state, state_indices, accept_nodes, accept_len, stride_state,
-    N: tl.constexpr, L: tl.constexpr, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    k, v, g, beta, A_log, dt_bias, state, state_indices, accept_nodes, accept_len, stride_state, N, L,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_STATE_INDICES: tl.constexpr, FUSED_GATING: tl.constexpr,
 ):
@@ -160,15 +160,20 @@ def tree_kernel_args(tree: TreeDescriptor):
             flags.contiguous(), tree.num_nodes.int().contiguous())
 
 
+def default_config(V: int, num_bh: int):
+    """(BV, num_warps, programs_per_sm) for the verify kernel; ``num_bh`` = batch x value heads."""
+    return min(triton.next_power_of_2(V), 16), 4, 4
+
+
 def _default_bv(V: int) -> int:
-    return min(triton.next_power_of_2(V), 16)
+    return default_config(V, 0)[0]
 
 
 def gdn_tree_verify_fwd(q, k, v, state, tree: TreeDescriptor, g=None, beta=None, *, A_log=None, a=None,
                         dt_bias=None, b=None, scale: Optional[float] = None, use_qk_l2norm: bool = False,
                         state_indices: Optional[torch.Tensor] = None, num_slots: Optional[int] = None,
-                        kernel_args=None, BV: Optional[int] = None, num_warps: int = 4,
-                        programs_per_sm: int = 4, out: Optional[torch.Tensor] = None,
+                        kernel_args=None, BV: Optional[int] = None, num_warps: Optional[int] = None,
+                        programs_per_sm: Optional[int] = None, out: Optional[torch.Tensor] = None,
                         scratch: Optional[torch.Tensor] = None):
     """Launcher. Either ``g, beta`` or the raw gating ``A_log, a, dt_bias, b`` (fused).
 
@@ -180,7 +185,8 @@ def gdn_tree_verify_fwd(q, k, v, state, tree: TreeDescriptor, g=None, beta=None,
     HV, V = v.shape[2], v.shape[3]
     scale = K ** -0.5 if scale is None else scale
     BK = triton.next_power_of_2(K)
-    BV = BV or _default_bv(V)
+    d_bv, d_warps, d_pps = default_config(V, B * HV)
+    BV, num_warps, programs_per_sm = BV or d_bv, num_warps or d_warps, programs_per_sm or d_pps
     NV = triton.cdiv(V, BV)
     if num_slots is None:
         num_slots = int(tree.depth.max().item()) + 1
@@ -199,8 +205,8 @@ def gdn_tree_verify_fwd(q, k, v, state, tree: TreeDescriptor, g=None, beta=None,
         (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
         A_log if fused else dummy, dt_bias if fused else dummy, out, state,
         state_indices if state_indices is not None else dummy, scratch, *ka,
-        scale, num_tiles, state.stride(0),
-        N=N, HK=HK, HV=HV, K=K, V=V, BK=BK, BV=BV, SLOTS=num_slots,
+        scale, num_tiles, state.stride(0), N,
+        HK=HK, HV=HV, K=K, V=V, BK=BK, BV=BV, SLOTS=num_slots,
         USE_QK_L2NORM=use_qk_l2norm, HAS_STATE_INDICES=state_indices is not None, FUSED_GATING=fused,
         num_warps=num_warps,
     )
@@ -223,8 +229,8 @@ def gdn_tree_commit_fwd(k, v, state, accept_nodes, accept_len, g=None, beta=None
     gdn_tree_commit_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
         k.contiguous(), v.contiguous(), (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
         A_log if fused else dummy, dt_bias if fused else dummy, state,
-        state_indices if state_indices is not None else dummy, an, al, state.stride(0),
-        N=N, L=an.shape[1], HK=HK, HV=HV, K=K, V=V, BK=BK, BV=BV,
+        state_indices if state_indices is not None else dummy, an, al, state.stride(0), N, an.shape[1],
+        HK=HK, HV=HV, K=K, V=V, BK=BK, BV=BV,
         USE_QK_L2NORM=use_qk_l2norm, HAS_STATE_INDICES=state_indices is not None, FUSED_GATING=fused,
         num_warps=num_warps,
     )

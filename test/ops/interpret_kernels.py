@@ -1,0 +1,76 @@
+"""Run the Triton kernels in Triton's CPU interpreter against the references (called by
+test_kernels_interpret.py in a subprocess, because TRITON_INTERPRET must be set before import)."""
+import os
+import sys
+
+assert os.environ.get("TRITON_INTERPRET") == "1"
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+import torch  # noqa: E402
+
+from lumotree import TreeDescriptor  # noqa: E402
+from lumotree.ops.commit.naive import commit_plan  # noqa: E402
+from lumotree.ops.conv_tree import naive as conv_naive  # noqa: E402
+from lumotree.ops.conv_tree import triton as conv_tri  # noqa: E402
+from lumotree.ops.gdn_tree import naive, triton as tri  # noqa: E402
+from utils import assert_close, make_parents  # noqa: E402
+
+
+def batch(kind):
+    rows = [make_parents(kind, n, s) for n, s in [(9, 1), (5, 2)]]
+    N = max(len(r) for r in rows)
+    nums = torch.tensor([len(r) for r in rows])
+    return TreeDescriptor.from_parents(torch.tensor([r + [-1] * (N - len(r)) for r in rows]), nums), nums, N
+
+
+def gdn(kind, l2):
+    tree, nums, N = batch(kind)
+    B, Hk, Hv, K, V = 2, 2, 4, 16, 32
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(B, N, Hk, K, generator=g), torch.randn(B, N, Hk, K, generator=g)
+    v = torch.randn(B, N, Hv, V, generator=g)
+    A_log, dtb = torch.randn(Hv, generator=g), torch.randn(Hv, generator=g)
+    a, bb = torch.randn(B, N, Hv, generator=g), torch.randn(B, N, Hv, generator=g)
+    gg = -torch.exp(A_log) * torch.nn.functional.softplus(a + dtb)
+    be = torch.sigmoid(bb)
+    pool = torch.randn(5, Hv, V, K, generator=g) * 0.1
+    si = torch.tensor([3, 1])
+    ref = naive.gdn_tree_verify(q, k, v, gg, be, pool, tree, use_qk_l2norm=l2, state_indices=si)
+    o = tri.gdn_tree_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si,
+                                out=torch.zeros(B, N, Hv, V), BV=8)
+    assert_close(f"{kind} verify", ref, o, 1e-5)
+    o = tri.gdn_tree_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
+                                state_indices=si, out=torch.zeros(B, N, Hv, V), BV=8)
+    assert_close(f"{kind} verify fused gating", ref, o, 1e-5)
+    an = tree.root_path(nums - 1)
+    al = (an >= 0).sum(-1)
+    p1, p2 = pool.clone(), pool.clone()
+    naive.gdn_tree_commit(k, v, gg, be, p1, tree, an, al, use_qk_l2norm=l2, state_indices=si)
+    tri.gdn_tree_commit_fwd(k, v, p2, an, al, gg, be, use_qk_l2norm=l2, state_indices=si, BV=8)
+    assert_close(f"{kind} commit", p1, p2, 1e-5)
+
+
+def conv(kind, W):
+    tree, nums, N = batch(kind)
+    B, D = 2, 12
+    g = torch.Generator().manual_seed(4)
+    x, pool = torch.randn(B, N, D, generator=g), torch.randn(4, D, W - 1, generator=g)
+    w, bias, si = torch.randn(D, W, generator=g), torch.randn(D, generator=g), torch.tensor([2, 0])
+    assert_close(f"{kind} conv", conv_naive.conv_tree_verify(x, pool, w, bias, tree, state_indices=si),
+                 conv_tri.conv_tree_verify(x, pool, w, bias, tree, state_indices=si), 1e-6)
+    for ends in (nums - 1, torch.tensor([0, 1])):
+        an = tree.root_path(ends)
+        al = (an >= 0).sum(-1)
+        p1, p2 = pool.clone(), pool.clone()
+        conv_naive.conv_tree_commit(x, p1, tree, an, al, state_indices=si)
+        conv_tri.conv_tree_commit(x, p2, tree, an, al, state_indices=si)
+        assert torch.equal(p1, p2), f"{kind} W={W} conv commit"
+        plan = commit_plan(tree, an, al, torch.zeros(B, N, dtype=torch.long), W)
+        assert torch.equal(plan.conv_src, conv_tri.conv_commit_src(an, al, W - 1))
+
+
+if __name__ == "__main__":
+    for kind in ("chain", "star", "caterpillar", "random", "eagle"):
+        gdn(kind, kind in ("chain", "random"))
+        conv(kind, 4 if kind != "star" else 2)
+    print("interpreted kernels == references")

@@ -1,0 +1,185 @@
+"""GPU tests of the Triton GDN tree kernels (run on the H200: python3 -m pytest -q -m gpu test)."""
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lumotree import TreeDescriptor, tree_shapes
+from lumotree.ops.gdn_tree import naive
+from utils import assert_close, make_parents
+
+pytestmark = pytest.mark.gpu
+
+
+def make(B, N, Hk, Hv, K, V, dtype, seed, pool_extra=3, kinds=("random",)):
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for b in range(B):
+        kind = kinds[b % len(kinds)]
+        n = N if b == 0 else random.Random(seed + b).randint(1, N)
+        rows.append(make_parents(kind, n, seed + b))
+    N = max(len(r) for r in rows)
+    nums = torch.tensor([len(r) for r in rows])
+    parents = torch.tensor([r + [-1] * (N - len(r)) for r in rows])
+    x = dict(
+        q=torch.randn(B, N, Hk, K, generator=g).to(dtype), k=torch.randn(B, N, Hk, K, generator=g).to(dtype),
+        v=torch.randn(B, N, Hv, V, generator=g).to(dtype),
+        A_log=torch.randn(Hv, generator=g) * 0.5, dt_bias=torch.randn(Hv, generator=g) * 0.5,
+        a=torch.randn(B, N, Hv, generator=g).to(dtype), b=torch.randn(B, N, Hv, generator=g).to(dtype),
+        pool=torch.randn(B + pool_extra, Hv, V, K, generator=g) * 0.05,
+        rows=torch.randperm(B + pool_extra, generator=g)[:B].int(),
+    )
+    x["g"] = -torch.exp(x["A_log"]) * F.softplus(x["a"].float() + x["dt_bias"])
+    x["beta"] = torch.sigmoid(x["b"].float())
+    return {k_: t.cuda() for k_, t in x.items()}, parents.cuda(), nums.cuda()
+
+
+CASES = [
+    pytest.param(kind, B, N, Hk, Hv, K, V, dt, id=f"{kind}-B{B}-N{N}-Hk{Hk}-Hv{Hv}-K{K}-{str(dt)[6:]}")
+    for kind in ("chain", "star", "caterpillar", "random", "eagle")
+    for (B, N) in ((1, 4), (3, 17), (2, 64))
+    for (Hk, Hv, K, V) in ((2, 6, 64, 64), (4, 8, 128, 128))
+    for dt in (torch.float32, torch.bfloat16)
+]
+
+
+@pytest.mark.parametrize("kind, B, N, Hk, Hv, K, V, dtype", CASES)
+def test_verify_and_commit_match_reference(kind, B, N, Hk, Hv, K, V, dtype):
+    from lumotree.ops.gdn_tree import triton as tri
+
+    x, parents, nums = make(B, N, Hk, Hv, K, V, dtype, seed=N + B, kinds=(kind, "random"))
+    tree = TreeDescriptor.from_parents(parents, nums)
+    pool0 = x["pool"].clone()
+    ref = naive.gdn_tree_verify(x["q"], x["k"], x["v"], x["g"], x["beta"], x["pool"], tree, use_qk_l2norm=True,
+                                state_indices=x["rows"])
+    o = tri.gdn_tree_verify(x["q"], x["k"], x["v"], x["g"], x["beta"], x["pool"], tree, use_qk_l2norm=True,
+                            state_indices=x["rows"])
+    assert torch.equal(x["pool"], pool0), "verify wrote the state"
+    assert_close("verify", ref, o, 1e-5 if dtype == torch.float32 else 8e-3)
+    of = tri.gdn_tree_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, A_log=x["A_log"], a=x["a"],
+                                 dt_bias=x["dt_bias"], b=x["b"], use_qk_l2norm=True, state_indices=x["rows"],
+                                 out=torch.zeros_like(o))
+    assert_close("verify fused gating", ref, of, 1e-5 if dtype == torch.float32 else 8e-3)
+    ends = torch.tensor([random.Random(b).randrange(int(n)) for b, n in enumerate(nums.tolist())], device="cuda")
+    an = tree.root_path(ends)
+    al = (an >= 0).sum(-1)
+    p_ref, p_tri = x["pool"].clone(), x["pool"].clone()
+    naive.gdn_tree_commit(x["k"], x["v"], x["g"], x["beta"], p_ref, tree, an, al, use_qk_l2norm=True,
+                          state_indices=x["rows"])
+    tri.gdn_tree_commit(x["k"], x["v"], x["g"], x["beta"], p_tri, tree, an, al, use_qk_l2norm=True,
+                        state_indices=x["rows"])
+    assert_close("commit", p_ref, p_tri, 1e-5)
+
+
+@pytest.mark.parametrize("shape", ["chain-4", "topk2-d3", "topk4-n8", "eagle-16", "eagle-64"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_equals_sglang_native_tree_verify(shape, dtype):
+    """Same inputs through SGLang 0.5.17's tree-verify kernel: outputs agree, and our replay commit
+    equals its per-node snapshot of the accepted node."""
+    from lumotree.ops.gdn_tree import triton as tri
+    from lumotree.ops.gdn_tree.native import NativeTreeVerify
+
+    rng = random.Random(7)
+    p = {"chain-4": tree_shapes.chain(4), "topk2-d3": tree_shapes.eagle(2, 3, 6, rng),
+         "topk4-n8": tree_shapes.eagle(4, 3, 8, rng), "eagle-16": tree_shapes.eagle(4, 5, 16, rng),
+         "eagle-64": tree_shapes.eagle(8, 8, 64, rng)}[shape]
+    B, N, Hk, Hv, K, V = 4, len(p), 4, 12, 128, 128
+    x, _, _ = make(B, N, Hk, Hv, K, V, dtype, seed=11)
+    parents = torch.tensor([p] * B, device="cuda")
+    tree = TreeDescriptor.from_parents(parents)
+    nat = NativeTreeVerify(B, N, Hv, V, K, "cuda")
+    o_nat = nat.verify(x["q"], x["k"], x["v"], x["A_log"], x["a"], x["dt_bias"], x["b"], x["pool"], x["rows"],
+                       parents.int())
+    o = tri.gdn_tree_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, A_log=x["A_log"], a=x["a"],
+                                dt_bias=x["dt_bias"], b=x["b"], use_qk_l2norm=True, state_indices=x["rows"])
+    assert_close("o vs sglang", o_nat.float(), o.float(), 1e-5 if dtype == torch.float32 else 8e-3)
+    ends = torch.tensor([N - 1, 0, N // 2, 1 if N > 1 else 0], device="cuda")
+    an = tree.root_path(ends)
+    al = (an >= 0).sum(-1)
+    p_ours, p_nat = x["pool"].clone(), x["pool"].clone()
+    tri.gdn_tree_commit_fwd(x["k"], x["v"], p_ours, an, al, A_log=x["A_log"], a=x["a"], dt_bias=x["dt_bias"],
+                            b=x["b"], use_qk_l2norm=True, state_indices=x["rows"])
+    nat.commit(p_nat, x["rows"], ends.int())
+    assert_close("commit vs sglang snapshot", p_nat, p_ours, 1e-5)
+    for bb in range(B):  # also the snapshot itself, request by request
+        assert_close(f"snapshot {bb}", nat.intermediate[bb, int(ends[bb])], p_ours[x["rows"][bb].long()], 1e-5)
+
+
+def test_verify_and_commit_capture_in_cuda_graph():
+    """Descriptor build (validate=False) + verify + commit with no host sync: captured once, replayed
+    on new trees and inputs copied into the static buffers."""
+    from lumotree.ops.gdn_tree import triton as tri
+
+    B, N, Hk, Hv, K, V = 3, 16, 2, 8, 128, 128
+    x, parents, nums = make(B, N, Hk, Hv, K, V, torch.bfloat16, seed=5, kinds=("eagle",))
+    static = {k_: t.clone() for k_, t in x.items()}
+    s_par = torch.tensor([tree_shapes.eagle(4, 5, N, random.Random(0))] * B, device="cuda")
+    s_num = torch.full((B,), N, device="cuda")
+    s_ends = torch.zeros(B, dtype=torch.long, device="cuda")
+    out = torch.empty(B, N, Hv, V, dtype=torch.bfloat16, device="cuda")
+    slots = N  # static bound on the boundary depth
+    scratch = torch.empty(132 * 4 * slots * 16 * 128, dtype=torch.float32, device="cuda")
+
+    def step():
+        tree = TreeDescriptor.from_parents(s_par, s_num, validate=False)
+        tri.gdn_tree_verify_fwd(static["q"], static["k"], static["v"], static["pool"], tree, A_log=static["A_log"],
+                                a=static["a"], dt_bias=static["dt_bias"], b=static["b"], use_qk_l2norm=True,
+                                state_indices=static["rows"], num_slots=slots, out=out, scratch=scratch)
+        an = tree.root_path(s_ends)
+        tri.gdn_tree_commit_fwd(static["k"], static["v"], static["pool"], an, (an >= 0).sum(-1),
+                                A_log=static["A_log"], a=static["a"], dt_bias=static["dt_bias"], b=static["b"],
+                                use_qk_l2norm=True, state_indices=static["rows"])
+
+    pool_before = static["pool"].clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # warm-up (compiles)
+    torch.cuda.current_stream().wait_stream(s)
+    static["pool"].copy_(pool_before)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for trial in range(3):
+        x2, par2, num2 = make(B, N, Hk, Hv, K, V, torch.bfloat16, seed=100 + trial, kinds=("random", "eagle"))
+        ends = torch.tensor([int(n) - 1 for n in num2.tolist()], device="cuda")
+        for k_ in ("q", "k", "v", "a", "b", "pool", "rows"):
+            static[k_].copy_(x2[k_])
+        s_par.copy_(par2)
+        s_num.copy_(num2)
+        s_ends.copy_(ends)
+        graph.replay()
+        tree = TreeDescriptor.from_parents(par2, num2)
+        ref = naive.gdn_tree_verify(x2["q"], x2["k"], x2["v"], x2["g"], x2["beta"], x2["pool"], tree,
+                                    use_qk_l2norm=True, state_indices=x2["rows"])
+        assert_close("graph verify", ref[tree.valid], out[tree.valid].float(), 8e-3)
+        an = tree.root_path(ends)
+        p_ref = x2["pool"].clone()
+        naive.gdn_tree_commit(x2["k"], x2["v"], x2["g"], x2["beta"], p_ref, tree, an, (an >= 0).sum(-1),
+                              use_qk_l2norm=True, state_indices=x2["rows"])
+        assert_close("graph commit", p_ref, static["pool"], 1e-5)
+
+
+@pytest.mark.parametrize("W", [2, 4])
+def test_conv_tree_gpu(W):
+    from lumotree.ops.conv_tree import naive as cn
+    from lumotree.ops.conv_tree import triton as ct
+
+    B, N, D = 4, 33, 700
+    rows = [make_parents(k_, N, s) for s, k_ in enumerate(("eagle", "random", "caterpillar", "chain"))]
+    N = max(len(r) for r in rows)
+    tree = TreeDescriptor.from_parents(torch.tensor([r + [-1] * (N - len(r)) for r in rows], device="cuda"),
+                                       torch.tensor([len(r) for r in rows], device="cuda"))
+    x = torch.randn(B, N, D, device="cuda", dtype=torch.bfloat16)
+    pool = torch.randn(B + 2, D, W - 1, device="cuda", dtype=torch.bfloat16)
+    w, bias = torch.randn(D, W, device="cuda"), torch.randn(D, device="cuda")
+    si = torch.tensor([5, 0, 2, 3], device="cuda", dtype=torch.int32)
+    assert_close("conv", cn.conv_tree_verify(x, pool, w, bias, tree, state_indices=si).float(),
+                 ct.conv_tree_verify(x, pool, w, bias, tree, state_indices=si).float(), 1e-2)
+    an = tree.root_path(tree.num_nodes - 1)
+    al = (an >= 0).sum(-1)
+    p1, p2 = pool.clone(), pool.clone()
+    cn.conv_tree_commit(x, p1, tree, an, al, state_indices=si)
+    ct.conv_tree_commit(x, p2, tree, an, al, state_indices=si)
+    assert torch.equal(p1, p2)

@@ -55,7 +55,7 @@ def bench_graph(fn, rep=50):
     return triton.testing.do_bench_cudagraph(fn, rep=rep) * 1e3  # µs
 
 
-def run_cell(model, tree_name, parents_list, B, cfg, dtype=torch.bfloat16):
+def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, "tf32x3"), dtype=torch.bfloat16):
     from lumotree import TreeDescriptor
     from lumotree.ops.gdn_tree import triton as tri
     from lumotree.ops.gdn_tree.native import NativeTreeVerify
@@ -101,6 +101,15 @@ def run_cell(model, tree_name, parents_list, B, cfg, dtype=torch.bfloat16):
                                 use_qk_l2norm=True, state_indices=rows, num_slots=slots, kernel_args=ka,
                                 BV=BV, num_warps=warps, programs_per_sm=pps, out=out, scratch=scratch)
 
+    anc = tree.mask.to(torch.int8)
+    out_c = torch.empty_like(out)
+    cBV, cwarps, cprec = chunk_cfg
+
+    def our_chunk_verify():
+        tri.gdn_tree_chunk_verify_fwd(q, k, v, pool_o, tree, A_log=A_log, a=a, dt_bias=dt_bias, b=b,
+                                      use_qk_l2norm=True, state_indices=rows, anc_mask=anc, BV=cBV,
+                                      num_warps=cwarps, precision=cprec, out=out_c)
+
     def our_commit():
         # replay from a fixed committed state each time (restored outside the timed region would
         # need a copy; replaying repeatedly is the same work on drifting values)
@@ -110,7 +119,9 @@ def run_cell(model, tree_name, parents_list, B, cfg, dtype=torch.bfloat16):
     # correctness on these very inputs before timing
     o_nat = nat.verify(q, k, v, A_log, a, dt_bias, b, pool, rows, par32)
     our_verify()
+    our_chunk_verify()
     err = float((o_nat.float() - out.float()).norm() / o_nat.float().norm())
+    err_chunk = float((o_nat.float() - out_c.float()).norm() / o_nat.float().norm())
     p1, p2 = pool.clone(), pool.clone()
     nat.commit(p1, rows, ends.int())
     tri.gdn_tree_commit_fwd(k, v, p2, an, al, A_log=A_log, a=a, dt_bias=dt_bias, b=b, use_qk_l2norm=True,
@@ -118,35 +129,40 @@ def run_cell(model, tree_name, parents_list, B, cfg, dtype=torch.bfloat16):
     err_c = float((p1 - p2).norm() / p1.norm())
 
     t_nv, t_nc = bench_graph(nat_verify), bench_graph(nat_commit)
-    t_ov, t_oc = bench_graph(our_verify), bench_graph(our_commit)
+    t_ow, t_oc = bench_graph(our_verify), bench_graph(our_commit)
+    t_ov = bench_graph(our_chunk_verify)
     state_bytes = B * Hv * V * K * 4
     accepted = int(al[0])
     return dict(
         model=model, tree=tree_name, nodes=N, batch=B, depth=int(tree.depth.max()), paths=int(tree.num_paths[0]),
-        boundaries=int(tree.num_boundaries[0]), slots=slots, accepted=accepted, config=dict(BV=BV, num_warps=warps,
-                                                                                             programs_per_sm=pps),
+        boundaries=int(tree.num_boundaries[0]), slots=slots, accepted=accepted,
+        walk_config=dict(BV=BV, num_warps=warps, programs_per_sm=pps),
+        chunk_config=dict(BV=cBV, num_warps=cwarps, precision=cprec),
+        walk_verify_us=t_ow, walk_total_us=t_ow + t_oc, walk_speedup=(t_nv + t_nc) / (t_ow + t_oc),
         native_verify_us=t_nv, native_commit_us=t_nc, native_total_us=t_nv + t_nc,
         ours_verify_us=t_ov, ours_commit_us=t_oc, ours_total_us=t_ov + t_oc,
         speedup=(t_nv + t_nc) / (t_ov + t_oc),
-        native_scratch_bytes=nat.intermediate.numel() * 4, ours_scratch_bytes=scratch.numel() * 4,
+        native_scratch_bytes=nat.intermediate.numel() * 4, ours_scratch_bytes=0,
+        walk_scratch_bytes=scratch.numel() * 4,
         floor_us=state_bytes / COPY_BW * 1e6,
         ours_verify_GBps=state_bytes / (t_ov * 1e-6) / 1e9,
         ours_total_GBps=3 * state_bytes / ((t_ov + t_oc) * 1e-6) / 1e9,
-        rel_err_o=err, rel_err_state=err_c,
+        rel_err_o=err_chunk, rel_err_o_walk=err, rel_err_state=err_c,
     )
 
 
 def table(rows):
-    hdr = ("| model | tree | B | native verify µs | native commit µs | ours verify µs | ours commit µs | speedup | "
-           "floor µs | total/floor | ours GB/s | scratch ours / native |")
-    out = [hdr, "|" + "---|" * 12]
+    hdr = ("| model | tree (nodes) | B | native verify µs | native commit µs | ours verify µs (chunk) | "
+           "ours commit µs | speedup | walk verify µs | walk speedup | floor µs | total/floor | ours GB/s | "
+           "scratch: chunk / walk / native |")
+    out = [hdr, "|" + "---|" * 14]
     for r in rows:
         out.append(
             f"| {r['model']} | {r['tree']} ({r['nodes']}) | {r['batch']} | {r['native_verify_us']:.1f} | "
             f"{r['native_commit_us']:.1f} | {r['ours_verify_us']:.1f} | {r['ours_commit_us']:.1f} | "
-            f"{r['speedup']:.1f}x | {r['floor_us']:.1f} | {r['ours_total_us'] / r['floor_us']:.1f} | "
-            f"{r['ours_total_GBps']:.0f} | {r['ours_scratch_bytes'] / 2**20:.1f} MiB / "
-            f"{r['native_scratch_bytes'] / 2**20:.0f} MiB |")
+            f"{r['speedup']:.1f}x | {r['walk_verify_us']:.1f} | {r['walk_speedup']:.1f}x | {r['floor_us']:.1f} | "
+            f"{r['ours_total_us'] / r['floor_us']:.1f} | {r['ours_total_GBps']:.0f} | "
+            f"0 / {r['walk_scratch_bytes'] / 2**20:.1f} MiB / {r['native_scratch_bytes'] / 2**20:.0f} MiB |")
     return "\n".join(out)
 
 
@@ -163,12 +179,16 @@ def main():
     T = trees()
     if args.sweep:
         res = []
-        for tree_name, B in (("chain-4", 1), ("eagle-16", 8), ("eagle-64", 32), ("topk4-n8", 64)):
-            for cfg in ((8, 1, 8), (8, 2, 8), (16, 2, 8), (16, 4, 4), (16, 4, 8), (32, 4, 4), (32, 8, 2), (64, 8, 2)):
-                r = run_cell("qwen3.5-27b", tree_name, T[tree_name], B, cfg)
+        walk = ((8, 1, 16), (8, 2, 16), (16, 2, 16), (16, 2, 8), (16, 4, 8))
+        chunk = ((32, 4, "tf32x3"), (64, 4, "tf32x3"), (64, 8, "tf32x3"), (128, 8, "tf32x3"), (64, 4, "tf32"),
+                 (32, 2, "tf32x3"))
+        for tree_name, B in (("chain-4", 1), ("topk4-n8", 32), ("eagle-16", 8), ("eagle-64", 32)):
+            for i in range(max(len(walk), len(chunk))):
+                r = run_cell("qwen3.5-27b", tree_name, T[tree_name], B, walk[i % len(walk)], chunk[i % len(chunk)])
                 res.append(r)
-                print(json.dumps({k: r[k] for k in ("tree", "batch", "config", "ours_verify_us", "ours_commit_us",
-                                                     "native_verify_us")}), flush=True)
+                print(json.dumps({k: r[k] for k in ("tree", "batch", "walk_config", "walk_verify_us", "chunk_config",
+                                                     "ours_verify_us", "ours_commit_us", "native_verify_us",
+                                                     "rel_err_o")}), flush=True)
         json.dump(res, open(args.out, "w"), indent=1)
         return
     rows = []

@@ -1,7 +1,9 @@
 """LumoTree: tree speculative decoding for hybrid (Gated DeltaNet + attention) language models.
 
 Environment variables:
-    LUMOTREE_OPS        ``naive`` forces the fp32 reference ops even on CUDA tensors.
+    LUMOTREE_OPS         ``naive`` forces the fp32 reference ops even on CUDA tensors.
+    LUMOTREE_GDN_VERIFY  ``chunk`` (default: tensor-core tree-masked WY kernel) or ``walk``
+                         (path walk with boundary states) for the GDN tree verify on CUDA.
 """
 __version__ = "0.1.0"
 

@@ -44,9 +44,13 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("impl", ["chunk", "walk"])
 @pytest.mark.parametrize("kind, B, N, Hk, Hv, K, V, dtype", CASES)
-def test_verify_and_commit_match_reference(kind, B, N, Hk, Hv, K, V, dtype):
+def test_verify_and_commit_match_reference(kind, B, N, Hk, Hv, K, V, dtype, impl, monkeypatch):
     from lumotree.ops.gdn_tree import triton as tri
+
+    monkeypatch.setenv("LUMOTREE_GDN_VERIFY", impl)
+    fwd = tri.gdn_tree_chunk_verify_fwd if impl == "chunk" else tri.gdn_tree_verify_fwd
 
     x, parents, nums = make(B, N, Hk, Hv, K, V, dtype, seed=N + B, kinds=(kind, "random"))
     tree = TreeDescriptor.from_parents(parents, nums)
@@ -56,11 +60,11 @@ def test_verify_and_commit_match_reference(kind, B, N, Hk, Hv, K, V, dtype):
     o = tri.gdn_tree_verify(x["q"], x["k"], x["v"], x["g"], x["beta"], x["pool"], tree, use_qk_l2norm=True,
                             state_indices=x["rows"])
     assert torch.equal(x["pool"], pool0), "verify wrote the state"
-    assert_close("verify", ref, o, 1e-5 if dtype == torch.float32 else 8e-3)
-    of = tri.gdn_tree_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, A_log=x["A_log"], a=x["a"],
-                                 dt_bias=x["dt_bias"], b=x["b"], use_qk_l2norm=True, state_indices=x["rows"],
-                                 out=torch.zeros_like(o))
-    assert_close("verify fused gating", ref, of, 1e-5 if dtype == torch.float32 else 8e-3)
+    tol = (1e-5 if impl == "walk" else 1e-4) if dtype == torch.float32 else 8e-3  # chunk: tf32x3 dots
+    assert_close("verify", ref, o, tol)
+    of = fwd(x["q"], x["k"], x["v"], x["pool"], tree, A_log=x["A_log"], a=x["a"],
+             dt_bias=x["dt_bias"], b=x["b"], use_qk_l2norm=True, state_indices=x["rows"], out=torch.zeros_like(o))
+    assert_close("verify fused gating", ref, of, tol)
     ends = torch.tensor([random.Random(b).randrange(int(n)) for b, n in enumerate(nums.tolist())], device="cuda")
     an = tree.root_path(ends)
     al = (an >= 0).sum(-1)
@@ -91,9 +95,11 @@ def test_equals_sglang_native_tree_verify(shape, dtype):
     nat = NativeTreeVerify(B, N, Hv, V, K, "cuda")
     o_nat = nat.verify(x["q"], x["k"], x["v"], x["A_log"], x["a"], x["dt_bias"], x["b"], x["pool"], x["rows"],
                        parents.int())
-    o = tri.gdn_tree_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, A_log=x["A_log"], a=x["a"],
-                                dt_bias=x["dt_bias"], b=x["b"], use_qk_l2norm=True, state_indices=x["rows"])
-    assert_close("o vs sglang", o_nat.float(), o.float(), 1e-5 if dtype == torch.float32 else 8e-3)
+    for fwd in (tri.gdn_tree_verify_fwd, tri.gdn_tree_chunk_verify_fwd):
+        o = fwd(x["q"], x["k"], x["v"], x["pool"], tree, A_log=x["A_log"], a=x["a"], dt_bias=x["dt_bias"], b=x["b"],
+                use_qk_l2norm=True, state_indices=x["rows"])
+        assert_close(f"o vs sglang ({fwd.__name__})", o_nat.float(), o.float(),
+                     1e-4 if dtype == torch.float32 else 8e-3)
     ends = torch.tensor([N - 1, 0, N // 2, 1 if N > 1 else 0], device="cuda")
     an = tree.root_path(ends)
     al = (an >= 0).sum(-1)
@@ -106,7 +112,8 @@ def test_equals_sglang_native_tree_verify(shape, dtype):
         assert_close(f"snapshot {bb}", nat.intermediate[bb, int(ends[bb])], p_ours[x["rows"][bb].long()], 1e-5)
 
 
-def test_verify_and_commit_capture_in_cuda_graph():
+@pytest.mark.parametrize("impl", ["chunk", "walk"])
+def test_verify_and_commit_capture_in_cuda_graph(impl):
     """Descriptor build (validate=False) + verify + commit with no host sync: captured once, replayed
     on new trees and inputs copied into the static buffers."""
     from lumotree.ops.gdn_tree import triton as tri
@@ -123,9 +130,13 @@ def test_verify_and_commit_capture_in_cuda_graph():
 
     def step():
         tree = TreeDescriptor.from_parents(s_par, s_num, validate=False)
-        tri.gdn_tree_verify_fwd(static["q"], static["k"], static["v"], static["pool"], tree, A_log=static["A_log"],
-                                a=static["a"], dt_bias=static["dt_bias"], b=static["b"], use_qk_l2norm=True,
-                                state_indices=static["rows"], num_slots=slots, out=out, scratch=scratch)
+        kw = dict(A_log=static["A_log"], a=static["a"], dt_bias=static["dt_bias"], b=static["b"], use_qk_l2norm=True,
+                  state_indices=static["rows"], out=out)
+        if impl == "walk":
+            tri.gdn_tree_verify_fwd(static["q"], static["k"], static["v"], static["pool"], tree, num_slots=slots,
+                                    scratch=scratch, **kw)
+        else:
+            tri.gdn_tree_chunk_verify_fwd(static["q"], static["k"], static["v"], static["pool"], tree, **kw)
         an = tree.root_path(s_ends)
         tri.gdn_tree_commit_fwd(static["k"], static["v"], static["pool"], an, (an >= 0).sum(-1),
                                 A_log=static["A_log"], a=static["a"], dt_bias=static["dt_bias"], b=static["b"],
@@ -144,7 +155,7 @@ def test_verify_and_commit_capture_in_cuda_graph():
     for trial in range(3):
         x2, par2, num2 = make(B, N, Hk, Hv, K, V, torch.bfloat16, seed=100 + trial, kinds=("random", "eagle"))
         ends = torch.tensor([int(n) - 1 for n in num2.tolist()], device="cuda")
-        for k_ in ("q", "k", "v", "a", "b", "pool", "rows"):
+        for k_ in ("q", "k", "v", "a", "b", "A_log", "dt_bias", "pool", "rows"):
             static[k_].copy_(x2[k_])
         s_par.copy_(par2)
         s_num.copy_(num2)

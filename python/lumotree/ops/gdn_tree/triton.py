@@ -19,6 +19,7 @@ Gating can be fused (``A_log, a, dt_bias, b`` -> ``g = -exp(A_log) softplus(a + 
 from __future__ import annotations
 
 import functools
+import os
 from typing import Optional
 
 import torch
@@ -28,26 +29,93 @@ import triton.language as tl
 from lumotree.ops.gdn_tree.common import L2NORM_EPS, check_accept, check_gdn_inputs
 from lumotree.tree import TreeDescriptor
 
-__all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_fwd", "gdn_tree_commit_fwd"]
+__all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_fwd", "gdn_tree_chunk_verify_fwd",
+           "gdn_tree_commit_fwd"]
 
 
 @triton.jit
-def _gdn_gate(p_g, p_beta, p_alog, p_dtb, FUSED_GATING: tl.constexpr):
+def _gdn_gate(p_g, p_beta, p_alog, p_dtb, FUSED_GATING: tl.constexpr, mask):
     if FUSED_GATING:
-        x = tl.load(p_g).to(tl.float32) + tl.load(p_dtb).to(tl.float32)
+        x = tl.load(p_g, mask=mask, other=0.0).to(tl.float32) + tl.load(p_dtb).to(tl.float32)
         sp = tl.where(x <= 20.0, tl.log(1.0 + tl.exp(x)), x)
         b_g = -tl.exp(tl.load(p_alog).to(tl.float32)) * sp
-        b_beta = 1.0 / (1.0 + tl.exp(-tl.load(p_beta).to(tl.float32)))
+        b_beta = 1.0 / (1.0 + tl.exp(-tl.load(p_beta, mask=mask, other=0.0).to(tl.float32)))
     else:
-        b_g = tl.load(p_g).to(tl.float32)
-        b_beta = tl.load(p_beta).to(tl.float32)
+        b_g = tl.load(p_g, mask=mask, other=0.0).to(tl.float32)
+        b_beta = tl.load(p_beta, mask=mask, other=0.0).to(tl.float32)
     return b_g, b_beta
 
 
 @triton.jit
+def gdn_tree_chunk_verify_fwd_kernel(
+    q, k, v, g, beta, A_log, dt_bias, o, state, state_indices, anc_mask, num_nodes,
+    scale, stride_state, N,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, HAS_STATE_INDICES: tl.constexpr, FUSED_GATING: tl.constexpr,
+):
+    """All paths of one request's tree at once: the chunked (WY) gated delta rule over a single
+    chunk holding the whole tree, with the causal mask replaced by the ancestor mask. Node i's
+    quantities only involve its ancestors, so every root path is computed exactly as the chain
+    it is; no per-node (and no boundary) state is ever formed."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    i_hk = i_hv // (HV // HK)
+    n = tl.load(num_nodes + i_b)
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_t = o_t < n
+    m_k = o_k < K
+    m_v = o_v < V
+    tok = i_b * N + o_t
+    b_q = tl.load(q + (tok[:, None] * HK + i_hk) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+                  other=0.0).to(tl.float32)
+    b_k = tl.load(k + (tok[:, None] * HK + i_hk) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+                  other=0.0).to(tl.float32)
+    b_v = tl.load(v + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
+                  other=0.0).to(tl.float32)
+    b_g, b_beta = _gdn_gate(g + tok * HV + i_hv, beta + tok * HV + i_hv, A_log + i_hv, dt_bias + i_hv,
+                            FUSED_GATING, m_t)
+    b_beta = tl.where(m_t, b_beta, 0.0)
+    if USE_QK_L2NORM:
+        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
+        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+    m_tt = m_t[:, None] & m_t[None, :]
+    b_m = tl.load(anc_mask + i_b.to(tl.int64) * N * N + o_t[:, None] * N + o_t[None, :], mask=m_tt, other=0) != 0
+    b_G = tl.sum(tl.where(b_m, b_g[None, :], 0.0), 1)  # log decay summed along the root path
+    b_decay = tl.exp(tl.where(b_m, b_G[:, None] - b_G[None, :], float("-inf")))  # 0 off the ancestor set
+    eye = o_t[:, None] == o_t[None, :]
+    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
+    b_A = tl.where(eye, 0.0, b_beta[:, None] * b_kk * b_decay)  # strict ancestors only
+    # T = (I + A)^-1. A only links a node to its strict ancestors, so A^(depth+1) = 0 and the
+    # fixed point T <- I - A T is exact after `depth` rounds (depth = max ancestors - 1).
+    b_I = tl.where(eye, 1.0, 0.0)
+    b_T = b_I - b_A
+    dmax = tl.max(tl.sum(b_m.to(tl.int32), 1)) - 1
+    for _ in range(1, dmax):
+        b_T = b_I - tl.dot(b_A, b_T, input_precision=PRECISION)
+    b_eG = tl.exp(b_G)
+    b_w = tl.dot(b_T, b_k * (b_beta * b_eG)[:, None], input_precision=PRECISION)  # [BT, K]
+    b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=PRECISION)  # [BT, BV]
+    if HAS_STATE_INDICES:
+        row = tl.load(state_indices + i_b).to(tl.int64)
+    else:
+        row = i_b.to(tl.int64)
+    b_h = tl.load(state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
+                  mask=m_v[:, None] & m_k[None, :] & (row >= 0), other=0.0).to(tl.float32)  # [BV, K]
+    b_vn = b_u - tl.dot(b_w, tl.trans(b_h), input_precision=PRECISION)  # the delta-rule innovations
+    b_qh = tl.dot(b_q, tl.trans(b_h), input_precision=PRECISION)
+    b_p = tl.where(b_m, tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION) * b_decay, 0.0)
+    b_o = (b_eG[:, None] * b_qh + tl.dot(b_p, b_vn, input_precision=PRECISION)) * scale
+    tl.store(o + (tok[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
+             mask=m_t[:, None] & m_v[None, :])
+
+
+@triton.jit
 def gdn_tree_verify_fwd_kernel(
-    q, k, v, g, beta, A_log, dt_bias, o, state, state_indices, scratch,
-    order, parents, depth, flags, num_nodes,
+    q, k, v, g, beta, A_log, dt_bias, o, state, state_indices, scratch, schedule, num_nodes,
     scale, num_tiles, stride_state, N,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, SLOTS: tl.constexpr,
@@ -77,18 +145,19 @@ def gdn_tree_verify_fwd_kernel(
         b_h = tl.load(p_h, mask=mask_h & (row >= 0), other=0.0).to(tl.float32)
         n = tl.load(num_nodes + i_b)
         for t in range(0, n):
-            i = tl.load(order + i_b * N + t)
-            fl = tl.load(flags + i_b * N + i)  # bit 0: dependent path head, bit 1: boundary node
-            if (fl & 1) != 0:
-                par = tl.load(parents + i_b * N + i)
-                slot = tl.load(depth + i_b * N + par)
-                b_h = tl.load(p_scr + slot * (BV * BK))
+            # one packed word per step: node | (slot to resume from + 1) << 8 | (slot to save to + 1) << 16
+            w = tl.load(schedule + i_b * N + t)
+            i = w & 255
+            load_slot = ((w >> 8) & 255) - 1
+            save_slot = ((w >> 16) & 255) - 1
+            if load_slot >= 0:  # head of a dependent path: resume from its boundary state
+                b_h = tl.load(p_scr + load_slot * (BV * BK))
             tok = i_b * N + i
             b_q = tl.load(q + (tok * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
             b_k = tl.load(k + (tok * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
             b_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
             b_g, b_beta = _gdn_gate(g + tok * HV + i_hv, beta + tok * HV + i_hv, A_log + i_hv, dt_bias + i_hv,
-                                    FUSED_GATING)
+                                    FUSED_GATING, True)
             if USE_QK_L2NORM:
                 b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + 1e-6)
                 b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
@@ -97,8 +166,8 @@ def gdn_tree_verify_fwd_kernel(
             b_h += b_u[:, None] * b_k[None, :]
             b_o = tl.sum(b_h * b_q[None, :], 1) * scale
             tl.store(o + (tok * HV + i_hv) * V + o_v, b_o.to(o.dtype.element_ty), mask=mask_v)
-            if (fl & 2) != 0:
-                tl.store(p_scr + tl.load(depth + i_b * N + i) * (BV * BK), b_h)
+            if save_slot >= 0:  # boundary node: its state seeds the paths of its later children
+                tl.store(p_scr + save_slot * (BV * BK), b_h)
                 tl.debug_barrier()
 
 
@@ -132,7 +201,7 @@ def gdn_tree_commit_fwd_kernel(
             b_k = tl.load(k + (tok * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
             b_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
             b_g, b_beta = _gdn_gate(g + tok * HV + i_hv, beta + tok * HV + i_hv, A_log + i_hv, dt_bias + i_hv,
-                                    FUSED_GATING)
+                                    FUSED_GATING, True)
             if USE_QK_L2NORM:
                 b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
             b_h *= tl.exp(b_g)
@@ -152,12 +221,20 @@ def _num_sms(device: torch.device) -> int:
 
 
 def tree_kernel_args(tree: TreeDescriptor):
-    """int32 views of the descriptor that the verify kernel reads (static shapes, no sync)."""
+    """The walk the verify kernel follows, one int32 per step (static shapes, no sync):
+    ``node | (resume slot + 1) << 8 | (save slot + 1) << 16`` in depth-first order, where a
+    dependent path's head resumes from slot ``depth(parent)`` and a boundary node saves to slot
+    ``depth(node)``; plus ``num_nodes``. Trees up to 255 nodes."""
+    if tree.max_nodes > 255:
+        raise ValueError(f"the verify kernel packs node ids in 8 bits: at most 255 nodes, got {tree.max_nodes}")
     idx = torch.arange(tree.max_nodes, device=tree.device)
-    dependent = tree.is_head & (idx[None, :] > 0)
-    flags = dependent.int() | (tree.is_boundary.int() << 1)
-    return (tree.order.int().contiguous(), tree.parents.int().contiguous(), tree.depth.int().contiguous(),
-            flags.contiguous(), tree.num_nodes.int().contiguous())
+    node = tree.order
+    dependent = (tree.is_head & (idx[None, :] > 0)).gather(1, node)
+    par = tree.parents.gather(1, node).clamp(min=0)
+    resume = torch.where(dependent, tree.depth.gather(1, par) + 1, 0)
+    save = torch.where(tree.is_boundary.gather(1, node), tree.depth.gather(1, node) + 1, 0)
+    schedule = (node | (resume << 8) | (save << 16)).int().contiguous()
+    return schedule, tree.num_nodes.int().contiguous()
 
 
 def default_config(V: int, num_bh: int):
@@ -213,6 +290,42 @@ def gdn_tree_verify_fwd(q, k, v, state, tree: TreeDescriptor, g=None, beta=None,
     return out
 
 
+def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: TreeDescriptor, g=None, beta=None, *, A_log=None, a=None,
+                              dt_bias=None, b=None, scale: Optional[float] = None, use_qk_l2norm: bool = False,
+                              state_indices: Optional[torch.Tensor] = None, anc_mask: Optional[torch.Tensor] = None,
+                              BV: Optional[int] = None, num_warps: Optional[int] = None,
+                              precision: str = "tf32x3", out: Optional[torch.Tensor] = None):
+    """Launcher of the tensor-core tree verify (one tree-masked WY chunk per request and head).
+
+    ``anc_mask`` is ``tree.mask`` as int8 `[B, N, N]` (built once per step, shared by all layers).
+    ``precision`` is the tl.dot input precision: ``tf32x3`` (fp32-accurate, default), ``tf32``
+    or ``ieee``."""
+    fused = g is None
+    B, N, HK, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    scale = K ** -0.5 if scale is None else scale
+    BT = max(16, triton.next_power_of_2(N))
+    BK = triton.next_power_of_2(K)
+    BV = BV or min(triton.next_power_of_2(V), 64 if BT <= 32 else 32)
+    num_warps = num_warps or 4
+    if anc_mask is None:
+        anc_mask = tree.mask.to(torch.int8)
+    if out is None:
+        out = torch.empty(B, N, HV, V, dtype=q.dtype, device=q.device)
+    dummy = state
+    gdn_tree_chunk_verify_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
+        q.contiguous(), k.contiguous(), v.contiguous(),
+        (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
+        A_log if fused else dummy, dt_bias if fused else dummy, out, state,
+        state_indices if state_indices is not None else dummy, anc_mask.contiguous(), tree.num_nodes,
+        scale, state.stride(0), N,
+        HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, PRECISION=precision,
+        USE_QK_L2NORM=use_qk_l2norm, HAS_STATE_INDICES=state_indices is not None, FUSED_GATING=fused,
+        num_warps=num_warps,
+    )
+    return out
+
+
 def gdn_tree_commit_fwd(k, v, state, accept_nodes, accept_len, g=None, beta=None, *, A_log=None, a=None,
                         dt_bias=None, b=None, use_qk_l2norm: bool = False,
                         state_indices: Optional[torch.Tensor] = None, BV: Optional[int] = None,
@@ -246,15 +359,25 @@ def _check_kernel_inputs(state, q_or_k):
         raise ValueError("each state row must be contiguous [Hv, V, K] (the pool's leading stride may differ)")
 
 
+def verify_impl() -> str:
+    """``LUMOTREE_GDN_VERIFY``: ``chunk`` (tensor-core tree-masked WY, default) or ``walk`` (the
+    register-resident path walk with boundary states)."""
+    impl = os.environ.get("LUMOTREE_GDN_VERIFY", "chunk").strip().lower()
+    if impl not in ("chunk", "walk"):
+        raise ValueError(f"LUMOTREE_GDN_VERIFY must be 'chunk' or 'walk', got {impl!r}")
+    return impl
+
+
 def gdn_tree_verify(q, k, v, g, beta, state, tree: TreeDescriptor, scale: Optional[float] = None,
                     use_qk_l2norm: bool = False, state_indices: Optional[torch.Tensor] = None):
-    """Path-parallel tree verify (Triton). Same contract as :func:`lumotree.ops.gdn_tree.naive.gdn_tree_verify`;
+    """Tree verify (Triton). Same contract as :func:`lumotree.ops.gdn_tree.naive.gdn_tree_verify`;
     returns ``o`` in q's dtype."""
     check_gdn_inputs(q, k, v, g, beta, state, tree, state_indices)
     _check_kernel_inputs(state, k)
     out = torch.zeros(*v.shape, dtype=q.dtype, device=q.device)  # padding nodes stay zero
-    return gdn_tree_verify_fwd(q, k, v, state, tree, g, beta, scale=scale, use_qk_l2norm=use_qk_l2norm,
-                               state_indices=state_indices, out=out)
+    fwd = gdn_tree_chunk_verify_fwd if verify_impl() == "chunk" else gdn_tree_verify_fwd
+    return fwd(q, k, v, state, tree, g, beta, scale=scale, use_qk_l2norm=use_qk_l2norm,
+               state_indices=state_indices, out=out)
 
 
 def gdn_tree_commit(k, v, g, beta, state, tree: TreeDescriptor, accept_nodes, accept_len,

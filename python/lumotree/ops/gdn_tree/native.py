@@ -38,5 +38,12 @@ class NativeTreeVerify:
     def commit(self, pool, state_indices, last_node):
         from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_mamba_state_scatter_with_mask
 
-        fused_mamba_state_scatter_with_mask(pool.unsqueeze(0), self.intermediate.unsqueeze(0), state_indices,
-                                            last_node)
+        # SGLang's scatter kernel indexes the source as int32 (pid_req * src_req_stride): past 2**31
+        # elements (e.g. 64 requests x 64 nodes x Hv=48) it faults, so large buffers go in request chunks
+        # of the same kernel -- the same bytes moved, a few more launches.
+        per_req = self.intermediate[0].numel()
+        step = max(1, (2 ** 31 - 1) // per_req)
+        B = self.intermediate.shape[0]
+        for s in range(0, B, step):
+            fused_mamba_state_scatter_with_mask(pool.unsqueeze(0), self.intermediate[s:s + step].unsqueeze(0),
+                                                state_indices[s:s + step], last_node[s:s + step])

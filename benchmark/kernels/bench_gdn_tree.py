@@ -151,6 +151,58 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, "tf3
     )
 
 
+def sweep(T, out_path, budget_s=150):
+    """Time our kernels alone over a few configs; one JSON line per measurement, written as it goes."""
+    from lumotree import TreeDescriptor
+    from lumotree.ops.gdn_tree import triton as tri
+
+    t_end = time.time() + budget_s
+    Hk, Hv, K, V = MODELS["qwen3.5-27b"]
+    with open(out_path, "w") as f:
+        for tree_name, B in (("chain-4", 32), ("eagle-16", 8), ("eagle-64", 32), ("topk4-n8", 64)):
+            p = T[tree_name]
+            N = len(p)
+            g = torch.Generator(device="cuda").manual_seed(0)
+            rnd = lambda *sh: torch.randn(*sh, device="cuda", dtype=torch.bfloat16, generator=g)  # noqa: E731
+            q, k, v, a, b = rnd(B, N, Hk, K), rnd(B, N, Hk, K), rnd(B, N, Hv, V), rnd(B, N, Hv), rnd(B, N, Hv)
+            A_log, dt_bias = torch.zeros(Hv, device="cuda"), torch.zeros(Hv, device="cuda")
+            pool = torch.randn(B + 8, Hv, V, K, device="cuda", generator=g) * 0.05
+            rows = torch.arange(B, device="cuda", dtype=torch.int32)
+            tree = TreeDescriptor.from_parents(torch.tensor([p] * B, device="cuda"))
+            anc, ka, slots = tree.mask.to(torch.int8), tri.tree_kernel_args(tree), tree.num_slots()
+            an = tree.root_path(torch.full((B,), N - 1, device="cuda")).int()
+            al = (an >= 0).sum(-1).int()
+            out = torch.empty(B, N, Hv, V, device="cuda", dtype=torch.bfloat16)
+            gate = dict(A_log=A_log, a=a, dt_bias=dt_bias, b=b, use_qk_l2norm=True, state_indices=rows)
+            trials = [("chunk", c) for c in ((64, 4, "tf32"), (128, 8, "tf32"), (32, 4, "tf32"), (64, 8, "tf32"),
+                                              (32, 2, "tf32"), (64, 4, "tf32x3"))]
+            trials += [("walk", c) for c in ((16, 2, 8), (16, 2, 16), (8, 1, 16), (32, 4, 8), (16, 4, 8))]
+            trials += [("commit", c) for c in ((16, 4), (32, 4), (64, 4), (32, 2), (64, 8), (128, 8))]
+            for kind, c in trials:
+                if time.time() > t_end:
+                    return
+                if kind == "chunk":
+                    fn = lambda c=c: tri.gdn_tree_chunk_verify_fwd(  # noqa: E731
+                        q, k, v, pool, tree, anc_mask=anc, BV=c[0], num_warps=c[1], precision=c[2], out=out, **gate)
+                elif kind == "walk":
+                    scr = torch.empty(132 * c[2] * max(slots, 1) * c[0] * 128, device="cuda")
+                    fn = lambda c=c, scr=scr: tri.gdn_tree_verify_fwd(  # noqa: E731
+                        q, k, v, pool, tree, num_slots=slots, kernel_args=ka, BV=c[0], num_warps=c[1],
+                        programs_per_sm=c[2], out=out, scratch=scr, **gate)
+                else:
+                    fn = lambda c=c: tri.gdn_tree_commit_fwd(k, v, pool, an, al, BV=c[0], num_warps=c[1],  # noqa
+                                                             **gate)
+                try:
+                    us = bench_graph(fn, rep=20)
+                except Exception as e:  # a config that does not compile (registers, shared memory)
+                    us = None
+                    print(f"{kind} {c}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+                line = json.dumps(dict(tree=tree_name, batch=B, kind=kind, config=c, us=us))
+                print(line, flush=True)
+                f.write(line + "\n")
+                f.flush()
+
+
 def table(rows):
     hdr = ("| model | tree (nodes) | B | native verify µs | native commit µs | ours verify µs (chunk) | "
            "ours commit µs | speedup | walk verify µs | walk speedup | floor µs | total/floor | ours GB/s | "
@@ -178,18 +230,7 @@ def main():
 
     T = trees()
     if args.sweep:
-        res = []
-        walk = ((8, 1, 16), (8, 2, 16), (16, 2, 16), (16, 2, 8), (16, 4, 8))
-        chunk = ((32, 4, "tf32x3"), (64, 4, "tf32x3"), (64, 8, "tf32x3"), (128, 8, "tf32x3"), (64, 4, "tf32"),
-                 (32, 2, "tf32x3"))
-        for tree_name, B in (("chain-4", 1), ("topk4-n8", 32), ("eagle-16", 8), ("eagle-64", 32)):
-            for i in range(max(len(walk), len(chunk))):
-                r = run_cell("qwen3.5-27b", tree_name, T[tree_name], B, walk[i % len(walk)], chunk[i % len(chunk)])
-                res.append(r)
-                print(json.dumps({k: r[k] for k in ("tree", "batch", "walk_config", "walk_verify_us", "chunk_config",
-                                                     "ours_verify_us", "ours_commit_us", "native_verify_us",
-                                                     "rel_err_o")}), flush=True)
-        json.dump(res, open(args.out, "w"), indent=1)
+        sweep(T, args.out)
         return
     rows = []
     t0 = time.time()

@@ -70,6 +70,14 @@ def gdn_tree_chunk_verify_fwd_kernel(
     m_k = o_k < K
     m_v = o_v < V
     tok = i_b * N + o_t
+    # the committed state tile is the kernel's main traffic: issue its load first so its latency
+    # overlaps the state-independent part (gating, T, W, U)
+    if HAS_STATE_INDICES:
+        row = tl.load(state_indices + i_b).to(tl.int64)
+    else:
+        row = i_b.to(tl.int64)
+    b_h = tl.load(state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
+                  mask=m_v[:, None] & m_k[None, :] & (row >= 0), other=0.0)  # [BV, K] fp32
     b_q = tl.load(q + (tok[:, None] * HK + i_hk) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
                   other=0.0).to(tl.float32)
     b_k = tl.load(k + (tok[:, None] * HK + i_hk) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
@@ -89,22 +97,21 @@ def gdn_tree_chunk_verify_fwd_kernel(
     eye = o_t[:, None] == o_t[None, :]
     b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
     b_A = tl.where(eye, 0.0, b_beta[:, None] * b_kk * b_decay)  # strict ancestors only
-    # T = (I + A)^-1. A only links a node to its strict ancestors, so A^(depth+1) = 0 and the
-    # fixed point T <- I - A T is exact after `depth` rounds (depth = max ancestors - 1).
+    # T = (I + A)^-1. A only links a node to its strict ancestors, so A^(depth+1) = 0 and
+    # T = (I - A)(I + A^2)(I + A^4)... is exact once the power passes the depth: log2(depth) rounds.
     b_I = tl.where(eye, 1.0, 0.0)
     b_T = b_I - b_A
     dmax = tl.max(tl.sum(b_m.to(tl.int32), 1)) - 1
-    for _ in range(1, dmax):
-        b_T = b_I - tl.dot(b_A, b_T, input_precision=PRECISION)
+    b_P = b_A
+    p = 1
+    while 2 * p <= dmax:  # covers powers < 2p; A^(dmax+1) = 0
+        b_P = tl.dot(b_P, b_P, input_precision=PRECISION)  # A^(2p)
+        b_T = tl.dot(b_T, b_I + b_P, input_precision=PRECISION)
+        p = p * 2
     b_eG = tl.exp(b_G)
     b_w = tl.dot(b_T, b_k * (b_beta * b_eG)[:, None], input_precision=PRECISION)  # [BT, K]
     b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=PRECISION)  # [BT, BV]
-    if HAS_STATE_INDICES:
-        row = tl.load(state_indices + i_b).to(tl.int64)
-    else:
-        row = i_b.to(tl.int64)
-    b_h = tl.load(state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
-                  mask=m_v[:, None] & m_k[None, :] & (row >= 0), other=0.0).to(tl.float32)  # [BV, K]
+    b_h = b_h.to(tl.float32)
     b_vn = b_u - tl.dot(b_w, tl.trans(b_h), input_precision=PRECISION)  # the delta-rule innovations
     b_qh = tl.dot(b_q, tl.trans(b_h), input_precision=PRECISION)
     b_p = tl.where(b_m, tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION) * b_decay, 0.0)
@@ -242,6 +249,14 @@ def default_config(V: int, num_bh: int):
     return min(triton.next_power_of_2(V), 16), 2, 8  # best of the first H200 sweep (benchmark/results)
 
 
+def default_chunk_config(BT: int, V: int, dtype: torch.dtype):
+    """(BV, num_warps, dot precision) for the chunk verify kernel at padded tree size ``BT``."""
+    prec = "tf32x3" if dtype == torch.float32 else "tf32"
+    if BT <= 32:
+        return min(triton.next_power_of_2(V), 64), 4, prec
+    return min(triton.next_power_of_2(V), 64), 8, prec
+
+
 def _default_bv(V: int) -> int:
     return default_config(V, 0)[0]
 
@@ -294,20 +309,20 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: TreeDescriptor, g=None, beta
                               dt_bias=None, b=None, scale: Optional[float] = None, use_qk_l2norm: bool = False,
                               state_indices: Optional[torch.Tensor] = None, anc_mask: Optional[torch.Tensor] = None,
                               BV: Optional[int] = None, num_warps: Optional[int] = None,
-                              precision: str = "tf32x3", out: Optional[torch.Tensor] = None):
+                              precision: Optional[str] = None, out: Optional[torch.Tensor] = None):
     """Launcher of the tensor-core tree verify (one tree-masked WY chunk per request and head).
 
     ``anc_mask`` is ``tree.mask`` as int8 `[B, N, N]` (built once per step, shared by all layers).
-    ``precision`` is the tl.dot input precision: ``tf32x3`` (fp32-accurate, default), ``tf32``
-    or ``ieee``."""
+    ``precision`` is the tl.dot input precision: ``tf32x3`` (fp32-accurate; default for fp32
+    inputs), ``tf32`` (default for bf16/fp16 inputs, whose own rounding is coarser) or ``ieee``."""
     fused = g is None
     B, N, HK, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     scale = K ** -0.5 if scale is None else scale
     BT = max(16, triton.next_power_of_2(N))
     BK = triton.next_power_of_2(K)
-    BV = BV or min(triton.next_power_of_2(V), 64 if BT <= 32 else 32)
-    num_warps = num_warps or 4
+    d_bv, d_warps, d_prec = default_chunk_config(BT, V, q.dtype)
+    BV, num_warps, precision = BV or d_bv, num_warps or d_warps, precision or d_prec
     if anc_mask is None:
         anc_mask = tree.mask.to(torch.int8)
     if out is None:

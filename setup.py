@@ -10,6 +10,8 @@ import shutil
 from setuptools import find_packages, setup
 
 ext_modules, cmdclass = [], {}
+if not os.environ.get("CUDA_HOME") and os.path.isdir("/usr/local/cuda/include"):
+    os.environ["CUDA_HOME"] = "/usr/local/cuda"  # nvcc is on PATH but torch would guess its parent
 sources = sorted(glob.glob("csrc/**/*.cu", recursive=True) + glob.glob("csrc/**/*.cc", recursive=True))
 if sources and not os.environ.get("LUMOTREE_NO_EXTENSION") and (
         os.environ.get("CUDA_HOME") or shutil.which("nvcc")):
@@ -23,8 +25,8 @@ if sources and not os.environ.get("LUMOTREE_NO_EXTENSION") and (
             sources=sources,
             py_limited_api=True,
             extra_compile_args={
-                "cxx": ["-O3", "-DPy_LIMITED_API=0x030B0000"],
-                "nvcc": ["-O3", "-gencode=arch=compute_90,code=sm_90", "-DPy_LIMITED_API=0x030B0000"],
+                "cxx": ["-O3"],
+                "nvcc": ["-O3", "-gencode=arch=compute_90,code=sm_90"],
             },
         ))
         cmdclass["build_ext"] = BuildExtension

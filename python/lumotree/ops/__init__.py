@@ -18,7 +18,7 @@ from lumotree.ops.select.naive import probs_from_logits
 __all__ = [
     "gdn_tree_verify", "gdn_tree_verify_per_node", "gdn_tree_commit", "conv_tree_verify",
     "conv_tree_commit", "tree_select_greedy", "tree_select_sample", "commit_plan", "CommitPlan",
-    "probs_from_logits", "backend_for",
+    "probs_from_logits", "backend_for", "tree_select_and_plan",
 ]
 
 
@@ -73,6 +73,23 @@ def conv_tree_commit(x, conv_state, tree, accept_nodes, accept_len, state_indice
         return _fused("conv_tree.triton").conv_tree_commit(x, conv_state, tree, accept_nodes, accept_len,
                                                             state_indices)
     return _conv_naive.conv_tree_commit(x, conv_state, tree, accept_nodes, accept_len, state_indices)
+
+
+def tree_select_and_plan(draft_tokens, target, tree, *, greedy, coins=None, coins_final=None, cache_slots=None,
+                         conv_width=1, generator=None):
+    """Acceptance + commit plan, no host sync: the CUDA extension on CUDA tensors when built, else
+    the static-shaped torch fallback (CPU too). Returns ``(bonus, CommitPlan)``."""
+    if backend_for(draft_tokens.device) == "triton":
+        return _fused("select.cuda").tree_select_and_plan(draft_tokens, target, tree, greedy=greedy, coins=coins,
+                                                          coins_final=coins_final, cache_slots=cache_slots,
+                                                          conv_width=conv_width, generator=generator)
+    from lumotree.ops.select import fallback
+
+    if not greedy:
+        coins = coins if coins is not None else torch.rand(*draft_tokens.shape, generator=generator)
+        coins_final = coins_final if coins_final is not None else torch.rand(draft_tokens.shape[0], generator=generator)
+    return fallback.tree_select_and_plan(draft_tokens, target, tree, greedy=greedy, coins=coins,
+                                         coins_final=coins_final, cache_slots=cache_slots, conv_width=conv_width)
 
 
 def tree_select_greedy(draft_tokens, target_tokens, tree):

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from lumotree.ops.commit.fallback import conv_commit_src
 from lumotree.ops.conv_tree.naive import _check, conv_tree_window_index
 from lumotree.ops.gdn_tree.common import check_accept
 from lumotree.tree import TreeDescriptor
@@ -75,16 +76,6 @@ def conv_tree_commit_fwd_kernel(x, conv_state, src, accept_len, state_indices, s
         tl.debug_barrier()  # every read of the old row happens before any write
         tl.store(conv_state + row * stride_state + o_d[:, None] * WM1 + o_w[None, :],
                  val.to(conv_state.dtype.element_ty), mask=m)
-
-
-def conv_commit_src(accept_nodes: torch.Tensor, accept_len: torch.Tensor, Wm1: int) -> torch.Tensor:
-    """`[B, W-1]` sources of the new conv state (node id, or ``-1-c`` old column c). No sync."""
-    B, L = accept_nodes.shape
-    j = torch.arange(Wm1, device=accept_nodes.device)[None, :]
-    pos = accept_len.long()[:, None] - Wm1 + j  # index into the accepted path; < 0 -> old state
-    node = accept_nodes.long().gather(1, pos.clamp(0, max(L - 1, 0)))
-    return torch.where(pos >= 0, node, -1 - (Wm1 + pos))
-
 
 
 def conv_tree_verify(x, conv_state, weight, bias, tree: TreeDescriptor, activation: Optional[str] = "silu",

@@ -1,0 +1,274 @@
+// Fused tree selection + commit plan, one launch for the whole batch, no host synchronisation.
+//
+// One thread block per request. Thread 0 walks the tree (greedy or lossless stochastic, the
+// semantics of python/lumotree/ops/select/naive.py); the block cooperates on the vocabulary-wide
+// work of the stochastic case (residual mass and the bonus draw). Then the block writes the commit
+// plan of python/lumotree/ops/commit/naive.py: accepted nodes, the conv-state gather sources, the
+// accepted KV slots and the compacted list of rejected KV slots to free.
+//
+// Static shapes only (B, N, vocab): capturable in a CUDA graph.
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cstdint>
+
+namespace lumotree {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxNodes = 1024;
+
+struct Args {
+  const int64_t* draft;         // [B, N]
+  const int64_t* target_tok;    // [B, N]   (greedy)
+  const float* probs;           // [B, N, vocab] (sampling)
+  const int64_t* first_child;   // [B, N]
+  const int64_t* next_sibling;  // [B, N]
+  const int64_t* num_nodes;     // [B]
+  const float* coins;           // [B, N]   (sampling)
+  const float* coins_final;     // [B]      (sampling)
+  const int64_t* cache_slots;   // [B, N]
+  int64_t* accept_len;          // [B]
+  int64_t* accept_nodes;        // [B, N]
+  int64_t* bonus;               // [B]
+  int64_t* conv_src;            // [B, W-1]
+  int64_t* kv_accept_slots;     // [B, N]
+  int64_t* kv_free_slots;       // [B, N]
+  int64_t* kv_num_free;         // [B]
+  int N;
+  int64_t vocab;
+  int wm1;
+  bool greedy;
+};
+
+// Block-wide sum of doubles (all threads get the result).
+__device__ double block_sum(double v, double* red) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double t = 0;
+    for (int w = 0; w < kThreads / 32; ++w) t += red[w];
+    red[kThreads / 32] = t;
+  }
+  __syncthreads();
+  return red[kThreads / 32];
+}
+
+__global__ void tree_select_kernel(Args a) {
+  const int b = blockIdx.x;
+  const int N = a.N;
+  const int64_t n = a.num_nodes[b];
+  const int64_t* draft = a.draft + (int64_t)b * N;
+  const int64_t* fc = a.first_child + (int64_t)b * N;
+  const int64_t* ns = a.next_sibling + (int64_t)b * N;
+
+  __shared__ int path[kMaxNodes];
+  __shared__ int rejected[kMaxNodes];  // tokens rejected at the current node (distinct)
+  __shared__ double red[kThreads / 32 + 1];
+  __shared__ int s_len, s_cur, s_num_rej, s_tok, s_done;
+  __shared__ double s_tot, s_target;
+
+  if (threadIdx.x == 0) {
+    path[0] = 0;
+    s_len = 1;
+    s_cur = 0;
+  }
+  __syncthreads();
+
+  if (a.greedy) {
+    if (threadIdx.x == 0) {
+      int cur = 0, len = 1;
+      while (true) {
+        const int64_t want = a.target_tok[(int64_t)b * N + cur];
+        int nxt = -1;
+        for (int64_t c = fc[cur]; c >= 0 && c < n; c = ns[c]) {
+          if (draft[c] == want) { nxt = (int)c; break; }
+        }
+        if (nxt < 0) break;
+        cur = nxt;
+        path[len++] = cur;
+      }
+      s_len = len;
+      s_cur = cur;
+      a.bonus[b] = a.target_tok[(int64_t)b * N + cur];
+    }
+    __syncthreads();
+  } else {
+    // Stochastic: walk, trying each node's children in index order against the residual r of p.
+    while (true) {
+      const int cur = s_cur;
+      const float* p = a.probs + ((int64_t)b * N + cur) * a.vocab;
+      double part = 0;
+      for (int64_t t = threadIdx.x; t < a.vocab; t += kThreads) part += (double)p[t];
+      const double psum = block_sum(part, red);
+      if (threadIdx.x == 0) {
+        double rej = 0;
+        int nrej = 0, nxt = -1;
+        for (int64_t c = fc[cur]; c >= 0 && c < n; c = ns[c]) {
+          const int64_t x = draft[c];
+          bool seen = false;
+          for (int j = 0; j < nrej; ++j) seen |= (rejected[j] == x);
+          const double rx = seen ? 0.0 : (double)p[x];
+          const double tot = psum - rej;
+          if (tot > 0 && (double)a.coins[(int64_t)b * N + c] * tot < rx) { nxt = (int)c; break; }
+          if (!seen) { rejected[nrej++] = (int)x; rej += (double)p[x]; }
+        }
+        s_num_rej = nrej;
+        s_tot = psum - rej;
+        if (nxt >= 0) {
+          s_cur = nxt;
+          path[s_len++] = nxt;
+          s_done = 0;
+        } else {
+          s_done = 1;
+          s_target = (double)a.coins_final[b] * s_tot;
+        }
+      }
+      __syncthreads();
+      if (s_done) break;
+    }
+    // Bonus: smallest token t with cumsum(r)[t] > u * sum(r) (inverse CDF), r = p minus rejected.
+    const int cur = s_cur;
+    const float* p = a.probs + ((int64_t)b * N + cur) * a.vocab;
+    const int nrej = s_num_rej;
+    const int64_t chunk = (a.vocab + kThreads - 1) / kThreads;
+    const int64_t lo = threadIdx.x * chunk, hi = min(a.vocab, lo + chunk);
+    auto r_at = [&](int64_t t) -> double {
+      for (int j = 0; j < nrej; ++j)
+        if (rejected[j] == t) return 0.0;
+      return (double)p[t];
+    };
+    double local = 0;
+    for (int64_t t = lo; t < hi; ++t) local += r_at(t);
+    // exclusive scan of the per-thread sums (kThreads values; one warp-level pass per warp)
+    __shared__ double sums[kThreads];
+    sums[threadIdx.x] = local;
+    if (threadIdx.x == 0) s_tok = -1;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double acc = 0;
+      for (int i = 0; i < kThreads; ++i) { const double v = sums[i]; sums[i] = acc; acc += v; }
+    }
+    __syncthreads();
+    if (s_tot > 0) {
+      double acc = sums[threadIdx.x];
+      if (acc <= s_target && acc + local > s_target) {
+        for (int64_t t = lo; t < hi; ++t) {
+          acc += r_at(t);
+          if (acc > s_target) { s_tok = (int)t; break; }
+        }
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int tok = s_tok;
+      if (s_tot > 0) {
+        if (tok < 0) tok = (int)a.vocab - 1;  // u * tot rounded past the last mass: take the last token
+        while (tok > 0 && r_at(tok) == 0.0) --tok;  // never emit a zero-probability token
+      } else {  // all mass rejected (cannot happen with exact arithmetic): argmax of p
+        double best = -1;
+        for (int64_t t = 0; t < a.vocab; ++t)
+          if ((double)p[t] > best) { best = (double)p[t]; tok = (int)t; }
+      }
+      a.bonus[b] = tok;
+    }
+    __syncthreads();
+  }
+
+  // ---- commit plan
+  const int len = s_len;
+  __shared__ unsigned char on_path[kMaxNodes];
+  for (int i = threadIdx.x; i < N; i += kThreads) {
+    on_path[i] = 0;
+    a.accept_nodes[(int64_t)b * N + i] = i < len ? path[i] : -1;
+    a.kv_accept_slots[(int64_t)b * N + i] = i < len ? a.cache_slots[(int64_t)b * N + path[i]] : -1;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < len; i += kThreads) on_path[path[i]] = 1;
+  for (int j = threadIdx.x; j < a.wm1; j += kThreads) {
+    const int pos = len - a.wm1 + j;  // index into the accepted path; < 0: an old conv-state column
+    a.conv_src[(int64_t)b * a.wm1 + j] = pos >= 0 ? path[pos] : -1 - (a.wm1 + pos);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    a.accept_len[b] = len;
+    int nf = 0;
+    for (int i = 0; i < N; ++i)
+      if (i < n && !on_path[i]) a.kv_free_slots[(int64_t)b * N + nf++] = a.cache_slots[(int64_t)b * N + i];
+    for (int i = nf; i < N; ++i) a.kv_free_slots[(int64_t)b * N + i] = -1;
+    a.kv_num_free[b] = nf;
+  }
+}
+
+void check(const at::Tensor& t, const char* name, at::ScalarType dt, int64_t dim0) {
+  TORCH_CHECK(t.is_cuda(), "lumotree::tree_select: ", name, " must be a CUDA tensor");
+  TORCH_CHECK(t.scalar_type() == dt, "lumotree::tree_select: ", name, " has dtype ", t.scalar_type(),
+              ", expected ", dt);
+  TORCH_CHECK(t.is_contiguous(), "lumotree::tree_select: ", name, " must be contiguous");
+  TORCH_CHECK(t.size(0) == dim0, "lumotree::tree_select: ", name, " has batch ", t.size(0), ", expected ", dim0);
+}
+
+}  // namespace
+
+void tree_select(const at::Tensor& draft_tokens, const at::Tensor& target, const at::Tensor& first_child,
+                 const at::Tensor& next_sibling, const at::Tensor& num_nodes, const at::Tensor& coins,
+                 const at::Tensor& coins_final, const at::Tensor& cache_slots, bool greedy, at::Tensor& accept_len,
+                 at::Tensor& accept_nodes, at::Tensor& bonus, at::Tensor& conv_src, at::Tensor& kv_accept_slots,
+                 at::Tensor& kv_free_slots, at::Tensor& kv_num_free) {
+  const int64_t B = draft_tokens.size(0), N = draft_tokens.size(1);
+  TORCH_CHECK(N >= 1 && N <= kMaxNodes, "lumotree::tree_select: 1 <= N <= ", kMaxNodes, ", got ", N);
+  check(draft_tokens, "draft_tokens", at::kLong, B);
+  check(first_child, "first_child", at::kLong, B);
+  check(next_sibling, "next_sibling", at::kLong, B);
+  check(num_nodes, "num_nodes", at::kLong, B);
+  check(cache_slots, "cache_slots", at::kLong, B);
+  check(accept_len, "accept_len", at::kLong, B);
+  check(accept_nodes, "accept_nodes", at::kLong, B);
+  check(bonus, "bonus", at::kLong, B);
+  check(conv_src, "conv_src", at::kLong, B);
+  check(kv_accept_slots, "kv_accept_slots", at::kLong, B);
+  check(kv_free_slots, "kv_free_slots", at::kLong, B);
+  check(kv_num_free, "kv_num_free", at::kLong, B);
+  Args a{};
+  if (greedy) {
+    check(target, "target_tokens", at::kLong, B);
+    TORCH_CHECK(target.dim() == 2 && target.size(1) == N, "lumotree::tree_select: target_tokens must be [B, N]");
+    a.target_tok = target.data_ptr<int64_t>();
+  } else {
+    check(target, "target_probs", at::kFloat, B);
+    TORCH_CHECK(target.dim() == 3 && target.size(1) == N, "lumotree::tree_select: target_probs must be [B, N, vocab]");
+    check(coins, "coins", at::kFloat, B);
+    check(coins_final, "coins_final", at::kFloat, B);
+    a.probs = target.data_ptr<float>();
+    a.vocab = target.size(2);
+    a.coins = coins.data_ptr<float>();
+    a.coins_final = coins_final.data_ptr<float>();
+  }
+  a.draft = draft_tokens.data_ptr<int64_t>();
+  a.first_child = first_child.data_ptr<int64_t>();
+  a.next_sibling = next_sibling.data_ptr<int64_t>();
+  a.num_nodes = num_nodes.data_ptr<int64_t>();
+  a.cache_slots = cache_slots.data_ptr<int64_t>();
+  a.accept_len = accept_len.data_ptr<int64_t>();
+  a.accept_nodes = accept_nodes.data_ptr<int64_t>();
+  a.bonus = bonus.data_ptr<int64_t>();
+  a.conv_src = conv_src.data_ptr<int64_t>();
+  a.kv_accept_slots = kv_accept_slots.data_ptr<int64_t>();
+  a.kv_free_slots = kv_free_slots.data_ptr<int64_t>();
+  a.kv_num_free = kv_num_free.data_ptr<int64_t>();
+  a.N = (int)N;
+  a.wm1 = (int)conv_src.size(1);
+  a.greedy = greedy;
+  if (B == 0) return;
+  const c10::cuda::CUDAGuard guard(draft_tokens.device());
+  tree_select_kernel<<<(unsigned)B, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace lumotree

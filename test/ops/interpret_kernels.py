@@ -42,8 +42,9 @@ def gdn(kind, l2):
     o = tri.gdn_tree_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
                                 state_indices=si, out=torch.zeros(B, N, Hv, V), BV=8)
     assert_close(f"{kind} verify fused gating", ref, o, 1e-5)
+    vnew = torch.zeros(B, N, Hv, V)
     o = tri.gdn_tree_chunk_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
-                                      state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16)
+                                      state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16, vnew_out=vnew)
     assert_close(f"{kind} chunk verify", ref, o, 1e-4)
     an = tree.root_path(nums - 1)
     al = (an >= 0).sum(-1)
@@ -51,6 +52,10 @@ def gdn(kind, l2):
     naive.gdn_tree_commit(k, v, gg, be, p1, tree, an, al, use_qk_l2norm=l2, state_indices=si)
     tri.gdn_tree_commit_fwd(k, v, p2, an, al, gg, be, use_qk_l2norm=l2, state_indices=si, BV=8)
     assert_close(f"{kind} commit", p1, p2, 1e-5)
+    p3 = pool.clone()
+    tri.gdn_tree_commit_vnew_fwd(k, vnew, p3, an, al, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
+                                 state_indices=si, BV=8)
+    assert_close(f"{kind} commit from vnew", p1, p3, 1e-4)
 
 
 def conv(kind, W):

@@ -74,6 +74,14 @@ def test_verify_and_commit_match_reference(kind, B, N, Hk, Hv, K, V, dtype, impl
     tri.gdn_tree_commit(x["k"], x["v"], x["g"], x["beta"], p_tri, tree, an, al, use_qk_l2norm=True,
                         state_indices=x["rows"])
     assert_close("commit", p_ref, p_tri, 1e-5)
+    if impl == "chunk":  # closed-form commit from the innovations the chunk verify stores
+        vnew = torch.zeros(*x["v"].shape, dtype=torch.float32, device="cuda")
+        tri.gdn_tree_chunk_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, x["g"], x["beta"], use_qk_l2norm=True,
+                                      state_indices=x["rows"], vnew_out=vnew)
+        p_vn = x["pool"].clone()
+        tri.gdn_tree_commit_vnew_fwd(x["k"], vnew, p_vn, an, al, x["g"], x["beta"], use_qk_l2norm=True,
+                                     state_indices=x["rows"])
+        assert_close("commit from vnew", p_ref, p_vn, 1e-4 if dtype == torch.float32 else 5e-3)
 
 
 @pytest.mark.parametrize("shape", ["chain-4", "topk2-d3", "topk4-n8", "eagle-16", "eagle-64"])
@@ -108,6 +116,14 @@ def test_equals_sglang_native_tree_verify(shape, dtype):
                             b=x["b"], use_qk_l2norm=True, state_indices=x["rows"])
     nat.commit(p_nat, x["rows"], ends.int())
     assert_close("commit vs sglang snapshot", p_nat, p_ours, 1e-5)
+    vnew = torch.zeros(B, N, Hv, V, device="cuda")
+    tri.gdn_tree_chunk_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, A_log=x["A_log"], a=x["a"],
+                                  dt_bias=x["dt_bias"], b=x["b"], use_qk_l2norm=True, state_indices=x["rows"],
+                                  vnew_out=vnew)
+    p_vn = x["pool"].clone()
+    tri.gdn_tree_commit_vnew_fwd(x["k"], vnew, p_vn, an, al, A_log=x["A_log"], a=x["a"], dt_bias=x["dt_bias"],
+                                 b=x["b"], use_qk_l2norm=True, state_indices=x["rows"])
+    assert_close("vnew commit vs sglang snapshot", p_nat, p_vn, 1e-4 if dtype == torch.float32 else 5e-3)
     for bb in range(B):  # also the snapshot itself, request by request
         assert_close(f"snapshot {bb}", nat.intermediate[bb, int(ends[bb])], p_ours[x["rows"][bb].long()], 1e-5)
 

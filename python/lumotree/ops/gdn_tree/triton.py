@@ -301,7 +301,9 @@ def default_chunk_config(BT: int, V: int, dtype: torch.dtype):
     prec = "tf32x3" if dtype == torch.float32 else "tf32"
     if BT <= 32:
         return min(triton.next_power_of_2(V), 64), 4, prec
-    return min(triton.next_power_of_2(V), 128), 8, prec  # H200 sweep: 355 us vs 417 us (64, 8) at 64 nodes bs 32
+    # H200 sweep at 64 nodes, bs 32: BV=128 355 us vs 417 us for BV=64 (tf32); tf32x3 operands at
+    # BV=128 need 256 KiB of shared memory (> 227 KiB), so fp32 inputs keep BV=64 (tested on the H200).
+    return min(triton.next_power_of_2(V), 128 if prec == "tf32" else 64), 8, prec
 
 
 def _default_bv(V: int) -> int:

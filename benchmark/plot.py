@@ -1,0 +1,55 @@
+"""Plots for docs/performance.md from benchmark/results/*.json (needs matplotlib).
+
+    python3 benchmark/plot.py
+"""
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RES = os.path.join(HERE, "results")
+DOCS = os.path.join(HERE, "..", "docs")
+
+
+def gdn():
+    rows = [r for r in json.load(open(os.path.join(RES, "gdn_tree_h200.json")))["rows"] if r["model"] == "qwen3.5-27b"]
+    trees = list(dict.fromkeys(r["tree"] for r in rows))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
+    for tree in trees:
+        rr = [r for r in rows if r["tree"] == tree]
+        bs = [r["batch"] for r in rr]
+        axes[0].plot(bs, [(r["native_verify_us"] + r["native_commit_us"]) / (r["ours_verify_us"] + r["replay_commit_us"])
+                          for r in rr], marker="o", label=f"{tree} ({rr[0]['nodes']})")
+        axes[1].plot(bs, [r["ours_verify_us"] + r["replay_commit_us"] for r in rr], marker="o", label=tree)
+        axes[1].plot(bs, [r["native_verify_us"] + r["native_commit_us"] for r in rr], ls="--", color="grey", lw=0.8)
+    axes[0].set(xscale="log", xlabel="batch", ylabel="speedup (verify + commit)",
+                title="LumoTree vs SGLang 0.5.17 native tree path\nQwen3.5-27B GDN layer (Hv=48), H200")
+    axes[0].axhline(1, color="k", lw=0.5)
+    axes[0].legend(fontsize=8)
+    axes[1].set(xscale="log", yscale="log", xlabel="batch", ylabel="µs per GDN layer",
+                title="verify + commit time (solid: LumoTree, dashed: native)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(DOCS, "gdn_tree_h200.png"), dpi=110)
+
+
+def select():
+    rows = json.load(open(os.path.join(RES, "select_h200.json")))["rows"]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for n in sorted({r["nodes"] for r in rows}):
+        rr = [r for r in rows if r["nodes"] == n]
+        ax.plot([r["batch"] for r in rr], [r["sglang_us"] for r in rr], ls="--", marker="x", label=f"SGLang, {n} nodes")
+        ax.plot([r["batch"] for r in rr], [r["ours_graph_us"] for r in rr], marker="o", label=f"LumoTree (graph), {n} nodes")
+    ax.set(xscale="log", yscale="log", xlabel="batch", ylabel="µs per decode step (wall, synced)",
+           title="Tree acceptance + commit bookkeeping, H200")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(os.path.join(DOCS, "select_h200.png"), dpi=110)
+
+
+if __name__ == "__main__":
+    gdn()
+    select()

@@ -4,6 +4,7 @@ Environment variables:
     LUMOTREE_OPS         ``naive`` forces the fp32 reference ops even on CUDA tensors.
     LUMOTREE_GDN_VERIFY  ``chunk`` (default: tensor-core tree-masked WY kernel) or ``walk``
                          (path walk with boundary states) for the GDN tree verify on CUDA.
+    LUMOTREE_NO_EXTENSION  (build time) skip compiling the CUDA extension in csrc/.
 """
 __version__ = "0.1.0"
 

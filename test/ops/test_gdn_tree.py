@@ -76,6 +76,20 @@ def test_path_parallel_equals_per_node(forest, heads, l2, seed):
     assert (pp[~tree.valid] == 0).all()
 
 
+@settings(max_examples=30, deadline=None)
+@given(forests(max_n=48), st.sampled_from([(1, 1), (2, 4)]), st.booleans(), st.integers(0, 99))
+def test_tree_masked_chunk_form_equals_per_node(forest, heads, l2, seed):
+    """The math of the tensor-core kernel (one WY chunk, ancestor mask) is exact for trees."""
+    parents, num = forest
+    B, N = parents.shape
+    Hk, Hv = heads
+    q, k, v, g, beta, state = (t.double() for t in make_inputs(B, N, Hk, Hv, 8, 4, seed))
+    tree = TreeDescriptor.from_parents(parents, num)
+    ref = naive.gdn_tree_verify_per_node(q, k, v, g, beta, state, tree, use_qk_l2norm=l2)
+    chunk = naive.gdn_tree_verify_chunk(q, k, v, g, beta, state, tree, use_qk_l2norm=l2)
+    assert_close("chunk form", ref, chunk, 1e-10)
+
+
 @settings(max_examples=40, deadline=None)
 @given(forests(max_n=32), st.booleans(), st.integers(0, 99))
 def test_commit_equals_sequential(forest, l2, seed):

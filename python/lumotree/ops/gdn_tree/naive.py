@@ -28,7 +28,7 @@ from lumotree.ops.gdn_tree.common import (check_accept, check_accept_is_root_pat
                                           l2norm)
 from lumotree.tree import TreeDescriptor
 
-__all__ = ["gdn_tree_verify", "gdn_tree_verify_per_node", "gdn_tree_commit", "gdn_step"]
+__all__ = ["gdn_tree_verify", "gdn_tree_verify_per_node", "gdn_tree_verify_chunk", "gdn_tree_commit", "gdn_step"]
 
 
 def gdn_step(S: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor):
@@ -116,6 +116,37 @@ def gdn_tree_verify(q, k, v, g, beta, state, tree: TreeDescriptor, scale: Option
             if is_boundary[b][i]:
                 slots[depth[b][i]] = S
     return o
+
+
+def gdn_tree_verify_chunk(q, k, v, g, beta, state, tree: TreeDescriptor, scale: Optional[float] = None,
+                          use_qk_l2norm: bool = False, state_indices: Optional[torch.Tensor] = None):
+    """Reference of the tensor-core kernel's math: the whole tree as one chunk of the chunked (WY)
+    gated delta rule, the causal mask replaced by the ancestor mask (docs/design.md)::
+
+        G = M g (log decay summed along the root path), A_ij = beta_i (k_i.k_j) e^(G_i - G_j), j strict ancestor
+        T = (I + A)^-1,  u = T (beta v) - T (beta e^G k) S0^T
+        o_i = scale (e^(G_i) S0 q_i + sum_{j anc-or-self} (q_i.k_j) e^(G_i - G_j) u_j)
+
+    Same arguments and result as :func:`gdn_tree_verify`."""
+    B, N, Hk, Hv, K, V = check_gdn_inputs(q, k, v, g, beta, state, tree, state_indices)
+    scale = K ** -0.5 if scale is None else scale
+    q, k, v, g, beta, dt = _prepare(q, k, v, g, beta, state, use_qk_l2norm)
+    rows = _rows(state_indices, B, state.device)
+    M = tree.mask.to(dt) * tree.valid[:, None, :] * tree.valid[:, :, None]  # [B, N, N]
+    strict = M * (1 - torch.eye(N, dtype=dt, device=M.device))
+    G = torch.einsum("bij,bjh->bih", M, g)  # [B, N, Hv]
+    D = torch.exp((G[:, :, None, :] - G[:, None, :, :]).clamp(max=0)) * M[..., None]  # [B, i, j, Hv]
+    kk = torch.einsum("bihk,bjhk->bijh", k, k)
+    A = beta[:, :, None, :] * kk * D * (strict[..., None])
+    eye = torch.eye(N, dtype=dt, device=M.device)[None, :, :, None]
+    T = torch.linalg.inv((eye + A).permute(0, 3, 1, 2)).permute(0, 2, 3, 1)  # [B, i, j, Hv]
+    S0 = state[rows].to(dt)  # [B, Hv, V, K]
+    W = torch.einsum("bijh,bjhk->bihk", T, (beta * torch.exp(G))[..., None] * k)
+    U = torch.einsum("bijh,bjhv->bihv", T, beta[..., None] * v)
+    u = U - torch.einsum("bihk,bhvk->bihv", W, S0)
+    qk = torch.einsum("bihk,bjhk->bijh", q, k) * D
+    o = torch.exp(G)[..., None] * torch.einsum("bihk,bhvk->bihv", q, S0) + torch.einsum("bijh,bjhv->bihv", qk, u)
+    return scale * o * tree.valid[:, :, None, None]
 
 
 def gdn_tree_commit(k, v, g, beta, state, tree: TreeDescriptor, accept_nodes, accept_len,

@@ -1,0 +1,257 @@
+"""Model-free suffix drafting (SuffixDecoding-style) for agent workloads, and the merge of several
+drafters' branches into one draft tree under a node budget.
+
+``SuffixTrie`` indexes every substring of length <= ``depth`` of the sequences it is fed, with
+occurrence counts, incrementally (O(depth) per appended token). ``SuffixDrafter`` keeps one trie per
+request (prompt + output so far) and a bounded global trie over recent outputs of finished
+requests; to draft, it finds the longest suffix of the context (<= ``max_match`` tokens) that
+occurred before and expands the continuations best-first by empirical probability
+``count(child) / sum of the node's children's counts`` (path score = product), up to the budget.
+
+``merge_drafts`` unions candidate trees (from the suffix drafter, an MTP head, ...) by token path
+from the root, scores a merged node by the best of its sources, and keeps the ``budget`` best nodes
+(a node's score never exceeds its parent's, so the kept set is a tree). ``adaptive_budget`` gives
+the node budget for a batch: large trees at small batch, small trees at large batch.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+from typing import Dict, List, Optional, Sequence, Tuple
+
+__all__ = ["SuffixTrie", "SuffixDrafter", "Draft", "merge_drafts", "adaptive_budget"]
+
+
+@dataclasses.dataclass
+class Draft:
+    """A draft tree: ``tokens[0]`` is the root (the last context token), ``parents[0] == -1``,
+    ``scores[i]`` the drafter's probability of the path root -> i (``scores[0] == 1``)."""
+
+    tokens: List[int]
+    parents: List[int]
+    scores: List[float]
+
+    def __len__(self):
+        return len(self.tokens)
+
+
+class _Node:
+    __slots__ = ("children", "count")
+
+    def __init__(self):
+        self.children: Dict[int, "_Node"] = {}
+        self.count = 0
+
+
+class SuffixTrie:
+    """Counts of all substrings of length <= ``depth`` of the appended sequences."""
+
+    def __init__(self, depth: int):
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        self.depth = depth
+        self.root = _Node()
+        self.num_tokens = 0
+        self._active: List[List[_Node]] = []  # per open sequence: nodes of its suffixes of length < depth
+
+    def new_sequence(self) -> int:
+        self._active.append([])
+        return len(self._active) - 1
+
+    def append(self, seq: int, token: int) -> None:
+        nxt = []
+        for node in [self.root] + self._active[seq]:
+            child = node.children.get(token)
+            if child is None:
+                child = node.children[token] = _Node()
+            child.count += 1
+            nxt.append(child)
+        # a suffix of length `depth` cannot be extended: keep only the shorter ones
+        self._active[seq] = nxt[: self.depth - 1]
+        self.num_tokens += 1
+
+    def extend(self, seq: int, tokens: Sequence[int]) -> None:
+        for t in tokens:
+            self.append(seq, t)
+
+    def find(self, pattern: Sequence[int]) -> Optional[_Node]:
+        node = self.root
+        for t in pattern:
+            node = node.children.get(t)
+            if node is None:
+                return None
+        return node
+
+
+def _continuations(node: _Node):
+    """(token, child, P(token | node)) with P estimated over the occurrences that continued."""
+    total = sum(ch.count for ch in node.children.values())
+    return [(tok, ch, ch.count / total) for tok, ch in node.children.items()]
+
+
+def _expand(node: _Node, root_token: int, budget: int, min_prob: float) -> Draft:
+    tokens, parents, scores = [root_token], [-1], [1.0]
+    heap = []  # (-score, tie, token, trie node, parent index)
+    tie = 0
+    for tok, ch, p in _continuations(node):
+        heap.append((-p, tie, tok, ch, 0))
+        tie += 1
+    heapq.heapify(heap)
+    while heap and len(tokens) < budget:
+        neg, _, tok, ch, par = heapq.heappop(heap)
+        if -neg < min_prob:
+            break
+        idx = len(tokens)
+        tokens.append(tok)
+        parents.append(par)
+        scores.append(-neg)
+        for t2, c2, p in _continuations(ch):
+            heapq.heappush(heap, (neg * p, tie, t2, c2, idx))
+            tie += 1
+    return Draft(tokens, parents, scores)
+
+
+class SuffixDrafter:
+    """Per-request suffix tries + a bounded global trie of recent outputs.
+
+    Args:
+        max_match: longest context suffix looked up.
+        max_spec: deepest speculation below the match.
+        global_tokens: size bound of the global cache (tokens of recent outputs kept).
+        min_prob: drop branches whose path probability falls below this.
+    """
+
+    def __init__(self, max_match: int = 16, max_spec: int = 16, global_tokens: int = 1 << 16,
+                 min_prob: float = 0.05):
+        if max_match < 1 or max_spec < 1:
+            raise ValueError("max_match and max_spec must be >= 1")
+        self.max_match, self.max_spec, self.min_prob = max_match, max_spec, min_prob
+        self.depth = max_match + max_spec
+        self.global_tokens = global_tokens
+        self._requests: Dict[object, Tuple[SuffixTrie, int, List[int]]] = {}
+        self._recent: collections.deque = collections.deque()
+        self._recent_tokens = 0
+        self._global = SuffixTrie(self.depth)
+
+    # ------------------------------------------------------------------ request lifecycle
+    def start(self, rid, prompt: Sequence[int]) -> None:
+        trie = SuffixTrie(self.depth)
+        seq = trie.new_sequence()
+        trie.extend(seq, prompt)
+        self._requests[rid] = (trie, seq, list(prompt))
+
+    def append(self, rid, tokens: Sequence[int]) -> None:
+        trie, seq, ctx = self._request(rid)
+        trie.extend(seq, tokens)
+        ctx.extend(tokens)
+
+    def finish(self, rid, output: Sequence[int]) -> None:
+        """Retire a request; its output joins the global cache (oldest outputs evicted)."""
+        self._requests.pop(rid, None)
+        out = list(output)
+        if not out:
+            return
+        self._recent.append(out)
+        self._recent_tokens += len(out)
+        evicted = False
+        while self._recent_tokens > self.global_tokens and len(self._recent) > 1:
+            self._recent_tokens -= len(self._recent.popleft())
+            evicted = True
+        if evicted:  # counts cannot be decremented cheaply along all suffixes: rebuild (amortised)
+            self._global = SuffixTrie(self.depth)
+            for o in self._recent:
+                self._global.extend(self._global.new_sequence(), o)
+        else:
+            self._global.extend(self._global.new_sequence(), out)
+
+    def _request(self, rid):
+        try:
+            return self._requests[rid]
+        except KeyError:
+            raise KeyError(f"unknown request {rid!r}: call start() first") from None
+
+    # ------------------------------------------------------------------ drafting
+    def _match(self, trie: SuffixTrie, ctx: List[int]) -> Tuple[Optional[_Node], int]:
+        for m in range(min(self.max_match, len(ctx)), 0, -1):
+            node = trie.find(ctx[len(ctx) - m:])
+            if node is not None and node.children:
+                return node, m
+        return None, 0
+
+    def draft(self, rid, budget: int) -> Draft:
+        """The best draft tree of at most ``budget`` nodes (root included) for request ``rid``:
+        from its own history, or from the global cache when that matches a longer suffix."""
+        if budget < 1:
+            raise ValueError(f"budget must be >= 1, got {budget}")
+        trie, _, ctx = self._request(rid)
+        if not ctx:
+            raise ValueError(f"request {rid!r} has no context: the root token is missing")
+        local, m_local = self._match(trie, ctx)
+        glob, m_glob = self._match(self._global, ctx)
+        drafts = []
+        if local is not None:
+            drafts.append(_expand(local, ctx[-1], budget, self.min_prob))
+        if glob is not None and m_glob >= m_local:
+            drafts.append(_expand(glob, ctx[-1], budget, self.min_prob))
+        if not drafts:
+            return Draft([ctx[-1]], [-1], [1.0])
+        return merge_drafts(drafts, budget)
+
+
+def merge_drafts(drafts: Sequence[Draft], budget: int, weights: Optional[Sequence[float]] = None) -> Draft:
+    """Union of draft trees sharing a root token, by token path; a node's score is the best
+    ``weight * score`` among its sources; keeps the ``budget`` best nodes best-first.
+
+    Nodes are numbered in the order they are kept, so parents precede children."""
+    if budget < 1:
+        raise ValueError(f"budget must be >= 1, got {budget}")
+    if not drafts:
+        raise ValueError("nothing to merge")
+    root = drafts[0].tokens[0]
+    for d in drafts:
+        if d.tokens[0] != root or d.parents[0] != -1:
+            raise ValueError("all drafts must share the root token (node 0, parent -1)")
+    weights = list(weights) if weights is not None else [1.0] * len(drafts)
+    # union trie: path tuple -> best score
+    best: Dict[Tuple[int, ...], float] = {(): 1.0}
+    children: Dict[Tuple[int, ...], List[Tuple[int, ...]]] = collections.defaultdict(list)
+    for d, w in zip(drafts, weights):
+        paths = [()]
+        for i in range(1, len(d.tokens)):
+            p = d.parents[i]
+            if not 0 <= p < i:
+                raise ValueError(f"draft parents[{i}] = {p} does not precede node {i}")
+            path = paths[p] + (d.tokens[i],)
+            paths.append(path)
+            sc = w * d.scores[i]
+            if path not in best:
+                children[paths[p]].append(path)
+                best[path] = sc
+            else:
+                best[path] = max(best[path], sc)
+    tokens, parents, scores = [root], [-1], [1.0]
+    heap = [(-best[c], c, 0) for c in children[()]]
+    heapq.heapify(heap)
+    while heap and len(tokens) < budget:
+        neg, path, par = heapq.heappop(heap)
+        idx = len(tokens)
+        tokens.append(path[-1])
+        parents.append(par)
+        scores.append(-neg)
+        for c in children[path]:
+            heapq.heappush(heap, (-min(best[c], -neg), c, idx))  # a child never outranks its parent
+    return Draft(tokens, parents, scores)
+
+
+def adaptive_budget(batch_size: int, tokens_per_step: int = 512, max_nodes: int = 64, min_nodes: int = 4) -> int:
+    """Draft nodes per request for a batch: ``tokens_per_step / batch`` clamped to
+    ``[min_nodes, max_nodes]`` and rounded down to a power of two (a small set of static tree
+    sizes, one CUDA graph each)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    n = max(min_nodes, min(max_nodes, tokens_per_step // batch_size))
+    p = 1
+    while p * 2 <= n:
+        p *= 2
+    return max(min_nodes, p)

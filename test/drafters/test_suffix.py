@@ -1,0 +1,124 @@
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lumotree import TreeDescriptor
+from lumotree.drafters.suffix import Draft, SuffixDrafter, SuffixTrie, adaptive_budget, merge_drafts
+
+
+def test_trie_counts_substrings():
+    t = SuffixTrie(depth=3)
+    s = t.new_sequence()
+    t.extend(s, [1, 2, 1, 2, 3])
+    assert t.find([1]).count == 2 and t.find([2]).count == 2 and t.find([3]).count == 1
+    assert t.find([1, 2]).count == 2 and t.find([2, 1]).count == 1 and t.find([1, 2, 3]).count == 1
+    assert t.find([1, 2, 1, 2]) is None  # longer than depth
+    assert t.num_tokens == 5
+
+
+def test_draft_copies_a_repeated_span():
+    d = SuffixDrafter(max_match=4, max_spec=6, min_prob=0.0)
+    ctx = [5, 6, 7, 8, 9, 10, 11, 0, 0, 5, 6, 7]
+    d.start("r", ctx)
+    dr = d.draft("r", budget=8)
+    TreeDescriptor.from_parents(torch.tensor([dr.parents]))
+    assert dr.tokens[0] == 7
+    chain, node = [], 0
+    while True:
+        kids = [i for i in range(1, len(dr)) if dr.parents[i] == node]
+        if not kids:
+            break
+        node = max(kids, key=lambda i: dr.scores[i])
+        chain.append(dr.tokens[node])
+    assert chain[:4] == [8, 9, 10, 11]
+
+
+def test_branching_scores_follow_counts():
+    d = SuffixDrafter(max_match=2, max_spec=2, min_prob=0.0)
+    d.start(0, [1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2])
+    dr = d.draft(0, budget=4)
+    kids = {dr.tokens[i]: dr.scores[i] for i in range(1, len(dr)) if dr.parents[i] == 0}
+    assert set(kids) == {3, 4} and kids[3] == pytest.approx(2 / 3) and kids[4] == pytest.approx(1 / 3)
+
+
+def test_global_cache_serves_other_requests_and_is_bounded():
+    d = SuffixDrafter(max_match=3, max_spec=4, global_tokens=12, min_prob=0.0)
+    d.start("a", [1, 2])
+    d.finish("a", [40, 41, 42, 43, 44])
+    d.start("b", [7, 40, 41])
+    dr = d.draft("b", budget=4)
+    assert dr.tokens[:4] == [41, 42, 43, 44]
+    for i in range(5):  # push the first output out of the 12-token cache
+        d.finish(f"x{i}", [100 + i] * 5)
+    assert d._recent_tokens <= 12
+    d.start("c", [40, 41])
+    assert len(d.draft("c", budget=4)) == 1  # forgotten: root only
+    with pytest.raises(KeyError, match="unknown request"):
+        d.draft("nope", 4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=120), st.integers(1, 40), st.integers(0, 99))
+def test_draft_is_a_valid_tree_within_budget_and_deterministic(ctx, budget, seed):
+    d1, d2 = SuffixDrafter(max_match=5, max_spec=5, min_prob=0.0), SuffixDrafter(max_match=5, max_spec=5, min_prob=0.0)
+    d1.start(0, ctx)
+    d2.start(0, ctx)
+    a, b = d1.draft(0, budget), d2.draft(0, budget)
+    assert a == b
+    assert 1 <= len(a) <= budget and a.tokens[0] == ctx[-1]
+    TreeDescriptor.from_parents(torch.tensor([a.parents]))
+    for i in range(1, len(a)):
+        assert a.scores[i] <= a.scores[a.parents[i]] + 1e-12
+    sib = {}
+    for i in range(1, len(a)):
+        assert (a.parents[i], a.tokens[i]) not in sib, "siblings must carry distinct tokens"
+        sib[(a.parents[i], a.tokens[i])] = i
+
+
+def test_merge_unions_by_token_path_and_respects_budget():
+    mtp = Draft([9, 1, 2, 3], [-1, 0, 0, 1], [1.0, 0.6, 0.3, 0.5])     # 9 -> {1 -> 3, 2}
+    suffix = Draft([9, 1, 4, 5], [-1, 0, 1, 0], [1.0, 0.9, 0.8, 0.2])  # 9 -> {1 -> 4, 5}
+    m = merge_drafts([mtp, suffix], budget=10)
+    paths = set()
+    for i in range(len(m)):
+        p, node = [], i
+        while node >= 0:
+            p.append(m.tokens[node])
+            node = m.parents[node]
+        paths.add(tuple(p[::-1]))
+    assert paths == {(9,), (9, 1), (9, 2), (9, 1, 3), (9, 1, 4), (9, 5)}
+    assert m.scores[m.tokens.index(1)] == 0.9  # best of its sources
+    small = merge_drafts([mtp, suffix], budget=3)
+    assert small.tokens == [9, 1, 4]  # best-first: 1 (0.9), then 4 (0.8)
+    with pytest.raises(ValueError, match="share the root"):
+        merge_drafts([mtp, Draft([8], [-1], [1.0])], 4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(1, 64))
+def test_merge_of_random_drafts_is_valid(seed, budget):
+    rng = random.Random(seed)
+    drafts = []
+    for _ in range(rng.randint(1, 3)):
+        n = rng.randint(1, 20)
+        parents, tokens, scores = [-1], [7], [1.0]
+        for i in range(1, n):
+            p = rng.randrange(i)
+            parents.append(p)
+            tokens.append(rng.randrange(4))
+            scores.append(scores[p] * rng.random())
+        drafts.append(Draft(tokens, parents, scores))
+    m = merge_drafts(drafts, budget)
+    assert len(m) <= budget
+    TreeDescriptor.from_parents(torch.tensor([m.parents]))
+    assert merge_drafts(drafts, budget) == m
+
+
+def test_adaptive_budget():
+    assert [adaptive_budget(b) for b in (1, 8, 16, 64, 256)] == [64, 64, 32, 8, 4]
+    assert adaptive_budget(3, tokens_per_step=100) == 32
+    with pytest.raises(ValueError):
+        adaptive_budget(0)

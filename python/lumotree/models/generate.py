@@ -58,7 +58,9 @@ def generate_tree(model, prompt: List[int], max_new_tokens: int, drafter):
         draft = torch.tensor([toks])
         logits = model.verify(draft, tree)
         target = logits.argmax(-1)
-        accept_len, accept_nodes, bonus = ops.tree_select_greedy(draft, target, tree)
+        # acceptance and the commit plan in one sync-free call (the CUDA op's semantics)
+        bonus, plan = ops.tree_select_and_plan(draft, target, tree, greedy=True)
+        accept_len, accept_nodes = plan.accept_len, plan.accept_nodes
         model.commit(accept_nodes, accept_len)
         L = int(accept_len[0])
         new = [toks[int(n)] for n in accept_nodes[0, 1:L]] + [int(bonus[0])]

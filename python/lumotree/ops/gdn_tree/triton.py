@@ -448,6 +448,9 @@ def _check_kernel_inputs(state, q_or_k):
         raise ValueError("each state row must be contiguous [Hv, V, K] (the pool's leading stride may differ)")
 
 
+CHUNK_MAX_NODES = 64
+
+
 def verify_impl() -> str:
     """``LUMOTREE_GDN_VERIFY``: ``chunk`` (tensor-core tree-masked WY, default) or ``walk`` (the
     register-resident path walk with boundary states)."""
@@ -464,7 +467,10 @@ def gdn_tree_verify(q, k, v, g, beta, state, tree: TreeDescriptor, scale: Option
     check_gdn_inputs(q, k, v, g, beta, state, tree, state_indices)
     _check_kernel_inputs(state, k)
     out = torch.zeros(*v.shape, dtype=q.dtype, device=q.device)  # padding nodes stay zero
-    fwd = gdn_tree_chunk_verify_fwd if verify_impl() == "chunk" else gdn_tree_verify_fwd
+    # the chunk kernel holds the tree as one [N, N] block: beyond 64 nodes it would exceed the
+    # registers / shared memory it was tuned for, so larger trees take the walk
+    use_chunk = verify_impl() == "chunk" and k.shape[1] <= CHUNK_MAX_NODES
+    fwd = gdn_tree_chunk_verify_fwd if use_chunk else gdn_tree_verify_fwd
     return fwd(q, k, v, state, tree, g, beta, scale=scale, use_qk_l2norm=use_qk_l2norm,
                state_indices=state_indices, out=out)
 

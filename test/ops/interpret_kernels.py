@@ -77,7 +77,27 @@ def conv(kind, W):
         assert torch.equal(plan.conv_src, conv_tri.conv_commit_src(an, al, W - 1))
 
 
+def gdn_large_tree_public_op():
+    """Trees over 64 nodes: the public op takes the walk kernel (8-bit node ids, up to 255)."""
+    import random
+
+    from lumotree.tree_shapes import random_tree
+
+    p = random_tree(100, random.Random(5))
+    tree = TreeDescriptor.from_parents(torch.tensor([p]))
+    g = torch.Generator().manual_seed(9)
+    q, k = torch.randn(1, 100, 1, 16, generator=g), torch.randn(1, 100, 1, 16, generator=g)
+    v = torch.randn(1, 100, 2, 16, generator=g)
+    gg, be = -torch.rand(1, 100, 2, generator=g), torch.rand(1, 100, 2, generator=g)
+    state = torch.randn(1, 2, 16, 16, generator=g) * 0.1
+    ref = naive.gdn_tree_verify(q, k, v, gg, be, state, tree, use_qk_l2norm=True)
+    o = tri.gdn_tree_verify_fwd(q, k, v, state, tree, gg, be, use_qk_l2norm=True, out=torch.zeros(1, 100, 2, 16),
+                                BV=16)
+    assert_close("walk, 100 nodes", ref, o, 1e-5)
+
+
 if __name__ == "__main__":
+    gdn_large_tree_public_op()
     for kind in ("chain", "star", "caterpillar", "random", "eagle"):
         gdn(kind, True)
         conv(kind, 4 if kind != "star" else 2)

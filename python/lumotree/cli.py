@@ -14,10 +14,22 @@ def demo(args) -> int:
     from lumotree.models.tiny_hybrid import TinyHybridConfig, TinyHybridLM
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
-    model = TinyHybridLM(TinyHybridConfig(seed=args.seed))
-    g = torch.Generator().manual_seed(args.seed)
-    motif = torch.randint(0, model.config.vocab_size, (24,), generator=g).tolist()
-    prompt = motif * 2
+    if args.model:  # a Qwen3.5 checkpoint (e.g. benchmark/models/train_tiny_hybrid.py's) and real code
+        import inspect
+        import textwrap
+
+        from transformers import AutoTokenizer
+
+        model = TinyHybridLM.from_hf(args.model)
+        tok = AutoTokenizer.from_pretrained(args.model)
+        prompt = tok(inspect.getsource(textwrap)[:3000])["input_ids"]
+        what = f"checkpoint {args.model}, prompt: the first 3000 characters of textwrap.py"
+    else:
+        model = TinyHybridLM(TinyHybridConfig(seed=args.seed))
+        g = torch.Generator().manual_seed(args.seed)
+        motif = torch.randint(0, model.config.vocab_size, (24,), generator=g).tolist()
+        prompt = motif * 2
+        what = f"seed {args.seed}, random weights"
     t0 = time.perf_counter()
     plain = generate_plain(model, prompt, args.tokens)
     t1 = time.perf_counter()
@@ -27,7 +39,7 @@ def demo(args) -> int:
     same = plain == spec
     c = model.config
     print(f"model: tiny hybrid (Qwen3.5 shape), {c.num_layers} layers {c.layer_types()}, vocab {c.vocab_size}, "
-          f"seed {c.seed}, random weights")
+          f"{what}")
     print(f"generated: {args.tokens} greedy tokens, plain decode {t1 - t0:.2f} s, tree speculation {t2 - t1:.2f} s")
     print(f"identical: {'yes' if same else 'no'}")
     print(f"verify steps: {st.steps} (plain: {args.tokens})")
@@ -54,6 +66,7 @@ def main(argv=None) -> int:
     d.add_argument("--budget", type=int, default=16, help="draft tree nodes per step")
     d.add_argument("--depth", type=int, default=6)
     d.add_argument("--seed", type=int, default=1)
+    d.add_argument("--model", default=None, help="a Qwen3.5 text checkpoint directory (needs transformers)")
     args = ap.parse_args(argv)
     if args.cmd == "demo":
         return demo(args)

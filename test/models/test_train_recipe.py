@@ -52,3 +52,11 @@ def test_mtp_tensors_in_sglang_layout(recipe):
               "mtp.norm.weight", "mtp.layers.0.self_attn.q_proj.weight", "mtp.layers.0.mlp.gate_proj.weight"):
         assert n in names, n
     assert any(n.startswith("model.layers.0.linear_attn.") for n in names)
+
+
+def test_demo_runs_on_the_exported_checkpoint(recipe, capsys):
+    from lumotree.cli import main
+
+    _, out, _ = recipe
+    assert main(["demo", "--model", out, "--tokens", "24"]) == 0
+    assert "identical: yes" in capsys.readouterr().out

@@ -46,6 +46,7 @@ class TinyHybridConfig:
     num_kv_heads: int = 2
     head_dim: int = 32
     rope_theta: float = 10000.0
+    partial_rotary_factor: float = 1.0
     eps: float = 1e-6
     seed: int = 1
     dtype: torch.dtype = torch.float64
@@ -111,13 +112,15 @@ class GatedDeltaNet(nn.Module):
                             accept_nodes, accept_len, use_qk_l2norm=True)
 
 
-def _rope(x, pos, theta):
-    d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=x.dtype) / d))
+def _rope(x, pos, theta, partial=1.0):
+    """Rotate-half RoPE on the first ``partial * head_dim`` dims (Qwen3.5: 0.25); text positions
+    (all M-RoPE axes equal) make Qwen3.5's interleaved M-RoPE this plain RoPE."""
+    d = int(x.shape[-1] * partial)
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).to(x.dtype) / d))
     ang = pos.to(x.dtype)[..., None] * inv  # [B, N, d/2]
     cos, sin = ang.cos()[:, :, None, :], ang.sin()[:, :, None, :]
-    x1, x2 = x[..., : d // 2], x[..., d // 2:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1)
+    x1, x2, rest = x[..., : d // 2], x[..., d // 2: d], x[..., d:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin, rest], -1)
 
 
 class GatedAttention(nn.Module):
@@ -141,8 +144,9 @@ class GatedAttention(nn.Module):
         B, N, _ = x.shape
         qg = self.q_proj(x).view(B, N, c.num_heads, 2 * c.head_dim)
         q, gate = qg.split(c.head_dim, -1)
-        q = _rope(self.q_norm(q), positions, c.rope_theta)
-        k = _rope(self.k_norm(self.k_proj(x).view(B, N, c.num_kv_heads, c.head_dim)), positions, c.rope_theta)
+        q = _rope(self.q_norm(q), positions, c.rope_theta, c.partial_rotary_factor)
+        k = _rope(self.k_norm(self.k_proj(x).view(B, N, c.num_kv_heads, c.head_dim)), positions, c.rope_theta,
+                  c.partial_rotary_factor)
         v = self.v_proj(x).view(B, N, c.num_kv_heads, c.head_dim)
         K = torch.cat([cache["k"], k], 1)
         Vv = torch.cat([cache["v"], v], 1)
@@ -188,6 +192,68 @@ class TinyHybridLM(nn.Module):
         self.to(c.dtype)
         self.eval()
         self.reset()
+
+    # ------------------------------------------------------------------ Hugging Face checkpoints
+    @classmethod
+    def from_hf(cls, path: str, dtype: torch.dtype = torch.float64) -> "TinyHybridLM":
+        """Load a Qwen3.5 text checkpoint (``Qwen3_5ForCausalLM`` layout: config.json +
+        model.safetensors) into this reference model, e.g. the one
+        ``benchmark/models/train_tiny_hybrid.py`` exports. ``mtp.*`` tensors are ignored."""
+        import json
+        import os
+
+        from safetensors.torch import load_file
+
+        hf = json.load(open(os.path.join(path, "config.json")))
+        if hf.get("model_type") not in ("qwen3_5_text", "qwen3_next") or "layer_types" not in hf:
+            raise ValueError(f"{path}: not a Qwen3.5 text checkpoint (model_type={hf.get('model_type')!r})")
+        types = hf["layer_types"]
+        bad = sorted(set(types) - {"linear_attention", "full_attention"})
+        if bad:
+            raise ValueError(f"{path}: unsupported layer types {bad}")
+        interval = hf.get("full_attention_interval", 4)
+        rope = hf.get("rope_parameters") or {}
+        c = TinyHybridConfig(
+            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+            full_attention_interval=interval, intermediate_size=hf["intermediate_size"],
+            num_k_heads=hf["linear_num_key_heads"], num_v_heads=hf["linear_num_value_heads"],
+            head_k_dim=hf["linear_key_head_dim"], head_v_dim=hf["linear_value_head_dim"],
+            conv_kernel=hf["linear_conv_kernel_dim"], num_heads=hf["num_attention_heads"],
+            num_kv_heads=hf["num_key_value_heads"], head_dim=hf["head_dim"],
+            rope_theta=rope.get("rope_theta", hf.get("rope_theta", 10000.0)),
+            partial_rotary_factor=rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)),
+            eps=hf["rms_norm_eps"], dtype=dtype)
+        if c.layer_types() != types:
+            raise ValueError(f"{path}: layer_types {types} are not 'full attention every {interval}th layer'")
+        sd = {k: v.to(dtype) for k, v in load_file(os.path.join(path, "model.safetensors")).items()
+              if not k.startswith("mtp.")}
+        m = cls(c)
+        one = lambda w: 1.0 + w  # noqa: E731  Qwen3.5's RMSNorm scales by (1 + weight)
+        with torch.no_grad():
+            m.embed.weight.copy_(sd["model.embed_tokens.weight"])
+            m.lm_head.weight.copy_(sd.get("lm_head.weight", sd["model.embed_tokens.weight"]))
+            m.final_norm.weight.copy_(one(sd["model.norm.weight"]))
+            for i, layer in enumerate(m.layers):
+                p = f"model.layers.{i}."
+                m.norms1[i].weight.copy_(one(sd[p + "input_layernorm.weight"]))
+                m.norms2[i].weight.copy_(one(sd[p + "post_attention_layernorm.weight"]))
+                m.gate_up[i].weight.copy_(torch.cat([sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"]]))
+                m.down[i].weight.copy_(sd[p + "mlp.down_proj.weight"])
+                if isinstance(layer, GatedAttention):
+                    a = p + "self_attn."
+                    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+                        getattr(layer, name).weight.copy_(sd[a + name + ".weight"])
+                    layer.q_norm.weight.copy_(one(sd[a + "q_norm.weight"]))
+                    layer.k_norm.weight.copy_(one(sd[a + "k_norm.weight"]))
+                else:
+                    g = p + "linear_attn."
+                    for name in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"):
+                        getattr(layer, name).weight.copy_(sd[g + name + ".weight"])
+                    layer.conv_weight.copy_(sd[g + "conv1d.weight"].squeeze(1))
+                    layer.A_log.copy_(sd[g + "A_log"])
+                    layer.dt_bias.copy_(sd[g + "dt_bias"])
+                    layer.norm.weight.copy_(sd[g + "norm.weight"])  # the gated norm scales by weight
+        return m
 
     # ------------------------------------------------------------------ caches
     def reset(self):

@@ -23,7 +23,6 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 COPY_BW = 4.3e12  # measured device-to-device copy bandwidth of the H200 (bytes/s)
 

@@ -68,7 +68,6 @@ def test_sampling_is_lossless():
     vocab = 4
     parents = [-1, 0, 0, 0, 1, 1, 2]
     draft = [0, 1, 2, 1, 3, 0, 2]  # node 3 duplicates node 1's token (never accepted)
-    tree = TreeDescriptor.from_parents(torch.tensor([parents]))
     probs = torch.zeros(1, 7, vocab, dtype=torch.float64)
     paths = {}
     for i in range(7):

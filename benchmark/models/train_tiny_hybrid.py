@@ -38,24 +38,42 @@ CHAT_TEMPLATE = (
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 
 
-def corpus(limit_files=None):
-    root = sysconfig.get_paths()["stdlib"]
-    files = []
-    for d, _, names in os.walk(root):
-        if "site-packages" in d:
+def _py_files(root, skip_site=False):
+    out = []
+    for d, dirs, names in os.walk(root):
+        dirs.sort()
+        if skip_site and "site-packages" in d:
             continue
-        for n in sorted(names):
-            if n.endswith(".py"):
-                files.append(os.path.join(d, n))
-    files.sort()
+        out += [os.path.join(d, n) for n in sorted(names) if n.endswith(".py")]
+    return out
+
+
+def corpus(limit_files=None, max_chars=40_000_000):
+    """(train, held-out) texts: the standard library first, then installed packages' sources
+    (``site.getsitepackages()`` and ``PYTHONPATH`` entries, sorted) up to ``max_chars``.
+    A file is held out when CRC32 of its path relative to its root is 0 mod 20."""
+    import site
+
+    roots = [(sysconfig.get_paths()["stdlib"], True)]
+    extra = list(site.getsitepackages()) + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    for r in sorted(set(os.path.realpath(p) for p in extra if os.path.isdir(p))):
+        roots.append((r, False))
+    files = []
+    for root, skip in roots:
+        files += [(root, f) for f in _py_files(root, skip)]
     if limit_files:
         files = files[:: max(1, len(files) // limit_files)][:limit_files]
-    train, held = [], []
-    for f in files:
+    train, held, total = [], [], 0
+    for root, f in files:
+        if total >= max_chars:
+            break
         try:
             text = open(f, encoding="utf-8").read()
         except (UnicodeDecodeError, OSError):
             continue
+        if not text.strip() or len(text) > 400_000:  # skip empty and generated giants
+            continue
+        total += len(text)
         (held if zlib.crc32(os.path.relpath(f, root).encode()) % 20 == 0 else train).append(text)
     return train, held
 
@@ -145,7 +163,7 @@ def export(model, mtp, tok_dir, out):
     save_file(sd, path, metadata={"format": "pt"})
     cfg = json.load(open(os.path.join(out, "config.json")))
     cfg.update(architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", mtp_num_hidden_layers=1,
-               num_nextn_predict_layers=1, torch_dtype="bfloat16")
+               num_nextn_predict_layers=1, torch_dtype="bfloat16", dtype="bfloat16")
     json.dump(cfg, open(os.path.join(out, "config.json"), "w"), indent=1)
     json.dump({"eos_token_id": 2, "pad_token_id": 0}, open(os.path.join(out, "generation_config.json"), "w"))
     return os.path.getsize(path)
@@ -158,12 +176,13 @@ def main(argv=None):
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--inter", type=int, default=512)
+    ap.add_argument("--inter", type=int, default=384)  # 3.98M params: 7.6 MiB in bf16
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--mtp-weight", type=float, default=0.3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-chars", type=int, default=40_000_000, help="corpus size cap (characters)")
     ap.add_argument("--steps", type=int, default=0, help="stop after this many steps (0: time budget only)")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run: a check of the recipe, not a model")
     args = ap.parse_args(argv)
@@ -175,14 +194,14 @@ def main(argv=None):
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     os.makedirs(args.out, exist_ok=True)
     t0 = time.time()
-    train_txt, held_txt = corpus(limit_files=40 if args.smoke else None)
+    train_txt, held_txt = corpus(limit_files=40 if args.smoke else None, max_chars=args.max_chars)
     tok = train_tokenizer(train_txt, args.vocab, args.out)
     eot = tok.convert_tokens_to_ids("<|endoftext|>")
 
     def encode(texts):
         ids = []
-        for t in texts:
-            ids += tok(t)["input_ids"] + [eot]
+        for t in tok(texts)["input_ids"]:  # batch encoding runs in parallel in tokenizers
+            ids += t + [eot]
         return torch.tensor(ids, dtype=torch.long)
 
     train_ids, held_ids = encode(train_txt), encode(held_txt)
@@ -196,6 +215,7 @@ def main(argv=None):
     params = list(model.parameters()) + list(mtp.parameters())
     opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
     log = dict(args=vars(args), device=torch.cuda.get_device_name(0) if dev == "cuda" else "cpu",
+               train_files=len(train_txt), held_files=len(held_txt), train_chars=sum(map(len, train_txt)),
                train_tokens=len(train_ids), held_tokens=len(held_ids), steps=[])
     budget = args.minutes * 60
     t_train = time.time()

@@ -1,0 +1,77 @@
+"""Start and stop an SGLang server for benchmarks (used on the GPU machine).
+
+    with sglang_server(model_dir, ["--speculative-algorithm", "NEXTN", ...], log="server.log") as url:
+        generate(url, texts, max_new_tokens=256)
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+BASE_ARGS = ["--attention-backend", "triton", "--disable-piecewise-cuda-graph", "--cuda-graph-max-bs", "16",
+             "--mem-fraction-static", "0.3", "--log-level", "warning"]
+
+
+def post(url, payload, timeout=600):
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def get(url, timeout=5):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read()
+
+
+@contextlib.contextmanager
+def sglang_server(model, extra_args=(), port=30000, log=None, timeout=300, base_args=BASE_ARGS):
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--port", str(port),
+           "--host", "127.0.0.1", *base_args, *extra_args]
+    out = open(log, "w") if log else subprocess.DEVNULL
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}: {' '.join(cmd)} (see {log})")
+            if time.time() - t0 > timeout:
+                raise TimeoutError(f"server not ready after {timeout} s (see {log})")
+            try:
+                get(url + "/get_model_info")
+                break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                time.sleep(1)
+        print(json.dumps(dict(server_ready_s=round(time.time() - t0, 1), cmd=" ".join(cmd))), flush=True)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if log:
+            out.close()
+
+
+def generate(url, prompts, max_new_tokens, temperature=0.0, key="text"):
+    """One /generate call with a batch of prompts (texts or token-id lists); returns SGLang's list."""
+    res = post(url + "/generate", {key: prompts, "sampling_params": dict(
+        temperature=temperature, max_new_tokens=max_new_tokens, ignore_eos=True)})
+    return res if isinstance(res, list) else [res]
+
+
+def accept_stats(outputs):
+    toks = sum(o["meta_info"]["completion_tokens"] for o in outputs)
+    steps = sum(o["meta_info"].get("spec_verify_ct", 0) for o in outputs)
+    return dict(completion_tokens=toks, verify_steps=steps,
+                accept_length=(toks / steps) if steps else None)

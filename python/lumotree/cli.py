@@ -6,6 +6,19 @@ import sys
 import time
 
 
+def default_model():
+    """The trained tiny checkpoint when present: ``$LUMOTREE_DEMO_MODEL``, else the repository's
+    ``benchmark/models/tiny-hybrid`` (an editable/source install), else None (random weights)."""
+    import os
+
+    env = os.environ.get("LUMOTREE_DEMO_MODEL")
+    if env:
+        return env
+    here = os.path.dirname(os.path.abspath(__file__))
+    cand = os.path.normpath(os.path.join(here, "..", "..", "benchmark", "models", "tiny-hybrid"))
+    return cand if os.path.isfile(os.path.join(cand, "model.safetensors")) else None
+
+
 def demo(args) -> int:
     import torch
 
@@ -14,16 +27,21 @@ def demo(args) -> int:
     from lumotree.models.tiny_hybrid import TinyHybridConfig, TinyHybridLM
 
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    tok = None
+    if args.model is None and not args.random:
+        args.model = default_model()
     if args.model:  # a Qwen3.5 checkpoint (e.g. benchmark/models/train_tiny_hybrid.py's) and real code
+        import copy
         import inspect
-        import textwrap
+        import os
 
-        from transformers import AutoTokenizer
+        from tokenizers import Tokenizer
 
         model = TinyHybridLM.from_hf(args.model)
-        tok = AutoTokenizer.from_pretrained(args.model)
-        prompt = tok(inspect.getsource(textwrap)[:3000])["input_ids"]
-        what = f"checkpoint {args.model}, prompt: the first 3000 characters of textwrap.py"
+        tok = Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
+        # copy.py is in the training recipe's held-out split (CRC32 of its path % 20 == 0)
+        prompt = tok.encode(inspect.getsource(copy)[:2000]).ids
+        what = f"checkpoint {args.model}, prompt: the first 2000 characters of copy.py ({len(prompt)} tokens)"
     else:
         model = TinyHybridLM(TinyHybridConfig(seed=args.seed))
         g = torch.Generator().manual_seed(args.seed)
@@ -49,6 +67,8 @@ def demo(args) -> int:
           f"{st.boundaries / st.steps:.2f} boundary states per tree (mean); budget {args.budget} nodes")
     print(f"speculative GDN state memory (largest tree): LumoTree boundary states {st.boundary_bytes / 1024:.0f} KiB "
           f"vs per-node snapshots {st.snapshot_bytes / 1024:.0f} KiB")
+    if tok is not None:
+        print("continuation: " + repr(tok.decode(spec[:60]))[:240])
     if not same:
         for i, (a, b) in enumerate(zip(plain, spec)):
             if a != b:
@@ -66,7 +86,9 @@ def main(argv=None) -> int:
     d.add_argument("--budget", type=int, default=16, help="draft tree nodes per step")
     d.add_argument("--depth", type=int, default=6)
     d.add_argument("--seed", type=int, default=1)
-    d.add_argument("--model", default=None, help="a Qwen3.5 text checkpoint directory (needs transformers)")
+    d.add_argument("--model", default=None, help="a Qwen3.5 text checkpoint directory (default: the trained "
+                   "benchmark/models/tiny-hybrid when present)")
+    d.add_argument("--random", action="store_true", help="random weights and a synthetic prompt instead")
     args = ap.parse_args(argv)
     if args.cmd == "demo":
         return demo(args)

@@ -52,6 +52,16 @@ def gdn(kind, l2):
     naive.gdn_tree_commit(k, v, gg, be, p1, tree, an, al, use_qk_l2norm=l2, state_indices=si)
     tri.gdn_tree_commit_fwd(k, v, p2, an, al, gg, be, use_qk_l2norm=l2, state_indices=si, BV=8)
     assert_close(f"{kind} commit", p1, p2, 1e-5)
+    # prefix-cache track rows: row 0 gets the state after 2 accepted nodes of request 0, row 4 the
+    # committed state before any node of request 1 (track_len 0)
+    tr, tln = torch.tensor([0, 4]), torch.tensor([min(2, int(al[0])), 0])
+    p4, p5 = pool.clone(), pool.clone()
+    naive.gdn_tree_commit(k, v, gg, be, p4, tree, an, al, use_qk_l2norm=l2, state_indices=si, track_rows=tr,
+                          track_len=tln)
+    tri.gdn_tree_commit_fwd(k, v, p5, an, al, gg, be, use_qk_l2norm=l2, state_indices=si, track_rows=tr,
+                            track_len=tln, BV=8)
+    assert_close(f"{kind} commit with track", p4, p5, 1e-5)
+    assert torch.equal(p4[4], pool[1]) and not torch.equal(p4[0], pool[0])
     p3 = pool.clone()
     tri.gdn_tree_commit_vnew_fwd(k, vnew, p3, an, al, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
                                  state_indices=si, BV=8)

@@ -50,12 +50,12 @@ gdn_tree_verify_per_node = _gdn_naive.gdn_tree_verify_per_node
 
 
 def gdn_tree_commit(k, v, g, beta, state, tree, accept_nodes, accept_len, use_qk_l2norm=False,
-                    state_indices=None):
+                    state_indices=None, track_rows=None, track_len=None):
     if backend_for(state.device) == "triton":
         return _fused("gdn_tree.triton").gdn_tree_commit(k, v, g, beta, state, tree, accept_nodes, accept_len,
-                                                          use_qk_l2norm, state_indices)
+                                                          use_qk_l2norm, state_indices, track_rows, track_len)
     return _gdn_naive.gdn_tree_commit(k, v, g, beta, state, tree, accept_nodes, accept_len, use_qk_l2norm,
-                                      state_indices)
+                                      state_indices, track_rows, track_len)
 
 
 gdn_tree_commit.__doc__ = _gdn_naive.gdn_tree_commit.__doc__

@@ -150,7 +150,8 @@ def gdn_tree_verify_chunk(q, k, v, g, beta, state, tree: TreeDescriptor, scale: 
 
 
 def gdn_tree_commit(k, v, g, beta, state, tree: TreeDescriptor, accept_nodes, accept_len,
-                    use_qk_l2norm: bool = False, state_indices: Optional[torch.Tensor] = None):
+                    use_qk_l2norm: bool = False, state_indices: Optional[torch.Tensor] = None,
+                    track_rows: Optional[torch.Tensor] = None, track_len: Optional[torch.Tensor] = None):
     """Replay the accepted root path ``accept_nodes[b, :accept_len[b]]`` into ``state`` in place.
 
     Args:
@@ -158,6 +159,9 @@ def gdn_tree_commit(k, v, g, beta, state, tree: TreeDescriptor, accept_nodes, ac
         state (torch.Tensor): `[B, Hv, V, K]` or a pool with ``state_indices``; updated in place.
         accept_nodes (torch.Tensor): `[B, L]` node ids, root first, padded with -1.
         accept_len (torch.Tensor): `[B]`; 0 leaves the row untouched.
+        track_rows (torch.Tensor): `[B]` optional pool rows (``-1``: none) that receive the state
+            after the first ``track_len[b]`` accepted nodes (SGLang's prefix-cache snapshot).
+        track_len (torch.Tensor): `[B]`, ``0 <= track_len[b] <= accept_len[b]``.
     """
     B, N, Hk, Hv, K, V = check_gdn_inputs(None, k, v, g, beta, state, tree, state_indices)
     check_accept(accept_nodes, accept_len, B, N)
@@ -165,12 +169,22 @@ def gdn_tree_commit(k, v, g, beta, state, tree: TreeDescriptor, accept_nodes, ac
     _, k, v, g, beta, dt = _prepare(None, k, v, g, beta, state, use_qk_l2norm)
     rows = _rows(state_indices, B, state.device)
     an, al = accept_nodes.tolist(), accept_len.tolist()
+    if (track_rows is None) != (track_len is None):
+        raise ValueError("track_rows and track_len go together")
+    tr = track_rows.tolist() if track_rows is not None else [-1] * B
+    tl_ = track_len.tolist() if track_len is not None else [0] * B
     for b in range(B):
-        if al[b] == 0:
+        if al[b] == 0 or rows[b] < 0:
             continue
+        if tr[b] >= 0 and not 0 <= tl_[b] <= al[b]:
+            raise ValueError(f"track_len[{b}] = {tl_[b]} is outside [0, accept_len[{b}] = {al[b]}]")
         S = state[rows[b]].to(dt)
+        if tr[b] >= 0 and tl_[b] == 0:
+            state[tr[b]] = S.to(state.dtype)
         for j in range(al[b]):
             i = an[b][j]
             S = gdn_step(S, k[b, i], v[b, i], g[b, i], beta[b, i])
+            if tr[b] >= 0 and tl_[b] == j + 1:
+                state[tr[b]] = S.to(state.dtype)
         state[rows[b]] = S.to(state.dtype)
     return state

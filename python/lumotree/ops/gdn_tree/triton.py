@@ -182,10 +182,12 @@ def gdn_tree_verify_fwd_kernel(
 
 @triton.jit
 def gdn_tree_commit_fwd_kernel(
-    k, v, g, beta, A_log, dt_bias, state, state_indices, accept_nodes, accept_len, stride_state, N, L,
+    k, v, g, beta, A_log, dt_bias, state, state_indices, accept_nodes, accept_len, track_rows, track_len,
+    stride_state, N, L,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_STATE_INDICES: tl.constexpr, FUSED_GATING: tl.constexpr,
+    HAS_TRACK: tl.constexpr,
 ):
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b = i_bh // HV
@@ -204,6 +206,12 @@ def gdn_tree_commit_fwd_kernel(
         mask_h = mask_v[:, None] & mask_k[None, :]
         p_h = state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
         b_h = tl.load(p_h, mask=mask_h, other=0.0).to(tl.float32)
+        if HAS_TRACK:  # also store the state after the first track_len accepted nodes to track_rows[b]
+            t_row = tl.load(track_rows + i_b).to(tl.int64)
+            t_len = tl.load(track_len + i_b)
+            if (t_row >= 0) & (t_len == 0):
+                tl.store(state + t_row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
+                         b_h.to(state.dtype.element_ty), mask=mask_h)
         for j in range(0, n):
             i = tl.load(accept_nodes + i_b * L + j)
             tok = i_b * N + i
@@ -216,6 +224,10 @@ def gdn_tree_commit_fwd_kernel(
             b_h *= tl.exp(b_g)
             b_u = (b_v - tl.sum(b_h * b_k[None, :], 1)) * b_beta
             b_h += b_u[:, None] * b_k[None, :]
+            if HAS_TRACK:
+                if (t_row >= 0) & (t_len == j + 1):
+                    tl.store(state + t_row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
+                             b_h.to(state.dtype.element_ty), mask=mask_h)
         tl.store(p_h, b_h.to(state.dtype.element_ty), mask=mask_h)
 
 
@@ -393,9 +405,14 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: TreeDescriptor, g=None, beta
 
 def gdn_tree_commit_fwd(k, v, state, accept_nodes, accept_len, g=None, beta=None, *, A_log=None, a=None,
                         dt_bias=None, b=None, use_qk_l2norm: bool = False,
-                        state_indices: Optional[torch.Tensor] = None, BV: Optional[int] = None,
+                        state_indices: Optional[torch.Tensor] = None, track_rows: Optional[torch.Tensor] = None,
+                        track_len: Optional[torch.Tensor] = None, BV: Optional[int] = None,
                         num_warps: int = 4):
-    """Launcher of the replay commit; updates ``state`` rows in place."""
+    """Launcher of the replay commit; updates ``state`` rows in place.
+
+    ``track_rows`` / ``track_len`` `[B]` (optional, together): also write the state after the first
+    ``track_len[b]`` accepted nodes to pool row ``track_rows[b]`` (``-1``: none) -- the prefix-cache
+    snapshot SGLang's hybrid radix cache takes at interval crossings, from the same replay."""
     fused = g is None
     B, N, HK, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -404,13 +421,18 @@ def gdn_tree_commit_fwd(k, v, state, accept_nodes, accept_len, g=None, beta=None
     dummy = state
     an = accept_nodes.int().contiguous() if accept_nodes.dtype != torch.int32 else accept_nodes.contiguous()
     al = accept_len.int().contiguous() if accept_len.dtype != torch.int32 else accept_len.contiguous()
+    has_track = track_rows is not None
+    if has_track != (track_len is not None):
+        raise ValueError("track_rows and track_len go together")
     gdn_tree_commit_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
         k.contiguous(), v.contiguous(), (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
         A_log if fused else dummy, dt_bias if fused else dummy, state,
-        state_indices if state_indices is not None else dummy, an, al, state.stride(0), N, an.shape[1],
+        state_indices if state_indices is not None else dummy, an, al,
+        track_rows if has_track else dummy, track_len.int().contiguous() if has_track else dummy,
+        state.stride(0), N, an.shape[1],
         HK=HK, HV=HV, K=K, V=V, BK=BK, BV=BV,
         USE_QK_L2NORM=use_qk_l2norm, HAS_STATE_INDICES=state_indices is not None, FUSED_GATING=fused,
-        num_warps=num_warps,
+        HAS_TRACK=has_track, num_warps=num_warps,
     )
     return state
 
@@ -476,10 +498,11 @@ def gdn_tree_verify(q, k, v, g, beta, state, tree: TreeDescriptor, scale: Option
 
 
 def gdn_tree_commit(k, v, g, beta, state, tree: TreeDescriptor, accept_nodes, accept_len,
-                    use_qk_l2norm: bool = False, state_indices: Optional[torch.Tensor] = None):
+                    use_qk_l2norm: bool = False, state_indices: Optional[torch.Tensor] = None,
+                    track_rows: Optional[torch.Tensor] = None, track_len: Optional[torch.Tensor] = None):
     """Accepted-path replay commit (Triton), in place on ``state`` (or pool rows ``state_indices``)."""
     B, N, *_ = check_gdn_inputs(None, k, v, g, beta, state, tree, state_indices)
     check_accept(accept_nodes, accept_len, B, N)
     _check_kernel_inputs(state, k)
     return gdn_tree_commit_fwd(k, v, state, accept_nodes, accept_len, g, beta, use_qk_l2norm=use_qk_l2norm,
-                               state_indices=state_indices)
+                               state_indices=state_indices, track_rows=track_rows, track_len=track_len)

@@ -42,6 +42,7 @@ setup(
     extras_require={"test": ["pytest", "hypothesis"]},
     entry_points={
         "console_scripts": ["lumotree = lumotree.cli:main"],
+        "sglang.srt.plugins": ["lumotree = lumotree.sglang.plugin:register"],
     },
     ext_modules=ext_modules,
     cmdclass=cmdclass,

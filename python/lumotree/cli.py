@@ -78,6 +78,22 @@ def demo(args) -> int:
     return 0
 
 
+def serve(args, rest) -> int:
+    """``python -m sglang.launch_server`` with LUMOTREE's flags; everything after ``--`` (or any
+    unknown flag) is passed through to SGLang unchanged."""
+    import os
+
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model_path,
+           "--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", str(args.steps),
+           "--speculative-eagle-topk", str(args.topk), "--speculative-num-draft-tokens", str(args.draft_tokens),
+           *rest]
+    print(" ".join(cmd), flush=True)
+    if args.dry_run:
+        return 0
+    os.execv(sys.executable, cmd)
+    return 0  # not reached
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="lumotree", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -89,9 +105,22 @@ def main(argv=None) -> int:
     d.add_argument("--model", default=None, help="a Qwen3.5 text checkpoint directory (default: the trained "
                    "benchmark/models/tiny-hybrid when present)")
     d.add_argument("--random", action="store_true", help="random weights and a synthetic prompt instead")
-    args = ap.parse_args(argv)
+    s = sub.add_parser("serve", help="python -m sglang.launch_server --speculative-algorithm LUMOTREE ... "
+                       "(other flags go to SGLang)")
+    s.add_argument("--model-path", required=True, help="a Qwen3.5 / Qwen3-Next hybrid checkpoint with an MTP layer")
+    s.add_argument("--steps", type=int, default=3, help="--speculative-num-steps (tree depth)")
+    s.add_argument("--topk", type=int, default=2, help="--speculative-eagle-topk (branching)")
+    s.add_argument("--draft-tokens", type=int, default=6, help="--speculative-num-draft-tokens (tree nodes)")
+    s.add_argument("--dry-run", action="store_true", help="print the SGLang command and exit")
+    args, rest = ap.parse_known_args(argv)
+    if rest and rest[0] == "--":
+        rest = rest[1:]
     if args.cmd == "demo":
+        if rest:
+            ap.error(f"unrecognized arguments: {' '.join(rest)}")
         return demo(args)
+    if args.cmd == "serve":
+        return serve(args, rest)
     return 2
 
 

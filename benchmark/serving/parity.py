@@ -1,0 +1,107 @@
+"""Greedy parity of LUMOTREE against the same server without speculation (GPU machine).
+
+    python3 benchmark/serving/parity.py --model benchmark/models/tiny-hybrid --out parity.json
+
+For each configuration (default: LUMOTREE tree, no speculation, NEXTN tree with the same tree
+shape) it launches ``python -m sglang.launch_server``, then
+
+1. sends the code-completion prompts greedily in batches of 1, 7 and the rest (mixed batch sizes),
+   ``--max-new-tokens`` each, ``ignore_eos``;
+2. sends a second turn for the first 8 prompts (prompt + its first answer + a follow-up line), which
+   must hit the radix cache (``cached_tokens > 0``);
+3. records accept length, tokens/s, and the speculative memory SGLang logs at start-up
+   (``intermediate_ssm`` snapshots vs the replay buffers);
+
+and finally compares every configuration's texts with the no-speculation server's.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "models"))
+
+from sglang_server import accept_stats, generate, sglang_server  # noqa: E402
+
+TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"]
+CONFIGS = {
+    "lumotree": ["--speculative-algorithm", "LUMOTREE", *TREE],
+    "none": [],
+    "nextn-tree": ["--speculative-algorithm", "NEXTN", *TREE],
+}
+MEM_PATTERNS = [r"intermediate_ssm_state_cache size: [^\s]+", r"intermediate_conv_window_cache size: [^\s]+",
+                r"LumoTree GDN backend: .*", r"Mamba Cache is allocated.*", r"ReplaySSM.*ring.*"]
+
+
+def memory_lines(log):
+    try:
+        text = open(log, errors="replace").read()
+    except OSError:
+        return []
+    out = []
+    for p in MEM_PATTERNS:
+        out += [m.group(0)[:300] for m in re.finditer(p, text)]
+    return out
+
+
+def main():
+    from eval_tiny_hybrid_sglang import prompts
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--configs", default="lumotree,none,nextn-tree")
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--max-new-tokens", type=int, default=512)
+    ap.add_argument("--log-dir", default=".")
+    args = ap.parse_args()
+    P = prompts(args.prompts)
+    res = dict(model=args.model, prompts=len(P), max_new_tokens=args.max_new_tokens, tree=TREE, runs={})
+    texts = {}
+    for name in args.configs.split(","):
+        log = os.path.join(args.log_dir, f"server-{name}.log")
+        r = {}
+        t0 = time.time()
+        try:
+            with sglang_server(args.model, CONFIGS[name] + ["--log-level", "info"], log=log, timeout=240) as url:
+                r["ready_s"] = round(time.time() - t0, 1)
+                outs, t1 = [], time.time()
+                for lo, hi in ((0, 1), (1, 8), (8, len(P))):  # batch sizes 1, 7, rest
+                    outs += generate(url, P[lo:hi], args.max_new_tokens)
+                r.update(seconds=round(time.time() - t1, 2), **accept_stats(outs))
+                r["tokens_per_s"] = r["completion_tokens"] / r["seconds"]
+                texts[name] = [o["text"] for o in outs]
+                turn2 = [P[i] + texts[name][i] + "\n# next\n" for i in range(min(8, len(P)))]
+                outs2 = generate(url, turn2, 128)
+                r["turn2_cached_tokens"] = [o["meta_info"].get("cached_tokens", 0) for o in outs2]
+                texts[name + "/turn2"] = [o["text"] for o in outs2]
+        except Exception as e:  # keep what was measured; the log says the rest
+            r["error"] = repr(e)[:2000]
+        r["memory_log"] = memory_lines(log)
+        res["runs"][name] = r
+        print(json.dumps({name: r})[:3000], flush=True)
+        json.dump(res, open(args.out, "w"), indent=1)
+    if "none" in texts:
+        cmp = {}
+        for name in texts:
+            if name.startswith("none") or "/" in name:
+                continue
+            a, b = texts[name], texts["none"]
+            first_diff = [next((j for j, (x, y) in enumerate(zip(s, t)) if x != y), None) for s, t in zip(a, b)]
+            cmp[name] = dict(identical=sum(s == t for s, t in zip(a, b)), of=len(b),
+                             first_diff_char=[d for d in first_diff if d is not None][:32])
+            if name + "/turn2" in texts:
+                cmp[name]["turn2_identical"] = sum(s == t for s, t in zip(texts[name + "/turn2"], texts["none/turn2"]))
+        res["greedy_vs_no_spec"] = cmp
+        print(json.dumps(cmp), flush=True)
+    json.dump(res, open(args.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

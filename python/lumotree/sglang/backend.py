@@ -1,0 +1,201 @@
+"""LumoTree's hybrid GDN state backend for SGLang 0.5.17 (installed by
+:mod:`lumotree.sglang.patches.gdn_backend_classes` while a LUMOTREE server runs).
+
+Verify (``forward_extend`` in TARGET_VERIFY mode, per GDN layer, inside SGLang's CUDA graphs):
+
+1. conv: SGLang's tree ``causal_conv1d_update`` on the conv pool (it also yields the tree's
+   ``retrieve_parent_token``); its per-node conv windows are ``(W-1) x conv_dim`` each, not states.
+2. the :class:`~lumotree.tree.TreeDescriptor` is built once per forward from those parents, on the
+   device, without host synchronisation, and shared by all GDN layers;
+3. GDN: LumoTree's tree-masked chunk kernel reads each request's committed state row of the pool
+   ``[pool, Hv, V, K]`` once and computes every node's output; it writes no state at all;
+4. the step's raw k, v and gates g, beta are kept per state slot in the small buffers SGLang
+   allocates for ``--enable-linear-replayssm-spec`` (``Hk K + Hv V`` bf16 + ``2 Hv`` fp32 per node,
+   instead of a ``Hv V K`` fp32 snapshot per node).
+
+Commit (``update_mamba_state_after_mtp_verify``, called by SGLang's EAGLE worker after
+acceptance): the accepted root path is read off the tree (ancestors of the last accepted node) and
+replayed from the committed state into the same pool row, one kernel per GDN layer; the prefix
+cache's interval-crossing snapshot (``mamba_track_indices``) is written by the same replay; the
+conv windows are scattered by SGLang's kernel.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import torch
+from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+
+from lumotree.tree import TreeDescriptor
+
+logger = logging.getLogger(__name__)
+
+
+def lumotree_active(server_args) -> bool:
+    return (getattr(server_args, "speculative_algorithm", None) or "").upper() == "LUMOTREE"
+
+
+def chain_parents(bs: int, n: int, device) -> torch.Tensor:
+    return (torch.arange(n, device=device) - 1)[None].expand(bs, n).contiguous()
+
+
+def replay_plan(parents: torch.Tensor, last_step: torch.Tensor, track_rows: Optional[torch.Tensor] = None,
+                track_steps: Optional[torch.Tensor] = None):
+    """What the commit replays, from the verify's tree and SGLang's acceptance, without host sync.
+
+    Args:
+        parents (torch.Tensor): `[B, N]` the verify tree (SGLang's ``retrieve_parent_token``; node 0's
+            entry is ignored).
+        last_step (torch.Tensor): `[B]` last accepted node per request (``-1``: nothing to commit).
+        track_rows, track_steps (torch.Tensor): `[B]` SGLang's prefix-cache snapshot rows and the
+            node whose state they receive (``-1``: none), or None.
+
+    Returns:
+        ``(path [B, N], accept_len [B], track_rows [B] or None, track_len [B] or None)``: the root path
+        to ``last_step`` (padded with -1), its length (0 where ``last_step < 0``), and the number of
+        path nodes to replay before the snapshot (the snapshot node is an ancestor-or-self of the
+        last accepted node, so it lies on the path).
+    """
+    tree = TreeDescriptor.from_parents(parents, validate=False)
+    last = last_step.long().clamp(0, tree.max_nodes - 1)
+    path = tree.root_path(last)
+    alen = tree.depth.gather(1, last[:, None])[:, 0] + 1
+    alen = torch.where(last_step >= 0, alen, torch.zeros_like(alen))
+    trows = tlen = None
+    if track_rows is not None:
+        ts = track_steps.long()
+        tdepth = tree.depth.gather(1, ts.clamp(0, tree.max_nodes - 1)[:, None])[:, 0] + 1
+        trows = torch.where(ts >= 0, track_rows[: ts.shape[0]].long(), torch.full_like(ts, -1))
+        tlen = torch.where(ts >= 0, tdepth, torch.zeros_like(tdepth))
+    return path, alen, trows, tlen
+
+
+class LumoTreeGDNBackend(GDNAttnBackend):
+    """``GDNAttnBackend`` with LumoTree's tree verify and replay commit (LUMOTREE servers only)."""
+
+    def __init__(self, model_runner):
+        super().__init__(model_runner)
+        self.lumotree = lumotree_active(model_runner.server_args) and not model_runner.is_draft_worker
+        if not self.lumotree:
+            return
+        pool = self.req_to_token_pool.mamba_pool
+        cache = pool.mamba_cache
+        if getattr(cache, "replayssm_rawk", None) is None or getattr(cache, "intermediate_ssm", 0) is not None:
+            raise RuntimeError("LUMOTREE needs the state pool built with enable_linear_replayssm_spec "
+                               "(set by its server-argument handling); got a pool with per-node snapshots")
+        # SGLang's fold of these buffers replays a chain prefix; our commit replays the accepted tree path.
+        pool.replayssm_spec_fold = False
+        self.ring_len = cache.replayssm_rawk.shape[3]
+        logger.info("LumoTree GDN backend: %d GDN layers, draft window %d, ring buffers %.1f MiB, no intermediate_ssm",
+                    cache.temporal.shape[0], self.ring_len,
+                    sum(t.numel() * t.element_size() for t in (cache.replayssm_rawk, cache.replayssm_rawv,
+                                                                cache.replayssm_g, cache.replayssm_beta)) / 2**20)
+
+    # ------------------------------------------------------------------ tree
+    def _tree_for(self, md, bs: int, n: int, device):
+        """The step's tree, built by the first GDN layer of the forward (after its conv kernel filled
+        ``retrieve_parent_token``) and kept on the forward's metadata for the other layers. Static
+        shapes, no host sync: under CUDA graphs the build is part of the captured verify."""
+        cached = getattr(md, "_lumotree_tree", None)
+        if cached is None or cached[0].max_nodes != n or cached[0].batch_size != bs:
+            parents = md.retrieve_parent_token
+            par = parents[:bs] if parents is not None else chain_parents(bs, n, device)
+            tree = TreeDescriptor.from_parents(par, validate=False)
+            cached = (tree, tree.mask.to(torch.int8))
+            md._lumotree_tree = cached
+        return cached
+
+    # ------------------------------------------------------------------ verify
+    def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
+        if not (self.lumotree and forward_batch.forward_mode.is_target_verify()):
+            return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        return self._verify(layer, forward_batch, mixed_qkv, a, b)
+
+    def _verify(self, layer, forward_batch, mixed_qkv, a, b):
+        import triton
+
+        from lumotree.ops.gdn_tree.triton import default_chunk_config, gdn_tree_chunk_verify_fwd
+        from sglang.kernels.ops.attention.fla.fused_gdn_gating import fused_gdn_gating
+        from sglang.srt.layers.attention.linear import gdn_backend as sg
+
+        assert isinstance(mixed_qkv, torch.Tensor)
+        md = self.forward_metadata
+        T = mixed_qkv.shape[0]
+        n = forward_batch.spec_info.draft_token_num
+        bs = T // n
+        cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
+        rows = md.mamba_cache_indices[:bs]
+        x = sg.causal_conv1d_update(
+            mixed_qkv.view(bs, n, -1).transpose(1, 2), cache.conv[0], layer.conv_weights, layer.bias,
+            layer.activation, conv_state_indices=rows,
+            intermediate_conv_window=cache.intermediate_conv_window[0],
+            intermediate_state_indices=self.verify_intermediate_state_indices[:bs],
+            retrieve_next_token=md.retrieve_next_token, retrieve_next_sibling=md.retrieve_next_sibling,
+            retrieve_parent_token=md.retrieve_parent_token)
+        x = x.transpose(1, 2).reshape(T, -1)
+        Hk, K, Hv, V = layer.num_k_heads, layer.head_k_dim, layer.num_v_heads, layer.head_v_dim
+        q, k, v = torch.split(x, [layer.q_dim, layer.k_dim, layer.v_dim], dim=-1)
+        q = q.reshape(bs, n, Hk, K)
+        k = k.reshape(bs, n, Hk, K)
+        v = v.reshape(bs, n, Hv, V)
+        g, beta = fused_gdn_gating(layer.A_log, a, b, layer.dt_bias)
+        g, beta = g.view(bs, n, Hv), beta.view(bs, n, Hv)
+        tree, anc = self._tree_for(md, bs, n, x.device)
+        BT = max(16, triton.next_power_of_2(n))
+        BV, warps, prec = default_chunk_config(BT, V, torch.float32)  # fp32-accurate dots (tf32x3)
+        o = gdn_tree_chunk_verify_fwd(q, k, v, cache.temporal, tree, g, beta, scale=K ** -0.5, use_qk_l2norm=True,
+                                      state_indices=rows, anc_mask=anc, BV=BV, num_warps=warps,
+                                      precision=prec)
+        # keep what the replay commit needs, per state slot (padded rows have slot -1: the spare row)
+        L = self.ring_len
+        cache.replayssm_rawk.view(-1, L, Hk, K)[rows, :n] = k
+        cache.replayssm_rawv.view(-1, L, Hv, V)[rows, :n] = v
+        cache.replayssm_g.view(-1, L, Hv)[rows, :n] = g
+        cache.replayssm_beta.view(-1, L, Hv)[rows, :n] = beta
+        return o.view(T, Hv, V)
+
+    # ------------------------------------------------------------------ commit
+    def commit_after_verify(self, last_step: torch.Tensor, track_rows: Optional[torch.Tensor],
+                            track_steps: Optional[torch.Tensor]) -> None:
+        """Replay each request's accepted path (root .. ``last_step[b]``) into its pool row."""
+        from lumotree.ops.gdn_tree.triton import gdn_tree_commit_fwd
+        from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_conv_window_scatter_with_mask
+
+        bs = last_step.shape[0]
+        md = self.forward_metadata
+        rows = md.mamba_cache_indices[:bs]
+        caches = self.req_to_token_pool.get_speculative_mamba2_params_all_layers()
+        L = self.ring_len
+        par = md.retrieve_parent_token
+        if par is None:  # chain drafts (topk 1): the accepted path is a prefix
+            par = chain_parents(bs, L, last_step.device)
+        path, alen, trows, tlen = replay_plan(par[:bs], last_step, track_rows, track_steps)
+        ntree = path.shape[1]
+        temporal = caches.temporal
+        _, _, Hk, _, K = caches.replayssm_rawk.shape
+        Hv, V = caches.replayssm_rawv.shape[2], caches.replayssm_rawv.shape[4]
+        for li in range(temporal.shape[0]):
+            k = caches.replayssm_rawk[li].view(-1, L, Hk, K)[rows, :ntree]
+            v = caches.replayssm_rawv[li].view(-1, L, Hv, V)[rows, :ntree]
+            g = caches.replayssm_g[li].view(-1, L, Hv)[rows, :ntree]
+            beta = caches.replayssm_beta[li].view(-1, L, Hv)[rows, :ntree]
+            gdn_tree_commit_fwd(k, v, temporal[li], path, alen, g, beta, use_qk_l2norm=True, state_indices=rows,
+                                track_rows=trows, track_len=tlen)
+        for conv, window in zip(caches.conv, caches.intermediate_conv_window):
+            fused_conv_window_scatter_with_mask(conv, window, rows, last_step)
+            if track_rows is not None:
+                fused_conv_window_scatter_with_mask(conv, window, track_rows, track_steps)
+
+
+class LumoTreeHybridBackend(HybridLinearAttnBackend):
+    """``HybridLinearAttnBackend`` whose post-verify state update is LumoTree's replay commit."""
+
+    def update_mamba_state_after_mtp_verify(self, last_correct_step_indices, mamba_track_indices,
+                                            mamba_steps_to_track, model, req_pool_indices=None):
+        lin = self.linear_attn_backend
+        if not getattr(lin, "lumotree", False):
+            return super().update_mamba_state_after_mtp_verify(
+                last_correct_step_indices, mamba_track_indices, mamba_steps_to_track, model, req_pool_indices)
+        lin.commit_after_verify(last_correct_step_indices, mamba_track_indices, mamba_steps_to_track)

@@ -1,0 +1,168 @@
+"""``register()``: the SGLang entry point of LumoTree (group ``sglang.srt.plugins``).
+
+What it registers (idempotent; SGLang calls it in the launcher and again in every scheduler
+process):
+
+- ``SpeculativeAlgorithm.register("LUMOTREE", ...)`` with :class:`LumoTreeSpecAlgo`: the model's
+  own MTP layer drafts a tree exactly as ``NEXTN`` does (SGLang's EAGLE V2 worker), and the
+  hybrid GDN layers are verified and committed by LumoTree (:mod:`lumotree.sglang.backend`):
+  no per-node state snapshots are allocated.
+- When a LUMOTREE server is being started (``LUMOTREE_SGLANG_ACTIVE=1``, set by
+  :meth:`LumoTreeSpecAlgo.handle_server_args` in the launcher and inherited by the scheduler
+  processes), the backend classes are installed through SGLang's ``HookRegistry``
+  (:mod:`lumotree.sglang.patches.gdn_backend_classes`). Other launches are untouched.
+
+Validation (:func:`validate_server_args`) fails at argument parsing, before any weights load:
+non-hybrid models, unsupported layer types (named), a model without an MTP layer, and flags
+LUMOTREE cannot honour.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+ALGORITHM = "LUMOTREE"
+ENV_ACTIVE = "LUMOTREE_SGLANG_ACTIVE"
+GDN_LAYER_TYPES = {"linear_attention"}
+SUPPORTED_LAYER_TYPES = {"linear_attention", "full_attention", "attention"}  # SGLang names full attention "attention"
+HYBRID_MODEL_TYPES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"}
+MAX_DRAFT_TOKENS = 64  # the tree-masked chunk verify holds a request's tree as one [N, N] block
+
+_registered = False
+
+
+def _text_config(cfg):
+    return getattr(cfg, "text_config", None) or cfg
+
+
+def check_model_config(hf_config, model_path: str = "the model") -> None:
+    """Raise ``ValueError`` unless ``hf_config`` is a hybrid GDN model LUMOTREE can serve."""
+    cfg = _text_config(hf_config)
+    mtype = getattr(cfg, "model_type", None)
+    archs = getattr(hf_config, "architectures", None) or [mtype]
+    # SGLang's Qwen3-Next / Qwen3.5 configs derive the layer pattern (``layers_block_type``) from
+    # full_attention_interval; other configs carry transformers' ``layer_types``
+    types = list(getattr(cfg, "layers_block_type", None) or getattr(cfg, "layer_types", None) or [])
+    if not any(t in GDN_LAYER_TYPES for t in types):
+        raise ValueError(
+            f"--speculative-algorithm {ALGORITHM} serves hybrid Gated DeltaNet models (Qwen3.5, Qwen3-Next); "
+            f"{model_path} is {archs[0]} (model_type={mtype!r}) with no 'linear_attention' layers. "
+            f"Use NEXTN/EAGLE for this model.")
+    bad = sorted(set(types) - SUPPORTED_LAYER_TYPES)
+    if bad:
+        where = [i for i, t in enumerate(types) if t in bad]
+        raise ValueError(
+            f"--speculative-algorithm {ALGORITHM}: {model_path} has layer types {bad} (layers {where[:8]}"
+            f"{'...' if len(where) > 8 else ''}); LumoTree's backend serves only 'linear_attention' "
+            f"(Gated DeltaNet) and 'full_attention' layers.")
+    if mtype not in HYBRID_MODEL_TYPES:
+        raise ValueError(f"--speculative-algorithm {ALGORITHM}: model_type {mtype!r} is not a Qwen3.5 / Qwen3-Next "
+                         f"hybrid ({sorted(HYBRID_MODEL_TYPES)}); its GDN layers may differ.")
+    mtp = getattr(cfg, "mtp_num_hidden_layers", None) or getattr(cfg, "num_nextn_predict_layers", None) or 0
+    if mtp < 1:
+        raise ValueError(
+            f"--speculative-algorithm {ALGORITHM} drafts with the model's own MTP layer, and {model_path} has none "
+            f"(mtp_num_hidden_layers / num_nextn_predict_layers unset or 0).")
+
+
+def validate_server_args(server_args) -> None:
+    """Early, clear errors. Runs inside ``ServerArgs.__post_init__`` (before weights load)."""
+    sa = server_args
+    if sa.speculative_draft_model_path not in (None, sa.model_path):
+        raise ValueError(f"--speculative-algorithm {ALGORITHM} drafts with the target's own MTP layer; "
+                         f"--speculative-draft-model-path ({sa.speculative_draft_model_path}) is not supported.")
+    check_model_config(sa.get_model_config().hf_config, sa.model_path)
+    if getattr(sa, "enable_linear_replayssm", False):
+        raise ValueError(f"--speculative-algorithm {ALGORITHM} is incompatible with --enable-linear-replayssm "
+                         "(the decode ring owns the same state storage with another protocol).")
+    if getattr(sa, "speculative_adaptive", False):
+        raise ValueError(f"--speculative-algorithm {ALGORITHM} does not support --speculative-adaptive yet.")
+    if getattr(sa, "disaggregation_mode", "null") not in (None, "null"):
+        raise ValueError(f"--speculative-algorithm {ALGORITHM} does not support PD disaggregation "
+                         f"(--disaggregation-mode {sa.disaggregation_mode}).")
+    if getattr(sa, "pp_size", 1) != 1:
+        raise ValueError(f"--speculative-algorithm {ALGORITHM} does not support pipeline parallelism (--pp-size).")
+    n = sa.speculative_num_draft_tokens
+    if n is not None and n > MAX_DRAFT_TOKENS:
+        raise ValueError(f"--speculative-num-draft-tokens {n}: LUMOTREE verifies trees of at most "
+                         f"{MAX_DRAFT_TOKENS} nodes per request.")
+    dtype = getattr(sa, "mamba_ssm_dtype", None)
+    if dtype not in (None, "float32"):
+        raise ValueError(f"--speculative-algorithm {ALGORITHM} keeps the GDN state in fp32 "
+                         f"(got --mamba-ssm-dtype {dtype}).")
+    if sa.device not in ("cuda", None):
+        raise ValueError(f"--speculative-algorithm {ALGORITHM} runs its GDN kernels on CUDA (got --device {sa.device}).")
+
+
+def configure_server_args(server_args) -> None:
+    """LUMOTREE's own settings, applied after SGLang's EAGLE/NEXTN handling.
+
+    * ``enable_linear_replayssm_spec = True``: SGLang then allocates no per-node ``intermediate_ssm``
+      snapshot buffer and instead keeps the draft tokens' raw k, v, g, beta per state slot -- exactly
+      what LumoTree's replay commit needs (our backend writes and reads it; SGLang's own chain-only
+      fold is switched off for these pools). Set here, after SGLang's linear-chain-only check of the
+      flag, which applies to its fold and not to LumoTree's tree verify.
+    * ``mamba_ssm_dtype = float32`` (state math in fp32).
+    * ``LUMOTREE_SGLANG_ACTIVE=1`` so the scheduler processes install the backend classes.
+    """
+    server_args.enable_linear_replayssm_spec = True
+    if server_args.mamba_ssm_dtype is None:
+        server_args.mamba_ssm_dtype = "float32"
+    os.environ[ENV_ACTIVE] = "1"
+    logger.info("LumoTree: tree verify with boundary-free chunk kernel + accepted-path replay commit; "
+                "no per-node SSM snapshots (num_draft_tokens=%s, topk=%s)",
+                server_args.speculative_num_draft_tokens, server_args.speculative_eagle_topk)
+
+
+def _worker_factory(server_args):
+    """The worker: SGLang's EAGLE V2 worker (MTP drafting, tree building, selection, KV bookkeeping),
+    with LumoTree's backend doing the GDN verify and commit underneath."""
+    if getattr(server_args, "enable_multi_layer_eagle", False):
+        from sglang.srt.speculative.multi_layer_eagle_worker_v2 import MultiLayerEagleWorkerV2
+
+        return MultiLayerEagleWorkerV2
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    return EAGLEWorkerV2
+
+
+def _spec_class():
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+    class LumoTreeSpecAlgo(CustomSpecAlgo):
+        """Behaves as EAGLE/NEXTN in SGLang's scheduler (``is_eagle``), so drafting, tree building
+        and KV handling follow the NEXTN path; the GDN state path is LumoTree's."""
+
+        def is_eagle(self) -> bool:
+            return True
+
+        def need_topk(self) -> bool:
+            return True
+
+        def handle_server_args(self, server_args) -> None:
+            from sglang.srt.arg_groups.speculative_hook import _handle_eagle_family
+
+            _handle_eagle_family(server_args)
+            configure_server_args(server_args)
+
+    return LumoTreeSpecAlgo
+
+
+def register() -> None:
+    """Entry point. Idempotent."""
+    global _registered
+    if _registered:
+        return
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import get_spec
+
+    if get_spec(ALGORITHM) is None:
+        SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=True, validate_server_args=validate_server_args,
+                                      spec_class=_spec_class())(_worker_factory)
+    if os.environ.get(ENV_ACTIVE) == "1":
+        from lumotree.sglang.patches import gdn_backend_classes
+
+        gdn_backend_classes.install()
+    _registered = True

@@ -1,0 +1,194 @@
+"""The SGLang plugin on CPU: entry point, registration, argument validation, configuration, the
+hook, and the commit's replay plan. (Serving itself runs on the GPU machine:
+benchmark/serving/parity.py.)"""
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+CKPT = os.path.join(ROOT, "benchmark", "models", "tiny-hybrid")
+
+
+def cfg(**kw):
+    base = dict(model_type="qwen3_5_text", architectures=["Qwen3_5ForCausalLM"],
+                layer_types=["linear_attention"] * 3 + ["full_attention"], mtp_num_hidden_layers=1)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+def test_entry_point_declared():
+    from importlib.metadata import entry_points
+
+    eps = {e.name: e.value for e in entry_points(group="sglang.srt.plugins")}
+    assert eps.get("lumotree") == "lumotree.sglang.plugin:register"
+
+
+def test_register_is_idempotent_and_eagle_like():
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    from lumotree.sglang import plugin
+
+    plugin.register()
+    plugin.register()
+    algo = SpeculativeAlgorithm.from_string("lumotree")
+    assert algo.is_eagle() and algo.need_topk() and algo.is_speculative() and not algo.is_ngram()
+    assert algo.supports_overlap and algo.validate_server_args is plugin.validate_server_args
+
+
+def test_model_checks():
+    from lumotree.sglang.plugin import check_model_config
+
+    check_model_config(cfg())
+    check_model_config(cfg(layer_types=None, layers_block_type=["linear_attention", "attention"]))
+    with pytest.raises(ValueError, match="no 'linear_attention' layers"):
+        check_model_config(cfg(model_type="llama", architectures=["LlamaForCausalLM"], layer_types=None))
+    with pytest.raises(ValueError, match=r"layer types \['mamba'\] \(layers \[1\]\)"):
+        check_model_config(cfg(layer_types=["linear_attention", "mamba", "full_attention"]))
+    with pytest.raises(ValueError, match="has none"):
+        check_model_config(cfg(mtp_num_hidden_layers=0))
+    with pytest.raises(ValueError, match="not a Qwen3.5 / Qwen3-Next"):
+        check_model_config(cfg(model_type="jet_nemotron"))
+    vl = SimpleNamespace(text_config=cfg(), architectures=["Qwen3_5ForConditionalGeneration"])
+    check_model_config(vl)
+
+
+def test_configure_server_args(monkeypatch):
+    from lumotree.sglang import plugin
+
+    monkeypatch.delenv(plugin.ENV_ACTIVE, raising=False)
+    sa = SimpleNamespace(enable_linear_replayssm_spec=False, mamba_ssm_dtype=None, speculative_num_draft_tokens=6,
+                         speculative_eagle_topk=2)
+    plugin.configure_server_args(sa)
+    assert sa.enable_linear_replayssm_spec and sa.mamba_ssm_dtype == "float32"
+    assert os.environ[plugin.ENV_ACTIVE] == "1"
+
+
+ARGS_SCRIPT = r"""
+import sys
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import prepare_server_args
+base = ["--model-path", sys.argv[1], "--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3",
+        "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6", "--device", "cpu"]
+for extra in ([], ["--speculative-num-draft-tokens", "100"], ["--mamba-ssm-dtype", "bfloat16"],
+              ["--speculative-draft-model-path", sys.argv[2]], ["--model-path", sys.argv[2]]):
+    try:
+        prepare_server_args(base + extra)
+        print("RESULT ok")
+    except Exception as e:
+        print("RESULT", type(e).__name__, str(e).replace("\n", " "))
+"""
+
+
+@pytest.fixture(scope="module")
+def parsed(tmp_path_factory):
+    if not os.path.isfile(os.path.join(CKPT, "config.json")):
+        pytest.skip("tiny checkpoint not in this checkout")
+    import json
+
+    llama = tmp_path_factory.mktemp("llama")
+    json.dump(dict(architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=64, intermediate_size=128,
+                   num_attention_heads=4, num_key_value_heads=4, num_hidden_layers=2, vocab_size=256,
+                   max_position_embeddings=512, rms_norm_eps=1e-6), open(llama / "config.json", "w"))
+    out = subprocess.run([sys.executable, "-c", ARGS_SCRIPT, CKPT, str(llama)], capture_output=True, text=True,
+                         timeout=600, cwd=ROOT)
+    lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert len(lines) == 5, out.stdout[-2000:] + out.stderr[-4000:]
+    return lines
+
+
+def test_cli_flags_parse_and_validate(parsed):
+    # a valid LUMOTREE configuration passes every model/flag check and stops at the device check
+    assert "runs its GDN kernels on CUDA (got --device cpu)" in parsed[0]
+    assert "at most 64 nodes" in parsed[1]
+    assert "keeps the GDN state in fp32" in parsed[2]
+    assert "--speculative-draft-model-path" in parsed[3] and "not supported" in parsed[3]
+    assert "no 'linear_attention' layers" in parsed[4] and "LlamaForCausalLM" in parsed[4]
+
+
+def test_hook_registers_backend_classes():
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from lumotree.sglang import backend
+    from lumotree.sglang.patches import gdn_backend_classes
+
+    assert issubclass(backend.LumoTreeGDNBackend, GDNAttnBackend)
+    assert issubclass(backend.LumoTreeHybridBackend, HybridLinearAttnBackend)
+    saved = {t: list(HookRegistry._hooks.get(t, [])) for t in gdn_backend_classes.TARGETS}
+    try:
+        gdn_backend_classes._installed = False
+        gdn_backend_classes.install()
+        for target, name in gdn_backend_classes.TARGETS.items():
+            hooks = HookRegistry._hooks[target]
+            assert (hooks[-1][0], hooks[-1][1]) == (HookType.REPLACE, getattr(backend, name))
+    finally:
+        for t, h in saved.items():
+            HookRegistry._hooks[t] = h
+        gdn_backend_classes._installed = False
+
+
+def test_replay_plan_follows_accepted_path_and_track():
+    from lumotree.sglang.backend import chain_parents, replay_plan
+
+    # request 0: 0 -> {1, 2}, 1 -> 3, 2 -> 4, 3 -> 5 (SGLang's parent of node 0 is 0); request 1: chain
+    parents = torch.tensor([[0, 0, 0, 1, 2, 3], [0, 0, 1, 2, 3, 4]])
+    last = torch.tensor([5, 2])
+    path, alen, tr, tl = replay_plan(parents, last, torch.tensor([7, 9]), torch.tensor([3, -1]))
+    assert alen.tolist() == [4, 3]
+    assert path[0, :4].tolist() == [0, 1, 3, 5] and path[1, :3].tolist() == [0, 1, 2]
+    assert tr.tolist() == [7, -1] and tl.tolist() == [3, 0]  # node 3 is the 3rd node of the path
+    path, alen, tr, tl = replay_plan(parents, torch.tensor([-1, 0]))
+    assert alen.tolist() == [0, 1] and tr is None and tl is None
+    assert chain_parents(2, 4, "cpu").tolist() == [[-1, 0, 1, 2]] * 2
+
+
+def test_replay_plan_matches_reference_commit():
+    """Replaying the plan with the reference commit == running the accepted tokens as a chain."""
+    from lumotree.ops.gdn_tree import naive
+    from lumotree.sglang.backend import replay_plan
+    from lumotree.tree import TreeDescriptor
+
+    g = torch.Generator().manual_seed(0)
+    parents = torch.tensor([[0, 0, 0, 1, 1, 2, 3]])
+    B, N, Hk, Hv, K, V = 1, 7, 1, 2, 8, 8
+    k, v = torch.randn(B, N, Hk, K, generator=g), torch.randn(B, N, Hv, V, generator=g)
+    gg, be = -torch.rand(B, N, Hv, generator=g), torch.rand(B, N, Hv, generator=g)
+    pool = torch.randn(3, Hv, V, K, generator=g)
+    rows = torch.tensor([2])
+    path, alen, tr, tl = replay_plan(parents, torch.tensor([6]), torch.tensor([0]), torch.tensor([3]))
+    tree = TreeDescriptor.from_parents(torch.tensor([[-1, 0, 0, 1, 1, 2, 3]]))
+    got = pool.clone()
+    naive.gdn_tree_commit(k, v, gg, be, got, tree, path, alen, use_qk_l2norm=True, state_indices=rows,
+                          track_rows=tr, track_len=tl)
+    S = pool[2].double()
+    states = []
+    for i in [0, 1, 3, 6]:
+        kk = k[0, i].double()
+        kk = kk / torch.sqrt((kk * kk).sum(-1, keepdim=True) + 1e-6)
+        kk = kk.repeat_interleave(Hv // Hk, 0)
+        S = S * torch.exp(gg[0, i].double())[:, None, None]
+        u = (v[0, i].double() - torch.einsum("hvk,hk->hv", S, kk)) * be[0, i].double()[:, None]
+        S = S + u[:, :, None] * kk[:, None, :]
+        states.append(S)
+    assert torch.allclose(got[2].double(), states[-1], atol=1e-5)
+    assert torch.allclose(got[0].double(), states[2], atol=1e-5)  # track: after nodes 0, 1, 3
+
+
+def test_serve_cli_builds_the_launch_command():
+    out = subprocess.run([sys.executable, "-m", "lumotree", "serve", "--model-path", "M", "--topk", "4",
+                          "--draft-tokens", "8", "--dry-run", "--", "--attention-backend", "triton"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    cmd = out.stdout.split()
+    assert cmd[1:3] == ["-m", "sglang.launch_server"]
+    assert " ".join(cmd).endswith("--model-path M --speculative-algorithm LUMOTREE --speculative-num-steps 3 "
+                                  "--speculative-eagle-topk 4 --speculative-num-draft-tokens 8 "
+                                  "--attention-backend triton")

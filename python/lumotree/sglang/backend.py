@@ -78,6 +78,8 @@ class LumoTreeGDNBackend(GDNAttnBackend):
     def __init__(self, model_runner):
         super().__init__(model_runner)
         self.lumotree = lumotree_active(model_runner.server_args) and not model_runner.is_draft_worker
+        self._first_gdn_layer = 1 << 30
+        self._cur_tree = None
         if not self.lumotree:
             return
         pool = self.req_to_token_pool.mamba_pool
@@ -94,18 +96,22 @@ class LumoTreeGDNBackend(GDNAttnBackend):
                                                                 cache.replayssm_g, cache.replayssm_beta)) / 2**20)
 
     # ------------------------------------------------------------------ tree
-    def _tree_for(self, md, bs: int, n: int, device):
-        """The step's tree, built by the first GDN layer of the forward (after its conv kernel filled
-        ``retrieve_parent_token``) and kept on the forward's metadata for the other layers. Static
-        shapes, no host sync: under CUDA graphs the build is part of the captured verify."""
-        cached = getattr(md, "_lumotree_tree", None)
-        if cached is None or cached[0].max_nodes != n or cached[0].batch_size != bs:
+    def _tree_for(self, layer_id: int, md, bs: int, n: int, device):
+        """The step's tree: built by the first GDN layer of every forward (after its conv kernel
+        filled ``retrieve_parent_token``) and reused by the later GDN layers of that forward. Never
+        reused across forwards: under CUDA graphs the build must be part of each captured verify
+        (warm-up runs and the capture share metadata objects). Static shapes, no host sync."""
+        if layer_id <= self._first_gdn_layer or self._cur_tree is None:
+            self._first_gdn_layer = min(self._first_gdn_layer, layer_id)
             parents = md.retrieve_parent_token
             par = parents[:bs] if parents is not None else chain_parents(bs, n, device)
             tree = TreeDescriptor.from_parents(par, validate=False)
-            cached = (tree, tree.mask.to(torch.int8))
-            md._lumotree_tree = cached
-        return cached
+            self._cur_tree = (tree, tree.mask.to(torch.int8))
+        tree, anc = self._cur_tree
+        if tree.max_nodes != n or tree.batch_size != bs:
+            raise RuntimeError(f"LumoTree: GDN layer {layer_id} sees a [{bs}, {n}] verify, but the first GDN layer "
+                               f"({self._first_gdn_layer}) built a [{tree.batch_size}, {tree.max_nodes}] tree")
+        return tree, anc
 
     # ------------------------------------------------------------------ verify
     def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
@@ -142,7 +148,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         v = v.reshape(bs, n, Hv, V)
         g, beta = fused_gdn_gating(layer.A_log, a, b, layer.dt_bias)
         g, beta = g.view(bs, n, Hv), beta.view(bs, n, Hv)
-        tree, anc = self._tree_for(md, bs, n, x.device)
+        tree, anc = self._tree_for(layer.layer_id, md, bs, n, x.device)
         BT = max(16, triton.next_power_of_2(n))
         BV, warps, prec = default_chunk_config(BT, V, torch.float32)  # fp32-accurate dots (tf32x3)
         o = gdn_tree_chunk_verify_fwd(q, k, v, cache.temporal, tree, g, beta, scale=K ** -0.5, use_qk_l2norm=True,

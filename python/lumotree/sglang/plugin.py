@@ -141,6 +141,15 @@ def _spec_class():
         def need_topk(self) -> bool:
             return True
 
+        def __getattr__(self, name):
+            # SGLang's scheduler also calls EAGLE-specific methods that CustomSpecAlgo does not
+            # declare (e.g. carries_draft_hidden_states): answer them as EAGLE does
+            from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return getattr(SpeculativeAlgorithm.EAGLE, name)
+
         def handle_server_args(self, server_args) -> None:
             from sglang.srt.arg_groups.speculative_hook import _handle_eagle_family
 

@@ -23,6 +23,29 @@ def batch(kind):
     return TreeDescriptor.from_parents(torch.tensor([r + [-1] * (N - len(r)) for r in rows]), nums), nums, N
 
 
+def commit_layers():
+    """All-layer replay commit on per-slot buffers vs its reference: trees, chains, skips, track."""
+    g = torch.Generator().manual_seed(5)
+    L, S, NR, Hk, Hv, K, V = 2, 6, 7, 1, 2, 16, 16
+    k, v = torch.randn(L, S, NR, Hk, K, generator=g), torch.randn(L, S, NR, Hv, V, generator=g)
+    gg, be = -torch.rand(L, S, NR, Hv, generator=g), torch.rand(L, S, NR, Hv, generator=g)
+    pool = torch.randn(L, S, Hv, V, K, generator=g) * 0.1
+    parents = torch.tensor([[0, 0, 0, 1, 1, 2, 3], [0, 0, 1, 2, 3, 4, 5], [0, 0, 0, 0, 0, 0, 0],
+                            [0, 0, 0, 1, 2, 3, 4]], dtype=torch.int32)
+    rows, last = torch.tensor([4, 1, -1, 2]), torch.tensor([6, 3, 2, -1])
+    for par, trows, tsteps in ((parents, torch.tensor([0, -1, 5, 3]), torch.tensor([1, -1, 0, 0])),
+                               (None, None, None), (parents, None, None)):
+        p1, p2 = pool.clone(), pool.clone()
+        naive.gdn_tree_commit_layers(k, v, gg, be, p1, rows, last, par, trows, tsteps)
+        tri.gdn_tree_commit_layers_fwd(k, v, gg, be, p2, rows.int(), last.int(),
+                                       par, trows.int() if trows is not None else None,
+                                       tsteps.int() if tsteps is not None else None, BV=8)
+        assert_close(f"commit layers (parents={par is not None}, track={trows is not None})", p1, p2, 1e-5)
+        assert not torch.equal(p1[:, 4], pool[:, 4]) and torch.equal(p1[:, 2], pool[:, 2])  # row 2: last = -1
+        if trows is not None:
+            assert not torch.equal(p1[:, 0], pool[:, 0]) and torch.equal(p1[:, 3], pool[:, 3])  # 3: rows -1 / last -1
+
+
 def gdn(kind, l2):
     tree, nums, N = batch(kind)
     B, Hk, Hv, K, V = 2, 2, 4, 16, 32
@@ -46,12 +69,31 @@ def gdn(kind, l2):
     o = tri.gdn_tree_chunk_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
                                       state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16, vnew_out=vnew)
     assert_close(f"{kind} chunk verify", ref, o, 1e-4)
+    # the verify also keeps raw k, v and the fused gates per state slot (node-major) for the commit
+    NR = N + 1
+    ring = (torch.zeros(5, NR, Hk, K), torch.zeros(5, NR, Hv, V), torch.zeros(5, NR, Hv), torch.zeros(5, NR, Hv))
+    o2 = tri.gdn_tree_chunk_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
+                                       state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16, ring=ring)
+    assert torch.equal(o, o2)
+    for bi in range(B):
+        n, r = int(nums[bi]), int(si[bi])
+        assert torch.equal(ring[0][r, :n], k[bi, :n]) and torch.equal(ring[1][r, :n], v[bi, :n])
+        assert_close(f"{kind} ring g", gg[bi, :n], ring[2][r, :n], 1e-6)
+        assert_close(f"{kind} ring beta", be[bi, :n], ring[3][r, :n], 1e-6)
+        assert not ring[0][r, n:].any()  # padding nodes are not stored
+    assert not ring[0][[0, 2, 4]].any()  # rows of no request stay untouched
     an = tree.root_path(nums - 1)
     al = (an >= 0).sum(-1)
     p1, p2 = pool.clone(), pool.clone()
     naive.gdn_tree_commit(k, v, gg, be, p1, tree, an, al, use_qk_l2norm=l2, state_indices=si)
     tri.gdn_tree_commit_fwd(k, v, p2, an, al, gg, be, use_qk_l2norm=l2, state_indices=si, BV=8)
     assert_close(f"{kind} commit", p1, p2, 1e-5)
+    # the all-layer commit straight from those per-slot buffers (one layer here)
+    sglang_parents = torch.where(tree.parents < 0, 0, tree.parents).int()
+    p6 = pool.clone()[None]
+    tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), p6, si.int(), (nums - 1).int(), sglang_parents,
+                                   use_qk_l2norm=l2, BV=8)
+    assert_close(f"{kind} commit from the verify's slot buffers", p1, p6[0], 1e-5)
     # prefix-cache track rows: row 0 gets the state after 2 accepted nodes of request 0, row 4 the
     # committed state before any node of request 1 (track_len 0)
     tr, tln = torch.tensor([0, 4]), torch.tensor([min(2, int(al[0])), 0])
@@ -108,6 +150,7 @@ def gdn_large_tree_public_op():
 
 if __name__ == "__main__":
     gdn_large_tree_public_op()
+    commit_layers()
     for kind in ("chain", "star", "caterpillar", "random", "eagle"):
         gdn(kind, True)
         conv(kind, 4 if kind != "star" else 2)

@@ -1,8 +1,8 @@
 """Drive LumoTree's SGLang backend (verify for two GDN layers, then the commit) with fake SGLang
 state pools on CPU, running our real Triton kernels in Triton's interpreter, against the fp32
 references. Checks the plumbing the GPU run cannot isolate: the per-slot buffers' layout, pool
-rows, padded rows (slot -1), the accepted path, the track snapshot. SGLang's own conv / gating /
-conv-scatter kernels are replaced by torch stand-ins (they are SGLang's, tested there).
+rows, padded rows (slot -1), the accepted path, the track snapshot. SGLang's own conv and
+conv-scatter kernels are replaced by stand-ins (they are SGLang's, tested there).
 
 Called by test_backend_emulation.py in a subprocess (TRITON_INTERPRET must be set before import)."""
 import os
@@ -15,7 +15,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import sglang.kernels.ops.attention.fla.fused_gdn_gating as sg_gating  # noqa: E402
 import sglang.kernels.ops.mamba.mamba_state_scatter_triton as sg_scatter  # noqa: E402
 from sglang.srt.layers.attention.linear import gdn_backend as sg_gdn  # noqa: E402
 
@@ -37,14 +36,13 @@ def fake_conv(x, conv_state, weight, bias, activation, *, retrieve_parent_token=
     return x  # identity stand-in for SGLang's tree conv
 
 
-def fake_gating(A_log, a, b, dt_bias):
+def gating(A_log, a, b, dt_bias):  # SGLang's fused_gdn_gating, in torch: the reference
     g = -torch.exp(A_log.float()) * F.softplus(a.float() + dt_bias.float())
     return g[None], torch.sigmoid(b.float())[None]
 
 
 scattered = []
 sg_gdn.causal_conv1d_update = fake_conv
-sg_gating.fused_gdn_gating = fake_gating
 sg_scatter.fused_conv_window_scatter_with_mask = lambda *a: scattered.append(a)
 
 temporal = torch.randn(LAYERS, SLOTS + 1, Hv, V, K) * 0.1
@@ -86,7 +84,7 @@ for li in range(LAYERS):
     o = be.forward_extend(layer, fb, mixed, a, b)
     q, k, v = torch.split(mixed, [Hk * K, Hk * K, Hv * V], -1)
     q, k, v = q.reshape(B, N, Hk, K), k.reshape(B, N, Hk, K), v.reshape(B, N, Hv, V)
-    g, beta = (t[0].reshape(B, N, Hv) for t in fake_gating(layer.A_log, a, b, layer.dt_bias))
+    g, beta = (t[0].reshape(B, N, Hv) for t in gating(layer.A_log, a, b, layer.dt_bias))
     ref = naive.gdn_tree_verify(q[:2], k[:2], v[:2], g[:2], beta[:2], start[li], TreeDescriptor(
         **{f: getattr(tree, f)[:2] for f in tree.__dataclass_fields__}), use_qk_l2norm=True,
         state_indices=ROWS[:2].long())

@@ -1,13 +1,12 @@
-"""The SGLang plugin on CPU: entry point, registration, argument validation, configuration, the
-hook, and the commit's replay plan. (Serving itself runs on the GPU machine:
-benchmark/serving/parity.py.)"""
+"""The SGLang plugin on CPU: entry point, registration, argument validation, configuration and the
+hook. The backend's verify/commit plumbing: test_backend_emulation.py; serving itself runs on the
+GPU machine: benchmark/serving/parity.py."""
 import os
 import subprocess
 import sys
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 pytest.importorskip("sglang")
 
@@ -135,51 +134,10 @@ def test_hook_registers_backend_classes():
         gdn_backend_classes._installed = False
 
 
-def test_replay_plan_follows_accepted_path_and_track():
-    from lumotree.sglang.backend import chain_parents, replay_plan
+def test_chain_parents():
+    from lumotree.sglang.backend import chain_parents
 
-    # request 0: 0 -> {1, 2}, 1 -> 3, 2 -> 4, 3 -> 5 (SGLang's parent of node 0 is 0); request 1: chain
-    parents = torch.tensor([[0, 0, 0, 1, 2, 3], [0, 0, 1, 2, 3, 4]])
-    last = torch.tensor([5, 2])
-    path, alen, tr, tl = replay_plan(parents, last, torch.tensor([7, 9]), torch.tensor([3, -1]))
-    assert alen.tolist() == [4, 3]
-    assert path[0, :4].tolist() == [0, 1, 3, 5] and path[1, :3].tolist() == [0, 1, 2]
-    assert tr.tolist() == [7, -1] and tl.tolist() == [3, 0]  # node 3 is the 3rd node of the path
-    path, alen, tr, tl = replay_plan(parents, torch.tensor([-1, 0]))
-    assert alen.tolist() == [0, 1] and tr is None and tl is None
     assert chain_parents(2, 4, "cpu").tolist() == [[-1, 0, 1, 2]] * 2
-
-
-def test_replay_plan_matches_reference_commit():
-    """Replaying the plan with the reference commit == running the accepted tokens as a chain."""
-    from lumotree.ops.gdn_tree import naive
-    from lumotree.sglang.backend import replay_plan
-    from lumotree.tree import TreeDescriptor
-
-    g = torch.Generator().manual_seed(0)
-    parents = torch.tensor([[0, 0, 0, 1, 1, 2, 3]])
-    B, N, Hk, Hv, K, V = 1, 7, 1, 2, 8, 8
-    k, v = torch.randn(B, N, Hk, K, generator=g), torch.randn(B, N, Hv, V, generator=g)
-    gg, be = -torch.rand(B, N, Hv, generator=g), torch.rand(B, N, Hv, generator=g)
-    pool = torch.randn(3, Hv, V, K, generator=g)
-    rows = torch.tensor([2])
-    path, alen, tr, tl = replay_plan(parents, torch.tensor([6]), torch.tensor([0]), torch.tensor([3]))
-    tree = TreeDescriptor.from_parents(torch.tensor([[-1, 0, 0, 1, 1, 2, 3]]))
-    got = pool.clone()
-    naive.gdn_tree_commit(k, v, gg, be, got, tree, path, alen, use_qk_l2norm=True, state_indices=rows,
-                          track_rows=tr, track_len=tl)
-    S = pool[2].double()
-    states = []
-    for i in [0, 1, 3, 6]:
-        kk = k[0, i].double()
-        kk = kk / torch.sqrt((kk * kk).sum(-1, keepdim=True) + 1e-6)
-        kk = kk.repeat_interleave(Hv // Hk, 0)
-        S = S * torch.exp(gg[0, i].double())[:, None, None]
-        u = (v[0, i].double() - torch.einsum("hvk,hk->hv", S, kk)) * be[0, i].double()[:, None]
-        S = S + u[:, :, None] * kk[:, None, :]
-        states.append(S)
-    assert torch.allclose(got[2].double(), states[-1], atol=1e-5)
-    assert torch.allclose(got[0].double(), states[2], atol=1e-5)  # track: after nodes 0, 1, 3
 
 
 def test_serve_cli_builds_the_launch_command():

@@ -7,17 +7,17 @@ Verify (``forward_extend`` in TARGET_VERIFY mode, per GDN layer, inside SGLang's
    ``retrieve_parent_token``); its per-node conv windows are ``(W-1) x conv_dim`` each, not states.
 2. the :class:`~lumotree.tree.TreeDescriptor` is built once per forward from those parents, on the
    device, without host synchronisation, and shared by all GDN layers;
-3. GDN: LumoTree's tree-masked chunk kernel reads each request's committed state row of the pool
-   ``[pool, Hv, V, K]`` once and computes every node's output; it writes no state at all;
-4. the step's raw k, v and gates g, beta are kept per state slot in the small buffers SGLang
-   allocates for ``--enable-linear-replayssm-spec`` (``Hk K + Hv V`` bf16 + ``2 Hv`` fp32 per node,
-   instead of a ``Hv V K`` fp32 snapshot per node).
+3. GDN: LumoTree's tree-masked chunk kernel computes the gates, reads each request's committed
+   state row of the pool ``[pool, Hv, V, K]`` once and computes every node's output; it writes no
+   state at all; the same kernel keeps the step's raw k, v and gates g, beta per state slot in the
+   buffers SGLang allocates for ``--enable-linear-replayssm-spec`` (``Hk K + Hv V`` bf16 + ``2 Hv``
+   fp32 per node, instead of a ``Hv V K`` fp32 snapshot per node).
 
 Commit (``update_mamba_state_after_mtp_verify``, called by SGLang's EAGLE worker after
-acceptance): the accepted root path is read off the tree (ancestors of the last accepted node) and
-replayed from the committed state into the same pool row, one kernel per GDN layer; the prefix
-cache's interval-crossing snapshot (``mamba_track_indices``) is written by the same replay; the
-conv windows are scattered by SGLang's kernel.
+acceptance): one kernel for all GDN layers walks the tree's parents up from the last accepted node
+and replays that root path from the committed state into the same pool row, reading the per-slot
+buffers in place; the prefix cache's interval-crossing snapshot (``mamba_track_indices``) is
+written by the same replay; the conv windows are scattered by SGLang's kernel.
 """
 from __future__ import annotations
 
@@ -39,37 +39,6 @@ def lumotree_active(server_args) -> bool:
 
 def chain_parents(bs: int, n: int, device) -> torch.Tensor:
     return (torch.arange(n, device=device) - 1)[None].expand(bs, n).contiguous()
-
-
-def replay_plan(parents: torch.Tensor, last_step: torch.Tensor, track_rows: Optional[torch.Tensor] = None,
-                track_steps: Optional[torch.Tensor] = None):
-    """What the commit replays, from the verify's tree and SGLang's acceptance, without host sync.
-
-    Args:
-        parents (torch.Tensor): `[B, N]` the verify tree (SGLang's ``retrieve_parent_token``; node 0's
-            entry is ignored).
-        last_step (torch.Tensor): `[B]` last accepted node per request (``-1``: nothing to commit).
-        track_rows, track_steps (torch.Tensor): `[B]` SGLang's prefix-cache snapshot rows and the
-            node whose state they receive (``-1``: none), or None.
-
-    Returns:
-        ``(path [B, N], accept_len [B], track_rows [B] or None, track_len [B] or None)``: the root path
-        to ``last_step`` (padded with -1), its length (0 where ``last_step < 0``), and the number of
-        path nodes to replay before the snapshot (the snapshot node is an ancestor-or-self of the
-        last accepted node, so it lies on the path).
-    """
-    tree = TreeDescriptor.from_parents(parents, validate=False)
-    last = last_step.long().clamp(0, tree.max_nodes - 1)
-    path = tree.root_path(last)
-    alen = tree.depth.gather(1, last[:, None])[:, 0] + 1
-    alen = torch.where(last_step >= 0, alen, torch.zeros_like(alen))
-    trows = tlen = None
-    if track_rows is not None:
-        ts = track_steps.long()
-        tdepth = tree.depth.gather(1, ts.clamp(0, tree.max_nodes - 1)[:, None])[:, 0] + 1
-        trows = torch.where(ts >= 0, track_rows[: ts.shape[0]].long(), torch.full_like(ts, -1))
-        tlen = torch.where(ts >= 0, tdepth, torch.zeros_like(tdepth))
-    return path, alen, trows, tlen
 
 
 class LumoTreeGDNBackend(GDNAttnBackend):
@@ -123,7 +92,6 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         import triton
 
         from lumotree.ops.gdn_tree.triton import default_chunk_config, gdn_tree_chunk_verify_fwd
-        from sglang.kernels.ops.attention.fla.fused_gdn_gating import fused_gdn_gating
         from sglang.srt.layers.attention.linear import gdn_backend as sg
 
         assert isinstance(mixed_qkv, torch.Tensor)
@@ -146,49 +114,45 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         q = q.reshape(bs, n, Hk, K)
         k = k.reshape(bs, n, Hk, K)
         v = v.reshape(bs, n, Hv, V)
-        g, beta = fused_gdn_gating(layer.A_log, a, b, layer.dt_bias)
-        g, beta = g.view(bs, n, Hv), beta.view(bs, n, Hv)
         tree, anc = self._tree_for(layer.layer_id, md, bs, n, x.device)
         BT = max(16, triton.next_power_of_2(n))
         BV, warps, prec = default_chunk_config(BT, V, torch.float32)  # fp32-accurate dots (tf32x3)
-        o = gdn_tree_chunk_verify_fwd(q, k, v, cache.temporal, tree, g, beta, scale=K ** -0.5, use_qk_l2norm=True,
-                                      state_indices=rows, anc_mask=anc, BV=BV, num_warps=warps,
-                                      precision=prec)
-        # keep what the replay commit needs, per state slot (padded rows have slot -1: the spare row)
         L = self.ring_len
-        cache.replayssm_rawk.view(-1, L, Hk, K)[rows, :n] = k
-        cache.replayssm_rawv.view(-1, L, Hv, V)[rows, :n] = v
-        cache.replayssm_g.view(-1, L, Hv)[rows, :n] = g
-        cache.replayssm_beta.view(-1, L, Hv)[rows, :n] = beta
+        # one kernel: gates from (A_log, a, dt_bias, b), the tree verify on the pool rows, and the
+        # raw k, v, g, beta kept per state slot for the replay commit (padded rows, slot -1, skipped)
+        ring = (cache.replayssm_rawk.view(-1, L, Hk, K), cache.replayssm_rawv.view(-1, L, Hv, V),
+                cache.replayssm_g.view(-1, L, Hv), cache.replayssm_beta.view(-1, L, Hv))
+        o = gdn_tree_chunk_verify_fwd(q, k, v, cache.temporal, tree, A_log=layer.A_log, a=a.view(bs, n, Hv),
+                                      dt_bias=layer.dt_bias, b=b.view(bs, n, Hv), scale=K ** -0.5,
+                                      use_qk_l2norm=True, state_indices=rows, anc_mask=anc, BV=BV,
+                                      num_warps=warps, precision=prec, ring=ring)
         return o.view(T, Hv, V)
 
     # ------------------------------------------------------------------ commit
     def commit_after_verify(self, last_step: torch.Tensor, track_rows: Optional[torch.Tensor],
                             track_steps: Optional[torch.Tensor]) -> None:
-        """Replay each request's accepted path (root .. ``last_step[b]``) into its pool row."""
-        from lumotree.ops.gdn_tree.triton import gdn_tree_commit_fwd
+        """Replay each request's accepted path (root .. ``last_step[b]``) into its pool row: one
+        launch for all GDN layers, reading the verify's per-slot buffers in place; the path is walked
+        up the verify tree's parents inside the kernel; the prefix-cache snapshot comes from the same
+        replay."""
+        from lumotree.ops.gdn_tree.triton import gdn_tree_commit_layers_fwd
         from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_conv_window_scatter_with_mask
 
         bs = last_step.shape[0]
         md = self.forward_metadata
         rows = md.mamba_cache_indices[:bs]
         caches = self.req_to_token_pool.get_speculative_mamba2_params_all_layers()
-        L = self.ring_len
-        par = md.retrieve_parent_token
-        if par is None:  # chain drafts (topk 1): the accepted path is a prefix
-            par = chain_parents(bs, L, last_step.device)
-        path, alen, trows, tlen = replay_plan(par[:bs], last_step, track_rows, track_steps)
-        ntree = path.shape[1]
         temporal = caches.temporal
-        _, _, Hk, _, K = caches.replayssm_rawk.shape
+        layers, slots = temporal.shape[:2]
+        L = self.ring_len
+        Hk, K = caches.replayssm_rawk.shape[2], caches.replayssm_rawk.shape[4]
         Hv, V = caches.replayssm_rawv.shape[2], caches.replayssm_rawv.shape[4]
-        for li in range(temporal.shape[0]):
-            k = caches.replayssm_rawk[li].view(-1, L, Hk, K)[rows, :ntree]
-            v = caches.replayssm_rawv[li].view(-1, L, Hv, V)[rows, :ntree]
-            g = caches.replayssm_g[li].view(-1, L, Hv)[rows, :ntree]
-            beta = caches.replayssm_beta[li].view(-1, L, Hv)[rows, :ntree]
-            gdn_tree_commit_fwd(k, v, temporal[li], path, alen, g, beta, use_qk_l2norm=True, state_indices=rows,
-                                track_rows=trows, track_len=tlen)
+        par = md.retrieve_parent_token
+        gdn_tree_commit_layers_fwd(
+            caches.replayssm_rawk.view(layers, slots, L, Hk, K), caches.replayssm_rawv.view(layers, slots, L, Hv, V),
+            caches.replayssm_g.view(layers, slots, L, Hv), caches.replayssm_beta.view(layers, slots, L, Hv),
+            temporal, rows, last_step, par[:bs] if par is not None else None,
+            track_rows[:bs] if track_rows is not None else None, track_steps, use_qk_l2norm=True)
         for conv, window in zip(caches.conv, caches.intermediate_conv_window):
             fused_conv_window_scatter_with_mask(conv, window, rows, last_step)
             if track_rows is not None:

@@ -28,7 +28,8 @@ from lumotree.ops.gdn_tree.common import (check_accept, check_accept_is_root_pat
                                           l2norm)
 from lumotree.tree import TreeDescriptor
 
-__all__ = ["gdn_tree_verify", "gdn_tree_verify_per_node", "gdn_tree_verify_chunk", "gdn_tree_commit", "gdn_step"]
+__all__ = ["gdn_tree_verify", "gdn_tree_verify_per_node", "gdn_tree_verify_chunk", "gdn_tree_commit",
+           "gdn_tree_commit_layers", "gdn_step"]
 
 
 def gdn_step(S: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor):
@@ -187,4 +188,47 @@ def gdn_tree_commit(k, v, g, beta, state, tree: TreeDescriptor, accept_nodes, ac
             if tr[b] >= 0 and tl_[b] == j + 1:
                 state[tr[b]] = S.to(state.dtype)
         state[rows[b]] = S.to(state.dtype)
+    return state
+
+
+def gdn_tree_commit_layers(k, v, g, beta, state, rows, last, parents=None, track_rows=None, track_steps=None,
+                           use_qk_l2norm: bool = True):
+    """Reference of the all-layer replay commit on per-slot verify buffers (the SGLang backend's form).
+
+    Args:
+        k (torch.Tensor): `[L, S, NR, Hk, K]` the verify's k per layer, state slot and node.
+        v (torch.Tensor): `[L, S, NR, Hv, V]`.
+        g, beta (torch.Tensor): `[L, S, NR, Hv]`.
+        state (torch.Tensor): `[L, S, Hv, V, K]`, updated in place at ``rows``.
+        rows, last (torch.Tensor): `[B]` state slot and last accepted node (``-1`` in either: skip).
+        parents (torch.Tensor): `[B, NP]` the verify tree in SGLang's numbering (entry 0 ignored), or
+            None for chains (the accepted path is ``0 .. last``).
+        track_rows, track_steps (torch.Tensor): `[B]` optional rows that receive the state right after
+            path node ``track_steps[b]`` (``-1``: none).
+    """
+    L, Hk, Hv = k.shape[0], k.shape[3], v.shape[3]
+    rep = Hv // Hk
+    rl, ll = rows.tolist(), last.tolist()
+    tr = track_rows.tolist() if track_rows is not None else [-1] * len(rl)
+    ts = track_steps.tolist() if track_steps is not None else [-1] * len(rl)
+    par = parents.tolist() if parents is not None else None
+    dt = torch.float64 if state.dtype == torch.float64 else torch.float32
+    for b, (row, last_node) in enumerate(zip(rl, ll)):
+        if row < 0 or last_node < 0:
+            continue
+        path = [last_node]
+        while par is not None and path[-1] > 0:
+            path.append(par[b][path[-1]])
+        path = path[::-1] if par is not None else list(range(last_node + 1))
+        for li in range(L):
+            S = state[li, row].to(dt)
+            for i in path:
+                kk = k[li, row, i].to(dt)
+                if use_qk_l2norm:
+                    kk = l2norm(kk)
+                S = gdn_step(S, kk.repeat_interleave(rep, 0), v[li, row, i].to(dt), g[li, row, i].to(dt),
+                             beta[li, row, i].to(dt))
+                if tr[b] >= 0 and ts[b] == i:
+                    state[li, tr[b]] = S.to(state.dtype)
+            state[li, row] = S.to(state.dtype)
     return state

@@ -30,7 +30,7 @@ from lumotree.ops.gdn_tree.common import L2NORM_EPS, check_accept, check_gdn_inp
 from lumotree.tree import TreeDescriptor
 
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_fwd", "gdn_tree_chunk_verify_fwd",
-           "gdn_tree_commit_fwd", "gdn_tree_commit_vnew_fwd"]
+           "gdn_tree_commit_fwd", "gdn_tree_commit_vnew_fwd", "gdn_tree_commit_layers_fwd"]
 
 
 @triton.jit
@@ -49,10 +49,12 @@ def _gdn_gate(p_g, p_beta, p_alog, p_dtb, FUSED_GATING: tl.constexpr, mask):
 @triton.jit
 def gdn_tree_chunk_verify_fwd_kernel(
     q, k, v, g, beta, A_log, dt_bias, o, vnew, state, state_indices, anc_mask, num_nodes,
+    ring_k, ring_v, ring_g, ring_beta, stride_rk, stride_rv, stride_rg,
     scale, stride_state, N,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr, STORE_VNEW: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_STATE_INDICES: tl.constexpr, FUSED_GATING: tl.constexpr,
+    STORE_RING: tl.constexpr,
 ):
     """All paths of one request's tree at once: the chunked (WY) gated delta rule over a single
     chunk holding the whole tree, with the causal mask replaced by the ancestor mask. Node i's
@@ -87,6 +89,17 @@ def gdn_tree_chunk_verify_fwd_kernel(
     b_g, b_beta = _gdn_gate(g + tok * HV + i_hv, beta + tok * HV + i_hv, A_log + i_hv, dt_bias + i_hv,
                             FUSED_GATING, m_t)
     b_beta = tl.where(m_t, b_beta, 0.0)
+    if STORE_RING:  # what the replay commit needs, per state slot: raw k, v and the gates, node-major
+        if row >= 0:
+            m_tk = m_t[:, None] & m_k[None, :]
+            if (i_v == 0) & (i_hv % (HV // HK) == 0):
+                tl.store(ring_k + row * stride_rk + (o_t[:, None] * HK + i_hk) * K + o_k[None, :],
+                         b_k.to(ring_k.dtype.element_ty), mask=m_tk)
+            tl.store(ring_v + row * stride_rv + (o_t[:, None] * HV + i_hv) * V + o_v[None, :],
+                     b_v.to(ring_v.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+            if i_v == 0:
+                tl.store(ring_g + row * stride_rg + o_t * HV + i_hv, b_g, mask=m_t)
+                tl.store(ring_beta + row * stride_rg + o_t * HV + i_hv, b_beta, mask=m_t)
     if USE_QK_L2NORM:
         b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
         b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
@@ -232,6 +245,76 @@ def gdn_tree_commit_fwd_kernel(
 
 
 @triton.jit
+def gdn_tree_commit_layers_fwd_kernel(
+    k, v, g, beta, state, rows, parents, last, track_rows, track_steps,
+    stride_kl, stride_ks, stride_vl, stride_vs, stride_gl, stride_gs, stride_sl, stride_ss, NP,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_PARENTS: tl.constexpr,
+    HAS_TRACK: tl.constexpr,
+):
+    """Replay commit of every GDN layer in one launch, reading the verify's per-slot buffers in
+    place: ``k[l, slot, node]`` `[Hk, K]`, ``v[l, slot, node]`` `[Hv, V]`, ``g/beta[l, slot, node]``
+    `[Hv]`. The accepted root path is found here by walking ``parents`` up from ``last[b]``."""
+    i_v, i_bh, i_l = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    i_hk = i_hv // (HV // HK)
+    row = tl.load(rows + i_b).to(tl.int64)
+    lst = tl.load(last + i_b).to(tl.int32)
+    if (row >= 0) & (lst >= 0):
+        o_n = tl.arange(0, BN)
+        if HAS_PARENTS:  # ancestors of the last accepted node, root first: anc[d] = node at depth d
+            node = lst
+            d = 0
+            while (node > 0) & (d < NP):
+                node = tl.load(parents + i_b * NP + node).to(tl.int32)
+                d += 1
+            anc = tl.full([BN], -1, tl.int32)
+            node = lst
+            j = d
+            while j >= 0:
+                anc = tl.where(o_n == j, node, anc)
+                if j > 0:
+                    node = tl.load(parents + i_b * NP + node).to(tl.int32)
+                j -= 1
+        else:  # a chain: the accepted path is the prefix 0..last
+            d = lst
+            anc = o_n
+        t_pos = -1
+        if HAS_TRACK:
+            t_row = tl.load(track_rows + i_b).to(tl.int64)
+            t_node = tl.load(track_steps + i_b).to(tl.int32)
+            on_path = (anc == t_node) & (o_n <= d)
+            if (t_row >= 0) & (t_node >= 0) & (tl.sum(on_path.to(tl.int32)) > 0):
+                t_pos = tl.sum(tl.where(on_path, o_n, 0))
+        o_k = tl.arange(0, BK)
+        o_v = i_v * BV + tl.arange(0, BV)
+        mask_k = o_k < K
+        mask_v = o_v < V
+        mask_h = mask_v[:, None] & mask_k[None, :]
+        p_h = state + i_l * stride_sl + row * stride_ss + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+        b_h = tl.load(p_h, mask=mask_h, other=0.0).to(tl.float32)
+        for j in range(0, d + 1):
+            i = tl.sum(tl.where(o_n == j, anc, 0))
+            b_k = tl.load(k + i_l * stride_kl + row * stride_ks + (i * HK + i_hk) * K + o_k, mask=mask_k,
+                          other=0.0).to(tl.float32)
+            b_v = tl.load(v + i_l * stride_vl + row * stride_vs + (i * HV + i_hv) * V + o_v, mask=mask_v,
+                          other=0.0).to(tl.float32)
+            b_g = tl.load(g + i_l * stride_gl + row * stride_gs + i * HV + i_hv).to(tl.float32)
+            b_beta = tl.load(beta + i_l * stride_gl + row * stride_gs + i * HV + i_hv).to(tl.float32)
+            if USE_QK_L2NORM:
+                b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+            b_h *= tl.exp(b_g)
+            b_u = (b_v - tl.sum(b_h * b_k[None, :], 1)) * b_beta
+            b_h += b_u[:, None] * b_k[None, :]
+            if HAS_TRACK:
+                if j == t_pos:
+                    tl.store(state + i_l * stride_sl + t_row * stride_ss + i_hv * V * K + o_v[:, None] * K
+                             + o_k[None, :], b_h.to(state.dtype.element_ty), mask=mask_h)
+        tl.store(p_h, b_h.to(state.dtype.element_ty), mask=mask_h)
+
+
+@triton.jit
 def gdn_tree_commit_vnew_fwd_kernel(
     k, g, beta, A_log, dt_bias, vnew, state, state_indices, accept_nodes, accept_len, stride_state, N, L,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -371,12 +454,15 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: TreeDescriptor, g=None, beta
                               state_indices: Optional[torch.Tensor] = None, anc_mask: Optional[torch.Tensor] = None,
                               BV: Optional[int] = None, num_warps: Optional[int] = None,
                               precision: Optional[str] = None, out: Optional[torch.Tensor] = None,
-                              vnew_out: Optional[torch.Tensor] = None):
+                              vnew_out: Optional[torch.Tensor] = None, ring: Optional[tuple] = None):
     """Launcher of the tensor-core tree verify (one tree-masked WY chunk per request and head).
 
     ``anc_mask`` is ``tree.mask`` as int8 `[B, N, N]` (built once per step, shared by all layers).
     ``precision`` is the tl.dot input precision: ``tf32x3`` (fp32-accurate; default for fp32
-    inputs), ``tf32`` (default for bf16/fp16 inputs, whose own rounding is coarser) or ``ieee``."""
+    inputs), ``tf32`` (default for bf16/fp16 inputs, whose own rounding is coarser) or ``ieee``.
+    ``ring = (k, v, g, beta)``, per state slot `[S, NR, Hk, K]`, `[S, NR, Hv, V]`, `[S, NR, Hv]` x2
+    (``NR >= N``, rows = ``state_indices``): the kernel also stores the raw k, v and the gates there
+    for :func:`gdn_tree_commit_layers_fwd` (rows < 0 are skipped)."""
     fused = g is None
     B, N, HK, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -390,15 +476,27 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: TreeDescriptor, g=None, beta
     if out is None:
         out = torch.empty(B, N, HV, V, dtype=q.dtype, device=q.device)
     dummy = state
+    if ring is not None:
+        rk, rv, rg, rb = ring
+        if state_indices is None:
+            raise ValueError("ring stores need state_indices (the rows they are kept under)")
+        if (tuple(rk.shape[1:]) != (rk.shape[1], HK, K) or tuple(rv.shape[2:]) != (HV, V) or rk.shape[1] < N
+                or tuple(rg.shape[1:]) != (rk.shape[1], HV) or rb.shape != rg.shape
+                or not all(t.is_contiguous() for t in ring)):
+            raise ValueError("ring must be contiguous (k [S, NR, Hk, K], v [S, NR, Hv, V], g/beta [S, NR, Hv]) "
+                             f"with NR >= {N}, got {[tuple(t.shape) for t in ring]}")
+        ring_args = (rk, rv, rg, rb, rk.stride(0), rv.stride(0), rg.stride(0))
+    else:
+        ring_args = (dummy, dummy, dummy, dummy, 0, 0, 0)
     gdn_tree_chunk_verify_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
         q.contiguous(), k.contiguous(), v.contiguous(),
         (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
         A_log if fused else dummy, dt_bias if fused else dummy, out, vnew_out if vnew_out is not None else dummy,
         state, state_indices if state_indices is not None else dummy, anc_mask.contiguous(), tree.num_nodes,
-        scale, state.stride(0), N,
+        *ring_args, scale, state.stride(0), N,
         HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, PRECISION=precision, STORE_VNEW=vnew_out is not None,
         USE_QK_L2NORM=use_qk_l2norm, HAS_STATE_INDICES=state_indices is not None, FUSED_GATING=fused,
-        num_warps=num_warps,
+        STORE_RING=ring is not None, num_warps=num_warps,
     )
     return out
 
@@ -433,6 +531,53 @@ def gdn_tree_commit_fwd(k, v, state, accept_nodes, accept_len, g=None, beta=None
         HK=HK, HV=HV, K=K, V=V, BK=BK, BV=BV,
         USE_QK_L2NORM=use_qk_l2norm, HAS_STATE_INDICES=state_indices is not None, FUSED_GATING=fused,
         HAS_TRACK=has_track, num_warps=num_warps,
+    )
+    return state
+
+
+def gdn_tree_commit_layers_fwd(k, v, g, beta, state, rows, last, parents=None, track_rows=None,
+                               track_steps=None, use_qk_l2norm: bool = True, BV: Optional[int] = None,
+                               num_warps: int = 4):
+    """Launcher of the all-layer replay commit on per-slot verify buffers (what the SGLang backend calls).
+
+    Args:
+        k (torch.Tensor): `[L, S, NR, Hk, K]` the verify's raw k per layer, state slot and node.
+        v (torch.Tensor): `[L, S, NR, Hv, V]`.
+        g, beta (torch.Tensor): `[L, S, NR, Hv]` fp32 log decay and beta.
+        state (torch.Tensor): `[L, S, Hv, V, K]` the state pool, updated in place at ``rows``.
+        rows (torch.Tensor): `[B]` state slots (``-1``: skip).
+        last (torch.Tensor): `[B]` last accepted node (``-1``: skip).
+        parents (torch.Tensor): `[B, NP]` the verify tree (entry 0 ignored), or None for chains.
+        track_rows, track_steps (torch.Tensor): `[B]` optional prefix-cache snapshot rows and the
+            path node after which each is taken (``-1``: none).
+    """
+    L, S, NR, HK, K = k.shape
+    HV, V = v.shape[3], v.shape[4]
+    B = rows.shape[0]
+    for name, t in (("k", k), ("v", v), ("g", g), ("beta", beta), ("state", state)):
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+    if tuple(v.shape[:3]) != (L, S, NR) or tuple(g.shape) != (L, S, NR, HV) or tuple(beta.shape) != (L, S, NR, HV):
+        raise ValueError(f"v/g/beta must be [L, S, NR, Hv(, V)] = {(L, S, NR, HV, V)}, got "
+                         f"{tuple(v.shape)}, {tuple(g.shape)}, {tuple(beta.shape)}")
+    if tuple(state.shape) != (L, S, HV, V, K):
+        raise ValueError(f"state must be [L, S, Hv, V, K] = {(L, S, HV, V, K)}, got {tuple(state.shape)}")
+    if parents is not None and (parents.dim() != 2 or parents.shape[0] < B or parents.shape[1] > NR):
+        raise ValueError(f"parents must be [>= B, <= NR] = [>={B}, <={NR}], got {tuple(parents.shape)}")
+    if (track_rows is None) != (track_steps is None):
+        raise ValueError("track_rows and track_steps go together")
+    NP = parents.shape[1] if parents is not None else NR
+    BN = triton.next_power_of_2(max(NP, 2))
+    BK = triton.next_power_of_2(K)
+    BV = BV or _default_bv(V)
+    dummy = rows
+    gdn_tree_commit_layers_fwd_kernel[(triton.cdiv(V, BV), B * HV, L)](
+        k, v, g, beta, state, rows, parents.contiguous() if parents is not None else dummy, last,
+        track_rows if track_rows is not None else dummy, track_steps if track_steps is not None else dummy,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1), state.stride(0),
+        state.stride(1), NP,
+        HK=HK, HV=HV, K=K, V=V, BN=BN, BK=BK, BV=BV, USE_QK_L2NORM=use_qk_l2norm,
+        HAS_PARENTS=parents is not None, HAS_TRACK=track_rows is not None, num_warps=num_warps,
     )
     return state
 

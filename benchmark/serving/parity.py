@@ -7,12 +7,14 @@ shape) it launches ``python -m sglang.launch_server``, then
 
 1. sends the code-completion prompts greedily in batches of 1, 7 and the rest (mixed batch sizes),
    ``--max-new-tokens`` each, ``ignore_eos``;
-2. sends a second turn for the first 8 prompts (prompt + its first answer + a follow-up line), which
-   must hit the radix cache (``cached_tokens > 0``);
-3. records accept length, tokens/s, and the speculative memory SGLang logs at start-up
+2. sends a second turn for the first 8 prompts (the same prompt + a fixed follow-up), which must hit
+   the radix cache (``cached_tokens > 0``);
+3. aborts a long request mid-way while 4 other greedy requests run (those must be unaffected);
+4. sends 8 sampled requests (temperature 0.8, top-p 0.95), which must all complete;
+5. records accept length, tokens/s, and the speculative memory SGLang logs at start-up
    (``intermediate_ssm`` snapshots vs the replay buffers);
 
-and finally compares every configuration's texts with the no-speculation server's.
+and finally compares every configuration's greedy texts with the no-speculation server's.
 """
 from __future__ import annotations
 
@@ -21,13 +23,14 @@ import json
 import os
 import re
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "models"))
 
-from sglang_server import accept_stats, generate, sglang_server  # noqa: E402
+from sglang_server import accept_stats, generate, post, sglang_server  # noqa: E402
 
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"]
 CONFIGS = {
@@ -48,6 +51,57 @@ def memory_lines(log):
     for p in MEM_PATTERNS:
         out += [m.group(0)[:300] for m in re.finditer(p, text)]
     return out
+
+
+def abort_and_sample(url, P, texts, name):
+    """A long request aborted mid-way beside 4 greedy ones, then 8 sampled requests."""
+    out = {}
+    long_res = {}
+
+    def long_request():
+        try:
+            long_res["r"] = post(url + "/generate", {"text": P[-1], "rid": "lumotree-abort-me", "sampling_params": dict(
+                temperature=0.0, max_new_tokens=4096, ignore_eos=True)})
+        except Exception as e:  # an aborted request may end with an HTTP error
+            long_res["error"] = repr(e)[:300]
+
+    th = threading.Thread(target=long_request)
+    th.start()
+    time.sleep(1.0)
+    side = []
+    th2 = threading.Thread(target=lambda: side.extend(generate(url, P[8:12], 256)))
+    th2.start()
+    time.sleep(0.5)
+    post(url + "/abort_request", {"rid": "lumotree-abort-me"})
+    th.join(120)
+    th2.join(300)
+    lr = long_res.get("r")
+    out["aborted"] = dict(finish_reason=(lr or {}).get("meta_info", {}).get("finish_reason") if lr else None,
+                          completion_tokens=(lr or {}).get("meta_info", {}).get("completion_tokens") if lr else None,
+                          error=long_res.get("error"))
+    texts[name + "/beside_abort"] = [o["text"] for o in side]
+    sampled = post(url + "/generate", {"text": P[:8], "sampling_params": dict(
+        temperature=0.8, top_p=0.95, max_new_tokens=128, ignore_eos=True)})
+    out["sampled"] = dict(completed=sum(o["meta_info"]["completion_tokens"] == 128 for o in sampled), of=len(sampled),
+                          **accept_stats(sampled))
+    return out
+
+
+def compare(texts):
+    """Per speculative configuration: how many greedy texts equal the no-speculation server's."""
+    cmp = {}
+    for name in texts:
+        if name.startswith("none") or "/" in name:
+            continue
+        a, b = texts[name], texts["none"]
+        first_diff = [next((j for j, (x, y) in enumerate(zip(s, t)) if x != y), None) for s, t in zip(a, b)]
+        cmp[name] = dict(identical=sum(s == t for s, t in zip(a, b)), of=len(b),
+                         first_diff_char=[d for d in first_diff if d is not None][:32])
+        for part in ("turn2", "beside_abort"):
+            if f"{name}/{part}" in texts and f"none/{part}" in texts:
+                cmp[name][f"{part}_identical"] = sum(s == t for s, t in zip(texts[f"{name}/{part}"],
+                                                                            texts[f"none/{part}"]))
+    return cmp
 
 
 def main():
@@ -77,10 +131,11 @@ def main():
                 r.update(seconds=round(time.time() - t1, 2), **accept_stats(outs))
                 r["tokens_per_s"] = r["completion_tokens"] / r["seconds"]
                 texts[name] = [o["text"] for o in outs]
-                turn2 = [P[i] + texts[name][i] + "\n# next\n" for i in range(min(8, len(P)))]
+                turn2 = [P[i] + "\n# next\n" + P[(i + 1) % len(P)][:200] for i in range(min(8, len(P)))]
                 outs2 = generate(url, turn2, 128)
                 r["turn2_cached_tokens"] = [o["meta_info"].get("cached_tokens", 0) for o in outs2]
                 texts[name + "/turn2"] = [o["text"] for o in outs2]
+                r.update(abort_and_sample(url, P, texts, name))
         except Exception as e:  # keep what was measured; the log says the rest
             r["error"] = repr(e)[:2000]
         r["memory_log"] = memory_lines(log)
@@ -88,18 +143,9 @@ def main():
         print(json.dumps({name: r})[:3000], flush=True)
         json.dump(res, open(args.out, "w"), indent=1)
     if "none" in texts:
-        cmp = {}
-        for name in texts:
-            if name.startswith("none") or "/" in name:
-                continue
-            a, b = texts[name], texts["none"]
-            first_diff = [next((j for j, (x, y) in enumerate(zip(s, t)) if x != y), None) for s, t in zip(a, b)]
-            cmp[name] = dict(identical=sum(s == t for s, t in zip(a, b)), of=len(b),
-                             first_diff_char=[d for d in first_diff if d is not None][:32])
-            if name + "/turn2" in texts:
-                cmp[name]["turn2_identical"] = sum(s == t for s, t in zip(texts[name + "/turn2"], texts["none/turn2"]))
-        res["greedy_vs_no_spec"] = cmp
-        print(json.dumps(cmp), flush=True)
+        res["greedy_vs_no_spec"] = compare(texts)
+        print(json.dumps(res["greedy_vs_no_spec"]), flush=True)
+    res["texts"] = texts
     json.dump(res, open(args.out, "w"), indent=1)
 
 

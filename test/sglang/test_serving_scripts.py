@@ -1,0 +1,62 @@
+"""The serving scripts' own logic (the servers run on the GPU machine), with fake HTTP calls."""
+import importlib.util
+import os
+import sys
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+
+
+def load(name):
+    sys.path.insert(0, os.path.join(ROOT, "benchmark", "serving"))
+    sys.path.insert(0, os.path.join(ROOT, "benchmark", "models"))
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmark", "serving", name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def out(text, n):
+    return {"text": text, "meta_info": {"completion_tokens": n, "spec_verify_ct": max(1, n // 3),
+                                        "finish_reason": {"type": "abort"}}}
+
+
+def test_compare_counts_identical_greedy_texts():
+    parity = load("parity")
+    texts = {"none": ["abc", "abd", "x"], "lumotree": ["abc", "abX", "x"], "none/turn2": ["t"],
+             "lumotree/turn2": ["t"], "none/beside_abort": ["a", "b"], "lumotree/beside_abort": ["a", "c"]}
+    cmp = parity.compare(texts)
+    assert cmp == {"lumotree": dict(identical=2, of=3, first_diff_char=[2], turn2_identical=1,
+                                    beside_abort_identical=1)}
+
+
+def test_abort_and_sample_flow(monkeypatch):
+    parity = load("parity")
+    calls = []
+
+    def fake_post(url, payload, timeout=600):
+        calls.append((url.rsplit("/", 1)[-1], payload.get("rid"), payload.get("sampling_params", {})))
+        if url.endswith("/abort_request"):
+            return {}
+        if isinstance(payload["text"], list):
+            return [out(t[:3], payload["sampling_params"]["max_new_tokens"]) for t in payload["text"]]
+        return out("long", 17)
+
+    monkeypatch.setattr(parity, "post", fake_post)
+    monkeypatch.setattr(parity, "generate", lambda url, P, n: [out(p[:2], n) for p in P])
+    texts = {}
+    r = parity.abort_and_sample("http://x", [f"p{i}" for i in range(16)], texts, "lumotree")
+    assert r["aborted"]["completion_tokens"] == 17 and r["aborted"]["finish_reason"] == {"type": "abort"}
+    assert texts["lumotree/beside_abort"] == ["p8", "p9", "p1", "p1"]
+    assert r["sampled"]["completed"] == 8 and r["sampled"]["of"] == 8
+    assert ("abort_request", "lumotree-abort-me", {}) in calls
+    assert any(c[2].get("temperature") == 0.8 for c in calls)
+
+
+def test_memory_lines(tmp_path):
+    parity = load("parity")
+    log = tmp_path / "s.log"
+    log.write_text("x\n[t] Mamba Cache is allocated. max_mamba_cache_size: 5, ssm_state size: 1GB "
+                   "intermediate_ssm_state_cache size: 0.05GB\n")
+    lines = parity.memory_lines(str(log))
+    assert "intermediate_ssm_state_cache size: 0.05GB" in lines
+    assert parity.memory_lines(str(tmp_path / "missing.log")) == []

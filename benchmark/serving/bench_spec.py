@@ -1,0 +1,141 @@
+"""Serving benchmark: no speculation, NEXTN chain, NEXTN tree (topk 2 / 4) and LUMOTREE at the same
+tree shapes, batch 1-64, one Qwen3.5-shaped model (GPU machine).
+
+    python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-8l --out benchmark/results/bench_spec_h200.json
+
+The model is a Qwen3.5-27B-shaped hybrid cut to a few layers (GDN Hk=16, Hv=48, K=V=128; gated
+attention every 4th layer; one MTP layer) with dummy weights (``--load-format dummy``), or any
+checkpoint given with ``--model`` (e.g. benchmark/models/tiny-hybrid, which accepts for real). For
+each server configuration and batch size it sends ``batch`` requests of ``--input-len`` random
+token ids at once (greedy, ``--output-len`` tokens, ``ignore_eos``) and records tokens/s, the mean
+time per verify step (decode step without speculation), the accept length, and the speculative
+memory SGLang logs at start-up.
+
+Dummy weights accept almost nothing, so with a dummy model the spec rows measure the cost of a
+verify step at acceptance ~1, not end-to-end speedups. The issue's controlled-acceptance mode (a
+benchmark-only drafter that plants the target's greedy continuation on one branch) is not built yet.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from parity import memory_lines  # noqa: E402
+from sglang_server import accept_stats, generate, sglang_server  # noqa: E402
+
+SHAPES = {  # Qwen3.5-27B's per-layer shapes, fewer layers (dummy weights)
+    "qwen3.5-27b-8l": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=8, num_attention_heads=24,
+                           num_key_value_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=48,
+                           linear_key_head_dim=128, linear_value_head_dim=128),
+    "qwen3-next-80b-shape-8l": dict(hidden_size=2048, intermediate_size=5120, num_hidden_layers=8,
+                                    num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                                    linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                                    linear_value_head_dim=128),
+}
+
+
+def spec(algo, steps, topk, n):
+    return ["--speculative-algorithm", algo, "--speculative-num-steps", str(steps), "--speculative-eagle-topk",
+            str(topk), "--speculative-num-draft-tokens", str(n)]
+
+
+CONFIGS = {
+    "none": [],
+    "nextn-chain": spec("NEXTN", 3, 1, 4),
+    "nextn-topk2": spec("NEXTN", 3, 2, 6),
+    "lumotree-topk2": spec("LUMOTREE", 3, 2, 6),
+    "nextn-topk4": spec("NEXTN", 3, 4, 8),
+    "lumotree-topk4": spec("LUMOTREE", 3, 4, 8),
+}
+
+
+def write_config(out, shape):
+    """A dummy-weight Qwen3.5 text checkpoint directory (config only) of the given shape."""
+    os.makedirs(out, exist_ok=True)
+    c = dict(SHAPES[shape])
+    L = c["num_hidden_layers"]
+    c.update(architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", vocab_size=151936, hidden_act="silu",
+             max_position_embeddings=32768, rms_norm_eps=1e-6, attn_output_gate=True, attention_bias=False,
+             attention_dropout=0.0, tie_word_embeddings=False, full_attention_interval=4, linear_conv_kernel_dim=4,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                              "mrope_interleaved": True, "mrope_section": [11, 11, 10]},
+             layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(L)],
+             mtp_num_hidden_layers=1, num_nextn_predict_layers=1, torch_dtype="bfloat16",
+             bos_token_id=151643, eos_token_id=151645, use_cache=True)
+    json.dump(c, open(os.path.join(out, "config.json"), "w"), indent=1)
+    json.dump({"bos_token_id": 151643, "eos_token_id": 151645}, open(os.path.join(out, "generation_config.json"), "w"))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="qwen3.5-27b-8l", choices=sorted(SHAPES))
+    ap.add_argument("--model", default=None, help="a real checkpoint instead of the dummy shape")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--batches", default="1,8,32,64")
+    ap.add_argument("--input-len", type=int, default=256)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--log-dir", default=".")
+    ap.add_argument("--server-timeout", type=int, default=400)
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    if args.model:
+        model, extra = args.model, []
+    else:
+        model = write_config(os.path.join(args.log_dir, "dummy-" + args.shape), args.shape)
+        extra = ["--load-format", "dummy", "--skip-tokenizer-init"]
+    base = ["--attention-backend", "triton", "--disable-piecewise-cuda-graph", "--cuda-graph-max-bs", str(max(batches)),
+            "--max-running-requests", str(max(batches)), "--mem-fraction-static", "0.7", "--log-level", "info"]
+    rng = random.Random(0)
+    prompts = [[rng.randrange(1000, 100000) for _ in range(args.input_len)] for _ in range(max(batches))]
+    res = dict(command="python3 " + " ".join(sys.argv), model=model, shape=None if args.model else SHAPES[args.shape],
+               input_len=args.input_len, output_len=args.output_len, rows=[], servers={})
+    for name in args.configs.split(","):
+        log = os.path.join(args.log_dir, f"bench-{name}.log")
+        t0 = time.time()
+        srv = dict(args=CONFIGS[name])
+        try:
+            with sglang_server(model, CONFIGS[name] + extra, log=log, timeout=args.server_timeout,
+                               base_args=base) as url:
+                srv["ready_s"] = round(time.time() - t0, 1)
+                key = "text" if args.model else "input_ids"
+                generate(url, [prompts[0]] if not args.model else ["def f(x):"], 16, key=key)  # warm-up
+                for bs in batches:
+                    batch = prompts[:bs] if not args.model else [f"# request {i}\ndef f{i}(x):" for i in range(bs)]
+                    t1 = time.time()
+                    outs = generate(url, batch, args.output_len, key=key)
+                    wall = time.time() - t1
+                    st = accept_stats(outs)
+                    steps = (st["verify_steps"] / bs) if st["verify_steps"] else args.output_len
+                    row = dict(config=name, batch=bs, seconds=round(wall, 3), tokens_per_s=st["completion_tokens"] / wall,
+                               step_ms=1000 * wall / steps, accept_length=st["accept_length"])
+                    res["rows"].append(row)
+                    print(json.dumps(row), flush=True)
+                    json.dump(res, open(args.out, "w"), indent=1)
+        except Exception as e:
+            srv["error"] = repr(e)[:2000]
+        srv["memory_log"] = memory_lines(log)
+        res["servers"][name] = srv
+        print(json.dumps({name: srv})[:2000], flush=True)
+        json.dump(res, open(args.out, "w"), indent=1)
+    print(table(res["rows"]))
+
+
+def table(rows):
+    out = ["| config | batch | tokens/s | ms per step | accept length |", "|---|---|---|---|---|"]
+    for r in rows:
+        acc = f"{r['accept_length']:.2f}" if r["accept_length"] else "–"
+        out.append(f"| {r['config']} | {r['batch']} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {acc} |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()

@@ -38,6 +38,9 @@ def test_register_is_idempotent_and_eagle_like():
     algo = SpeculativeAlgorithm.from_string("lumotree")
     assert algo.is_eagle() and algo.need_topk() and algo.is_speculative() and not algo.is_ngram()
     assert algo.supports_overlap and algo.validate_server_args is plugin.validate_server_args
+    suffix = SpeculativeAlgorithm.from_string("LUMOTREE_SUFFIX")
+    assert suffix.is_ngram() and not suffix.is_eagle() and not suffix.has_draft_kv()
+    assert suffix.validate_server_args is plugin.validate_suffix_server_args
 
 
 def test_model_checks():
@@ -49,8 +52,9 @@ def test_model_checks():
         check_model_config(cfg(model_type="llama", architectures=["LlamaForCausalLM"], layer_types=None))
     with pytest.raises(ValueError, match=r"layer types \['mamba'\] \(layers \[1\]\)"):
         check_model_config(cfg(layer_types=["linear_attention", "mamba", "full_attention"]))
-    with pytest.raises(ValueError, match="has none"):
+    with pytest.raises(ValueError, match="has none.*LUMOTREE_SUFFIX drafts without one"):
         check_model_config(cfg(mtp_num_hidden_layers=0))
+    check_model_config(cfg(mtp_num_hidden_layers=0), require_mtp=False, algorithm="LUMOTREE_SUFFIX")
     with pytest.raises(ValueError, match="not a Qwen3.5 / Qwen3-Next"):
         check_model_config(cfg(model_type="jet_nemotron"))
     vl = SimpleNamespace(text_config=cfg(), architectures=["Qwen3_5ForConditionalGeneration"])
@@ -76,7 +80,8 @@ from sglang.srt.server_args import prepare_server_args
 base = ["--model-path", sys.argv[1], "--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3",
         "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6", "--device", "cpu"]
 for extra in ([], ["--speculative-num-draft-tokens", "100"], ["--mamba-ssm-dtype", "bfloat16"],
-              ["--speculative-draft-model-path", sys.argv[2]], ["--model-path", sys.argv[2]]):
+              ["--speculative-draft-model-path", sys.argv[2]], ["--model-path", sys.argv[2]],
+              ["--speculative-algorithm", "LUMOTREE_SUFFIX"]):
     try:
         prepare_server_args(base + extra)
         print("RESULT ok")
@@ -98,7 +103,7 @@ def parsed(tmp_path_factory):
     out = subprocess.run([sys.executable, "-c", ARGS_SCRIPT, CKPT, str(llama)], capture_output=True, text=True,
                          timeout=600, cwd=ROOT)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert len(lines) == 5, out.stdout[-2000:] + out.stderr[-4000:]
+    assert len(lines) == 6, out.stdout[-2000:] + out.stderr[-4000:]
     return lines
 
 
@@ -109,6 +114,7 @@ def test_cli_flags_parse_and_validate(parsed):
     assert "keeps the GDN state in fp32" in parsed[2]
     assert "--speculative-draft-model-path" in parsed[3] and "not supported" in parsed[3]
     assert "no 'linear_attention' layers" in parsed[4] and "LlamaForCausalLM" in parsed[4]
+    assert "LUMOTREE_SUFFIX runs its GDN kernels on CUDA" in parsed[5]
 
 
 def test_hook_registers_backend_classes():

@@ -12,6 +12,9 @@ process):
   processes), the backend classes are installed through SGLang's ``HookRegistry``
   (:mod:`lumotree.sglang.patches.gdn_backend_classes`). Other launches are untouched.
 
+``LUMOTREE_SUFFIX`` (:mod:`lumotree.sglang.suffix`) is the model-free variant: SGLang's NGRAM loop
+with LumoTree's suffix-tree drafter, for agent workloads and for models without an MTP layer.
+
 Validation (:func:`validate_server_args`) fails at argument parsing, before any weights load:
 non-hybrid models, unsupported layer types (named), a model without an MTP layer, and flags
 LUMOTREE cannot honour.
@@ -24,6 +27,7 @@ import os
 logger = logging.getLogger(__name__)
 
 ALGORITHM = "LUMOTREE"
+SUFFIX_ALGORITHM = "LUMOTREE_SUFFIX"  # model-free suffix drafting, no MTP head needed
 ENV_ACTIVE = "LUMOTREE_SGLANG_ACTIVE"
 GDN_LAYER_TYPES = {"linear_attention"}
 SUPPORTED_LAYER_TYPES = {"linear_attention", "full_attention", "attention"}  # SGLang names full attention "attention"
@@ -37,7 +41,8 @@ def _text_config(cfg):
     return getattr(cfg, "text_config", None) or cfg
 
 
-def check_model_config(hf_config, model_path: str = "the model") -> None:
+def check_model_config(hf_config, model_path: str = "the model", require_mtp: bool = True,
+                       algorithm: str = ALGORITHM) -> None:
     """Raise ``ValueError`` unless ``hf_config`` is a hybrid GDN model LUMOTREE can serve."""
     cfg = _text_config(hf_config)
     mtype = getattr(cfg, "model_type", None)
@@ -47,53 +52,56 @@ def check_model_config(hf_config, model_path: str = "the model") -> None:
     types = list(getattr(cfg, "layers_block_type", None) or getattr(cfg, "layer_types", None) or [])
     if not any(t in GDN_LAYER_TYPES for t in types):
         raise ValueError(
-            f"--speculative-algorithm {ALGORITHM} serves hybrid Gated DeltaNet models (Qwen3.5, Qwen3-Next); "
+            f"--speculative-algorithm {algorithm} serves hybrid Gated DeltaNet models (Qwen3.5, Qwen3-Next); "
             f"{model_path} is {archs[0]} (model_type={mtype!r}) with no 'linear_attention' layers. "
             f"Use NEXTN/EAGLE for this model.")
     bad = sorted(set(types) - SUPPORTED_LAYER_TYPES)
     if bad:
         where = [i for i, t in enumerate(types) if t in bad]
         raise ValueError(
-            f"--speculative-algorithm {ALGORITHM}: {model_path} has layer types {bad} (layers {where[:8]}"
+            f"--speculative-algorithm {algorithm}: {model_path} has layer types {bad} (layers {where[:8]}"
             f"{'...' if len(where) > 8 else ''}); LumoTree's backend serves only 'linear_attention' "
             f"(Gated DeltaNet) and 'full_attention' layers.")
     if mtype not in HYBRID_MODEL_TYPES:
-        raise ValueError(f"--speculative-algorithm {ALGORITHM}: model_type {mtype!r} is not a Qwen3.5 / Qwen3-Next "
+        raise ValueError(f"--speculative-algorithm {algorithm}: model_type {mtype!r} is not a Qwen3.5 / Qwen3-Next "
                          f"hybrid ({sorted(HYBRID_MODEL_TYPES)}); its GDN layers may differ.")
     mtp = getattr(cfg, "mtp_num_hidden_layers", None) or getattr(cfg, "num_nextn_predict_layers", None) or 0
-    if mtp < 1:
+    if require_mtp and mtp < 1:
         raise ValueError(
-            f"--speculative-algorithm {ALGORITHM} drafts with the model's own MTP layer, and {model_path} has none "
-            f"(mtp_num_hidden_layers / num_nextn_predict_layers unset or 0).")
+            f"--speculative-algorithm {algorithm} drafts with the model's own MTP layer, and {model_path} has none "
+            f"(mtp_num_hidden_layers / num_nextn_predict_layers unset or 0); --speculative-algorithm "
+            f"{SUFFIX_ALGORITHM} drafts without one.")
 
 
-def validate_server_args(server_args) -> None:
+def validate_server_args(server_args, algorithm: str = ALGORITHM) -> None:
     """Early, clear errors. Runs inside ``ServerArgs.__post_init__`` (before weights load)."""
     sa = server_args
     if sa.speculative_draft_model_path not in (None, sa.model_path):
-        raise ValueError(f"--speculative-algorithm {ALGORITHM} drafts with the target's own MTP layer; "
+        source = "the target's own MTP layer" if algorithm == ALGORITHM else "suffix tries"
+        raise ValueError(f"--speculative-algorithm {algorithm} drafts with {source}; "
                          f"--speculative-draft-model-path ({sa.speculative_draft_model_path}) is not supported.")
-    check_model_config(sa.get_model_config().hf_config, sa.model_path)
+    check_model_config(sa.get_model_config().hf_config, sa.model_path, require_mtp=algorithm == ALGORITHM,
+                       algorithm=algorithm)
     if getattr(sa, "enable_linear_replayssm", False):
-        raise ValueError(f"--speculative-algorithm {ALGORITHM} is incompatible with --enable-linear-replayssm "
+        raise ValueError(f"--speculative-algorithm {algorithm} is incompatible with --enable-linear-replayssm "
                          "(the decode ring owns the same state storage with another protocol).")
     if getattr(sa, "speculative_adaptive", False):
-        raise ValueError(f"--speculative-algorithm {ALGORITHM} does not support --speculative-adaptive yet.")
+        raise ValueError(f"--speculative-algorithm {algorithm} does not support --speculative-adaptive yet.")
     if getattr(sa, "disaggregation_mode", "null") not in (None, "null"):
-        raise ValueError(f"--speculative-algorithm {ALGORITHM} does not support PD disaggregation "
+        raise ValueError(f"--speculative-algorithm {algorithm} does not support PD disaggregation "
                          f"(--disaggregation-mode {sa.disaggregation_mode}).")
     if getattr(sa, "pp_size", 1) != 1:
-        raise ValueError(f"--speculative-algorithm {ALGORITHM} does not support pipeline parallelism (--pp-size).")
+        raise ValueError(f"--speculative-algorithm {algorithm} does not support pipeline parallelism (--pp-size).")
     n = sa.speculative_num_draft_tokens
     if n is not None and n > MAX_DRAFT_TOKENS:
         raise ValueError(f"--speculative-num-draft-tokens {n}: LUMOTREE verifies trees of at most "
                          f"{MAX_DRAFT_TOKENS} nodes per request.")
     dtype = getattr(sa, "mamba_ssm_dtype", None)
     if dtype not in (None, "float32"):
-        raise ValueError(f"--speculative-algorithm {ALGORITHM} keeps the GDN state in fp32 "
+        raise ValueError(f"--speculative-algorithm {algorithm} keeps the GDN state in fp32 "
                          f"(got --mamba-ssm-dtype {dtype}).")
     if sa.device not in ("cuda", None):
-        raise ValueError(f"--speculative-algorithm {ALGORITHM} runs its GDN kernels on CUDA (got --device {sa.device}).")
+        raise ValueError(f"--speculative-algorithm {algorithm} runs its GDN kernels on CUDA (got --device {sa.device}).")
 
 
 def configure_server_args(server_args) -> None:
@@ -159,6 +167,49 @@ def _spec_class():
     return LumoTreeSpecAlgo
 
 
+def validate_suffix_server_args(server_args) -> None:
+    validate_server_args(server_args, SUFFIX_ALGORITHM)
+
+
+def _suffix_worker_factory(server_args):
+    from lumotree.sglang.suffix import worker_class
+
+    return worker_class()
+
+
+def _suffix_spec_class():
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+    class LumoTreeSuffixSpecAlgo(CustomSpecAlgo):
+        """Behaves as NGRAM in SGLang's scheduler (draft-free loop, host drafting); the drafts come
+        from LumoTree's suffix tries and the GDN state path is LumoTree's."""
+
+        def is_ngram(self) -> bool:
+            return True
+
+        def has_draft_kv(self) -> bool:
+            return False
+
+        def __getattr__(self, name):
+            from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return getattr(SpeculativeAlgorithm.NGRAM, name)
+
+        def handle_server_args(self, server_args) -> None:
+            from sglang.srt.arg_groups.speculative_hook import _handle_ngram
+
+            from lumotree.sglang.suffix import DEFAULT_CONTEXT
+
+            if server_args.speculative_ngram_max_trie_depth == 18:  # SGLang's default: too short a context
+                server_args.speculative_ngram_max_trie_depth = DEFAULT_CONTEXT
+            _handle_ngram(server_args)
+            configure_server_args(server_args)
+
+    return LumoTreeSuffixSpecAlgo
+
+
 def register() -> None:
     """Entry point. Idempotent."""
     global _registered
@@ -170,6 +221,10 @@ def register() -> None:
     if get_spec(ALGORITHM) is None:
         SpeculativeAlgorithm.register(ALGORITHM, supports_overlap=True, validate_server_args=validate_server_args,
                                       spec_class=_spec_class())(_worker_factory)
+    if get_spec(SUFFIX_ALGORITHM) is None:
+        SpeculativeAlgorithm.register(SUFFIX_ALGORITHM, supports_overlap=True,
+                                      validate_server_args=validate_suffix_server_args,
+                                      spec_class=_suffix_spec_class())(_suffix_worker_factory)
     if os.environ.get(ENV_ACTIVE) == "1":
         from lumotree.sglang.patches import gdn_backend_classes
 

@@ -37,6 +37,7 @@ CONFIGS = {
     "lumotree": ["--speculative-algorithm", "LUMOTREE", *TREE],
     "none": [],
     "nextn-tree": ["--speculative-algorithm", "NEXTN", *TREE],
+    "lumotree-suffix": ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-num-draft-tokens", "8"],
 }
 MEM_PATTERNS = [r"intermediate_ssm_state_cache size: [^\s]+", r"intermediate_conv_window_cache size: [^\s]+",
                 r"LumoTree GDN backend: .*", r"Mamba Cache is allocated.*", r"ReplaySSM.*ring.*"]

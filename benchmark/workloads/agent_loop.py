@@ -1,0 +1,109 @@
+"""A real (tiny) coding-agent loop over the server's OpenAI API (GPU machine).
+
+    python3 benchmark/workloads/agent_loop.py --model benchmark/models/tiny-hybrid \\
+        --configs none,lumotree,lumotree-suffix --out benchmark/results/agent_loop_h200.json
+
+The agent talks to ``/v1/chat/completions`` with the ``openai`` client (temperature 0). Its system
+prompt documents three tools over this machine's Python standard library: ``cat PATH`` (the first
+60 lines of a file), ``grep WORD PATH`` (matching lines) and ``submit``. Each reply's first line
+is parsed as a command; the tool output (or an error) is sent back as the next user message; a
+session ends on ``submit`` or after ``--turns`` turns. With temperature 0 the transcripts of the
+servers with and without speculation are compared.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import sysconfig
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "serving"))
+
+from parity import CONFIGS  # noqa: E402
+from sglang_server import sglang_server  # noqa: E402
+
+SYSTEM = ("You are a coding agent working in the Python standard library ({root}). Reply with exactly one "
+          "command on the first line:\n  cat PATH        show the first 60 lines of a file\n"
+          "  grep WORD PATH  show the lines of a file containing WORD\n  submit          finish\n")
+TASKS = ["Find where textwrap.dedent is defined and explain what it does.",
+         "Which function in shlex splits a command line? Show its signature.",
+         "How does copy.deepcopy handle recursive structures?",
+         "Find the default indent of json.dumps.",
+         "What does functools.lru_cache use as a cache key?"]
+
+
+def tool(command: str, root: str) -> str:
+    parts = command.strip().split()
+    if not parts:
+        return "error: empty command"
+    if parts[0] == "submit":
+        return "SUBMIT"
+    if parts[0] not in ("cat", "grep") or len(parts) < 2:
+        return f"error: unknown command {parts[0]!r}; use cat, grep or submit"
+    path = os.path.normpath(os.path.join(root, parts[-1]))
+    if not path.startswith(root) or not os.path.isfile(path):
+        return f"error: no such file {parts[-1]!r}"
+    lines = open(path, encoding="utf-8", errors="replace").read().splitlines()
+    if parts[0] == "cat":
+        return "\n".join(lines[:60])
+    if len(parts) < 3:
+        return "error: grep needs WORD PATH"
+    return "\n".join(f"{i + 1}: {ln}" for i, ln in enumerate(lines) if parts[1] in ln)[:4000] or "(no match)"
+
+
+def run_session(client, task: str, turns: int, max_tokens: int, root: str):
+    msgs = [{"role": "system", "content": SYSTEM.format(root=root)}, {"role": "user", "content": task}]
+    stats = []
+    for _ in range(turns):
+        r = client.chat.completions.create(model="default", messages=msgs, temperature=0, max_tokens=max_tokens)
+        reply = r.choices[0].message.content or ""
+        msgs.append({"role": "assistant", "content": reply})
+        stats.append(dict(prompt_tokens=r.usage.prompt_tokens, completion_tokens=r.usage.completion_tokens))
+        out = tool(reply.splitlines()[0] if reply.strip() else "", root)
+        if out == "SUBMIT":
+            break
+        msgs.append({"role": "user", "content": out})
+    return msgs, stats
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--configs", default="none,lumotree,lumotree-suffix")
+    ap.add_argument("--turns", type=int, default=6)
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--log-dir", default=".")
+    args = ap.parse_args()
+    import openai
+
+    root = sysconfig.get_paths()["stdlib"]
+    res = dict(command="python3 " + " ".join(sys.argv), model=args.model, runs={})
+    for name in args.configs.split(","):
+        r = {}
+        try:
+            with sglang_server(args.model, CONFIGS[name], log=os.path.join(args.log_dir, f"agent-{name}.log"),
+                               timeout=300) as url:
+                client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+                r["sessions"] = []
+                for t in TASKS:
+                    msgs, stats = run_session(client, t, args.turns, args.max_tokens, root)
+                    r["sessions"].append(dict(task=t, messages=msgs, stats=stats))
+        except Exception as e:
+            r["error"] = repr(e)[:2000]
+        res["runs"][name] = r
+        print(json.dumps({name: dict(error=r.get("error"), sessions=len(r.get("sessions", [])))}), flush=True)
+        json.dump(res, open(args.out, "w"), indent=1)
+    base = res["runs"].get("none", {}).get("sessions")
+    if base:
+        res["transcripts_identical_to_no_spec"] = {
+            name: sum(a["messages"] == b["messages"] for a, b in zip(r["sessions"], base))
+            for name, r in res["runs"].items() if name != "none" and r.get("sessions")}
+        print(json.dumps(res["transcripts_identical_to_no_spec"]))
+    json.dump(res, open(args.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

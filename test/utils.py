@@ -43,3 +43,20 @@ def forests(draw, max_n=64, max_b=3):
         rows.append(p + [-1] * (N - n))
         nums.append(n)
     return torch.tensor(rows), torch.tensor(nums)
+
+
+def load_script(folder, name):
+    """Import ``benchmark/<folder>/<name>.py`` (the benchmark scripts are not a package)."""
+    import importlib.util
+    import os
+    import sys
+
+    root = os.path.join(os.path.dirname(__file__), "..", "benchmark")
+    for sub in ("serving", "models", folder):
+        path = os.path.join(root, sub)
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    spec = importlib.util.spec_from_file_location(name, os.path.join(root, folder, name + ".py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

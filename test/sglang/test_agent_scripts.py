@@ -1,20 +1,11 @@
 """The agent replay / agent loop scripts' own logic (servers run on the GPU machine)."""
-import importlib.util
-import os
-import sys
 import sysconfig
 from types import SimpleNamespace
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-
+from utils import load_script
 
 def load(name):
-    sys.path.insert(0, os.path.join(ROOT, "benchmark", "serving"))
-    sys.path.insert(0, os.path.join(ROOT, "benchmark", "models"))
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmark", "workloads", name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("workloads", name)
 
 
 def test_replay_turns_and_summary():

@@ -1,18 +1,9 @@
 """The serving scripts' own logic (the servers run on the GPU machine), with fake HTTP calls."""
-import importlib.util
-import os
-import sys
-
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+from utils import load_script
 
 
 def load(name):
-    sys.path.insert(0, os.path.join(ROOT, "benchmark", "serving"))
-    sys.path.insert(0, os.path.join(ROOT, "benchmark", "models"))
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "benchmark", "serving", name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("serving", name)
 
 
 def out(text, n):

@@ -31,7 +31,8 @@ def test_batch_get_format_and_copy_continuation():
     toks, mask = c.batch_get(["a", "b"], [ctx_a, ctx_b], [10, 5])
     assert toks.shape == (12,) and mask.shape == (72,) and mask.dtype == bool
     ta, ma = toks[:6].tolist(), mask[:36].reshape(6, 6)
-    tb, mb = toks[6:].tolist(), mask[36:].reshape(6, 6)
+    tb = toks[6:].tolist()
+    assert parents_from_mask(mask[36:].reshape(6, 6))[1] == 0
     assert ta[0] == 2 and tb[0] == 8  # the root is the last context token
     pa = parents_from_mask(ma)
     TreeDescriptor.from_parents(torch.tensor([pa]))  # a valid tree in SGLang's reading

@@ -47,6 +47,16 @@ def _gdn_gate(p_g, p_beta, p_alog, p_dtb, FUSED_GATING: tl.constexpr, mask):
 
 
 @triton.jit
+def _delta_rule_step(b_h, b_k, b_v, b_g, b_beta, USE_QK_L2NORM: tl.constexpr):
+    """One gated delta rule update of a `[BV, K]` fp32 state tile by one token (the replay's step)."""
+    if USE_QK_L2NORM:
+        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
+    b_h *= tl.exp(b_g)
+    b_u = (b_v - tl.sum(b_h * b_k[None, :], 1)) * b_beta
+    return b_h + b_u[:, None] * b_k[None, :]
+
+
+@triton.jit
 def gdn_tree_chunk_verify_fwd_kernel(
     q, k, v, g, beta, A_log, dt_bias, o, vnew, state, state_indices, anc_mask, num_nodes,
     ring_k, ring_v, ring_g, ring_beta, stride_rk, stride_rv, stride_rg,
@@ -232,11 +242,7 @@ def gdn_tree_commit_fwd_kernel(
             b_v = tl.load(v + (tok * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
             b_g, b_beta = _gdn_gate(g + tok * HV + i_hv, beta + tok * HV + i_hv, A_log + i_hv, dt_bias + i_hv,
                                     FUSED_GATING, True)
-            if USE_QK_L2NORM:
-                b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
-            b_h *= tl.exp(b_g)
-            b_u = (b_v - tl.sum(b_h * b_k[None, :], 1)) * b_beta
-            b_h += b_u[:, None] * b_k[None, :]
+            b_h = _delta_rule_step(b_h, b_k, b_v, b_g, b_beta, USE_QK_L2NORM)
             if HAS_TRACK:
                 if (t_row >= 0) & (t_len == j + 1):
                     tl.store(state + t_row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
@@ -302,11 +308,7 @@ def gdn_tree_commit_layers_fwd_kernel(
                           other=0.0).to(tl.float32)
             b_g = tl.load(g + i_l * stride_gl + row * stride_gs + i * HV + i_hv).to(tl.float32)
             b_beta = tl.load(beta + i_l * stride_gl + row * stride_gs + i * HV + i_hv).to(tl.float32)
-            if USE_QK_L2NORM:
-                b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + 1e-6)
-            b_h *= tl.exp(b_g)
-            b_u = (b_v - tl.sum(b_h * b_k[None, :], 1)) * b_beta
-            b_h += b_u[:, None] * b_k[None, :]
+            b_h = _delta_rule_step(b_h, b_k, b_v, b_g, b_beta, USE_QK_L2NORM)
             if HAS_TRACK:
                 if j == t_pos:
                     tl.store(state + i_l * stride_sl + t_row * stride_ss + i_hv * V * K + o_v[:, None] * K

@@ -4,12 +4,16 @@ references. Checks the plumbing the GPU run cannot isolate: the per-slot buffers
 rows, padded rows (slot -1), the accepted path, the track snapshot. SGLang's own conv and
 conv-scatter kernels are replaced by stand-ins (they are SGLang's, tested there).
 
-Called by test_backend_emulation.py in a subprocess (TRITON_INTERPRET must be set before import)."""
+Called by test_backend_emulation.py in a subprocess (TRITON_INTERPRET must be set before import);
+with the argument ``cuda`` it runs the same on the GPU at Qwen3.5-27B GDN shapes (bf16 activations,
+16-node EAGLE trees): ``python3 test/sglang/backend_emulation.py cuda``."""
 import os
+import random
 import sys
 from types import SimpleNamespace
 
-assert os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = len(sys.argv) > 1 and sys.argv[1] == "cuda"
+assert CUDA or os.environ.get("TRITON_INTERPRET") == "1"
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import torch  # noqa: E402
@@ -24,16 +28,28 @@ from lumotree.tree import TreeDescriptor  # noqa: E402
 from utils import assert_close  # noqa: E402
 
 torch.manual_seed(0)
-B, N, Hk, Hv, K, V, LAYERS, SLOTS = 3, 6, 1, 2, 16, 16, 2, 5  # request 2 is cuda-graph padding (slot -1)
-# SGLang's parents (node 0's entry is 0): request 0: 0 -> {1, 2}, 1 -> 3, 2 -> 4, 3 -> 5; request 1: chain
-PARENTS = torch.tensor([[0, 0, 0, 1, 2, 3], [0, 0, 1, 2, 3, 4], [0, 0, 0, 0, 0, 0]], dtype=torch.int32)
-ROWS = torch.tensor([3, 1, -1], dtype=torch.int32)
+DEV = "cuda" if CUDA else "cpu"
+ACT = torch.bfloat16 if CUDA else torch.float32  # SGLang's activations are bf16 on the GPU
+if CUDA:  # Qwen3.5-27B GDN heads, 16-node EAGLE trees, 9 requests + 1 padded row, 3 layers
+    from lumotree import tree_shapes
+
+    B, N, Hk, Hv, K, V, LAYERS, SLOTS = 10, 16, 16, 48, 128, 128, 3, 12
+    rng = random.Random(0)
+    rows_ = [[max(p, 0) for p in tree_shapes.eagle(4, 4, N, rng)] for _ in range(B - 1)] + [[0] * N]
+    PARENTS = torch.tensor(rows_, dtype=torch.int32, device=DEV)
+    ROWS = torch.tensor(list(range(1, B)) + [-1], dtype=torch.int32, device=DEV)
+else:
+    B, N, Hk, Hv, K, V, LAYERS, SLOTS = 3, 6, 1, 2, 16, 16, 2, 5  # request 2 is cuda-graph padding (slot -1)
+    # SGLang's parents (node 0's entry is 0): request 0: 0 -> {1, 2}, 1 -> 3, 2 -> 4, 3 -> 5; request 1: chain
+    PARENTS = torch.tensor([[0, 0, 0, 1, 2, 3], [0, 0, 1, 2, 3, 4], [0, 0, 0, 0, 0, 0]], dtype=torch.int32)
+    ROWS = torch.tensor([3, 1, -1], dtype=torch.int32)
+REAL = B - 1  # requests that are not padding
 
 
 def fake_conv(x, conv_state, weight, bias, activation, *, retrieve_parent_token=None, **kw):
     if retrieve_parent_token is not None:
         retrieve_parent_token.copy_(PARENTS)
-    return x  # identity stand-in for SGLang's tree conv
+    return x  # identity stand-in for SGLang's tree conv (its parents output is what we need)
 
 
 def gating(A_log, a, b, dt_bias):  # SGLang's fused_gdn_gating, in torch: the reference
@@ -45,13 +61,15 @@ scattered = []
 sg_gdn.causal_conv1d_update = fake_conv
 sg_scatter.fused_conv_window_scatter_with_mask = lambda *a: scattered.append(a)
 
-temporal = torch.randn(LAYERS, SLOTS + 1, Hv, V, K) * 0.1
+temporal = torch.randn(LAYERS, SLOTS + 1, Hv, V, K, device=DEV) * 0.1
 start = temporal.clone()
 rings = SimpleNamespace(
-    replayssm_rawk=torch.zeros(LAYERS, SLOTS + 1, Hk, N, K), replayssm_rawv=torch.zeros(LAYERS, SLOTS + 1, Hv, N, V),
-    replayssm_g=torch.zeros(LAYERS, SLOTS + 1, Hv, N), replayssm_beta=torch.zeros(LAYERS, SLOTS + 1, Hv, N))
-conv = [torch.zeros(LAYERS, SLOTS + 1, 8, 3)]
-window = [torch.zeros(LAYERS, SLOTS + 1, N, 8, 3)]
+    replayssm_rawk=torch.zeros(LAYERS, SLOTS + 1, Hk, N, K, dtype=ACT, device=DEV),
+    replayssm_rawv=torch.zeros(LAYERS, SLOTS + 1, Hv, N, V, dtype=ACT, device=DEV),
+    replayssm_g=torch.zeros(LAYERS, SLOTS + 1, Hv, N, device=DEV),
+    replayssm_beta=torch.zeros(LAYERS, SLOTS + 1, Hv, N, device=DEV))
+conv = [torch.zeros(LAYERS, SLOTS + 1, 8, 3, device=DEV)]
+window = [torch.zeros(LAYERS, SLOTS + 1, N, 8, 3, device=DEV)]
 all_layers = SimpleNamespace(temporal=temporal, conv=conv, intermediate_conv_window=window, **vars(rings))
 
 
@@ -67,37 +85,49 @@ class Pool:
 be = LumoTreeGDNBackend.__new__(LumoTreeGDNBackend)
 be.lumotree, be.ring_len, be._first_gdn_layer, be._cur_tree = True, N, 1 << 30, None
 be.req_to_token_pool = Pool()
-be.verify_intermediate_state_indices = torch.arange(B)
-be.forward_metadata = SimpleNamespace(mamba_cache_indices=ROWS, retrieve_next_token=torch.zeros(B, N, dtype=torch.int32),
-                                      retrieve_next_sibling=torch.zeros(B, N, dtype=torch.int32),
-                                      retrieve_parent_token=torch.zeros(B, N, dtype=torch.int32))
+be.verify_intermediate_state_indices = torch.arange(B, device=DEV)
+zeros = lambda: torch.zeros(B, N, dtype=torch.int32, device=DEV)  # noqa: E731
+be.forward_metadata = SimpleNamespace(mamba_cache_indices=ROWS, retrieve_next_token=zeros(),
+                                      retrieve_next_sibling=zeros(), retrieve_parent_token=zeros())
 fb = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: True),
                      spec_info=SimpleNamespace(draft_token_num=N))
-tree = TreeDescriptor.from_parents(torch.where(torch.arange(N) == 0, -1, PARENTS.long()), validate=False)
+idx = torch.arange(N, device=DEV)
+tree = TreeDescriptor.from_parents(torch.where(idx == 0, -1, PARENTS.long()), validate=False)
+real_tree = TreeDescriptor(**{f: getattr(tree, f)[:REAL] for f in tree.__dataclass_fields__})
 inputs = []
 for li in range(LAYERS):
     layer = SimpleNamespace(layer_id=li, num_k_heads=Hk, head_k_dim=K, num_v_heads=Hv, head_v_dim=V, q_dim=Hk * K,
                             k_dim=Hk * K, v_dim=Hv * V, conv_weights=None, bias=None, activation="silu",
-                            A_log=torch.randn(Hv), dt_bias=torch.randn(Hv))
-    mixed = torch.randn(B * N, 2 * Hk * K + Hv * V)
-    a, b = torch.randn(B * N, Hv), torch.randn(B * N, Hv)
+                            A_log=torch.randn(Hv, device=DEV), dt_bias=torch.randn(Hv, device=DEV))
+    mixed = torch.randn(B * N, 2 * Hk * K + Hv * V, device=DEV).to(ACT)
+    a, b = torch.randn(B * N, Hv, device=DEV).to(ACT), torch.randn(B * N, Hv, device=DEV).to(ACT)
     o = be.forward_extend(layer, fb, mixed, a, b)
     q, k, v = torch.split(mixed, [Hk * K, Hk * K, Hv * V], -1)
     q, k, v = q.reshape(B, N, Hk, K), k.reshape(B, N, Hk, K), v.reshape(B, N, Hv, V)
     g, beta = (t[0].reshape(B, N, Hv) for t in gating(layer.A_log, a, b, layer.dt_bias))
-    ref = naive.gdn_tree_verify(q[:2], k[:2], v[:2], g[:2], beta[:2], start[li], TreeDescriptor(
-        **{f: getattr(tree, f)[:2] for f in tree.__dataclass_fields__}), use_qk_l2norm=True,
-        state_indices=ROWS[:2].long())
-    assert_close(f"layer {li} verify", ref, o.view(B, N, Hv, V)[:2], 1e-4)
+    ref = naive.gdn_tree_verify(q[:REAL], k[:REAL], v[:REAL], g[:REAL], beta[:REAL], start[li], real_tree,
+                                use_qk_l2norm=True, state_indices=ROWS[:REAL].long())
+    assert_close(f"layer {li} verify", ref, o.view(B, N, Hv, V)[:REAL], 5e-3 if CUDA else 1e-4)
     assert torch.equal(temporal[li], start[li]), "verify must not write the state"
-    assert torch.equal(rings.replayssm_rawk[li].view(-1, N, Hk, K)[3], k[0])  # slot 3 holds request 0
+    r0 = int(ROWS[0])
+    assert torch.equal(rings.replayssm_rawk[li].view(-1, N, Hk, K)[r0], k[0])  # request 0's slot holds its k
+    assert not rings.replayssm_rawk[li].view(-1, N, Hk, K)[SLOTS].any()  # the padded row wrote nothing
     inputs.append((k, v, g, beta))
 
-# SGLang accepted request 0 up to node 5 (path 0, 1, 3, 5) with a track snapshot after node 1 into
-# row 0, and request 1 up to node 2 (path 0, 1, 2), no track
-be.commit_after_verify(torch.tensor([5, 2]), torch.tensor([0, 2]), torch.tensor([1, -1]))
+# SGLang's acceptance: request b's last accepted node is the deepest node of its tree (request 0:
+# node 5, path 0, 1, 3, 5), with a prefix-cache snapshot after path position 1 of request 0 into row 0
+last = torch.tensor([N - 1] * REAL, device=DEV)
+if not CUDA:
+    last = torch.tensor([5, 2])
+paths = [real_tree.root_path(last)[b] for b in range(REAL)]
+paths = [[int(x) for x in p if x >= 0] for p in paths]
+track_rows = torch.full((REAL,), -1, dtype=torch.long, device=DEV)
+track_steps = torch.full((REAL,), -1, dtype=torch.long, device=DEV)
+track_rows[0], track_steps[0] = 0, paths[0][1]
+be.commit_after_verify(last, track_rows, track_steps)
 for li, (k, v, g, beta) in enumerate(inputs):
-    for b, (row, path) in enumerate([(3, [0, 1, 3, 5]), (1, [0, 1, 2])]):
+    for b in range(REAL):
+        row, path = int(ROWS[b]), paths[b]
         S = start[li, row].double()
         for j, i in enumerate(path):
             kk = k[b, i].double()
@@ -106,9 +136,12 @@ for li, (k, v, g, beta) in enumerate(inputs):
             u = (v[b, i].double() - torch.einsum("hvk,hk->hv", S, kk)) * beta[b, i].double()[:, None]
             S = S + u[:, :, None] * kk[:, None, :]
             if b == 0 and j == 1:
-                assert_close(f"layer {li} track row", S, temporal[li, 0], 1e-5)
-        assert_close(f"layer {li} request {b} committed", S, temporal[li, row], 1e-5)
-    for row in (2, 4):
-        assert torch.equal(temporal[li, row], start[li, row]), "untouched rows stay"
-assert len(scattered) == 2 and torch.equal(scattered[0][3], torch.tensor([5, 2]))  # conv windows: last step, track
-print("backend emulation == references")
+                assert_close(f"layer {li} track row", S, temporal[li, 0], 1e-4 if CUDA else 1e-5)
+        assert_close(f"layer {li} request {b} committed", S, temporal[li, row], 1e-4 if CUDA else 1e-5)
+    untouched = sorted(set(range(1, SLOTS + 1)) - {int(r) for r in ROWS[:REAL]})
+    for row in untouched:
+        assert torch.equal(temporal[li, row], start[li, row]), f"row {row} must stay untouched"
+assert len(scattered) == 2 and torch.equal(scattered[0][3], last)  # conv windows: last step, then track
+if not CUDA:
+    assert paths[0] == [0, 1, 3, 5] and paths[1] == [0, 1, 2]
+print("backend emulation == references", DEV)

@@ -12,4 +12,14 @@ def test_backend_verify_and_commit_plumbing_in_interpreter():
     script = os.path.join(os.path.dirname(__file__), "backend_emulation.py")
     out = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
-    assert "backend emulation == references" in out.stdout
+    assert "backend emulation == references cpu" in out.stdout
+
+
+@pytest.mark.gpu
+def test_backend_verify_and_commit_on_gpu_at_qwen35_shapes():
+    """The same flow on the GPU: Hk=16, Hv=48, K=V=128, bf16 activations, 16-node EAGLE trees."""
+    pytest.importorskip("sglang")
+    script = os.path.join(os.path.dirname(__file__), "backend_emulation.py")
+    out = subprocess.run([sys.executable, script, "cuda"], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    assert "backend emulation == references cuda" in out.stdout

@@ -81,7 +81,8 @@ base = ["--model-path", sys.argv[1], "--speculative-algorithm", "LUMOTREE", "--s
         "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6", "--device", "cpu"]
 for extra in ([], ["--speculative-num-draft-tokens", "100"], ["--mamba-ssm-dtype", "bfloat16"],
               ["--speculative-draft-model-path", sys.argv[2]], ["--model-path", sys.argv[2]],
-              ["--speculative-algorithm", "LUMOTREE_SUFFIX"]):
+              ["--speculative-algorithm", "LUMOTREE_SUFFIX"],
+              ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-ngram-max-bfs-breadth", "1"]):
     try:
         prepare_server_args(base + extra)
         print("RESULT ok")
@@ -103,7 +104,7 @@ def parsed(tmp_path_factory):
     out = subprocess.run([sys.executable, "-c", ARGS_SCRIPT, CKPT, str(llama)], capture_output=True, text=True,
                          timeout=600, cwd=ROOT)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert len(lines) == 6, out.stdout[-2000:] + out.stderr[-4000:]
+    assert len(lines) == 7, out.stdout[-2000:] + out.stderr[-4000:]
     return lines
 
 
@@ -115,6 +116,7 @@ def test_cli_flags_parse_and_validate(parsed):
     assert "--speculative-draft-model-path" in parsed[3] and "not supported" in parsed[3]
     assert "no 'linear_attention' layers" in parsed[4] and "LlamaForCausalLM" in parsed[4]
     assert "LUMOTREE_SUFFIX runs its GDN kernels on CUDA" in parsed[5]
+    assert "--speculative-ngram-max-bfs-breadth must be >= 2" in parsed[6]
 
 
 def test_hook_registers_backend_classes():

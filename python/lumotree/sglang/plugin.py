@@ -92,6 +92,11 @@ def validate_server_args(server_args, algorithm: str = ALGORITHM) -> None:
                          f"(--disaggregation-mode {sa.disaggregation_mode}).")
     if getattr(sa, "pp_size", 1) != 1:
         raise ValueError(f"--speculative-algorithm {algorithm} does not support pipeline parallelism (--pp-size).")
+    if algorithm == SUFFIX_ALGORITHM and getattr(sa, "speculative_ngram_max_bfs_breadth", 2) < 2:
+        # SGLang hands the GDN backend the tree links only when topk (= the BFS breadth) > 1, and
+        # the suffix drafter branches whatever the breadth
+        raise ValueError(f"--speculative-algorithm {algorithm} drafts trees: --speculative-ngram-max-bfs-breadth "
+                         f"must be >= 2 (got {sa.speculative_ngram_max_bfs_breadth}).")
     n = sa.speculative_num_draft_tokens
     if n is not None and n > MAX_DRAFT_TOKENS:
         raise ValueError(f"--speculative-num-draft-tokens {n}: LUMOTREE verifies trees of at most "

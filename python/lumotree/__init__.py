@@ -5,6 +5,10 @@ Environment variables:
     LUMOTREE_GDN_VERIFY  ``chunk`` (default: tensor-core tree-masked WY kernel) or ``walk``
                          (path walk with boundary states) for the GDN tree verify on CUDA.
     LUMOTREE_NO_EXTENSION  (build time) skip compiling the CUDA extension in csrc/.
+    LUMOTREE_DEMO_MODEL  checkpoint directory ``lumotree demo`` uses (default: the repository's
+                         benchmark/models/tiny-hybrid when present).
+    LUMOTREE_SGLANG_ACTIVE  (set by the plugin, not by users) ``1`` while a LUMOTREE /
+                         LUMOTREE_SUFFIX server starts: its scheduler processes install the backend.
 """
 __version__ = "0.1.0"
 

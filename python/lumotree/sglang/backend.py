@@ -122,8 +122,8 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         # raw k, v, g, beta kept per state slot for the replay commit (padded rows, slot -1, skipped)
         ring = (cache.replayssm_rawk.view(-1, L, Hk, K), cache.replayssm_rawv.view(-1, L, Hv, V),
                 cache.replayssm_g.view(-1, L, Hv), cache.replayssm_beta.view(-1, L, Hv))
-        o = gdn_tree_chunk_verify_fwd(q, k, v, cache.temporal, tree, A_log=layer.A_log, a=a.view(bs, n, Hv),
-                                      dt_bias=layer.dt_bias, b=b.view(bs, n, Hv), scale=K ** -0.5,
+        o = gdn_tree_chunk_verify_fwd(q, k, v, cache.temporal, tree, A_log=layer.A_log, a=a.reshape(bs, n, Hv),
+                                      dt_bias=layer.dt_bias, b=b.reshape(bs, n, Hv), scale=K ** -0.5,
                                       use_qk_l2norm=True, state_indices=rows, anc_mask=anc, BV=BV,
                                       num_warps=warps, precision=prec, ring=ring)
         return o.view(T, Hv, V)

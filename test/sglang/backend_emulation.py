@@ -12,7 +12,8 @@ import random
 import sys
 from types import SimpleNamespace
 
-CUDA = len(sys.argv) > 1 and sys.argv[1] == "cuda"
+CUDA = "cuda" in sys.argv[1:]
+CHAIN = "chain" in sys.argv[1:]  # topk 1: SGLang passes no tree links, the drafts are chains
 assert CUDA or os.environ.get("TRITON_INTERPRET") == "1"
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -44,6 +45,8 @@ else:
     PARENTS = torch.tensor([[0, 0, 0, 1, 2, 3], [0, 0, 1, 2, 3, 4], [0, 0, 0, 0, 0, 0]], dtype=torch.int32)
     ROWS = torch.tensor([3, 1, -1], dtype=torch.int32)
 REAL = B - 1  # requests that are not padding
+if CHAIN:
+    PARENTS = (torch.arange(N, device=DEV) - 1).clamp(min=0).int()[None].expand(B, N).contiguous()
 
 
 def fake_conv(x, conv_state, weight, bias, activation, *, retrieve_parent_token=None, **kw):
@@ -87,8 +90,9 @@ be.lumotree, be.ring_len, be._first_gdn_layer, be._cur_tree = True, N, 1 << 30, 
 be.req_to_token_pool = Pool()
 be.verify_intermediate_state_indices = torch.arange(B, device=DEV)
 zeros = lambda: torch.zeros(B, N, dtype=torch.int32, device=DEV)  # noqa: E731
-be.forward_metadata = SimpleNamespace(mamba_cache_indices=ROWS, retrieve_next_token=zeros(),
-                                      retrieve_next_sibling=zeros(), retrieve_parent_token=zeros())
+be.forward_metadata = SimpleNamespace(mamba_cache_indices=ROWS, retrieve_next_token=None if CHAIN else zeros(),
+                                      retrieve_next_sibling=None if CHAIN else zeros(),
+                                      retrieve_parent_token=None if CHAIN else zeros())
 fb = SimpleNamespace(forward_mode=SimpleNamespace(is_target_verify=lambda: True),
                      spec_info=SimpleNamespace(draft_token_num=N))
 idx = torch.arange(N, device=DEV)
@@ -143,5 +147,5 @@ for li, (k, v, g, beta) in enumerate(inputs):
         assert torch.equal(temporal[li, row], start[li, row]), f"row {row} must stay untouched"
 assert len(scattered) == 2 and torch.equal(scattered[0][3], last)  # conv windows: last step, then track
 if not CUDA:
-    assert paths[0] == [0, 1, 3, 5] and paths[1] == [0, 1, 2]
-print("backend emulation == references", DEV)
+    assert paths == ([[0, 1, 2, 3, 4, 5], [0, 1, 2]] if CHAIN else [[0, 1, 3, 5], [0, 1, 2]])
+print("backend emulation == references", DEV, "chain" if CHAIN else "tree")

@@ -5,14 +5,15 @@ import sys
 import pytest
 
 
-def test_backend_verify_and_commit_plumbing_in_interpreter():
+@pytest.mark.parametrize("shape", ["tree", "chain"])
+def test_backend_verify_and_commit_plumbing_in_interpreter(shape):
     """LumoTree's SGLang backend on fake pools, real Triton kernels interpreted (see the script)."""
     pytest.importorskip("sglang")
     env = dict(os.environ, TRITON_INTERPRET="1")
     script = os.path.join(os.path.dirname(__file__), "backend_emulation.py")
-    out = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=600)
+    out = subprocess.run([sys.executable, script, shape], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
-    assert "backend emulation == references cpu" in out.stdout
+    assert f"backend emulation == references cpu {shape}" in out.stdout
 
 
 @pytest.mark.gpu
@@ -22,4 +23,4 @@ def test_backend_verify_and_commit_on_gpu_at_qwen35_shapes():
     script = os.path.join(os.path.dirname(__file__), "backend_emulation.py")
     out = subprocess.run([sys.executable, script, "cuda"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
-    assert "backend emulation == references cuda" in out.stdout
+    assert "backend emulation == references cuda tree" in out.stdout

@@ -12,8 +12,12 @@ time per verify step (decode step without speculation), the accept length, and t
 memory SGLang logs at start-up.
 
 Dummy weights accept almost nothing, so with a dummy model the spec rows measure the cost of a
-verify step at acceptance ~1, not end-to-end speedups. The issue's controlled-acceptance mode (a
-benchmark-only drafter that plants the target's greedy continuation on one branch) is not built yet.
+verify step at acceptance ~1, not end-to-end speedups. ``--oracle-p P`` adds the clearly labelled
+controlled-acceptance mode (``lumotree.sglang.oracle``, benchmark only): configurations
+``ngram-oracle`` (SGLang's own hybrid path) and ``lumotree-oracle`` (LumoTree's) draft the same
+fixed trees whose first branch carries the target's recorded greedy continuation token by token with
+probability P; each batch is sent twice and the second pass is measured (the first records the
+continuation).
 """
 from __future__ import annotations
 
@@ -46,7 +50,11 @@ def spec(algo, steps, topk, n):
             str(topk), "--speculative-num-draft-tokens", str(n)]
 
 
+ORACLE_TREE = ["--speculative-num-steps", "3", "--speculative-ngram-max-bfs-breadth", "2",
+               "--speculative-num-draft-tokens", "6"]
 CONFIGS = {
+    "ngram-oracle": ["--speculative-algorithm", "NGRAM_ORACLE", *ORACLE_TREE],
+    "lumotree-oracle": ["--speculative-algorithm", "LUMOTREE_ORACLE", *ORACLE_TREE],
     "none": [],
     "nextn-chain": spec("NEXTN", 3, 1, 4),
     "nextn-topk2": spec("NEXTN", 3, 2, 6),
@@ -79,12 +87,13 @@ def main():
     ap.add_argument("--shape", default="qwen3.5-27b-8l", choices=sorted(SHAPES))
     ap.add_argument("--model", default=None, help="a real checkpoint instead of the dummy shape")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--configs", default="none,nextn-chain,nextn-topk2,lumotree-topk2,nextn-topk4,lumotree-topk4")
     ap.add_argument("--batches", default="1,8,32,64")
     ap.add_argument("--input-len", type=int, default=256)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--log-dir", default=".")
     ap.add_argument("--server-timeout", type=int, default=400)
+    ap.add_argument("--oracle-p", type=float, default=None, help="controlled acceptance (oracle configs)")
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     if args.model:
@@ -102,20 +111,27 @@ def main():
         log = os.path.join(args.log_dir, f"bench-{name}.log")
         t0 = time.time()
         srv = dict(args=CONFIGS[name])
+        oracle = name.endswith("-oracle")
+        if oracle and args.oracle_p is None:
+            raise SystemExit(f"{name} needs --oracle-p")
+        env = {"LUMOTREE_BENCH_ORACLE_P": str(args.oracle_p)} if oracle else None
         try:
             with sglang_server(model, CONFIGS[name] + extra, log=log, timeout=args.server_timeout,
-                               base_args=base) as url:
+                               base_args=base, env=env) as url:
                 srv["ready_s"] = round(time.time() - t0, 1)
                 key = "text" if args.model else "input_ids"
                 generate(url, [prompts[0]] if not args.model else ["def f(x):"], 16, key=key)  # warm-up
                 for bs in batches:
                     batch = prompts[:bs] if not args.model else [f"# request {i}\ndef f{i}(x):" for i in range(bs)]
+                    if oracle:  # first pass records the greedy continuation, the second is measured
+                        generate(url, batch, args.output_len, key=key)
                     t1 = time.time()
                     outs = generate(url, batch, args.output_len, key=key)
                     wall = time.time() - t1
                     st = accept_stats(outs)
                     steps = (st["verify_steps"] / bs) if st["verify_steps"] else args.output_len
-                    row = dict(config=name, batch=bs, seconds=round(wall, 3), tokens_per_s=st["completion_tokens"] / wall,
+                    row = dict(config=name, batch=bs, oracle_p=args.oracle_p if oracle else None, seconds=round(wall, 3),
+                               tokens_per_s=st["completion_tokens"] / wall,
                                step_ms=1000 * wall / steps, accept_length=st["accept_length"])
                     res["rows"].append(row)
                     print(json.dumps(row), flush=True)

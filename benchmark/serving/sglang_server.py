@@ -31,12 +31,13 @@ def get(url, timeout=5):
 
 
 @contextlib.contextmanager
-def sglang_server(model, extra_args=(), port=30000, log=None, timeout=300, base_args=BASE_ARGS):
+def sglang_server(model, extra_args=(), port=30000, log=None, timeout=300, base_args=BASE_ARGS, env=None):
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--port", str(port),
            "--host", "127.0.0.1", *base_args, *extra_args]
     out = open(log, "w") if log else subprocess.DEVNULL
     t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                            env=dict(os.environ, **env) if env else None)
     url = f"http://127.0.0.1:{port}"
     try:
         while True:

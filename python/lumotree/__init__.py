@@ -7,6 +7,8 @@ Environment variables:
     LUMOTREE_NO_EXTENSION  (build time) skip compiling the CUDA extension in csrc/.
     LUMOTREE_DEMO_MODEL  checkpoint directory ``lumotree demo`` uses (default: the repository's
                          benchmark/models/tiny-hybrid when present).
+    LUMOTREE_BENCH_ORACLE_P  benchmark only: registers the controlled-acceptance algorithms
+                         LUMOTREE_ORACLE / NGRAM_ORACLE with this per-token acceptance probability.
     LUMOTREE_SGLANG_ACTIVE  (set by the plugin, not by users) ``1`` while a LUMOTREE /
                          LUMOTREE_SUFFIX server starts: its scheduler processes install the backend.
 """

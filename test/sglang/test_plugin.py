@@ -158,3 +158,31 @@ def test_serve_cli_builds_the_launch_command():
     assert " ".join(cmd).endswith("--model-path M --speculative-algorithm LUMOTREE --speculative-num-steps 3 "
                                   "--speculative-eagle-topk 4 --speculative-num-draft-tokens 8 "
                                   "--attention-backend triton")
+
+
+ORACLE_SCRIPT = r"""
+import os
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+for name in ("LUMOTREE_ORACLE", "NGRAM_ORACLE"):
+    try:
+        a = SpeculativeAlgorithm.from_string(name)
+        print("RESULT", name, a.is_ngram(), a.validate_server_args is not None)
+    except ValueError:
+        print("RESULT", name, "absent")
+"""
+
+
+@pytest.mark.parametrize("p", [None, "0.7"])
+def test_oracle_algorithms_only_with_the_benchmark_variable(p):
+    env = {k: v for k, v in os.environ.items() if k != "LUMOTREE_BENCH_ORACLE_P"}
+    if p:
+        env["LUMOTREE_BENCH_ORACLE_P"] = p
+    out = subprocess.run([sys.executable, "-c", ORACLE_SCRIPT], capture_output=True, text=True, timeout=300, env=env)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")]
+    assert len(lines) == 2, out.stderr[-3000:]
+    if p:
+        assert lines == ["RESULT LUMOTREE_ORACLE True True", "RESULT NGRAM_ORACLE True False"]
+    else:
+        assert lines == ["RESULT LUMOTREE_ORACLE absent", "RESULT NGRAM_ORACLE absent"]

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 
 
 def lumotree_active(server_args) -> bool:
-    return (getattr(server_args, "speculative_algorithm", None) or "").upper() in ("LUMOTREE", "LUMOTREE_SUFFIX")
+    return (getattr(server_args, "speculative_algorithm", None) or "").upper() in ("LUMOTREE", "LUMOTREE_SUFFIX", "LUMOTREE_ORACLE")
 
 
 def chain_parents(bs: int, n: int, device) -> torch.Tensor:

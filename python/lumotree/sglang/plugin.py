@@ -92,7 +92,7 @@ def validate_server_args(server_args, algorithm: str = ALGORITHM) -> None:
                          f"(--disaggregation-mode {sa.disaggregation_mode}).")
     if getattr(sa, "pp_size", 1) != 1:
         raise ValueError(f"--speculative-algorithm {algorithm} does not support pipeline parallelism (--pp-size).")
-    if algorithm == SUFFIX_ALGORITHM and getattr(sa, "speculative_ngram_max_bfs_breadth", 2) < 2:
+    if algorithm != ALGORITHM and getattr(sa, "speculative_ngram_max_bfs_breadth", 2) < 2:
         # SGLang hands the GDN backend the tree links only when topk (= the BFS breadth) > 1, and
         # the suffix drafter branches whatever the breadth
         raise ValueError(f"--speculative-algorithm {algorithm} drafts trees: --speculative-ngram-max-bfs-breadth "
@@ -182,12 +182,13 @@ def _suffix_worker_factory(server_args):
     return worker_class()
 
 
-def _suffix_spec_class():
+def _suffix_spec_class(lumotree_backend: bool = True):
     from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
     class LumoTreeSuffixSpecAlgo(CustomSpecAlgo):
         """Behaves as NGRAM in SGLang's scheduler (draft-free loop, host drafting); the drafts come
-        from LumoTree's suffix tries and the GDN state path is LumoTree's."""
+        from LumoTree's suffix tries (or the benchmark oracle) and the GDN state path is LumoTree's
+        (``lumotree_backend``) or SGLang's own."""
 
         def is_ngram(self) -> bool:
             return True
@@ -210,9 +211,24 @@ def _suffix_spec_class():
             if server_args.speculative_ngram_max_trie_depth == 18:  # SGLang's default: too short a context
                 server_args.speculative_ngram_max_trie_depth = DEFAULT_CONTEXT
             _handle_ngram(server_args)
-            configure_server_args(server_args)
+            if lumotree_backend:
+                configure_server_args(server_args)
 
     return LumoTreeSuffixSpecAlgo
+
+
+def _register_oracle(SpeculativeAlgorithm, get_spec, p: float) -> None:
+    """Benchmark-only controlled-acceptance algorithms (lumotree.sglang.oracle), when
+    ``LUMOTREE_BENCH_ORACLE_P`` is set: LUMOTREE_ORACLE (LumoTree's GDN path) and NGRAM_ORACLE
+    (SGLang's own), same NGRAM loop, trees and acceptance."""
+    from lumotree.sglang import oracle
+
+    for name, ours in (("LUMOTREE_ORACLE", True), ("NGRAM_ORACLE", False)):
+        if get_spec(name) is None:
+            SpeculativeAlgorithm.register(
+                name, supports_overlap=True,
+                validate_server_args=(lambda sa, n=name: validate_server_args(sa, n)) if ours else None,
+                spec_class=_suffix_spec_class(lumotree_backend=ours))(lambda sa: oracle.worker_class(p))
 
 
 def register() -> None:
@@ -230,6 +246,8 @@ def register() -> None:
         SpeculativeAlgorithm.register(SUFFIX_ALGORITHM, supports_overlap=True,
                                       validate_server_args=validate_suffix_server_args,
                                       spec_class=_suffix_spec_class())(_suffix_worker_factory)
+    if os.environ.get("LUMOTREE_BENCH_ORACLE_P"):
+        _register_oracle(SpeculativeAlgorithm, get_spec, float(os.environ["LUMOTREE_BENCH_ORACLE_P"]))
     if os.environ.get(ENV_ACTIVE) == "1":
         from lumotree.sglang.patches import gdn_backend_classes
 

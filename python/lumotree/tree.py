@@ -27,7 +27,7 @@ import math
 
 import torch
 
-__all__ = ["TreeDescriptor"]
+__all__ = ["TreeDescriptor", "parents_from_eagle"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,19 +211,24 @@ class TreeDescriptor:
         if nt.shape != ns.shape or nt.dim() != 2:
             raise ValueError(f"retrieve_next_token {tuple(nt.shape)} and retrieve_next_sibling "
                              f"{tuple(ns.shape)} must both be [B, N]")
-        B, N = nt.shape
-        parents = torch.full((B, N), -1, dtype=torch.long, device=nt.device)
-        bidx = torch.arange(B, device=nt.device)[:, None].expand(B, N)
-        src = torch.arange(N, device=nt.device)[None, :].expand(B, N)
-        has = (nt >= 0) & (nt < N)
-        parents[bidx[has], nt[has]] = src[has]
-        # Propagate the parent along sibling chains (at most N - 1 hops).
-        for _ in range(N - 1):
-            hs = (ns >= 0) & (ns < N) & (parents >= 0)
-            upd = torch.full_like(parents, -1)
-            upd[bidx[hs], ns[hs]] = parents[hs]
-            parents = torch.where((parents < 0) & (upd >= 0), upd, parents)
-        return cls.from_parents(parents, num_nodes, validate=validate)
+        return cls.from_parents(parents_from_eagle(nt, ns), num_nodes, validate=validate)
+
+
+def parents_from_eagle(retrieve_next_token: torch.Tensor, retrieve_next_sibling: torch.Tensor) -> torch.Tensor:
+    """`[B, N]` parents (``-1`` for the root and unreached nodes) from SGLang's first-child /
+    next-sibling links, with static-shaped scatters only (no host synchronisation)."""
+    nt, ns = retrieve_next_token.long(), retrieve_next_sibling.long()
+    B, N = nt.shape
+    src = torch.arange(N, device=nt.device)[None, :].expand(B, N)
+    spare = torch.full_like(nt, N)  # out-of-range links write into a spare column, dropped at the end
+    par = torch.full((B, N + 1), -1, dtype=torch.long, device=nt.device)
+    par.scatter_(1, torch.where((nt >= 0) & (nt < N), nt, spare), src)
+    for _ in range(N - 1):  # propagate the parent along sibling chains (at most N - 1 hops)
+        cur = par[:, :N]
+        hs = (ns >= 0) & (ns < N) & (cur >= 0)
+        upd = torch.full_like(par, -1).scatter_(1, torch.where(hs, ns, spare), torch.where(hs, cur, -1))
+        par = torch.cat([torch.where((cur < 0) & (upd[:, :N] >= 0), upd[:, :N], cur), par[:, N:]], 1)
+    return par[:, :N]
 
 
 def _validate(parents: torch.Tensor, num_nodes: torch.Tensor) -> None:

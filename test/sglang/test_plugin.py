@@ -119,6 +119,27 @@ def test_cli_flags_parse_and_validate(parsed):
     assert "--speculative-ngram-max-bfs-breadth must be >= 2" in parsed[6]
 
 
+def test_hook_registers_the_selection(monkeypatch):
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from lumotree.sglang import select
+    from lumotree.sglang.patches import verify_tree_greedy as hook
+
+    saved = list(HookRegistry._hooks.get(hook.TARGET, []))
+    try:
+        monkeypatch.setenv("LUMOTREE_SGLANG_SELECT", "0")
+        hook._installed = False
+        hook.install()
+        assert list(HookRegistry._hooks.get(hook.TARGET, [])) == saved  # opted out
+        monkeypatch.delenv("LUMOTREE_SGLANG_SELECT")
+        hook.install()
+        last = HookRegistry._hooks[hook.TARGET][-1]
+        assert (last[0], last[1]) == (HookType.REPLACE, select.verify_tree_greedy)
+    finally:
+        HookRegistry._hooks[hook.TARGET] = saved
+        hook._installed = False
+
+
 def test_hook_registers_backend_classes():
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
     from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend

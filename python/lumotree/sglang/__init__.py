@@ -4,8 +4,11 @@
   server-argument validation and configuration.
 - :mod:`lumotree.sglang.backend` -- the hybrid GDN state backend: tree verify without per-node
   snapshots, accepted-path replay commit into SGLang's state pool.
-- :mod:`lumotree.sglang.patches` -- the one class-replacement hook SGLang's registries cannot
-  express yet (why / how / remove-when in its header).
+- :mod:`lumotree.sglang.select` -- LumoTree's fused selection in SGLang's greedy-verify format.
+- :mod:`lumotree.sglang.suffix`, :mod:`lumotree.sglang.oracle` -- model-free drafting
+  (``LUMOTREE_SUFFIX``) and the benchmark-only controlled-acceptance drafter.
+- :mod:`lumotree.sglang.patches` -- the hooks SGLang's registries cannot express yet, one target
+  per file (why / how / remove-when in each header).
 
 Nothing here is imported by ``import lumotree``; SGLang imports ``plugin`` through the entry point.
 """

@@ -10,7 +10,9 @@ process):
 - When a LUMOTREE server is being started (``LUMOTREE_SGLANG_ACTIVE=1``, set by
   :meth:`LumoTreeSpecAlgo.handle_server_args` in the launcher and inherited by the scheduler
   processes), the backend classes are installed through SGLang's ``HookRegistry``
-  (:mod:`lumotree.sglang.patches.gdn_backend_classes`). Other launches are untouched.
+  (:mod:`lumotree.sglang.patches.gdn_backend_classes`), and greedy tree verification runs
+  LumoTree's fused selection op (:mod:`lumotree.sglang.patches.verify_tree_greedy`). Other
+  launches are untouched.
 
 ``LUMOTREE_SUFFIX`` (:mod:`lumotree.sglang.suffix`) is the model-free variant: SGLang's NGRAM loop
 with LumoTree's suffix-tree drafter, for agent workloads and for models without an MTP layer.
@@ -249,7 +251,8 @@ def register() -> None:
     if os.environ.get("LUMOTREE_BENCH_ORACLE_P"):
         _register_oracle(SpeculativeAlgorithm, get_spec, float(os.environ["LUMOTREE_BENCH_ORACLE_P"]))
     if os.environ.get(ENV_ACTIVE) == "1":
-        from lumotree.sglang.patches import gdn_backend_classes
+        from lumotree.sglang.patches import gdn_backend_classes, verify_tree_greedy
 
         gdn_backend_classes.install()
+        verify_tree_greedy.install()
     _registered = True

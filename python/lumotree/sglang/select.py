@@ -1,0 +1,56 @@
+"""LumoTree's fused selection as SGLang's greedy tree verification (LUMOTREE servers).
+
+``verify_tree_greedy`` has the signature and the outputs of SGLang 0.5.17's
+``sglang.srt.speculative.eagle_utils.verify_tree_greedy_func`` (``predicts`` flat `[B*N]`: the
+target's token after every accepted node; ``accept_index`` `[B, W]`: flat indices of the accepted
+path, root first, ``-1`` padded; ``accept_token_num`` `[B]`: accepted drafts, root excluded), and
+computes them with ``torch.ops.lumotree.tree_select`` (one launch, the tree walked on the device
+straight from SGLang's first-child / next-sibling links), then a few static-shaped gathers and
+scatters: no host synchronisation. Without the CUDA extension it uses LumoTree's torch fallback.
+Installed by :mod:`lumotree.sglang.patches.gdn_backend_classes` together with the backend.
+"""
+from __future__ import annotations
+
+import torch
+
+from lumotree.tree import TreeDescriptor, parents_from_eagle
+
+
+def _accept(candidates, target_predict, next_token, next_sibling):
+    """(accept_len [B] incl. the root, accept_nodes [B, N] root first, -1 padded)."""
+    from lumotree.ops.select import cuda
+
+    B, N = candidates.shape
+    if candidates.is_cuda and cuda.available():
+        dev = candidates.device
+        long = dict(dtype=torch.long, device=dev)
+        accept_len, accept_nodes, bonus = torch.empty(B, **long), torch.empty(B, N, **long), torch.empty(B, **long)
+        conv_src = torch.empty(B, 0, **long)
+        kv_acc, kv_free, kv_num = torch.empty(B, N, **long), torch.empty(B, N, **long), torch.empty(B, **long)
+        empty = torch.empty(B, 0, device=dev)
+        torch.ops.lumotree.tree_select(
+            candidates.long().contiguous(), target_predict.long().contiguous(), next_token.long().contiguous(),
+            next_sibling.long().contiguous(), torch.full((B,), N, **long), empty, empty,
+            torch.full((B, N), -1, **long), True, accept_len, accept_nodes, bonus, conv_src, kv_acc, kv_free, kv_num)
+        return accept_len, accept_nodes
+    from lumotree.ops import tree_select_greedy
+
+    tree = TreeDescriptor.from_parents(parents_from_eagle(next_token, next_sibling), validate=False)
+    accept_len, accept_nodes, _ = tree_select_greedy(candidates.long(), target_predict.long(), tree)
+    return accept_len.to(candidates.device), accept_nodes.to(candidates.device)
+
+
+def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token,
+                       retrieve_next_sibling, target_predict, topk: int = -1):
+    """Drop-in for SGLang's ``verify_tree_greedy_func`` (outputs written in place and returned)."""
+    B, N = candidates.shape
+    W = accept_index.shape[1]
+    accept_len, accept_nodes = _accept(candidates, target_predict, retrieve_next_token, retrieve_next_sibling)
+    nodes = accept_nodes[:, :W]
+    valid = torch.arange(W, device=nodes.device)[None, :] < accept_len[:, None]
+    nodes = torch.where(valid, nodes, torch.zeros_like(nodes))  # padding points at the root: rewrites its value
+    flat = retrieve_index.long().gather(1, nodes)
+    accept_index.copy_(torch.where(valid, flat, torch.full_like(flat, -1)).to(accept_index.dtype))
+    accept_token_num.copy_((accept_len - 1).to(accept_token_num.dtype))
+    predicts.scatter_(0, flat.reshape(-1), target_predict.long().gather(1, nodes).reshape(-1).to(predicts.dtype))
+    return predicts, accept_index, accept_token_num

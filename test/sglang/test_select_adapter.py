@@ -42,3 +42,40 @@ def test_selection_adapter_matches_sglang_verify_tree_greedy():
     out = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     assert "selection adapter == SGLang" in out.stdout
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("B,N,topk,steps", [(1, 8, 2, 4), (16, 16, 4, 5), (64, 32, 4, 6)])
+def test_selection_adapter_matches_sgl_kernel_on_gpu(B, N, topk, steps):
+    """On the GPU: the adapter with the CUDA extension == sgl_kernel.verify_tree_greedy (what
+    SGLang's EAGLE worker calls), on EAGLE-style trees with few distinct tokens."""
+    import random
+
+    import torch
+    from sglang.srt.speculative.eagle_utils import verify_tree_greedy_func
+
+    from lumotree import tree_shapes
+    from lumotree.ops.select import cuda
+    from lumotree.sglang.select import verify_tree_greedy
+    from lumotree.tree import TreeDescriptor
+
+    if not cuda.available():
+        pytest.skip("CUDA extension not built")
+    rng = random.Random(B * N)
+    for _ in range(5):
+        rows = [tree_shapes.eagle(topk, steps, N, rng) for _ in range(B)]
+        tree = TreeDescriptor.from_parents(torch.tensor(rows), validate=False).to("cuda")
+        e = tree.to_eagle(torch.full((B,), 7, device="cuda"))
+        cand = torch.randint(0, 3, (B, N), device="cuda")
+        target = torch.randint(0, 3, (B, N), device="cuda")
+        outs = []
+        for fn in (verify_tree_greedy_func, verify_tree_greedy):
+            pred = torch.zeros(B * N, dtype=torch.int32, device="cuda")
+            acc = torch.full((B, steps + 1), -1, dtype=torch.int32, device="cuda")
+            num = torch.empty(B, dtype=torch.int32, device="cuda")
+            fn(predicts=pred, accept_index=acc, accept_token_num=num, candidates=cand,
+               retrieve_index=e["retrieve_index"], retrieve_next_token=e["retrieve_next_token"],
+               retrieve_next_sibling=e["retrieve_next_sibling"], target_predict=target, topk=topk)
+            outs.append((pred, acc, num))
+        for a, b in zip(outs[0], outs[1]):
+            assert torch.equal(a, b)

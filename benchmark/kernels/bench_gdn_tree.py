@@ -6,6 +6,8 @@ for both). Native = ``fused_sigmoid_gating_delta_rule_update`` in target-verify 
 per-node ``intermediate_ssm`` snapshots + ``fused_mamba_state_scatter_with_mask`` (its
 post-verify state update). Ours = ``gdn_tree_verify_fwd`` (path-parallel, boundary states) +
 ``gdn_tree_commit_fwd`` (accepted-path replay). Both fuse the gating (A_log, a, dt_bias, b).
+``serving_*`` columns: the form the SGLang backend runs — the chunk verify with fp32-accurate dots
+that also stores k/v/g/beta per state slot, then ``gdn_tree_commit_layers_fwd`` from those buffers.
 
     python3 benchmark/kernels/bench_gdn_tree.py --out benchmark/results/gdn_tree_h200.json
 
@@ -120,6 +122,22 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
         tri.gdn_tree_commit_fwd(k, v, pool_o, an, al, A_log=A_log, a=a, dt_bias=dt_bias, b=b, use_qk_l2norm=True,
                                 state_indices=rows)
 
+    # the serving form (what the SGLang backend runs): fp32-accurate chunk verify that also keeps
+    # k/v/g/beta per state slot, then the all-layer commit (one layer here) from those buffers
+    ring = (torch.zeros(P, N, Hk, K, device=dev, dtype=dtype), torch.zeros(P, N, Hv, V, device=dev, dtype=dtype),
+            torch.zeros(P, N, Hv, device=dev), torch.zeros(P, N, Hv, device=dev))
+    sBV, swarps, sprec = tri.default_chunk_config(max(16, 1 << (N - 1).bit_length()), V, torch.float32)
+    sg_parents = torch.where(parents < 0, 0, parents).int()
+    out_s = torch.empty_like(out)
+
+    def serving_verify(pool_=pool_o):
+        tri.gdn_tree_chunk_verify_fwd(q, k, v, pool_, tree, A_log=A_log, a=a, dt_bias=dt_bias, b=b,
+                                      use_qk_l2norm=True, state_indices=rows, anc_mask=anc, BV=sBV,
+                                      num_warps=swarps, precision=sprec, out=out_s, ring=ring)
+
+    def serving_commit(pool_=pool_o):
+        tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), pool_[None], rows, ends.int(), sg_parents)
+
     # correctness on these very inputs before timing
     o_nat = nat.verify(q, k, v, A_log, a, dt_bias, b, pool, rows, par32)
     our_verify()
@@ -137,10 +155,16 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
     tri.gdn_tree_commit_vnew_fwd(k, vnew, p3, an, al, A_log=A_log, a=a, dt_bias=dt_bias, b=b, use_qk_l2norm=True,
                                  state_indices=rows)
     err_vn = float((p1 - p3).norm() / p1.norm())
+    p4 = pool.clone()
+    serving_verify(p4)
+    serving_commit(p4)
+    err_serving = float((p1 - p4).norm() / p1.norm())
+    err_serving_o = float((o_nat.float() - out_s.float()).norm() / o_nat.float().norm())
 
     t_nv, t_nc = bench_graph(nat_verify), bench_graph(nat_commit)
     t_ow, t_rc = bench_graph(our_verify), bench_graph(our_commit)
     t_ov, t_oc = bench_graph(our_chunk_verify), bench_graph(our_vnew_commit)
+    t_sv, t_sc = bench_graph(serving_verify), bench_graph(serving_commit)
     state_bytes = B * Hv * V * K * 4
     accepted = int(al[0])
     return dict(
@@ -149,6 +173,9 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
         walk_config=dict(BV=BV, num_warps=warps, programs_per_sm=pps),
         chunk_config=dict(BV=cBV, num_warps=cwarps, precision=cprec),
         walk_verify_us=t_ow, replay_commit_us=t_rc, walk_total_us=t_ow + t_rc,
+        serving_verify_us=t_sv, serving_commit_us=t_sc, serving_total_us=t_sv + t_sc,
+        serving_speedup=(t_nv + t_nc) / (t_sv + t_sc), rel_err_state_serving=err_serving,
+        rel_err_o_serving=err_serving_o,
         walk_speedup=(t_nv + t_nc) / (t_ow + t_rc),
         native_verify_us=t_nv, native_commit_us=t_nc, native_total_us=t_nv + t_nc,
         ours_verify_us=t_ov, ours_commit_us=t_oc, ours_total_us=t_ov + t_oc,

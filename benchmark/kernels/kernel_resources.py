@@ -1,0 +1,90 @@
+"""Static resource profile of LumoTree's GDN kernels on the H200 (sm_90), without a GPU.
+
+Compiles the Triton kernels offline for ``GPUTarget("cuda", 90, 32)`` (Triton's bundled ptxas),
+reads registers and stack (spill) bytes per thread from the cubin with Triton's bundled
+``cuobjdump``, and derives resident blocks per SM (65536 registers, 228 KiB shared memory, 64 warps
+per SM) and the waves a batch-32 Qwen3.5-27B layer (Hk 16, Hv 48, K = V = 128) needs on 132 SMs.
+
+    python3 benchmark/kernels/kernel_resources.py benchmark/results/kernel_resources_sm90.json
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from lumotree.ops.gdn_tree import triton as tri
+
+TARGET = GPUTarget("cuda", 90, 32)
+SMS, REGS_SM, SMEM_SM, WARPS_SM, BLOCKS_SM = 132, 65536, 228 * 1024, 64, 32
+SHAPE = dict(HK=16, HV=48, K=128, V=128)
+BATCH = 32
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+TYPES = {  # pointer / scalar argument types by name (everything else: *fp32)
+    "q": "*bf16", "k": "*bf16", "v": "*bf16", "ring_k": "*bf16", "ring_v": "*bf16",
+    "anc_mask": "*i8", "num_nodes": "*i64", "state_indices": "*i32", "rows": "*i32", "parents": "*i32",
+    "last": "*i32", "accept_nodes": "*i32", "accept_len": "*i32", "track_rows": "*i64", "track_len": "*i32",
+    "track_steps": "*i32", "scale": "fp32", "N": "i32", "L": "i32", "NP": "i32",
+}
+
+
+def signature(kernel, consts, bf16_gates=True):
+    sig = {}
+    for p in kernel.params:
+        if p.name in consts:
+            sig[p.name] = "constexpr"
+        elif p.name.startswith("stride"):
+            sig[p.name] = "i64"
+        elif p.name in ("g", "beta", "a", "b") and bf16_gates:
+            sig[p.name] = "*bf16"
+        else:
+            sig[p.name] = TYPES.get(p.name, "*fp32")
+    return sig
+
+
+def resources(kernel, consts, warps, programs, bf16_gates=True):
+    c = triton.compile(ASTSource(fn=kernel, signature=signature(kernel, consts, bf16_gates), constexprs=consts),
+                       target=TARGET, options={"num_warps": warps})
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(c.asm["cubin"])
+    out = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    os.unlink(f.name)
+    regs, stack = (int(re.search(p, out).group(1)) for p in (r"REG:(\d+)", r"STACK:(\d+)"))
+    per_warp = ((regs * 32 + 255) // 256) * 256
+    blocks = min(REGS_SM // (per_warp * warps), SMEM_SM // (c.metadata.shared + 1024), WARPS_SM // warps, BLOCKS_SM)
+    return dict(regs=regs, stack_bytes=stack, shared_KiB=c.metadata.shared // 1024, blocks_per_SM=blocks,
+                warps_per_SM=blocks * warps, programs=programs, waves=round(programs / (SMS * max(blocks, 1)), 2))
+
+
+def main():
+    rows = []
+    base = dict(BK=128, USE_QK_L2NORM=True, FUSED_GATING=True, **SHAPE)
+    for BT in (16, 32, 64):  # trees of <= 16, <= 32, <= 64 nodes
+        for BV, warps, prec in ((64, 4, "tf32"), (64, 4, "tf32x3"), (128, 8, "tf32"), (32, 4, "tf32")):
+            consts = dict(base, BT=BT, BV=BV, PRECISION=prec, STORE_VNEW=False, HAS_STATE_INDICES=True,
+                          STORE_RING=False)
+            r = resources(tri.gdn_tree_chunk_verify_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV))
+            rows.append(dict(kernel="chunk verify", BT=BT, BV=BV, warps=warps, precision=prec, **r))
+            print(json.dumps(rows[-1]), flush=True)
+    for BV, warps in ((16, 4), (32, 4), (64, 4)):
+        consts = dict(base, BV=BV, HAS_STATE_INDICES=True, HAS_TRACK=False)
+        r = resources(tri.gdn_tree_commit_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV))
+        rows.append(dict(kernel="replay commit", BV=BV, warps=warps, **r))
+        print(json.dumps(rows[-1]), flush=True)
+    for BV, warps in ((16, 4), (32, 4)):
+        consts = dict(SHAPE, BN=16, BK=128, BV=BV, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=True)
+        r = resources(tri.gdn_tree_commit_layers_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV),
+                      bf16_gates=False)
+        rows.append(dict(kernel="all-layer commit (per layer)", BV=BV, warps=warps, **r))
+        print(json.dumps(rows[-1]), flush=True)
+    json.dump(dict(command="python3 " + " ".join(sys.argv), target="sm_90 (H200), Triton " + triton.__version__,
+                   batch=BATCH, shape=SHAPE, rows=rows), open(sys.argv[1], "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -87,6 +87,7 @@ class Pool:
 
 be = LumoTreeGDNBackend.__new__(LumoTreeGDNBackend)
 be.lumotree, be.ring_len, be._first_gdn_layer, be._cur_tree = True, N, 1 << 30, None
+be.precision = os.environ.get("LUMOTREE_SGLANG_PRECISION", "tf32x3")
 be.req_to_token_pool = Pool()
 be.verify_intermediate_state_indices = torch.arange(B, device=DEV)
 zeros = lambda: torch.zeros(B, N, dtype=torch.int32, device=DEV)  # noqa: E731

@@ -27,7 +27,7 @@ import math
 
 import torch
 
-__all__ = ["TreeDescriptor", "parents_from_eagle"]
+__all__ = ["TreeDescriptor", "ancestor_mask", "parents_from_eagle"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,12 +100,7 @@ class TreeDescriptor:
         idx = torch.arange(N, device=dev)
         valid = idx[None, :] < num_nodes[:, None]
         par = torch.where(valid & (idx[None, :] > 0), parents, torch.full_like(parents, -1))
-        # Ancestor-or-self closure by repeated squaring of (I + parent edge); static trip count.
-        edge = (par[:, :, None] == idx[None, None, :]) & valid[:, :, None]
-        m = (edge | torch.eye(N, dtype=torch.bool, device=dev)[None]).float()
-        for _ in range(max(1, math.ceil(math.log2(max(N, 2))))):
-            m = (torch.bmm(m, m) > 0).float()
-        mask = m > 0
+        mask, edge = _closure(par, valid)
         depth = torch.where(valid, mask.sum(-1) - 1, torch.zeros_like(par))
         is_child = edge  # [B, i, j]: j is i's parent
         num_children = is_child.sum(1)
@@ -212,6 +207,27 @@ class TreeDescriptor:
             raise ValueError(f"retrieve_next_token {tuple(nt.shape)} and retrieve_next_sibling "
                              f"{tuple(ns.shape)} must both be [B, N]")
         return cls.from_parents(parents_from_eagle(nt, ns), num_nodes, validate=validate)
+
+
+def _closure(par: torch.Tensor, valid: torch.Tensor):
+    """Ancestor-or-self mask `[B, N, N]` by repeated squaring of (I + parent edge), static trip
+    count; also returns the parent-edge matrix (``edge[b, i, j]``: j is i's parent)."""
+    N = par.shape[1]
+    idx = torch.arange(N, device=par.device)
+    edge = (par[:, :, None] == idx[None, None, :]) & valid[:, :, None]
+    m = (edge | torch.eye(N, dtype=torch.bool, device=par.device)[None]).float()
+    for _ in range(max(1, math.ceil(math.log2(max(N, 2))))):
+        m = (torch.bmm(m, m) > 0).float()
+    return m > 0, edge
+
+
+def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+    """Only ``TreeDescriptor.mask`` for full `[B, N]` trees (what the chunk verify reads), without
+    the rest of the descriptor: for per-step paths. Node 0's parent entry is ignored; no host sync."""
+    parents = parents.long()
+    idx = torch.arange(parents.shape[1], device=parents.device)
+    par = torch.where(idx[None, :] > 0, parents, torch.full_like(parents, -1))
+    return _closure(par, torch.ones_like(par, dtype=torch.bool))[0]
 
 
 def parents_from_eagle(retrieve_next_token: torch.Tensor, retrieve_next_sibling: torch.Tensor) -> torch.Tensor:

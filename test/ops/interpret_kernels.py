@@ -75,6 +75,16 @@ def gdn(kind, l2):
     o2 = tri.gdn_tree_chunk_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
                                        state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16, ring=ring)
     assert torch.equal(o, o2)
+    # q/k/v as strided views into one packed projection (the served layout) read the same rows
+    packed = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], -1)
+    qv, kv, vv = torch.split(packed, [Hk * K, Hk * K, Hv * V], -1)
+    qv, kv, vv = qv.reshape(B, N, Hk, K), kv.reshape(B, N, Hk, K), vv.reshape(B, N, Hv, V)
+    assert not qv.is_contiguous() and qv.data_ptr() == packed.data_ptr()
+    assert tri._token_rows(qv)[0] is qv  # no copy
+    o3 = tri.gdn_tree_chunk_verify_fwd(qv, kv, vv, pool, None, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
+                                       state_indices=si, anc_mask=tree.mask.to(torch.int8), num_nodes=tree.num_nodes,
+                                       out=torch.zeros(B, N, Hv, V), BV=16)
+    assert torch.equal(o, o3)
     for bi in range(B):
         n, r = int(nums[bi]), int(si[bi])
         assert torch.equal(ring[0][r, :n], k[bi, :n]) and torch.equal(ring[1][r, :n], v[bi, :n])

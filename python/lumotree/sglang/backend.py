@@ -29,7 +29,7 @@ import torch
 from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 
-from lumotree.tree import TreeDescriptor
+from lumotree.tree import ancestor_mask
 
 logger = logging.getLogger(__name__)
 
@@ -70,21 +70,21 @@ class LumoTreeGDNBackend(GDNAttnBackend):
 
     # ------------------------------------------------------------------ tree
     def _tree_for(self, layer_id: int, md, bs: int, n: int, device):
-        """The step's tree: built by the first GDN layer of every forward (after its conv kernel
-        filled ``retrieve_parent_token``) and reused by the later GDN layers of that forward. Never
-        reused across forwards: under CUDA graphs the build must be part of each captured verify
-        (warm-up runs and the capture share metadata objects). Static shapes, no host sync."""
+        """``(ancestor mask int8 [bs, n, n], num_nodes [bs])`` of the step's trees -- all the chunk
+        verify reads -- built by the first GDN layer of every forward (after its conv kernel filled
+        ``retrieve_parent_token``) and reused by the later GDN layers of that forward. Never reused
+        across forwards: under CUDA graphs the build must be part of each captured verify (warm-up
+        runs and the capture share metadata objects). Static shapes, no host sync."""
         if layer_id <= self._first_gdn_layer or self._cur_tree is None:
             self._first_gdn_layer = min(self._first_gdn_layer, layer_id)
             parents = md.retrieve_parent_token
             par = parents[:bs] if parents is not None else chain_parents(bs, n, device)
-            tree = TreeDescriptor.from_parents(par, validate=False)
-            self._cur_tree = (tree, tree.mask.to(torch.int8))
-        tree, anc = self._cur_tree
-        if tree.max_nodes != n or tree.batch_size != bs:
+            self._cur_tree = (ancestor_mask(par).to(torch.int8), torch.full((bs,), n, dtype=torch.long, device=device))
+        anc, num_nodes = self._cur_tree
+        if tuple(anc.shape) != (bs, n, n):
             raise RuntimeError(f"LumoTree: GDN layer {layer_id} sees a [{bs}, {n}] verify, but the first GDN layer "
-                               f"({self._first_gdn_layer}) built a [{tree.batch_size}, {tree.max_nodes}] tree")
-        return tree, anc
+                               f"({self._first_gdn_layer}) built trees of shape {tuple(anc.shape)}")
+        return anc, num_nodes
 
     # ------------------------------------------------------------------ verify
     def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
@@ -118,7 +118,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         q = q.reshape(bs, n, Hk, K)
         k = k.reshape(bs, n, Hk, K)
         v = v.reshape(bs, n, Hv, V)
-        tree, anc = self._tree_for(layer.layer_id, md, bs, n, x.device)
+        anc, num_nodes = self._tree_for(layer.layer_id, md, bs, n, x.device)
         BT = max(16, triton.next_power_of_2(n))
         # fp32-accurate dots (tf32x3) by default; LUMOTREE_SGLANG_PRECISION=tf32 trades accuracy
         # (~3e-3 relative on the outputs) for fewer registers and spills
@@ -128,9 +128,10 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         # raw k, v, g, beta kept per state slot for the replay commit (padded rows, slot -1, skipped)
         ring = (cache.replayssm_rawk.view(-1, L, Hk, K), cache.replayssm_rawv.view(-1, L, Hv, V),
                 cache.replayssm_g.view(-1, L, Hv), cache.replayssm_beta.view(-1, L, Hv))
-        o = gdn_tree_chunk_verify_fwd(q, k, v, cache.temporal, tree, A_log=layer.A_log, a=a.reshape(bs, n, Hv),
+        o = gdn_tree_chunk_verify_fwd(q, k, v, cache.temporal, None, A_log=layer.A_log, a=a.reshape(bs, n, Hv),
                                       dt_bias=layer.dt_bias, b=b.reshape(bs, n, Hv), scale=K ** -0.5,
-                                      use_qk_l2norm=True, state_indices=rows, anc_mask=anc, BV=BV,
+                                      use_qk_l2norm=True, state_indices=rows, anc_mask=anc, num_nodes=num_nodes,
+                                      BV=BV,
                                       num_warps=warps, precision=prec, ring=ring)
         return o.view(T, Hv, V)
 

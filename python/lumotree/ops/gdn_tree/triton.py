@@ -60,7 +60,7 @@ def _delta_rule_step(b_h, b_k, b_v, b_g, b_beta, USE_QK_L2NORM: tl.constexpr):
 def gdn_tree_chunk_verify_fwd_kernel(
     q, k, v, g, beta, A_log, dt_bias, o, vnew, state, state_indices, anc_mask, num_nodes,
     ring_k, ring_v, ring_g, ring_beta, stride_rk, stride_rv, stride_rg,
-    scale, stride_state, N,
+    scale, stride_state, N, stride_qt, stride_kt, stride_vt,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr, STORE_VNEW: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_STATE_INDICES: tl.constexpr, FUSED_GATING: tl.constexpr,
@@ -90,11 +90,12 @@ def gdn_tree_chunk_verify_fwd_kernel(
         row = i_b.to(tl.int64)
     b_h = tl.load(state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
                   mask=m_v[:, None] & m_k[None, :] & (row >= 0), other=0.0)  # [BV, K] fp32
-    b_q = tl.load(q + (tok[:, None] * HK + i_hk) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+    # q/k/v rows may be views into one packed projection (token strides), heads contiguous in a row
+    b_q = tl.load(q + tok[:, None] * stride_qt + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
                   other=0.0).to(tl.float32)
-    b_k = tl.load(k + (tok[:, None] * HK + i_hk) * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+    b_k = tl.load(k + tok[:, None] * stride_kt + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
                   other=0.0).to(tl.float32)
-    b_v = tl.load(v + (tok[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
+    b_v = tl.load(v + tok[:, None] * stride_vt + i_hv * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
                   other=0.0).to(tl.float32)
     b_g, b_beta = _gdn_gate(g + tok * HV + i_hv, beta + tok * HV + i_hv, A_log + i_hv, dt_bias + i_hv,
                             FUSED_GATING, m_t)
@@ -451,15 +452,27 @@ def gdn_tree_verify_fwd(q, k, v, state, tree: TreeDescriptor, g=None, beta=None,
     return out
 
 
-def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: TreeDescriptor, g=None, beta=None, *, A_log=None, a=None,
-                              dt_bias=None, b=None, scale: Optional[float] = None, use_qk_l2norm: bool = False,
-                              state_indices: Optional[torch.Tensor] = None, anc_mask: Optional[torch.Tensor] = None,
+def _token_rows(x: torch.Tensor):
+    """``(x, token stride)`` for a `[B, N, H, D]` tensor whose rows may be strided views into a packed
+    projection (each token's `[H, D]` contiguous, tokens evenly spaced); anything else is copied."""
+    B, N, H, D = x.shape
+    if x.stride(3) == 1 and x.stride(2) == D and x.stride(0) == N * x.stride(1):
+        return x, x.stride(1)
+    return x.contiguous(), H * D
+
+
+def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=None, beta=None, *, A_log=None,
+                              a=None, dt_bias=None, b=None, scale: Optional[float] = None,
+                              use_qk_l2norm: bool = False, state_indices: Optional[torch.Tensor] = None,
+                              anc_mask: Optional[torch.Tensor] = None, num_nodes: Optional[torch.Tensor] = None,
                               BV: Optional[int] = None, num_warps: Optional[int] = None,
                               precision: Optional[str] = None, out: Optional[torch.Tensor] = None,
                               vnew_out: Optional[torch.Tensor] = None, ring: Optional[tuple] = None):
     """Launcher of the tensor-core tree verify (one tree-masked WY chunk per request and head).
 
-    ``anc_mask`` is ``tree.mask`` as int8 `[B, N, N]` (built once per step, shared by all layers).
+    ``anc_mask`` is ``tree.mask`` as int8 `[B, N, N]` (built once per step, shared by all layers);
+    with ``anc_mask`` and ``num_nodes`` `[B]` given, ``tree`` may be None (all the kernel reads).
+    q, k, v may be strided views into one packed projection (see :func:`_token_rows`).
     ``precision`` is the tl.dot input precision: ``tf32x3`` (fp32-accurate; default for fp32
     inputs), ``tf32`` (default for bf16/fp16 inputs, whose own rounding is coarser) or ``ieee``.
     ``ring = (k, v, g, beta)``, per state slot `[S, NR, Hk, K]`, `[S, NR, Hv, V]`, `[S, NR, Hv]` x2
@@ -475,6 +488,9 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: TreeDescriptor, g=None, beta
     BV, num_warps, precision = BV or d_bv, num_warps or d_warps, precision or d_prec
     if anc_mask is None:
         anc_mask = tree.mask.to(torch.int8)
+    if num_nodes is None:
+        num_nodes = tree.num_nodes
+    (q, sq), (k, sk), (v, sv) = _token_rows(q), _token_rows(k), _token_rows(v)
     if out is None:
         out = torch.empty(B, N, HV, V, dtype=q.dtype, device=q.device)
     dummy = state
@@ -491,11 +507,10 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: TreeDescriptor, g=None, beta
     else:
         ring_args = (dummy, dummy, dummy, dummy, 0, 0, 0)
     gdn_tree_chunk_verify_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
-        q.contiguous(), k.contiguous(), v.contiguous(),
-        (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
+        q, k, v, (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
         A_log if fused else dummy, dt_bias if fused else dummy, out, vnew_out if vnew_out is not None else dummy,
-        state, state_indices if state_indices is not None else dummy, anc_mask.contiguous(), tree.num_nodes,
-        *ring_args, scale, state.stride(0), N,
+        state, state_indices if state_indices is not None else dummy, anc_mask.contiguous(), num_nodes,
+        *ring_args, scale, state.stride(0), N, sq, sk, sv,
         HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, PRECISION=precision, STORE_VNEW=vnew_out is not None,
         USE_QK_L2NORM=use_qk_l2norm, HAS_STATE_INDICES=state_indices is not None, FUSED_GATING=fused,
         STORE_RING=ring is not None, num_warps=num_warps,

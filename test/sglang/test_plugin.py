@@ -41,6 +41,11 @@ def test_register_is_idempotent_and_eagle_like():
     suffix = SpeculativeAlgorithm.from_string("LUMOTREE_SUFFIX")
     assert suffix.is_ngram() and not suffix.is_eagle() and not suffix.has_draft_kv()
     assert suffix.validate_server_args is plugin.validate_suffix_server_args
+    # builtin-only queries of SGLang's scheduler are answered as EAGLE / NGRAM answer them
+    assert algo.carries_draft_hidden_states() == SpeculativeAlgorithm.EAGLE.carries_draft_hidden_states()
+    assert suffix.carries_draft_hidden_states() == SpeculativeAlgorithm.NGRAM.carries_draft_hidden_states()
+    with pytest.raises(AttributeError):
+        algo.__no_such_dunder__
 
 
 def test_model_checks():

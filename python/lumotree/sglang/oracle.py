@@ -19,10 +19,8 @@ import random
 import zlib
 from typing import Dict, List, Sequence, Tuple
 
-import numpy as np
-
 from lumotree import tree_shapes
-from lumotree.sglang.suffix import tree_arrays
+from lumotree.sglang.suffix import HostCorpus, ngram_worker
 
 ENV_P = "LUMOTREE_BENCH_ORACLE_P"
 KEY_TOKENS = 64
@@ -37,13 +35,15 @@ def first_child_chain(parents: Sequence[int]) -> List[int]:
         chain.append(kids[0])
 
 
-class OracleCorpus:
-    """SGLang ``NgramCorpus`` interface; drafts from known continuations with acceptance ``p``."""
+class OracleCorpus(HostCorpus):
+    """:class:`~lumotree.sglang.suffix.HostCorpus` drafting from known continuations with
+    acceptance ``p``."""
 
     def __init__(self, draft_token_num: int, p: float, topk: int, depth: int, vocab: int = 100000, seed: int = 0):
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"acceptance probability must be in [0, 1], got {p}")
-        self.n, self.p, self.vocab, self.seed = draft_token_num, p, vocab, seed
+        super().__init__(draft_token_num)
+        self.p, self.vocab, self.seed = p, vocab, seed
         self.parents = tree_shapes.eagle(max(topk, 1), max(depth, 1), draft_token_num, random.Random(seed))
         self.parents += [0] * (draft_token_num - len(self.parents))
         self.chain = first_child_chain(self.parents)
@@ -51,35 +51,27 @@ class OracleCorpus:
         for i in range(1, draft_token_num):
             self.depth[i] = self.depth[self.parents[i]] + 1
         self._key: Dict[object, Tuple[int, ...]] = {}
-        self._seen: Dict[object, int] = {}
-        self._out: Dict[object, List[int]] = {}
         self.continuations: Dict[Tuple[int, ...], List[int]] = {}
 
-    def synchronize(self) -> None:
-        pass
-
-    def reset(self) -> None:
+    def _reset(self) -> None:
         self._key.clear()
-        self._seen.clear()
-        self._out.clear()
         self.continuations.clear()
 
-    def _observe(self, rid, tokens: Sequence[int], total_len: int) -> None:
-        if rid not in self._seen:
-            self._key[rid] = tuple(tokens[:KEY_TOKENS])
-            self._out[rid] = []
-        elif total_len > self._seen[rid]:
-            k = total_len - self._seen[rid]
-            self._out[rid].extend(tokens[len(tokens) - k:] if k <= len(tokens) else tokens)
-        self._seen[rid] = total_len
+    def _start(self, rid, tokens):
+        self._key[rid] = tuple(tokens[:KEY_TOKENS])
 
-    def draft(self, rid, root: int) -> List[int]:
+    def _finish(self, rid, output):
+        key = self._key.pop(rid, None)
+        if key is not None and len(output) > len(self.continuations.get(key, [])):
+            self.continuations[key] = output
+
+    def _draft(self, rid, root: int) -> Tuple[List[int], List[int]]:
         """Tokens for the fixed tree: the first-child chain carries the first ``k`` true tokens
         (``k`` = leading successes of Bernoulli(p) draws, capped by the chain and the known
         continuation); every other child of a true-prefix node is a wrong token, so greedy
         verification accepts exactly ``k`` drafts (+ the bonus token) when the target repeats its
         recorded greedy output."""
-        out = self._out[rid]
+        out = self._outputs[rid]
         truth = self.continuations.get(self._key[rid], [])[len(out):]
         rng = random.Random(zlib.crc32(repr((self._key[rid], len(out), self.seed)).encode()))
         k = 0
@@ -95,44 +87,9 @@ class OracleCorpus:
             d = self.depth[node]
             while d - 1 < len(truth) and toks[node] == truth[d - 1]:  # would be accepted: make it wrong
                 toks[node] = rng.randrange(self.vocab)
-        return toks
-
-    def batch_get(self, req_ids, batch_tokens, total_lens) -> Tuple[np.ndarray, np.ndarray]:
-        toks, masks = [], []
-        for rid, ctx, total in zip(req_ids, batch_tokens, total_lens):
-            self._observe(rid, ctx, total)
-            t, m = tree_arrays(self.draft(rid, ctx[-1]), [-1] + self.parents[1:], self.n)
-            toks.append(t)
-            masks.append(m.reshape(-1))
-        return np.concatenate(toks), np.concatenate(masks)
-
-    def batch_put(self, batch_tokens) -> None:
-        pass
-
-    def erase_match_state(self, req_ids) -> None:
-        for rid in req_ids:
-            out = self._out.pop(rid, None)
-            key = self._key.pop(rid, None)
-            self._seen.pop(rid, None)
-            if key is not None and out and len(out) > len(self.continuations.get(key, [])):
-                self.continuations[key] = out
-
-    def _no_external(self, *a, **k):
-        raise NotImplementedError("the oracle drafter has no external corpus")
-
-    load_external_corpus_named = commit_external_corpus_load = remove_external_corpus = _no_external
-
-    def list_external_corpora(self) -> dict:
-        return {}
+        return toks, [-1] + self.parents[1:]
 
 
 def worker_class(p: float):
-    from sglang.srt.speculative.ngram_worker import NGRAMWorker
-
-    class OracleWorker(NGRAMWorker):
-        def __init__(self, server_args, *args, **kwargs):
-            super().__init__(server_args, *args, **kwargs)
-            self.ngram_corpus = OracleCorpus(server_args.speculative_num_draft_tokens, p,
-                                             server_args.speculative_eagle_topk, server_args.speculative_num_steps)
-
-    return OracleWorker
+    return ngram_worker(lambda sa: OracleCorpus(sa.speculative_num_draft_tokens, p, sa.speculative_eagle_topk,
+                                                sa.speculative_num_steps))

@@ -143,6 +143,20 @@ def _worker_factory(server_args):
     return EAGLEWorkerV2
 
 
+def _answer_as(builtin: str):
+    """``__getattr__`` for a plugin algorithm: SGLang's scheduler also calls builtin-specific methods
+    that CustomSpecAlgo does not declare (e.g. ``carries_draft_hidden_states``); answer them as the
+    builtin algorithm ``builtin`` does."""
+    def __getattr__(self, name):
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(getattr(SpeculativeAlgorithm, builtin), name)
+
+    return __getattr__
+
+
 def _spec_class():
     from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
@@ -156,14 +170,7 @@ def _spec_class():
         def need_topk(self) -> bool:
             return True
 
-        def __getattr__(self, name):
-            # SGLang's scheduler also calls EAGLE-specific methods that CustomSpecAlgo does not
-            # declare (e.g. carries_draft_hidden_states): answer them as EAGLE does
-            from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-            if name.startswith("__"):
-                raise AttributeError(name)
-            return getattr(SpeculativeAlgorithm.EAGLE, name)
+        __getattr__ = _answer_as("EAGLE")
 
         def handle_server_args(self, server_args) -> None:
             from sglang.srt.arg_groups.speculative_hook import _handle_eagle_family
@@ -198,12 +205,7 @@ def _suffix_spec_class(lumotree_backend: bool = True):
         def has_draft_kv(self) -> bool:
             return False
 
-        def __getattr__(self, name):
-            from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-
-            if name.startswith("__"):
-                raise AttributeError(name)
-            return getattr(SpeculativeAlgorithm.NGRAM, name)
+        __getattr__ = _answer_as("NGRAM")
 
         def handle_server_args(self, server_args) -> None:
             from sglang.srt.arg_groups.speculative_hook import _handle_ngram

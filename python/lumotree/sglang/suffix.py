@@ -44,35 +44,50 @@ def tree_arrays(tokens: Sequence[int], parents: Sequence[int], n: int) -> Tuple[
     return np.asarray(toks, dtype=np.int64), mask
 
 
-class SuffixCorpus:
-    """SGLang ``NgramCorpus`` interface (``batch_get``, ``batch_put``, ``synchronize``,
-    ``erase_match_state``, ``reset``) over :class:`SuffixDrafter`."""
+class HostCorpus:
+    """SGLang's ``NgramCorpus`` interface (``batch_get``, ``batch_put``, ``synchronize``,
+    ``erase_match_state``, ``reset``, the external-corpus calls) for host-side drafters: tracks each
+    request's context from what the NGRAM worker hands over (``_start`` at first sight or after a
+    gap, ``_append`` of the new tokens, ``_finish`` with the request's output when it leaves) and
+    lays the drafts out as SGLang expects. Subclasses supply those hooks and ``_draft``."""
 
-    def __init__(self, draft_token_num: int, max_match: int = 16, max_spec: int = 16,
-                 global_tokens: int = 1 << 18, min_prob: float = 0.0):
+    def __init__(self, draft_token_num: int):
         self.n = draft_token_num
-        self.kw = dict(max_match=max_match, max_spec=max_spec, global_tokens=global_tokens, min_prob=min_prob)
-        self.drafter = SuffixDrafter(**self.kw)
-        self._seen: Dict[object, int] = {}  # tokens of the request's context already in its trie
+        self._seen: Dict[object, int] = {}  # tokens of the request's context already observed
         self._outputs: Dict[object, List[int]] = {}  # tokens appended after admission (its output)
+
+    def _start(self, rid, tokens: List[int]) -> None:
+        pass
+
+    def _append(self, rid, tokens: List[int]) -> None:
+        pass
+
+    def _finish(self, rid, output: List[int]) -> None:
+        pass
+
+    def _reset(self) -> None:
+        pass
+
+    def _draft(self, rid, root: int) -> Tuple[List[int], List[int]]:
+        raise NotImplementedError
 
     def synchronize(self) -> None:
         pass
 
     def reset(self) -> None:
-        self.drafter = SuffixDrafter(**self.kw)
         self._seen.clear()
         self._outputs.clear()
+        self._reset()
 
     def _observe(self, rid, tokens: Sequence[int], total_len: int) -> None:
         seen = self._seen.get(rid)
         if seen is None or total_len - seen > len(tokens) or total_len < seen:
             # first sight (or a gap we cannot fill): start from the context we are given
-            self.drafter.start(rid, list(tokens))
+            self._start(rid, list(tokens))
             self._outputs[rid] = []
         elif total_len > seen:
             new = list(tokens[len(tokens) - (total_len - seen):])
-            self.drafter.append(rid, new)
+            self._append(rid, new)
             self._outputs[rid].extend(new)
         self._seen[rid] = total_len
 
@@ -81,24 +96,22 @@ class SuffixCorpus:
         toks, masks = [], []
         for rid, ctx, total in zip(req_ids, batch_tokens, total_lens):
             self._observe(rid, ctx, total)
-            d = self.drafter.draft(rid, self.n)
-            t, m = tree_arrays(d.tokens, d.parents, self.n)
+            t, m = tree_arrays(*self._draft(rid, ctx[-1]), self.n)
             toks.append(t)
-            masks.append(m)
-        return np.concatenate(toks), np.concatenate([m.reshape(-1) for m in masks])
+            masks.append(m.reshape(-1))
+        return np.concatenate(toks), np.concatenate(masks)
 
     def batch_put(self, batch_tokens: List[List[int]]) -> None:
-        pass  # the per-request tries are fed in batch_get; finished outputs in erase_match_state
+        pass  # contexts are observed in batch_get, outputs handed over in erase_match_state
 
     def erase_match_state(self, req_ids: List[str]) -> None:
         for rid in req_ids:
             out = self._outputs.pop(rid, None)
-            self._seen.pop(rid, None)
-            self.drafter.finish(rid, out or [])
+            if self._seen.pop(rid, None) is not None:
+                self._finish(rid, out or [])
 
-    # SGLang's external-corpus API (NGRAM's --speculative-ngram-external-corpus-path)
     def _no_external(self, *a, **k):
-        raise NotImplementedError("LUMOTREE_SUFFIX has no external corpus; its global cache holds recent outputs")
+        raise NotImplementedError(f"{type(self).__name__} has no external corpus")
 
     load_external_corpus_named = commit_external_corpus_load = remove_external_corpus = _no_external
 
@@ -106,13 +119,44 @@ class SuffixCorpus:
         return {}
 
 
-def worker_class():
-    """SGLang's NGRAM worker with :class:`SuffixCorpus` as its draft source."""
+class SuffixCorpus(HostCorpus):
+    """:class:`HostCorpus` over :class:`SuffixDrafter` (per-request tries + global cache)."""
+
+    def __init__(self, draft_token_num: int, max_match: int = 16, max_spec: int = 16,
+                 global_tokens: int = 1 << 18, min_prob: float = 0.0):
+        super().__init__(draft_token_num)
+        self.kw = dict(max_match=max_match, max_spec=max_spec, global_tokens=global_tokens, min_prob=min_prob)
+        self.drafter = SuffixDrafter(**self.kw)
+
+    def _reset(self) -> None:
+        self.drafter = SuffixDrafter(**self.kw)
+
+    def _start(self, rid, tokens):
+        self.drafter.start(rid, tokens)
+
+    def _append(self, rid, tokens):
+        self.drafter.append(rid, tokens)
+
+    def _finish(self, rid, output):
+        self.drafter.finish(rid, output)
+
+    def _draft(self, rid, root):
+        d = self.drafter.draft(rid, self.n)
+        return d.tokens, d.parents
+
+
+def ngram_worker(make_corpus):
+    """SGLang's NGRAM worker with ``make_corpus(server_args)`` as its draft source."""
     from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
-    class LumoTreeSuffixWorker(NGRAMWorker):
+    class HostCorpusWorker(NGRAMWorker):
         def __init__(self, server_args, *args, **kwargs):
             super().__init__(server_args, *args, **kwargs)
-            self.ngram_corpus = SuffixCorpus(server_args.speculative_num_draft_tokens)
+            self.ngram_corpus = make_corpus(server_args)
 
-    return LumoTreeSuffixWorker
+    return HostCorpusWorker
+
+
+def worker_class():
+    """SGLang's NGRAM worker with :class:`SuffixCorpus` as its draft source."""
+    return ngram_worker(lambda sa: SuffixCorpus(sa.speculative_num_draft_tokens))

@@ -40,7 +40,20 @@ CONFIGS = {
     "lumotree-suffix": ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-num-draft-tokens", "8"],
 }
 MEM_PATTERNS = [r"intermediate_ssm_state_cache size: [^\s]+", r"intermediate_conv_window_cache size: [^\s]+",
-                r"LumoTree GDN backend: .*", r"Mamba Cache is allocated.*", r"ReplaySSM.*ring.*"]
+                r"LumoTree speculative scratch: .*", r"Mamba Cache is allocated.*", r"ReplaySSM.*ring.*"]
+
+
+def speculative_bytes(lines):
+    """What the server keeps for speculation beyond its state pool, from its start-up log lines:
+    SGLang's per-node snapshots + conv windows (NEXTN), or LumoTree's scratch + the same conv windows."""
+    gb = lambda pat: sum(float(m.group(1)) * 2**30 for ln in lines for m in [re.search(pat, ln)] if m)  # noqa: E731
+    mib = lambda pat: sum(float(m.group(1)) * 2**20 for ln in lines for m in [re.search(pat, ln)] if m)  # noqa: E731
+    out = dict(intermediate_ssm=gb(r"intermediate_ssm_state_cache size: ([0-9.]+)GB"),
+               conv_windows=gb(r"intermediate_conv_window_cache size: ([0-9.]+)GB"),
+               lumotree_scratch=mib(r"LumoTree speculative scratch: ([0-9.]+) MiB"),
+               released_rings=mib(r"released SGLang's per-pool-slot ring buffers: ([0-9.]+) MiB"))
+    out["total"] = out["intermediate_ssm"] + out["conv_windows"] + out["lumotree_scratch"]
+    return out
 
 
 def memory_lines(log):
@@ -140,6 +153,7 @@ def main():
         except Exception as e:  # keep what was measured; the log says the rest
             r["error"] = repr(e)[:2000]
         r["memory_log"] = memory_lines(log)
+        r["speculative_bytes"] = speculative_bytes(r["memory_log"])
         res["runs"][name] = r
         print(json.dumps({name: r})[:3000], flush=True)
         json.dump(res, open(args.out, "w"), indent=1)

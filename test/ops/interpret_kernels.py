@@ -44,6 +44,18 @@ def commit_layers():
         assert not torch.equal(p1[:, 4], pool[:, 4]) and torch.equal(p1[:, 2], pool[:, 2])  # row 2: last = -1
         if trows is not None:
             assert not torch.equal(p1[:, 0], pool[:, 0]) and torch.equal(p1[:, 3], pool[:, 3])  # 3: rows -1 / last -1
+    # buffers kept per request row (the served layout: row b of a [L, R, NR, ...] scratch), not per
+    # state slot: the same result as the per-slot buffers they hold
+    ring_rows = torch.tensor([2, 0, 3, 1])
+    per_req = [t[:, rows.clamp(min=0)][:, torch.argsort(ring_rows)].contiguous() for t in (k, v, gg, be)]
+    p1, p2 = pool.clone(), pool.clone()
+    naive.gdn_tree_commit_layers(k, v, gg, be, p1, rows, last, parents)
+    tri.gdn_tree_commit_layers_fwd(*per_req, p2, rows.int(), last.int(), parents, BV=8, ring_rows=ring_rows.int())
+    assert_close("commit layers from per-request rows", p1, p2, 1e-5)
+    p3 = pool.clone()
+    tri.gdn_tree_commit_layers_fwd(*per_req, p3, rows.int(), last.int(), parents, BV=8,
+                                   ring_rows=torch.tensor([-1, 0, 3, 1], dtype=torch.int32))
+    assert torch.equal(p3[:, 4], pool[:, 4]) and torch.equal(p3[:, 1], p2[:, 1])  # ring row -1: skipped
 
 
 def gdn(kind, l2):
@@ -92,6 +104,14 @@ def gdn(kind, l2):
         assert_close(f"{kind} ring beta", be[bi, :n], ring[3][r, :n], 1e-6)
         assert not ring[0][r, n:].any()  # padding nodes are not stored
     assert not ring[0][[0, 2, 4]].any()  # rows of no request stay untouched
+    # the same buffers kept per request (ring row = batch position; the served layout)
+    ring_b = tuple(torch.zeros(B + 1, *t.shape[1:]) for t in ring)
+    o4 = tri.gdn_tree_chunk_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
+                                       state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16, ring=ring_b,
+                                       ring_rows=torch.tensor([1, 0], dtype=torch.int32))
+    assert torch.equal(o, o4) and not ring_b[0][2].any()
+    for t, tb in zip(ring, ring_b):
+        assert torch.equal(tb[1], t[3]) and torch.equal(tb[0], t[1])
     an = tree.root_path(nums - 1)
     al = (an >= 0).sum(-1)
     p1, p2 = pool.clone(), pool.clone()

@@ -22,9 +22,10 @@ import torch.nn.functional as F  # noqa: E402
 
 import sglang.kernels.ops.mamba.mamba_state_scatter_triton as sg_scatter  # noqa: E402
 from sglang.srt.layers.attention.linear import gdn_backend as sg_gdn  # noqa: E402
+from sglang.srt.mem_cache.memory_pool import MambaPool  # noqa: E402
 
 from lumotree.ops.gdn_tree import naive  # noqa: E402
-from lumotree.sglang.backend import LumoTreeGDNBackend  # noqa: E402
+from lumotree.sglang.backend import LumoTreeGDNBackend, adopt_pool  # noqa: E402
 from lumotree.tree import TreeDescriptor  # noqa: E402
 from utils import assert_close  # noqa: E402
 
@@ -66,30 +67,44 @@ sg_scatter.fused_conv_window_scatter_with_mask = lambda *a: scattered.append(a)
 
 temporal = torch.randn(LAYERS, SLOTS + 1, Hv, V, K, device=DEV) * 0.1
 start = temporal.clone()
-rings = SimpleNamespace(
+RUNNING = B + 1  # SGLang's speculative rows: max_running_requests + 1 (its padding row); here > B
+conv = [torch.zeros(LAYERS, SLOTS + 1, 8, 3, device=DEV)]
+window = [torch.zeros(LAYERS, RUNNING, N, 8, 3, device=DEV)]
+# SGLang's own state dataclass, as its pool builds it under enable_linear_replayssm_spec: ring buffers
+# per pool slot (which LumoTree releases), no intermediate_ssm
+mamba_pool = SimpleNamespace(replayssm_spec_fold=True, mamba_cache=MambaPool.SpeculativeState(
+    conv=conv, temporal=temporal, intermediate_ssm=None, intermediate_conv_window=window,
     replayssm_rawk=torch.zeros(LAYERS, SLOTS + 1, Hk, N, K, dtype=ACT, device=DEV),
     replayssm_rawv=torch.zeros(LAYERS, SLOTS + 1, Hv, N, V, dtype=ACT, device=DEV),
     replayssm_g=torch.zeros(LAYERS, SLOTS + 1, Hv, N, device=DEV),
-    replayssm_beta=torch.zeros(LAYERS, SLOTS + 1, Hv, N, device=DEV))
-conv = [torch.zeros(LAYERS, SLOTS + 1, 8, 3, device=DEV)]
-window = [torch.zeros(LAYERS, SLOTS + 1, N, 8, 3, device=DEV)]
-all_layers = SimpleNamespace(temporal=temporal, conv=conv, intermediate_conv_window=window, **vars(rings))
+    replayssm_beta=torch.zeros(LAYERS, SLOTS + 1, Hv, N, device=DEV)))
+MAMBA_MAP = {li: li for li in range(LAYERS)}
 
 
-class Pool:
+class Pool:  # SGLang's HybridReqToTokenPool, what the backend reads of it
+    mamba_map = MAMBA_MAP
+
+    def __init__(self):
+        self.mamba_pool = mamba_pool
+
     def mamba2_layer_cache(self, layer_id):
-        return SimpleNamespace(**{k: (v[layer_id] if torch.is_tensor(v) else [t[layer_id] for t in v])
-                                  for k, v in vars(all_layers).items()})
+        return mamba_pool.mamba_cache.at_layer_idx(MAMBA_MAP[layer_id])
 
     def get_speculative_mamba2_params_all_layers(self):
-        return all_layers
+        return mamba_pool.mamba_cache
 
 
 be = LumoTreeGDNBackend.__new__(LumoTreeGDNBackend)
-be.lumotree, be.ring_len, be._first_gdn_layer, be._cur_tree = True, N, 1 << 30, None
+be.lumotree, be._first_gdn_layer, be._cur_tree = True, 1 << 30, None
 be.precision = os.environ.get("LUMOTREE_SGLANG_PRECISION", "tf32x3")
 be.req_to_token_pool = Pool()
-be.verify_intermediate_state_indices = torch.arange(B, device=DEV)
+be.scratch = adopt_pool(mamba_pool)
+assert adopt_pool(mamba_pool) is be.scratch  # one scratch per pool, shared by every backend on it
+assert mamba_pool.mamba_cache.replayssm_rawk is None and mamba_pool.mamba_cache.temporal is temporal
+assert not mamba_pool.replayssm_spec_fold  # SGLang's chain fold stays off
+assert tuple(be.scratch.k.shape) == (LAYERS, RUNNING, N, Hk, K) and be.scratch.k.dtype == ACT
+# request b's verify inputs live in scratch row b (SGLang's verify_intermediate_state_indices, an arange)
+be.verify_intermediate_state_indices = torch.arange(RUNNING, dtype=torch.int32, device=DEV)
 zeros = lambda: torch.zeros(B, N, dtype=torch.int32, device=DEV)  # noqa: E731
 be.forward_metadata = SimpleNamespace(mamba_cache_indices=ROWS, retrieve_next_token=None if CHAIN else zeros(),
                                       retrieve_next_sibling=None if CHAIN else zeros(),
@@ -114,9 +129,8 @@ for li in range(LAYERS):
                                 use_qk_l2norm=True, state_indices=ROWS[:REAL].long())
     assert_close(f"layer {li} verify", ref, o.view(B, N, Hv, V)[:REAL], 5e-3 if CUDA else 1e-4)
     assert torch.equal(temporal[li], start[li]), "verify must not write the state"
-    r0 = int(ROWS[0])
-    assert torch.equal(rings.replayssm_rawk[li].view(-1, N, Hk, K)[r0], k[0])  # request 0's slot holds its k
-    assert not rings.replayssm_rawk[li].view(-1, N, Hk, K)[SLOTS].any()  # the padded row wrote nothing
+    assert torch.equal(be.scratch.k[li, 0], k[0]) and torch.equal(be.scratch.v[li, 1], v[1])  # row b: request b
+    assert not be.scratch.k[li, REAL:].any()  # the padded request (slot -1) and the spare row stay empty
     inputs.append((k, v, g, beta))
 
 # SGLang's acceptance: request b's last accepted node is the deepest node of its tree (request 0:

@@ -9,18 +9,26 @@ Verify (``forward_extend`` in TARGET_VERIFY mode, per GDN layer, inside SGLang's
    device, without host synchronisation, and shared by all GDN layers;
 3. GDN: LumoTree's tree-masked chunk kernel computes the gates, reads each request's committed
    state row of the pool ``[pool, Hv, V, K]`` once and computes every node's output; it writes no
-   state at all; the same kernel keeps the step's raw k, v and gates g, beta per state slot in the
-   buffers SGLang allocates for ``--enable-linear-replayssm-spec`` (``Hk K + Hv V`` bf16 + ``2 Hv``
-   fp32 per node, instead of a ``Hv V K`` fp32 snapshot per node).
+   state at all; the same kernel keeps the step's raw k, v and gates g, beta in LumoTree's
+   :class:`VerifyScratch`, one row per running request (the row SGLang's conv windows use:
+   ``verify_intermediate_state_indices``): ``Hk K + Hv V`` bf16 + ``2 Hv`` fp32 per node, instead
+   of NEXTN's ``Hv V K`` fp32 snapshot per node.
 
 Commit (``update_mamba_state_after_mtp_verify``, called by SGLang's EAGLE worker after
 acceptance): one kernel for all GDN layers walks the tree's parents up from the last accepted node
-and replays that root path from the committed state into the same pool row, reading the per-slot
-buffers in place; the prefix cache's interval-crossing snapshot (``mamba_track_indices``) is
-written by the same replay; the conv windows are scattered by SGLang's kernel.
+and replays that root path from the committed state into the same pool row, reading the scratch
+in place; the prefix cache's interval-crossing snapshot (``mamba_track_indices``) is written by
+the same replay; the conv windows are scattered by SGLang's kernel.
+
+Memory: the server runs with SGLang's ``enable_linear_replayssm_spec`` (its only pool layout
+without ``intermediate_ssm``, the per-node snapshots); that layout also allocates ring buffers per
+*pool slot* (every cached state, ``max_mamba_cache_size + 1`` rows), which LumoTree does not use:
+the backend releases them at start and keeps its scratch per running request
+(``max_running_requests + 1`` rows).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Optional
@@ -42,6 +50,67 @@ def chain_parents(bs: int, n: int, device) -> torch.Tensor:
     return (torch.arange(n, device=device) - 1)[None].expand(bs, n).contiguous()
 
 
+_RING_FIELDS = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_rawv", "replayssm_rawk", "replayssm_beta")
+
+
+@dataclasses.dataclass
+class VerifyScratch:
+    """What the commit replays from, per GDN layer, running-request row and draft node: raw k
+    `[L, R, N, Hk, K]` and v `[L, R, N, Hv, V]` (activation dtype), gates g and beta `[L, R, N, Hv]`
+    fp32. Written by the verify kernel, read in place by the commit; no states."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+
+    @classmethod
+    def allocate(cls, layers: int, rows: int, nodes: int, hk: int, dk: int, hv: int, dv: int, dtype, device):
+        def z(*shape, dt=torch.float32):
+            return torch.zeros(*shape, dtype=dt, device=device)
+        return cls(z(layers, rows, nodes, hk, dk, dt=dtype), z(layers, rows, nodes, hv, dv, dt=dtype),
+                   z(layers, rows, nodes, hv), z(layers, rows, nodes, hv))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.g, self.beta))
+
+    def layer(self, i: int):
+        return self.k[i], self.v[i], self.g[i], self.beta[i]
+
+
+def adopt_pool(pool) -> VerifyScratch:
+    """LumoTree's scratch for ``pool`` (a MambaPool built with ``enable_linear_replayssm_spec``),
+    allocated once per pool and shared by every backend on it; SGLang's per-slot ring buffers are
+    dropped from the pool's state (never read under LUMOTREE) and their memory released."""
+    scratch = getattr(pool, "lumotree_scratch", None)
+    if scratch is not None:
+        return scratch
+    cache = pool.mamba_cache
+    if getattr(cache, "replayssm_rawk", None) is None or getattr(cache, "intermediate_ssm", 0) is not None:
+        raise RuntimeError("LUMOTREE needs the state pool built with enable_linear_replayssm_spec "
+                           "(set by its server-argument handling); got a pool with per-node snapshots")
+    layers, _, hk, nodes, dk = cache.replayssm_rawk.shape
+    hv, dv = cache.replayssm_rawv.shape[2], cache.replayssm_rawv.shape[4]
+    rows = cache.intermediate_conv_window[0].shape[1]  # max_running_requests + 1 (SGLang's padding row)
+    scratch = VerifyScratch.allocate(layers, rows, nodes, hk, dk, hv, dv, cache.replayssm_rawk.dtype,
+                                     cache.replayssm_rawk.device)
+    released = sum(getattr(cache, f).numel() * getattr(cache, f).element_size()
+                   for f in _RING_FIELDS if getattr(cache, f, None) is not None)
+    # SGLang's fold of its rings replays a chain prefix (and is keyed on this flag); ours replays the tree path
+    pool.replayssm_spec_fold = False
+    pool.mamba_cache = dataclasses.replace(cache, **{f: None for f in _RING_FIELDS})
+    del cache
+    if scratch.k.is_cuda:
+        torch.cuda.empty_cache()
+    pool.lumotree_scratch = scratch
+    pool.lumotree_released_ring_bytes = released
+    logger.info("LumoTree speculative scratch: %.2f MiB (k/v/g/beta for %d GDN layers x %d request rows x %d "
+                "nodes; no intermediate_ssm); released SGLang's per-pool-slot ring buffers: %.2f MiB",
+                scratch.nbytes / 2**20, layers, rows, nodes, released / 2**20)
+    return scratch
+
+
 class LumoTreeGDNBackend(GDNAttnBackend):
     """``GDNAttnBackend`` with LumoTree's tree verify and replay commit (LUMOTREE servers only)."""
 
@@ -55,18 +124,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
             raise ValueError(f"LUMOTREE_SGLANG_PRECISION must be tf32 or tf32x3, got {self.precision!r}")
         if not self.lumotree:
             return
-        pool = self.req_to_token_pool.mamba_pool
-        cache = pool.mamba_cache
-        if getattr(cache, "replayssm_rawk", None) is None or getattr(cache, "intermediate_ssm", 0) is not None:
-            raise RuntimeError("LUMOTREE needs the state pool built with enable_linear_replayssm_spec "
-                               "(set by its server-argument handling); got a pool with per-node snapshots")
-        # SGLang's fold of these buffers replays a chain prefix; our commit replays the accepted tree path.
-        pool.replayssm_spec_fold = False
-        self.ring_len = cache.replayssm_rawk.shape[3]
-        logger.info("LumoTree GDN backend: %d GDN layers, draft window %d, ring buffers %.1f MiB, no intermediate_ssm",
-                    cache.temporal.shape[0], self.ring_len,
-                    sum(t.numel() * t.element_size() for t in (cache.replayssm_rawk, cache.replayssm_rawv,
-                                                                cache.replayssm_g, cache.replayssm_beta)) / 2**20)
+        self.scratch = adopt_pool(self.req_to_token_pool.mamba_pool)
 
     # ------------------------------------------------------------------ tree
     def _tree_for(self, layer_id: int, md, bs: int, n: int, device):
@@ -123,23 +181,21 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         # fp32-accurate dots (tf32x3) by default; LUMOTREE_SGLANG_PRECISION=tf32 trades accuracy
         # (~3e-3 relative on the outputs) for fewer registers and spills
         BV, warps, prec = default_chunk_config(BT, V, torch.bfloat16 if self.precision == "tf32" else torch.float32)
-        L = self.ring_len
         # one kernel: gates from (A_log, a, dt_bias, b), the tree verify on the pool rows, and the
-        # raw k, v, g, beta kept per state slot for the replay commit (padded rows, slot -1, skipped)
-        ring = (cache.replayssm_rawk.view(-1, L, Hk, K), cache.replayssm_rawv.view(-1, L, Hv, V),
-                cache.replayssm_g.view(-1, L, Hv), cache.replayssm_beta.view(-1, L, Hv))
+        # raw k, v, g, beta kept per request row for the replay commit (padded rows, slot -1, skipped)
         o = gdn_tree_chunk_verify_fwd(q, k, v, cache.temporal, None, A_log=layer.A_log, a=a.reshape(bs, n, Hv),
                                       dt_bias=layer.dt_bias, b=b.reshape(bs, n, Hv), scale=K ** -0.5,
                                       use_qk_l2norm=True, state_indices=rows, anc_mask=anc, num_nodes=num_nodes,
-                                      BV=BV,
-                                      num_warps=warps, precision=prec, ring=ring)
+                                      BV=BV, num_warps=warps, precision=prec,
+                                      ring=self.scratch.layer(self.req_to_token_pool.mamba_map[layer.layer_id]),
+                                      ring_rows=self.verify_intermediate_state_indices[:bs])
         return o.view(T, Hv, V)
 
     # ------------------------------------------------------------------ commit
     def commit_after_verify(self, last_step: torch.Tensor, track_rows: Optional[torch.Tensor],
                             track_steps: Optional[torch.Tensor]) -> None:
         """Replay each request's accepted path (root .. ``last_step[b]``) into its pool row: one
-        launch for all GDN layers, reading the verify's per-slot buffers in place; the path is walked
+        launch for all GDN layers, reading the verify's scratch in place; the path is walked
         up the verify tree's parents inside the kernel; the prefix-cache snapshot comes from the same
         replay."""
         from lumotree.ops.gdn_tree.triton import gdn_tree_commit_layers_fwd
@@ -149,17 +205,12 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         md = self.forward_metadata
         rows = md.mamba_cache_indices[:bs]
         caches = self.req_to_token_pool.get_speculative_mamba2_params_all_layers()
-        temporal = caches.temporal
-        layers, slots = temporal.shape[:2]
-        L = self.ring_len
-        Hk, K = caches.replayssm_rawk.shape[2], caches.replayssm_rawk.shape[4]
-        Hv, V = caches.replayssm_rawv.shape[2], caches.replayssm_rawv.shape[4]
+        sc = self.scratch
         par = md.retrieve_parent_token
         gdn_tree_commit_layers_fwd(
-            caches.replayssm_rawk.view(layers, slots, L, Hk, K), caches.replayssm_rawv.view(layers, slots, L, Hv, V),
-            caches.replayssm_g.view(layers, slots, L, Hv), caches.replayssm_beta.view(layers, slots, L, Hv),
-            temporal, rows, last_step, par[:bs] if par is not None else None,
-            track_rows[:bs] if track_rows is not None else None, track_steps, use_qk_l2norm=True)
+            sc.k, sc.v, sc.g, sc.beta, caches.temporal, rows, last_step, par[:bs] if par is not None else None,
+            track_rows[:bs] if track_rows is not None else None, track_steps, use_qk_l2norm=True,
+            ring_rows=self.verify_intermediate_state_indices[:bs])
         for conv, window in zip(caches.conv, caches.intermediate_conv_window):
             fused_conv_window_scatter_with_mask(conv, window, rows, last_step)
             if track_rows is not None:

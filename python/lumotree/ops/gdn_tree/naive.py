@@ -192,15 +192,16 @@ def gdn_tree_commit(k, v, g, beta, state, tree: TreeDescriptor, accept_nodes, ac
 
 
 def gdn_tree_commit_layers(k, v, g, beta, state, rows, last, parents=None, track_rows=None, track_steps=None,
-                           use_qk_l2norm: bool = True):
+                           use_qk_l2norm: bool = True, ring_rows=None):
     """Reference of the all-layer replay commit on per-slot verify buffers (the SGLang backend's form).
 
     Args:
-        k (torch.Tensor): `[L, S, NR, Hk, K]` the verify's k per layer, state slot and node.
-        v (torch.Tensor): `[L, S, NR, Hv, V]`.
-        g, beta (torch.Tensor): `[L, S, NR, Hv]`.
+        k (torch.Tensor): `[L, R, NR, Hk, K]` the verify's k per layer, ring row and node.
+        v (torch.Tensor): `[L, R, NR, Hv, V]`.
+        g, beta (torch.Tensor): `[L, R, NR, Hv]`.
         state (torch.Tensor): `[L, S, Hv, V, K]`, updated in place at ``rows``.
         rows, last (torch.Tensor): `[B]` state slot and last accepted node (``-1`` in either: skip).
+        ring_rows (torch.Tensor): `[B]` the row of k/v/g/beta of each request (default ``rows``).
         parents (torch.Tensor): `[B, NP]` the verify tree in SGLang's numbering (entry 0 ignored), or
             None for chains (the accepted path is ``0 .. last``).
         track_rows, track_steps (torch.Tensor): `[B]` optional rows that receive the state right after
@@ -209,12 +210,14 @@ def gdn_tree_commit_layers(k, v, g, beta, state, rows, last, parents=None, track
     L, Hk, Hv = k.shape[0], k.shape[3], v.shape[3]
     rep = Hv // Hk
     rl, ll = rows.tolist(), last.tolist()
+    rr = ring_rows.tolist() if ring_rows is not None else rl
     tr = track_rows.tolist() if track_rows is not None else [-1] * len(rl)
     ts = track_steps.tolist() if track_steps is not None else [-1] * len(rl)
     par = parents.tolist() if parents is not None else None
     dt = torch.float64 if state.dtype == torch.float64 else torch.float32
     for b, (row, last_node) in enumerate(zip(rl, ll)):
-        if row < 0 or last_node < 0:
+        r = rr[b]
+        if row < 0 or r < 0 or last_node < 0:
             continue
         path = [last_node]
         while par is not None and path[-1] > 0:
@@ -223,11 +226,11 @@ def gdn_tree_commit_layers(k, v, g, beta, state, rows, last, parents=None, track
         for li in range(L):
             S = state[li, row].to(dt)
             for i in path:
-                kk = k[li, row, i].to(dt)
+                kk = k[li, r, i].to(dt)
                 if use_qk_l2norm:
                     kk = l2norm(kk)
-                S = gdn_step(S, kk.repeat_interleave(rep, 0), v[li, row, i].to(dt), g[li, row, i].to(dt),
-                             beta[li, row, i].to(dt))
+                S = gdn_step(S, kk.repeat_interleave(rep, 0), v[li, r, i].to(dt), g[li, r, i].to(dt),
+                             beta[li, r, i].to(dt))
                 if tr[b] >= 0 and ts[b] == i:
                     state[li, tr[b]] = S.to(state.dtype)
             state[li, row] = S.to(state.dtype)

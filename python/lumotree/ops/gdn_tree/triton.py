@@ -59,7 +59,7 @@ def _delta_rule_step(b_h, b_k, b_v, b_g, b_beta, USE_QK_L2NORM: tl.constexpr):
 @triton.jit
 def gdn_tree_chunk_verify_fwd_kernel(
     q, k, v, g, beta, A_log, dt_bias, o, vnew, state, state_indices, anc_mask, num_nodes,
-    ring_k, ring_v, ring_g, ring_beta, stride_rk, stride_rv, stride_rg,
+    ring_rows, ring_k, ring_v, ring_g, ring_beta, stride_rk, stride_rv, stride_rg,
     scale, stride_state, N, stride_qt, stride_kt, stride_vt,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr, STORE_VNEW: tl.constexpr,
@@ -100,17 +100,18 @@ def gdn_tree_chunk_verify_fwd_kernel(
     b_g, b_beta = _gdn_gate(g + tok * HV + i_hv, beta + tok * HV + i_hv, A_log + i_hv, dt_bias + i_hv,
                             FUSED_GATING, m_t)
     b_beta = tl.where(m_t, b_beta, 0.0)
-    if STORE_RING:  # what the replay commit needs, per state slot: raw k, v and the gates, node-major
-        if row >= 0:
+    if STORE_RING:  # what the replay commit needs, per request row: raw k, v and the gates, node-major
+        r_row = tl.load(ring_rows + i_b).to(tl.int64)
+        if (row >= 0) & (r_row >= 0):
             m_tk = m_t[:, None] & m_k[None, :]
             if (i_v == 0) & (i_hv % (HV // HK) == 0):
-                tl.store(ring_k + row * stride_rk + (o_t[:, None] * HK + i_hk) * K + o_k[None, :],
+                tl.store(ring_k + r_row * stride_rk + (o_t[:, None] * HK + i_hk) * K + o_k[None, :],
                          b_k.to(ring_k.dtype.element_ty), mask=m_tk)
-            tl.store(ring_v + row * stride_rv + (o_t[:, None] * HV + i_hv) * V + o_v[None, :],
+            tl.store(ring_v + r_row * stride_rv + (o_t[:, None] * HV + i_hv) * V + o_v[None, :],
                      b_v.to(ring_v.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
             if i_v == 0:
-                tl.store(ring_g + row * stride_rg + o_t * HV + i_hv, b_g, mask=m_t)
-                tl.store(ring_beta + row * stride_rg + o_t * HV + i_hv, b_beta, mask=m_t)
+                tl.store(ring_g + r_row * stride_rg + o_t * HV + i_hv, b_g, mask=m_t)
+                tl.store(ring_beta + r_row * stride_rg + o_t * HV + i_hv, b_beta, mask=m_t)
     if USE_QK_L2NORM:
         b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
         b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
@@ -253,22 +254,23 @@ def gdn_tree_commit_fwd_kernel(
 
 @triton.jit
 def gdn_tree_commit_layers_fwd_kernel(
-    k, v, g, beta, state, rows, parents, last, track_rows, track_steps,
+    k, v, g, beta, state, rows, ring_rows, parents, last, track_rows, track_steps,
     stride_kl, stride_ks, stride_vl, stride_vs, stride_gl, stride_gs, stride_sl, stride_ss, NP,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_PARENTS: tl.constexpr,
     HAS_TRACK: tl.constexpr,
 ):
-    """Replay commit of every GDN layer in one launch, reading the verify's per-slot buffers in
-    place: ``k[l, slot, node]`` `[Hk, K]`, ``v[l, slot, node]`` `[Hv, V]`, ``g/beta[l, slot, node]``
-    `[Hv]`. The accepted root path is found here by walking ``parents`` up from ``last[b]``."""
+    """Replay commit of every GDN layer in one launch, reading the verify's buffers in place:
+    ``k[l, r, node]`` `[Hk, K]`, ``v[l, r, node]`` `[Hv, V]`, ``g/beta[l, r, node]`` `[Hv]` with
+    ``r = ring_rows[b]``; the state is read and written at pool row ``rows[b]``. The accepted root path is found here by walking ``parents`` up from ``last[b]``."""
     i_v, i_bh, i_l = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_b = i_bh // HV
     i_hv = i_bh % HV
     i_hk = i_hv // (HV // HK)
     row = tl.load(rows + i_b).to(tl.int64)
+    r_row = tl.load(ring_rows + i_b).to(tl.int64)  # where the verify kept this request's k, v, g, beta
     lst = tl.load(last + i_b).to(tl.int32)
-    if (row >= 0) & (lst >= 0):
+    if (row >= 0) & (r_row >= 0) & (lst >= 0):
         o_n = tl.arange(0, BN)
         if HAS_PARENTS:  # ancestors of the last accepted node, root first: anc[d] = node at depth d
             node = lst
@@ -303,12 +305,12 @@ def gdn_tree_commit_layers_fwd_kernel(
         b_h = tl.load(p_h, mask=mask_h, other=0.0).to(tl.float32)
         for j in range(0, d + 1):
             i = tl.sum(tl.where(o_n == j, anc, 0))
-            b_k = tl.load(k + i_l * stride_kl + row * stride_ks + (i * HK + i_hk) * K + o_k, mask=mask_k,
+            b_k = tl.load(k + i_l * stride_kl + r_row * stride_ks + (i * HK + i_hk) * K + o_k, mask=mask_k,
                           other=0.0).to(tl.float32)
-            b_v = tl.load(v + i_l * stride_vl + row * stride_vs + (i * HV + i_hv) * V + o_v, mask=mask_v,
+            b_v = tl.load(v + i_l * stride_vl + r_row * stride_vs + (i * HV + i_hv) * V + o_v, mask=mask_v,
                           other=0.0).to(tl.float32)
-            b_g = tl.load(g + i_l * stride_gl + row * stride_gs + i * HV + i_hv).to(tl.float32)
-            b_beta = tl.load(beta + i_l * stride_gl + row * stride_gs + i * HV + i_hv).to(tl.float32)
+            b_g = tl.load(g + i_l * stride_gl + r_row * stride_gs + i * HV + i_hv).to(tl.float32)
+            b_beta = tl.load(beta + i_l * stride_gl + r_row * stride_gs + i * HV + i_hv).to(tl.float32)
             b_h = _delta_rule_step(b_h, b_k, b_v, b_g, b_beta, USE_QK_L2NORM)
             if HAS_TRACK:
                 if j == t_pos:
@@ -467,7 +469,8 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
                               anc_mask: Optional[torch.Tensor] = None, num_nodes: Optional[torch.Tensor] = None,
                               BV: Optional[int] = None, num_warps: Optional[int] = None,
                               precision: Optional[str] = None, out: Optional[torch.Tensor] = None,
-                              vnew_out: Optional[torch.Tensor] = None, ring: Optional[tuple] = None):
+                              vnew_out: Optional[torch.Tensor] = None, ring: Optional[tuple] = None,
+                              ring_rows: Optional[torch.Tensor] = None):
     """Launcher of the tensor-core tree verify (one tree-masked WY chunk per request and head).
 
     ``anc_mask`` is ``tree.mask`` as int8 `[B, N, N]` (built once per step, shared by all layers);
@@ -475,9 +478,10 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     q, k, v may be strided views into one packed projection (see :func:`_token_rows`).
     ``precision`` is the tl.dot input precision: ``tf32x3`` (fp32-accurate; default for fp32
     inputs), ``tf32`` (default for bf16/fp16 inputs, whose own rounding is coarser) or ``ieee``.
-    ``ring = (k, v, g, beta)``, per state slot `[S, NR, Hk, K]`, `[S, NR, Hv, V]`, `[S, NR, Hv]` x2
-    (``NR >= N``, rows = ``state_indices``): the kernel also stores the raw k, v and the gates there
-    for :func:`gdn_tree_commit_layers_fwd` (rows < 0 are skipped)."""
+    ``ring = (k, v, g, beta)``, per row `[R, NR, Hk, K]`, `[R, NR, Hv, V]`, `[R, NR, Hv]` x2
+    (``NR >= N``): the kernel also stores the raw k, v and the gates there, under row
+    ``ring_rows[b]`` (default: the state slot ``state_indices[b]``), for
+    :func:`gdn_tree_commit_layers_fwd` (requests whose state slot or ring row is < 0 are skipped)."""
     fused = g is None
     B, N, HK, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -497,15 +501,18 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     if ring is not None:
         rk, rv, rg, rb = ring
         if state_indices is None:
-            raise ValueError("ring stores need state_indices (the rows they are kept under)")
+            raise ValueError("ring stores need state_indices (padded requests, slot -1, store nothing)")
+        ring_rows = state_indices if ring_rows is None else ring_rows
+        if ring_rows.shape[0] < B:
+            raise ValueError(f"ring_rows must have >= {B} entries, got {tuple(ring_rows.shape)}")
         if (tuple(rk.shape[1:]) != (rk.shape[1], HK, K) or tuple(rv.shape[2:]) != (HV, V) or rk.shape[1] < N
                 or tuple(rg.shape[1:]) != (rk.shape[1], HV) or rb.shape != rg.shape
                 or not all(t.is_contiguous() for t in ring)):
             raise ValueError("ring must be contiguous (k [S, NR, Hk, K], v [S, NR, Hv, V], g/beta [S, NR, Hv]) "
                              f"with NR >= {N}, got {[tuple(t.shape) for t in ring]}")
-        ring_args = (rk, rv, rg, rb, rk.stride(0), rv.stride(0), rg.stride(0))
+        ring_args = (ring_rows, rk, rv, rg, rb, rk.stride(0), rv.stride(0), rg.stride(0))
     else:
-        ring_args = (dummy, dummy, dummy, dummy, 0, 0, 0)
+        ring_args = (dummy, dummy, dummy, dummy, dummy, 0, 0, 0)
     gdn_tree_chunk_verify_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
         q, k, v, (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
         A_log if fused else dummy, dt_bias if fused else dummy, out, vnew_out if vnew_out is not None else dummy,
@@ -554,15 +561,17 @@ def gdn_tree_commit_fwd(k, v, state, accept_nodes, accept_len, g=None, beta=None
 
 def gdn_tree_commit_layers_fwd(k, v, g, beta, state, rows, last, parents=None, track_rows=None,
                                track_steps=None, use_qk_l2norm: bool = True, BV: Optional[int] = None,
-                               num_warps: int = 4):
-    """Launcher of the all-layer replay commit on per-slot verify buffers (what the SGLang backend calls).
+                               num_warps: int = 4, ring_rows: Optional[torch.Tensor] = None):
+    """Launcher of the all-layer replay commit on the verify's k/v/g/beta buffers (what the SGLang backend calls).
 
     Args:
-        k (torch.Tensor): `[L, S, NR, Hk, K]` the verify's raw k per layer, state slot and node.
-        v (torch.Tensor): `[L, S, NR, Hv, V]`.
-        g, beta (torch.Tensor): `[L, S, NR, Hv]` fp32 log decay and beta.
+        k (torch.Tensor): `[L, R, NR, Hk, K]` the verify's raw k per layer, ring row and node.
+        v (torch.Tensor): `[L, R, NR, Hv, V]`.
+        g, beta (torch.Tensor): `[L, R, NR, Hv]` fp32 log decay and beta.
         state (torch.Tensor): `[L, S, Hv, V, K]` the state pool, updated in place at ``rows``.
         rows (torch.Tensor): `[B]` state slots (``-1``: skip).
+        ring_rows (torch.Tensor): `[B]` rows of k/v/g/beta holding each request's verify inputs
+            (default ``rows``: buffers kept per state slot).
         last (torch.Tensor): `[B]` last accepted node (``-1``: skip).
         parents (torch.Tensor): `[B, NP]` the verify tree (entry 0 ignored), or None for chains.
         track_rows, track_steps (torch.Tensor): `[B]` optional prefix-cache snapshot rows and the
@@ -575,10 +584,13 @@ def gdn_tree_commit_layers_fwd(k, v, g, beta, state, rows, last, parents=None, t
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
     if tuple(v.shape[:3]) != (L, S, NR) or tuple(g.shape) != (L, S, NR, HV) or tuple(beta.shape) != (L, S, NR, HV):
-        raise ValueError(f"v/g/beta must be [L, S, NR, Hv(, V)] = {(L, S, NR, HV, V)}, got "
+        raise ValueError(f"v/g/beta must be [L, R, NR, Hv(, V)] = {(L, S, NR, HV, V)}, got "
                          f"{tuple(v.shape)}, {tuple(g.shape)}, {tuple(beta.shape)}")
-    if tuple(state.shape) != (L, S, HV, V, K):
-        raise ValueError(f"state must be [L, S, Hv, V, K] = {(L, S, HV, V, K)}, got {tuple(state.shape)}")
+    if state.dim() != 5 or state.shape[0] != L or tuple(state.shape[2:]) != (HV, V, K):
+        raise ValueError(f"state must be [L, S, Hv, V, K] = {(L, 'S', HV, V, K)}, got {tuple(state.shape)}")
+    ring_rows = rows if ring_rows is None else ring_rows
+    if ring_rows.shape[0] < B:
+        raise ValueError(f"ring_rows must have >= {B} entries, got {tuple(ring_rows.shape)}")
     if parents is not None and (parents.dim() != 2 or parents.shape[0] < B or parents.shape[1] > NR):
         raise ValueError(f"parents must be [>= B, <= NR] = [>={B}, <={NR}], got {tuple(parents.shape)}")
     if (track_rows is None) != (track_steps is None):
@@ -589,7 +601,7 @@ def gdn_tree_commit_layers_fwd(k, v, g, beta, state, rows, last, parents=None, t
     BV = BV or _default_bv(V)
     dummy = rows
     gdn_tree_commit_layers_fwd_kernel[(triton.cdiv(V, BV), B * HV, L)](
-        k, v, g, beta, state, rows, parents.contiguous() if parents is not None else dummy, last,
+        k, v, g, beta, state, rows, ring_rows, parents.contiguous() if parents is not None else dummy, last,
         track_rows if track_rows is not None else dummy, track_steps if track_steps is not None else dummy,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1), state.stride(0),
         state.stride(1), NP,

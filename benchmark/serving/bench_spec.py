@@ -94,6 +94,7 @@ def main():
     ap.add_argument("--log-dir", default=".")
     ap.add_argument("--server-timeout", type=int, default=400)
     ap.add_argument("--oracle-p", type=float, default=None, help="controlled acceptance (oracle configs)")
+    ap.add_argument("--port", type=int, default=30000)
     args = ap.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
     if args.model:
@@ -116,7 +117,7 @@ def main():
             raise SystemExit(f"{name} needs --oracle-p")
         env = {"LUMOTREE_BENCH_ORACLE_P": str(args.oracle_p)} if oracle else None
         try:
-            with sglang_server(model, CONFIGS[name] + extra, log=log, timeout=args.server_timeout,
+            with sglang_server(model, CONFIGS[name] + extra, port=args.port, log=log, timeout=args.server_timeout,
                                base_args=base, env=env) as url:
                 srv["ready_s"] = round(time.time() - t0, 1)
                 key = "text" if args.model else "input_ids"

@@ -101,6 +101,25 @@ def abort_and_sample(url, P, texts, name):
     return out
 
 
+def workload(url, P, max_new_tokens, texts, name):
+    """The parity workload on a running server: greedy batches of 1, 7 and the rest; a second turn
+    extending 8 prompts (radix hits); an aborted request beside greedy ones; sampled requests.
+    Greedy texts go to ``texts[name...]``; returns the measurements."""
+    r = {}
+    outs, t1 = [], time.time()
+    for lo, hi in ((0, 1), (1, 8), (8, len(P))):  # batch sizes 1, 7, rest
+        outs += generate(url, P[lo:hi], max_new_tokens)
+    r.update(seconds=round(time.time() - t1, 2), **accept_stats(outs))
+    r["tokens_per_s"] = r["completion_tokens"] / r["seconds"]
+    texts[name] = [o["text"] for o in outs]
+    turn2 = [P[i] + "\n# next\n" + P[(i + 1) % len(P)][:200] for i in range(min(8, len(P)))]
+    outs2 = generate(url, turn2, 128)
+    r["turn2_cached_tokens"] = [o["meta_info"].get("cached_tokens", 0) for o in outs2]
+    texts[name + "/turn2"] = [o["text"] for o in outs2]
+    r.update(abort_and_sample(url, P, texts, name))
+    return r
+
+
 def compare(texts):
     """Per speculative configuration: how many greedy texts equal the no-speculation server's."""
     cmp = {}
@@ -139,17 +158,7 @@ def main():
         try:
             with sglang_server(args.model, CONFIGS[name] + ["--log-level", "info"], log=log, timeout=240) as url:
                 r["ready_s"] = round(time.time() - t0, 1)
-                outs, t1 = [], time.time()
-                for lo, hi in ((0, 1), (1, 8), (8, len(P))):  # batch sizes 1, 7, rest
-                    outs += generate(url, P[lo:hi], args.max_new_tokens)
-                r.update(seconds=round(time.time() - t1, 2), **accept_stats(outs))
-                r["tokens_per_s"] = r["completion_tokens"] / r["seconds"]
-                texts[name] = [o["text"] for o in outs]
-                turn2 = [P[i] + "\n# next\n" + P[(i + 1) % len(P)][:200] for i in range(min(8, len(P)))]
-                outs2 = generate(url, turn2, 128)
-                r["turn2_cached_tokens"] = [o["meta_info"].get("cached_tokens", 0) for o in outs2]
-                texts[name + "/turn2"] = [o["text"] for o in outs2]
-                r.update(abort_and_sample(url, P, texts, name))
+                r.update(workload(url, P, args.max_new_tokens, texts, name))
         except Exception as e:  # keep what was measured; the log says the rest
             r["error"] = repr(e)[:2000]
         r["memory_log"] = memory_lines(log)

@@ -68,6 +68,29 @@ def run_session(client, task: str, turns: int, max_tokens: int, root: str):
     return msgs, stats
 
 
+def workload(url, turns, max_tokens):
+    """Every task's agent session against a running server through the openai client."""
+    import openai
+
+    root = sysconfig.get_paths()["stdlib"]
+    client = openai.OpenAI(base_url=url + "/v1", api_key="none")
+    out = []
+    for t in TASKS:
+        msgs, stats = run_session(client, t, turns, max_tokens, root)
+        out.append(dict(task=t, messages=msgs, stats=stats))
+    return out
+
+
+def transcripts_identical(res):
+    base = res["runs"].get("none", {}).get("sessions")
+    if base:
+        res["transcripts_identical_to_no_spec"] = {
+            name: dict(identical=sum(a["messages"] == b["messages"] for a, b in zip(r["sessions"], base)),
+                       of=len(base))
+            for name, r in res["runs"].items() if name != "none" and r.get("sessions")}
+        print(json.dumps(res["transcripts_identical_to_no_spec"]))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True)
@@ -77,31 +100,19 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--log-dir", default=".")
     args = ap.parse_args()
-    import openai
-
-    root = sysconfig.get_paths()["stdlib"]
     res = dict(command="python3 " + " ".join(sys.argv), model=args.model, runs={})
     for name in args.configs.split(","):
         r = {}
         try:
             with sglang_server(args.model, CONFIGS[name], log=os.path.join(args.log_dir, f"agent-{name}.log"),
                                timeout=300) as url:
-                client = openai.OpenAI(base_url=url + "/v1", api_key="none")
-                r["sessions"] = []
-                for t in TASKS:
-                    msgs, stats = run_session(client, t, args.turns, args.max_tokens, root)
-                    r["sessions"].append(dict(task=t, messages=msgs, stats=stats))
+                r["sessions"] = workload(url, args.turns, args.max_tokens)
         except Exception as e:
             r["error"] = repr(e)[:2000]
         res["runs"][name] = r
         print(json.dumps({name: dict(error=r.get("error"), sessions=len(r.get("sessions", [])))}), flush=True)
         json.dump(res, open(args.out, "w"), indent=1)
-    base = res["runs"].get("none", {}).get("sessions")
-    if base:
-        res["transcripts_identical_to_no_spec"] = {
-            name: sum(a["messages"] == b["messages"] for a, b in zip(r["sessions"], base))
-            for name, r in res["runs"].items() if name != "none" and r.get("sessions")}
-        print(json.dumps(res["transcripts_identical_to_no_spec"]))
+    transcripts_identical(res)
     json.dump(res, open(args.out, "w"), indent=1)
 
 

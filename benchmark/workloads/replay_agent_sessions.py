@@ -37,6 +37,31 @@ def turns(session, max_turns):
     return out
 
 
+def workload(url, tok, sessions, max_turns, max_new_tokens, rows):
+    """Replay each session's turns in order against a running server (greedy); appends per-turn rows."""
+    for s in sessions:
+        for t, (msgs, _) in enumerate(turns(s, max_turns)):
+            text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            t0 = time.time()
+            o = post(url + "/generate", {"text": text, "sampling_params": dict(
+                temperature=0.0, max_new_tokens=max_new_tokens)})
+            mi = o["meta_info"]
+            rows.append(dict(session=s["id"], turn=t, seconds=time.time() - t0,
+                             prompt_tokens=mi["prompt_tokens"], cached_tokens=mi.get("cached_tokens", 0),
+                             completion_tokens=mi["completion_tokens"],
+                             verify_steps=mi.get("spec_verify_ct", 0), text=o["text"]))
+    return rows
+
+
+def identical_turns(res):
+    base = res["runs"].get("none", {}).get("turns")
+    if base:
+        for name, r in res["runs"].items():
+            if name != "none" and r.get("turns") and r.get("summary"):
+                r["summary"]["greedy_identical_turns"] = sum(a["text"] == b["text"] for a, b in zip(r["turns"], base))
+                r["summary"]["turns_compared"] = min(len(base), len(r["turns"]))
+
+
 def summarize(rows):
     toks = sum(r["completion_tokens"] for r in rows)
     steps = sum(r["verify_steps"] for r in rows)
@@ -68,28 +93,14 @@ def main():
         try:
             with sglang_server(args.model, CONFIGS[name], log=os.path.join(args.log_dir, f"replay-{name}.log"),
                                timeout=300) as url:
-                for s in sessions:
-                    for t, (msgs, _) in enumerate(turns(s, args.max_turns)):
-                        text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-                        t0 = time.time()
-                        o = post(url + "/generate", {"text": text, "sampling_params": dict(
-                            temperature=0.0, max_new_tokens=args.max_new_tokens)})
-                        mi = o["meta_info"]
-                        rows.append(dict(session=s["id"], turn=t, seconds=time.time() - t0,
-                                         prompt_tokens=mi["prompt_tokens"], cached_tokens=mi.get("cached_tokens", 0),
-                                         completion_tokens=mi["completion_tokens"],
-                                         verify_steps=mi.get("spec_verify_ct", 0), text=o["text"]))
+                workload(url, tok, sessions, args.max_turns, args.max_new_tokens, rows)
         except Exception as e:
             r["error"] = repr(e)[:2000]
         r.update(summary=summarize(rows) if rows else None, turns=rows)
         res["runs"][name] = r
         print(json.dumps({name: r.get("summary"), "error": r.get("error")}), flush=True)
         json.dump(res, open(args.out, "w"), indent=1)
-    base = res["runs"].get("none", {}).get("turns")
-    if base:
-        for name, r in res["runs"].items():
-            if name != "none" and r.get("turns"):
-                r["summary"]["greedy_identical_turns"] = sum(a["text"] == b["text"] for a, b in zip(r["turns"], base))
+    identical_turns(res)
     json.dump(res, open(args.out, "w"), indent=1)
 
 

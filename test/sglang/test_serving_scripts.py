@@ -51,3 +51,37 @@ def test_memory_lines(tmp_path):
     lines = parity.memory_lines(str(log))
     assert "intermediate_ssm_state_cache size: 0.05GB" in lines
     assert parity.memory_lines(str(tmp_path / "missing.log")) == []
+
+
+def test_speculative_bytes_from_log_lines():
+    parity = load("parity")
+    nextn = ["intermediate_ssm_state_cache size: 0.05GB", "intermediate_conv_window_cache size: 0.01GB"]
+    ours = ["intermediate_ssm_state_cache size: 0.00GB", "intermediate_conv_window_cache size: 0.01GB",
+            "LumoTree speculative scratch: 2.50 MiB (k/v/g/beta for 3 GDN layers x 49 request rows x 6 nodes; "
+            "no intermediate_ssm); released SGLang's per-pool-slot ring buffers: 1320.00 MiB"]
+    a, b = parity.speculative_bytes(nextn), parity.speculative_bytes(ours)
+    assert a["intermediate_ssm"] == 0.05 * 2**30 and a["lumotree_scratch"] == 0
+    assert b["lumotree_scratch"] == 2.5 * 2**20 and b["released_rings"] == 1320 * 2**20
+    assert b["total"] == 0.01 * 2**30 + 2.5 * 2**20 < a["total"]
+
+
+def test_suite_merge_compares_across_gpu_lanes(tmp_path):
+    suite = load("suite")
+
+    def part(name, texts, turn_texts, msgs):
+        return dict(command=f"suite {name}", model="m", prompts=2, max_new_tokens=4,
+                    parity=dict(runs={name: dict(tokens_per_s=1.0)}, texts={name: texts}),
+                    replay=dict(runs={name: dict(summary=dict(turns=2), turns=[dict(text=t) for t in turn_texts])}),
+                    agent=dict(runs={name: dict(sessions=[dict(messages=m) for m in msgs])}))
+
+    files = []
+    for i, p in enumerate([part("none", ["a", "b"], ["x", "y"], [[1], [2]]),
+                           part("lumotree", ["a", "c"], ["x", "y"], [[1], [3]])]):
+        f = tmp_path / f"{i}.json"
+        f.write_text(__import__("json").dumps(p))
+        files.append(str(f))
+    res = suite.compare(suite.merge(files))
+    assert res["parity"]["greedy_vs_no_spec"]["lumotree"]["identical"] == 1
+    assert res["replay"]["runs"]["lumotree"]["summary"]["greedy_identical_turns"] == 2
+    assert res["agent"]["transcripts_identical_to_no_spec"] == {"lumotree": dict(identical=1, of=2)}
+    assert res["commands"] == ["suite none", "suite lumotree"]

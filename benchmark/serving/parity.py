@@ -37,6 +37,8 @@ CONFIGS = {
     "lumotree": ["--speculative-algorithm", "LUMOTREE", *TREE],
     "none": [],
     "nextn-tree": ["--speculative-algorithm", "NEXTN", *TREE],
+    "lumotree-chain": ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3",
+                       "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"],
     "lumotree-suffix": ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-num-draft-tokens", "8"],
 }
 MEM_PATTERNS = [r"intermediate_ssm_state_cache size: [^\s]+", r"intermediate_conv_window_cache size: [^\s]+",
@@ -126,7 +128,7 @@ def compare(texts):
     for name in texts:
         if name.startswith("none") or "/" in name:
             continue
-        a, b = texts[name], texts["none"]
+        a, b = texts[name], texts["none"][: len(texts[name])]
         first_diff = [next((j for j, (x, y) in enumerate(zip(s, t)) if x != y), None) for s, t in zip(a, b)]
         cmp[name] = dict(identical=sum(s == t for s, t in zip(a, b)), of=len(b),
                          first_diff_char=[d for d in first_diff if d is not None][:32])

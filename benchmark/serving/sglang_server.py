@@ -22,7 +22,8 @@ BASE_ARGS = ["--attention-backend", "triton", "--disable-piecewise-cuda-graph", 
 def post(url, payload, timeout=600):
     req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+        body = r.read()
+    return json.loads(body) if body.strip() else {}  # e.g. /abort_request answers 200 with no body
 
 
 def get(url, timeout=5):

@@ -36,6 +36,10 @@ import replay_agent_sessions as replay  # noqa: E402
 from sglang_server import sglang_server  # noqa: E402
 
 
+class _Done(Exception):
+    pass
+
+
 def run(args):
     from transformers import AutoTokenizer
 
@@ -47,16 +51,20 @@ def run(args):
     res = dict(command="python3 " + " ".join(sys.argv), model=args.model, prompts=len(P),
                max_new_tokens=args.max_new_tokens, parity=dict(runs={}, texts={}), replay=dict(runs={}),
                agent=dict(runs={}))
-    for name in args.configs.split(","):
+    env = dict(kv.split("=", 1) for kv in args.env)
+    for config in args.configs.split(","):
+        name = config + args.tag
         log = os.path.join(args.log_dir, f"suite-{name}.log")
-        p, rp, ag = {}, {}, {}
+        p, rp, ag = dict(config=config, env=env, extra_args=args.extra), {}, {}
         t0 = time.time()
         try:
-            with sglang_server(args.model, parity.CONFIGS[name] + ["--log-level", "info"], port=args.port, log=log,
-                               timeout=300) as url:
+            with sglang_server(args.model, parity.CONFIGS[config] + ["--log-level", "info"] + args.extra, port=args.port,
+                               log=log, timeout=300, env=env or None) as url:
                 p["ready_s"] = round(time.time() - t0, 1)
                 p.update(parity.workload(url, P, args.max_new_tokens, res["parity"]["texts"], name))
                 print(json.dumps({name: "parity done"}), flush=True)
+                if args.parity_only:
+                    raise _Done
                 rows = []
                 try:
                     replay.workload(url, tok, sessions, args.max_turns, args.replay_new_tokens, rows)
@@ -68,6 +76,8 @@ def run(args):
                     ag["sessions"] = agent_loop.workload(url, args.agent_turns, args.agent_tokens)
                 except Exception as e:
                     ag["error"] = repr(e)[:2000]
+        except _Done:
+            pass
         except Exception as e:  # keep what was measured; the log says the rest
             p["error"] = repr(e)[:2000]
         p["memory_log"] = parity.memory_lines(log)
@@ -115,6 +125,10 @@ def main():
     ap.add_argument("--agent-turns", type=int, default=6)
     ap.add_argument("--agent-tokens", type=int, default=96)
     ap.add_argument("--log-dir", default=".")
+    ap.add_argument("--parity-only", action="store_true")
+    ap.add_argument("--tag", default="", help="suffix of the run names (variants of one config)")
+    ap.add_argument("--env", nargs="*", default=[], help="KEY=VALUE for the server process")
+    ap.add_argument("--extra", nargs="*", default=[], help="extra server flags (write --extra=--flag)")
     args = ap.parse_args()
     if args.merge:
         res = compare(merge(args.merge))

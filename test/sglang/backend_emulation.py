@@ -97,6 +97,7 @@ class Pool:  # SGLang's HybridReqToTokenPool, what the backend reads of it
 be = LumoTreeGDNBackend.__new__(LumoTreeGDNBackend)
 be.lumotree, be._first_gdn_layer, be._cur_tree = True, 1 << 30, None
 be.precision = os.environ.get("LUMOTREE_SGLANG_PRECISION", "tf32x3")
+be.check = None
 be.req_to_token_pool = Pool()
 be.scratch = adopt_pool(mamba_pool)
 assert adopt_pool(mamba_pool) is be.scratch  # one scratch per pool, shared by every backend on it

@@ -111,6 +111,65 @@ def adopt_pool(pool) -> VerifyScratch:
     return scratch
 
 
+class CrossCheck:
+    """Diagnostics (``LUMOTREE_SGLANG_CHECK=1``): LumoTree's served verify and commit against
+    SGLang 0.5.17's own tree-verify kernel (``fused_sigmoid_gating_delta_rule_update`` with per-node
+    snapshots) on the very same inputs, inside a running server. Host syncs and per-node buffers:
+    eager steps only, never in production."""
+
+    def __init__(self):
+        self.snapshots = {}
+        self.steps = 0
+        self.worst = dict(verify=0.0, commit=0.0)
+
+    def verify(self, li, layer, q, k, v, a, b, temporal, rows, md, o):
+        from sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent import (
+            fused_sigmoid_gating_delta_rule_update,
+        )
+
+        bs, n, Hk, K = k.shape
+        Hv, V = v.shape[2], v.shape[3]
+        snaps = torch.zeros(bs, n, Hv, V, K, dtype=torch.float32, device=q.device)
+        par = md.retrieve_parent_token
+        ref = fused_sigmoid_gating_delta_rule_update(
+            A_log=layer.A_log, a=a, dt_bias=layer.dt_bias, softplus_beta=1.0, softplus_threshold=20.0,
+            q=q.reshape(1, bs * n, Hk, K), k=k.reshape(1, bs * n, Hk, K), v=v.reshape(1, bs * n, Hv, V), b=b,
+            initial_state_source=temporal, initial_state_indices=rows, scale=K ** -0.5, use_qk_l2norm_in_kernel=True,
+            cu_seqlens=torch.arange(0, bs * n + 1, n, dtype=torch.int32, device=q.device), disable_state_update=True,
+            intermediate_states_buffer=snaps, intermediate_state_indices=torch.arange(bs, dtype=torch.int32,
+                                                                                       device=q.device),
+            cache_steps=n, retrieve_parent_token=par[:bs] if par is not None else None)
+        real = rows >= 0
+        ref = ref.reshape(bs, n, Hv, V)[real].float()
+        got = o.reshape(bs, n, Hv, V)[real].float()
+        err = ((got - ref).abs().max() / ref.abs().max().clamp(min=1e-6)).item() if ref.numel() else 0.0
+        self.worst["verify"] = max(self.worst["verify"], err)
+        self.snapshots[li] = snaps
+        if self.steps < 3:
+            logger.warning("LumoTree check: layer %d verify rel err %.2e (bs %d, n %d)", li, err, bs, n)
+
+    def expected_commit(self, rows, last):
+        exp = {}
+        for li, snaps in self.snapshots.items():
+            bs = min(snaps.shape[0], rows.shape[0])
+            idx = [(b, int(rows[b]), int(last[b])) for b in range(bs) if int(rows[b]) >= 0 and int(last[b]) >= 0]
+            exp[li] = [(row, snaps[b, node].clone()) for b, row, node in idx]
+        return exp
+
+    def commit(self, expected, temporal, rows, last):
+        err = 0.0
+        for li, items in expected.items():
+            for row, want in items:
+                got = temporal[li, row]
+                err = max(err, ((got - want).abs().max() / want.abs().max().clamp(min=1e-6)).item())
+        self.worst["commit"] = max(self.worst["commit"], err)
+        if self.steps < 3 or self.steps % 200 == 0:
+            logger.warning("LumoTree check: step %d commit rel err %.2e; worst so far %s (last %s)", self.steps, err,
+                           {k: f"{v:.2e}" for k, v in self.worst.items()}, last[:4].tolist())
+        self.steps += 1
+        self.snapshots.clear()
+
+
 class LumoTreeGDNBackend(GDNAttnBackend):
     """``GDNAttnBackend`` with LumoTree's tree verify and replay commit (LUMOTREE servers only)."""
 
@@ -125,6 +184,10 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         if not self.lumotree:
             return
         self.scratch = adopt_pool(self.req_to_token_pool.mamba_pool)
+        # LUMOTREE_SGLANG_CHECK=1 (diagnostics; eager steps only, i.e. with --disable-cuda-graph):
+        # every verify is also run through SGLang's own tree-verify kernel on the same inputs with
+        # per-node snapshots, and every commit is compared with the snapshot of the accepted node
+        self.check = CrossCheck() if os.environ.get("LUMOTREE_SGLANG_CHECK") == "1" else None
 
     # ------------------------------------------------------------------ tree
     def _tree_for(self, layer_id: int, md, bs: int, n: int, device):
@@ -189,6 +252,9 @@ class LumoTreeGDNBackend(GDNAttnBackend):
                                       BV=BV, num_warps=warps, precision=prec,
                                       ring=self.scratch.layer(self.req_to_token_pool.mamba_map[layer.layer_id]),
                                       ring_rows=self.verify_intermediate_state_indices[:bs])
+        if self.check is not None and not torch.cuda.is_current_stream_capturing():
+            self.check.verify(self.req_to_token_pool.mamba_map[layer.layer_id], layer, q, k, v, a, b,
+                              cache.temporal, rows, md, o)
         return o.view(T, Hv, V)
 
     # ------------------------------------------------------------------ commit
@@ -206,11 +272,16 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         rows = md.mamba_cache_indices[:bs]
         caches = self.req_to_token_pool.get_speculative_mamba2_params_all_layers()
         sc = self.scratch
+        check = self.check is not None and not torch.cuda.is_current_stream_capturing()
+        if check:
+            expected = self.check.expected_commit(rows, last_step)
         par = md.retrieve_parent_token
         gdn_tree_commit_layers_fwd(
             sc.k, sc.v, sc.g, sc.beta, caches.temporal, rows, last_step, par[:bs] if par is not None else None,
             track_rows[:bs] if track_rows is not None else None, track_steps, use_qk_l2norm=True,
             ring_rows=self.verify_intermediate_state_indices[:bs])
+        if check:
+            self.check.commit(expected, caches.temporal, rows, last_step)
         for conv, window in zip(caches.conv, caches.intermediate_conv_window):
             fused_conv_window_scatter_with_mask(conv, window, rows, last_step)
             if track_rows is not None:

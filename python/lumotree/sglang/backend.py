@@ -121,6 +121,12 @@ class CrossCheck:
         self.snapshots = {}
         self.steps = 0
         self.worst = dict(verify=0.0, commit=0.0)
+        self.dump_dir = os.environ.get("LUMOTREE_SGLANG_CHECK_DUMP")  # tensors of the first steps, for offline replay
+        self.dump = {}
+
+    def _keep(self, key, **tensors):
+        if self.dump_dir and self.steps < 3:
+            self.dump[key] = {k: (t.detach().cpu().clone() if torch.is_tensor(t) else t) for k, t in tensors.items()}
 
     def verify(self, li, layer, q, k, v, a, b, temporal, rows, md, o):
         from sglang.kernels.ops.attention.fla.fused_sigmoid_gating_recurrent import (
@@ -145,6 +151,8 @@ class CrossCheck:
         err = ((got - ref).abs().max() / ref.abs().max().clamp(min=1e-6)).item() if ref.numel() else 0.0
         self.worst["verify"] = max(self.worst["verify"], err)
         self.snapshots[li] = snaps
+        self._keep(f"verify{li}", q=q, k=k, v=v, a=a, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias, o=o, ref=ref,
+                   S0=temporal[rows.clamp(min=0).long()], rows=rows, snaps=snaps, parents=par)
         if self.steps < 3:
             logger.warning("LumoTree check: layer %d verify rel err %.2e (bs %d, n %d)", li, err, bs, n)
 
@@ -156,7 +164,12 @@ class CrossCheck:
             exp[li] = [(row, snaps[b, node].clone()) for b, row, node in idx]
         return exp
 
-    def commit(self, expected, temporal, rows, last):
+    def commit(self, expected, temporal, rows, last, **inputs):
+        if self.dump_dir and self.steps < 3:
+            self._keep("commit", rows=rows, last=last, after=temporal[:, rows.clamp(min=0).long()], **inputs)
+            os.makedirs(self.dump_dir, exist_ok=True)
+            torch.save(self.dump, os.path.join(self.dump_dir, f"step{self.steps}.pt"))
+            self.dump = {}
         err = 0.0
         for li, items in expected.items():
             for row, want in items:
@@ -272,16 +285,21 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         rows = md.mamba_cache_indices[:bs]
         caches = self.req_to_token_pool.get_speculative_mamba2_params_all_layers()
         sc = self.scratch
+        par = md.retrieve_parent_token
         check = self.check is not None and not torch.cuda.is_current_stream_capturing()
         if check:
             expected = self.check.expected_commit(rows, last_step)
-        par = md.retrieve_parent_token
+            before = dict(scratch_k=sc.k[:, :bs].clone(), scratch_v=sc.v[:, :bs].clone(), scratch_g=sc.g[:, :bs].clone(),
+                          scratch_beta=sc.beta[:, :bs].clone(), ring_rows=self.verify_intermediate_state_indices[:bs],
+                          before=caches.temporal[:, rows.clamp(min=0).long()].clone(),
+                          parents=par[:bs] if par is not None else None, track_rows=track_rows,
+                          track_steps=track_steps)
         gdn_tree_commit_layers_fwd(
             sc.k, sc.v, sc.g, sc.beta, caches.temporal, rows, last_step, par[:bs] if par is not None else None,
             track_rows[:bs] if track_rows is not None else None, track_steps, use_qk_l2norm=True,
             ring_rows=self.verify_intermediate_state_indices[:bs])
         if check:
-            self.check.commit(expected, caches.temporal, rows, last_step)
+            self.check.commit(expected, caches.temporal, rows, last_step, **before)
         for conv, window in zip(caches.conv, caches.intermediate_conv_window):
             fused_conv_window_scatter_with_mask(conv, window, rows, last_step)
             if track_rows is not None:

@@ -210,3 +210,33 @@ def test_conv_tree_gpu(W):
     cn.conv_tree_commit(x, p1, tree, an, al, state_indices=si)
     ct.conv_tree_commit(x, p2, tree, an, al, state_indices=si)
     assert torch.equal(p1, p2)
+
+
+def test_commit_layers_on_a_pool_past_2_31_elements_per_layer_offset():
+    """Regression (seen served: the third GDN layer of a 96k-slot pool was never committed and its
+    writes wrapped to a negative offset): the all-layer commit's layer offsets need 64 bits once
+    ``layer * slots * Hv * V * K`` passes 2^31 elements. Here 3 layers x 140000 slots x 4 x 64 x 64
+    fp32 (27.5 GB): layer 2 starts 4.6e9 elements in."""
+    from lumotree.ops.gdn_tree import triton as tri
+
+    L, S, NR, Hk, Hv, K, V = 3, 140000, 6, 2, 4, 64, 64
+    assert 2 * S * Hv * V * K > 2**31
+    g = torch.Generator(device="cuda").manual_seed(0)
+    pool = torch.zeros(L, S, Hv, V, K, device="cuda")
+    rows = torch.tensor([S - 1, 7], dtype=torch.int32, device="cuda")
+    pool[:, rows.long()] = torch.randn(L, 2, Hv, V, K, device="cuda", generator=g) * 0.05
+    ring = (torch.randn(L, 2, NR, Hk, K, device="cuda", generator=g).bfloat16(),
+            torch.randn(L, 2, NR, Hv, V, device="cuda", generator=g).bfloat16(),
+            -torch.rand(L, 2, NR, Hv, device="cuda", generator=g), torch.rand(L, 2, NR, Hv, device="cuda", generator=g))
+    parents = torch.tensor([[0, 0, 0, 1, 1, 3], [0, 0, 0, 1, 2, 2]], dtype=torch.int64, device="cuda")
+    last = torch.tensor([5, 3], dtype=torch.int32, device="cuda")
+    ring_rows = torch.arange(2, dtype=torch.int32, device="cuda")
+    want = pool[:, rows.long()].clone()
+    small = want.clone()
+    naive.gdn_tree_commit_layers(*(t.float() for t in ring), small, ring_rows.long(), last, parents)
+    tri.gdn_tree_commit_layers_fwd(*ring, pool, rows, last, parents, ring_rows=ring_rows)
+    got = pool[:, rows.long()]
+    for li in range(L):
+        assert not torch.equal(got[li], want[li]), f"layer {li} was not committed"
+        assert_close(f"layer {li}", small[li], got[li], 1e-4)
+    assert pool[:, 8:1000].abs().max() == 0  # no stray writes into other rows

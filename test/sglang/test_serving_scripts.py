@@ -85,3 +85,36 @@ def test_suite_merge_compares_across_gpu_lanes(tmp_path):
     assert res["replay"]["runs"]["lumotree"]["summary"]["greedy_identical_turns"] == 2
     assert res["agent"]["transcripts_identical_to_no_spec"] == {"lumotree": dict(identical=1, of=2)}
     assert res["commands"] == ["suite none", "suite lumotree"]
+
+
+def test_check_dump_replays_a_step_and_flags_an_unwritten_layer(tmp_path):
+    import torch
+    import torch.nn.functional as F
+
+    check = load("check_dump")
+    torch.manual_seed(0)
+    L, B, N, Hk, Hv, K = 2, 1, 3, 1, 2, 4
+    k, v = torch.randn(L, B, N, Hk, K), torch.randn(L, B, N, Hv, K)
+    a, b = torch.randn(L, B * N, Hv), torch.randn(L, B * N, Hv)
+    A_log, dt = torch.randn(Hv), torch.randn(Hv)
+    g = (-torch.exp(A_log) * F.softplus(a + dt)).view(L, B, N, Hv)
+    beta = torch.sigmoid(b).view(L, B, N, Hv)
+    parents = torch.tensor([[0, 0, 1]])
+    before = torch.randn(L, B, Hv, K, K) * 0.1
+    step = {}
+    after = before.clone()
+    for li in range(L):
+        snaps = torch.stack([check.replay(before[li, 0], k[li, 0], v[li, 0], g[li, 0], beta[li, 0], list(range(j + 1)), 2)
+                             for j in range(N)]).float()[None]
+        step[f"verify{li}"] = dict(k=k[li], v=v[li], a=a[li], b=b[li], A_log=A_log, dt_bias=dt, o=torch.ones(B, N, Hv, K),
+                                   ref=torch.ones(B, N, Hv, K), snaps=snaps)
+        if li == 0:  # the served commit wrote layer 0 only
+            after[li, 0] = snaps[0, 2]
+    step["commit"] = dict(rows=torch.tensor([3]), last=torch.tensor([2]), before=before, after=after, parents=parents,
+                          scratch_k=k, scratch_v=v, scratch_g=g, scratch_beta=beta)
+    torch.save(step, tmp_path / "step0.pt")
+    rows = check.analyse(str(tmp_path / "step0.pt"))
+    assert [r["accepted_path"] for r in rows] == [[0, 1, 2], [0, 1, 2]]
+    assert all(r["scratch_k_is_verify_k"] and r["replay_rel_err_vs_sglang_snapshot"] < 1e-6 for r in rows)
+    assert rows[0]["served_commit_wrote_the_row"] and rows[0]["served_commit_rel_err_vs_replay"] < 1e-6
+    assert not rows[1]["served_commit_wrote_the_row"] and rows[1]["served_commit_rel_err_vs_replay"] > 1e-3

@@ -263,7 +263,10 @@ def gdn_tree_commit_layers_fwd_kernel(
     """Replay commit of every GDN layer in one launch, reading the verify's buffers in place:
     ``k[l, r, node]`` `[Hk, K]`, ``v[l, r, node]`` `[Hv, V]`, ``g/beta[l, r, node]`` `[Hv]` with
     ``r = ring_rows[b]``; the state is read and written at pool row ``rows[b]``. The accepted root path is found here by walking ``parents`` up from ``last[b]``."""
-    i_v, i_bh, i_l = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    # 64-bit layer offsets: a served pool is [L, slots, Hv, V, K] with ~10^5 slots, so layer
+    # i_l * stride_sl passes 2^31 elements from the third layer on (int32 would wrap)
+    i_l = tl.program_id(2).to(tl.int64)
     i_b = i_bh // HV
     i_hv = i_bh % HV
     i_hk = i_hv // (HV // HK)

@@ -48,8 +48,9 @@ MEM_PATTERNS = [r"intermediate_ssm_state_cache size: [^\s]+", r"intermediate_con
 def speculative_bytes(lines):
     """What the server keeps for speculation beyond its state pool, from its start-up log lines:
     SGLang's per-node snapshots + conv windows (NEXTN), or LumoTree's scratch + the same conv windows."""
-    gb = lambda pat: sum(float(m.group(1)) * 2**30 for ln in lines for m in [re.search(pat, ln)] if m)  # noqa: E731
-    mib = lambda pat: sum(float(m.group(1)) * 2**20 for ln in lines for m in [re.search(pat, ln)] if m)  # noqa: E731
+    # one figure per quantity (the same number can appear in several logged lines)
+    gb = lambda pat: max([float(m.group(1)) * 2**30 for ln in lines for m in [re.search(pat, ln)] if m], default=0.0)  # noqa: E731,E501
+    mib = lambda pat: max([float(m.group(1)) * 2**20 for ln in lines for m in [re.search(pat, ln)] if m], default=0.0)  # noqa: E731,E501
     out = dict(intermediate_ssm=gb(r"intermediate_ssm_state_cache size: ([0-9.]+)GB"),
                conv_windows=gb(r"intermediate_conv_window_cache size: ([0-9.]+)GB"),
                lumotree_scratch=mib(r"LumoTree speculative scratch: ([0-9.]+) MiB"),

@@ -123,6 +123,7 @@ class CrossCheck:
         self.worst = dict(verify=0.0, commit=0.0)
         self.dump_dir = os.environ.get("LUMOTREE_SGLANG_CHECK_DUMP")  # tensors of the first steps, for offline replay
         self.dump = {}
+        self.report = os.environ.get("LUMOTREE_SGLANG_CHECK_REPORT")  # JSON with the worst errors so far
 
     def _keep(self, key, **tensors):
         if self.dump_dir and self.steps < 3:
@@ -176,6 +177,11 @@ class CrossCheck:
                 got = temporal[li, row]
                 err = max(err, ((got - want).abs().max() / want.abs().max().clamp(min=1e-6)).item())
         self.worst["commit"] = max(self.worst["commit"], err)
+        if self.report:
+            import json
+
+            with open(self.report, "w") as f:
+                json.dump(dict(steps=self.steps + 1, worst_rel_err=self.worst), f)
         if self.steps < 3 or self.steps % 200 == 0:
             logger.warning("LumoTree check: step %d commit rel err %.2e; worst so far %s (last %s)", self.steps, err,
                            {k: f"{v:.2e}" for k, v in self.worst.items()}, last[:4].tolist())

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The owed GPU runs (benchmark/device_runs.md) as three calls of < 600 s on an nvidia-h200-x2
+# machine: two lanes, one per GPU, each with its own time limit; results under $OUT, logs tarred.
+#
+#   device run (kind nvidia-h200-x2, carry .device):
+#       source .device/prelude.sh && bash benchmark/device_session.sh 1     # then 2, then 3
+#
+# Merge the suite lanes afterwards (CPU): python3 benchmark/serving/suite.py --merge s-*.json --out suite.json
+set -u
+CALL=${1:?call number 1, 2 or 3}
+OUT=${OUT:?set by the device tool}
+LOGS=/tmp/logs
+mkdir -p "$LOGS"
+M=benchmark/models/tiny-hybrid
+SUITE="python3 benchmark/serving/suite.py --model $M --log-dir $LOGS"
+BENCH="python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-8l --log-dir $LOGS"
+lane() {  # lane GPU SECONDS CMD...
+    local gpu=$1 secs=$2; shift 2
+    ( export CUDA_VISIBLE_DEVICES=$gpu; timeout "$secs" "$@" ) >> "$LOGS/lane$gpu.out" 2>&1
+    echo "[lane $gpu] rc=$? $*" >> "$LOGS/lane$gpu.out"
+}
+case $CALL in
+1)  # the int32-offset fix and the served cross-check first; then parity + agent workloads
+    ( lane 0 150 python3 -m pytest -q -m gpu test/ops/test_gdn_tree_gpu.py -k "2_31 or commit_layers"
+      lane 0 200 python3 -m pytest -q -m gpu test/sglang/test_served_crosscheck_gpu.py
+      lane 0 $((560 - SECONDS)) $SUITE --configs none --out "$OUT/s-none.json" --port 30000 ) &
+    ( lane 1 555 $SUITE --configs lumotree,nextn-tree --out "$OUT/s-lumotree.json" --port 30100 ) &
+    wait ;;
+2)  # LUMOTREE_SUFFIX + the rest of the GPU tests; serving speed of LUMOTREE at 27B shapes
+    ( lane 0 280 $SUITE --configs lumotree-suffix --out "$OUT/s-suffix.json" --port 30000
+      lane 0 $((560 - SECONDS)) python3 -m pytest -q -m gpu test/sglang test/ops ) &
+    ( lane 1 555 $BENCH --configs lumotree-topk2,lumotree-topk4 --out "$OUT/b-lumotree.json" --port 30100 ) &
+    wait ;;
+3)  # the baselines at 27B shapes, and controlled acceptance on both paths
+    ( lane 0 555 $BENCH --configs none,nextn-topk2,nextn-topk4 --out "$OUT/b-sglang.json" --port 30000 ) &
+    ( lane 1 270 $BENCH --configs lumotree-oracle --oracle-p 0.7 --batches 1,8,32 --out "$OUT/b-oracle-lt.json" --port 30100
+      lane 1 $((560 - SECONDS)) $BENCH --configs ngram-oracle --oracle-p 0.7 --batches 1,8,32 \
+          --out "$OUT/b-oracle-sg.json" --port 30100 ) &
+    wait ;;
+*)  echo "unknown call $CALL" >&2; exit 2 ;;
+esac
+tail -n 5 "$LOGS"/lane*.out
+tar -C /tmp -czf "$OUT/logs-call$CALL.tgz" logs

@@ -27,7 +27,7 @@ BATCH = 32
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 TYPES = {  # pointer / scalar argument types by name (everything else: *fp32)
     "q": "*bf16", "k": "*bf16", "v": "*bf16", "ring_k": "*bf16", "ring_v": "*bf16",
-    "anc_mask": "*i8", "num_nodes": "*i64", "state_indices": "*i32", "rows": "*i32", "parents": "*i32",
+    "anc_mask": "*i8", "num_nodes": "*i64", "state_indices": "*i32", "rows": "*i32", "ring_rows": "*i32", "parents": "*i32",
     "last": "*i32", "accept_nodes": "*i32", "accept_len": "*i32", "track_rows": "*i64", "track_len": "*i32",
     "track_steps": "*i32", "scale": "fp32", "N": "i32", "L": "i32", "NP": "i32",
 }

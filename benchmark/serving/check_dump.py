@@ -40,9 +40,10 @@ def analyse(path):
     layers = sorted(int(k[6:]) for k in d if k.startswith("verify"))
     for li in layers:
         v = d[f"verify{li}"]
-        B, N, Hv = c["scratch_g"].shape[1:]
-        g = (-torch.exp(v["A_log"].float()) * F.softplus(v["a"].float() + v["dt_bias"].float())).view(B, N, Hv)
-        beta = torch.sigmoid(v["b"].float()).view(B, N, Hv)
+        B, N, Hv = c["scratch_g"].shape[1:]  # the commit's requests (the verify may carry padded ones after them)
+        Bv = v["k"].shape[0]
+        g = (-torch.exp(v["A_log"].float()) * F.softplus(v["a"].float() + v["dt_bias"].float())).view(Bv, N, Hv)
+        beta = torch.sigmoid(v["b"].float()).view(Bv, N, Hv)
         rep = v["v"].shape[2] // v["k"].shape[2]
         for b in range(B):
             if int(c["rows"][b]) < 0:

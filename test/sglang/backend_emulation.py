@@ -25,7 +25,7 @@ from sglang.srt.layers.attention.linear import gdn_backend as sg_gdn  # noqa: E4
 from sglang.srt.mem_cache.memory_pool import MambaPool  # noqa: E402
 
 from lumotree.ops.gdn_tree import naive  # noqa: E402
-from lumotree.sglang.backend import LumoTreeGDNBackend, adopt_pool  # noqa: E402
+from lumotree.sglang.backend import CrossCheck, LumoTreeGDNBackend, adopt_pool  # noqa: E402
 from lumotree.tree import TreeDescriptor  # noqa: E402
 from utils import assert_close  # noqa: E402
 
@@ -97,7 +97,12 @@ class Pool:  # SGLang's HybridReqToTokenPool, what the backend reads of it
 be = LumoTreeGDNBackend.__new__(LumoTreeGDNBackend)
 be.lumotree, be._first_gdn_layer, be._cur_tree = True, 1 << 30, None
 be.precision = os.environ.get("LUMOTREE_SGLANG_PRECISION", "tf32x3")
-be.check = None
+# the in-server cross-check runs too: SGLang's own tree-verify kernel (per-node snapshots) on the
+# same inputs, compared with our verify and our commit
+be.check = CrossCheck()
+report = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"lumotree-emulation-check-{os.getpid()}.json")
+be.check.report = report
+be.check.dump_dir = report[:-5] + "-dump"  # and the tensor dump that benchmark/serving/check_dump.py replays
 be.req_to_token_pool = Pool()
 be.scratch = adopt_pool(mamba_pool)
 assert adopt_pool(mamba_pool) is be.scratch  # one scratch per pool, shared by every backend on it
@@ -161,6 +166,22 @@ for li, (k, v, g, beta) in enumerate(inputs):
     untouched = sorted(set(range(1, SLOTS + 1)) - {int(r) for r in ROWS[:REAL]})
     for row in untouched:
         assert torch.equal(temporal[li, row], start[li, row]), f"row {row} must stay untouched"
+import json  # noqa: E402
+
+import shutil  # noqa: E402
+
+worst = json.load(open(report))["worst_rel_err"]
+os.remove(report)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "serving"))
+import check_dump  # noqa: E402
+
+replayed = check_dump.analyse(os.path.join(be.check.dump_dir, "step0.pt"))
+shutil.rmtree(be.check.dump_dir)
+assert len(replayed) == LAYERS * REAL, len(replayed)
+for r in replayed:  # the dump replays to the same verdict offline
+    assert r["scratch_k_is_verify_k"] and r["scratch_v_is_verify_v"] and r["served_commit_wrote_the_row"], r
+    assert r["replay_rel_err_vs_sglang_snapshot"] < 1e-5 and r["served_commit_rel_err_vs_replay"] < 1e-5, r
+assert worst["verify"] < (1e-2 if CUDA else 1e-4) and worst["commit"] < 1e-5, worst  # == SGLang's kernel
 assert len(scattered) == 2 and torch.equal(scattered[0][3], last)  # conv windows: last step, then track
 if not CUDA:
     assert paths == ([[0, 1, 2, 3, 4, 5], [0, 1, 2]] if CHAIN else [[0, 1, 3, 5], [0, 1, 2]])

@@ -50,6 +50,10 @@ def chain_parents(bs: int, n: int, device) -> torch.Tensor:
     return (torch.arange(n, device=device) - 1)[None].expand(bs, n).contiguous()
 
 
+def _capturing() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 _RING_FIELDS = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_rawv", "replayssm_rawk", "replayssm_beta")
 
 
@@ -271,7 +275,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
                                       BV=BV, num_warps=warps, precision=prec,
                                       ring=self.scratch.layer(self.req_to_token_pool.mamba_map[layer.layer_id]),
                                       ring_rows=self.verify_intermediate_state_indices[:bs])
-        if self.check is not None and not torch.cuda.is_current_stream_capturing():
+        if self.check is not None and not _capturing():
             self.check.verify(self.req_to_token_pool.mamba_map[layer.layer_id], layer, q, k, v, a, b,
                               cache.temporal, rows, md, o)
         return o.view(T, Hv, V)
@@ -292,7 +296,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         caches = self.req_to_token_pool.get_speculative_mamba2_params_all_layers()
         sc = self.scratch
         par = md.retrieve_parent_token
-        check = self.check is not None and not torch.cuda.is_current_stream_capturing()
+        check = self.check is not None and not _capturing()
         if check:
             expected = self.check.expected_commit(rows, last_step)
             before = dict(scratch_k=sc.k[:, :bs].clone(), scratch_v=sc.v[:, :bs].clone(), scratch_g=sc.g[:, :bs].clone(),

@@ -120,7 +120,34 @@ def workload(url, P, max_new_tokens, texts, name):
     r["turn2_cached_tokens"] = [o["meta_info"].get("cached_tokens", 0) for o in outs2]
     texts[name + "/turn2"] = [o["text"] for o in outs2]
     r.update(abort_and_sample(url, P, texts, name))
+    if name == "none":  # the reference's top-2 margins, to tell near-ties from errors where a text differs
+        texts["none/margins"] = token_margins(url, P, max_new_tokens)
     return r
+
+
+def token_margins(url, P, max_new_tokens):
+    """Per prompt, per generated token of the greedy reference: ``[token text, top-1 minus top-2
+    logprob]`` (after the timed runs: logprobs cost time)."""
+    outs = []
+    for lo, hi in ((0, 1), (1, 8), (8, len(P))):  # the same batches as the timed greedy runs
+        outs += generate(url, P[lo:hi], max_new_tokens, extra=dict(
+            return_logprob=True, top_logprobs_num=2, return_text_in_logprobs=True))
+    res = []
+    for o in outs:
+        toks = o["meta_info"]["output_token_logprobs"]
+        tops = o["meta_info"]["output_top_logprobs"]
+        res.append([[t[2], (top[0][0] - top[1][0]) if top and len(top) > 1 else None] for t, top in zip(toks, tops)])
+    return res
+
+
+def margin_at(margins, char):
+    """The reference's margin at the token covering character ``char`` of its text."""
+    pos = 0
+    for text, m in margins:
+        pos += len(text or "")
+        if pos > char:
+            return m
+    return None
 
 
 def compare(texts):
@@ -133,6 +160,13 @@ def compare(texts):
         first_diff = [next((j for j, (x, y) in enumerate(zip(s, t)) if x != y), None) for s, t in zip(a, b)]
         cmp[name] = dict(identical=sum(s == t for s, t in zip(a, b)), of=len(b),
                          first_diff_char=[d for d in first_diff if d is not None][:32])
+        if "none/margins" in texts:  # how close the reference's own top-2 was where the texts part
+            ms = [margin_at(texts["none/margins"][i], d) for i, d in enumerate(first_diff) if d is not None]
+            cmp[name]["reference_margin_at_first_diff"] = [round(m, 4) if m is not None else None for m in ms][:32]
+            all_m = [m for row in texts["none/margins"] for _, m in row if m is not None]
+            if all_m:
+                cmp[name]["reference_margin_quantiles"] = {q: round(sorted(all_m)[int(q * (len(all_m) - 1))], 4)
+                                                           for q in (0.01, 0.05, 0.5)}
         for part in ("turn2", "beside_abort"):
             if f"{name}/{part}" in texts and f"none/{part}" in texts:
                 cmp[name][f"{part}_identical"] = sum(s == t for s, t in zip(texts[f"{name}/{part}"],

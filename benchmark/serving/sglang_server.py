@@ -65,9 +65,10 @@ def sglang_server(model, extra_args=(), port=30000, log=None, timeout=300, base_
             out.close()
 
 
-def generate(url, prompts, max_new_tokens, temperature=0.0, key="text"):
-    """One /generate call with a batch of prompts (texts or token-id lists); returns SGLang's list."""
-    res = post(url + "/generate", {key: prompts, "sampling_params": dict(
+def generate(url, prompts, max_new_tokens, temperature=0.0, key="text", extra=None):
+    """One /generate call with a batch of prompts (texts or token-id lists); returns SGLang's list.
+    ``extra``: more top-level request fields (e.g. ``return_logprob``)."""
+    res = post(url + "/generate", {key: prompts, **(extra or {}), "sampling_params": dict(
         temperature=temperature, max_new_tokens=max_new_tokens, ignore_eos=True)})
     return res if isinstance(res, list) else [res]
 

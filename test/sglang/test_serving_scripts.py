@@ -119,3 +119,31 @@ def test_check_dump_replays_a_step_and_flags_an_unwritten_layer(tmp_path):
     assert all(r["scratch_k_is_verify_k"] and r["replay_rel_err_vs_sglang_snapshot"] < 1e-6 for r in rows)
     assert rows[0]["served_commit_wrote_the_row"] and rows[0]["served_commit_rel_err_vs_replay"] < 1e-6
     assert not rows[1]["served_commit_wrote_the_row"] and rows[1]["served_commit_rel_err_vs_replay"] > 1e-3
+
+
+def test_compare_reports_the_reference_margin_where_texts_part():
+    parity = load("parity")
+    margins = [[["ab", 3.0], ["c", 0.001], ["d", 5.0]], [["x", 1.0], ["yz", 2.0]]]
+    assert parity.margin_at(margins[0], 0) == 3.0 and parity.margin_at(margins[0], 2) == 0.001
+    assert parity.margin_at(margins[0], 9) is None
+    texts = {"none": ["abcd", "xyz"], "lumotree": ["abXd", "xyz"], "none/margins": margins}
+    cmp = parity.compare(texts)["lumotree"]
+    assert cmp["identical"] == 1 and cmp["first_diff_char"] == [2]
+    assert cmp["reference_margin_at_first_diff"] == [0.001]
+    assert cmp["reference_margin_quantiles"][0.5] == 2.0
+
+
+def test_token_margins_reads_sglang_logprobs(monkeypatch):
+    parity = load("parity")
+    calls = []
+
+    def fake_generate(url, P, n, extra=None):
+        calls.append(extra)
+        return [{"meta_info": {"output_token_logprobs": [(-0.1, 5, "a"), (-0.2, 6, "b")],
+                               "output_top_logprobs": [[(-0.1, 5, "a"), (-2.1, 7, "c")], [(-0.2, 6, "b"), (-0.25, 8, "d")]]}}
+                for _ in P]
+
+    monkeypatch.setattr(parity, "generate", fake_generate)
+    res = parity.token_margins("http://x", [f"p{i}" for i in range(10)], 2)
+    assert len(res) == 10 and res[0][0][0] == "a" and abs(res[0][0][1] - 2.0) < 1e-9 and abs(res[0][1][1] - 0.05) < 1e-9
+    assert all(c["return_logprob"] and c["top_logprobs_num"] == 2 for c in calls) and len(calls) == 3

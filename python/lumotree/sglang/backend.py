@@ -151,12 +151,13 @@ class CrossCheck:
                                                                                        device=q.device),
             cache_steps=n, retrieve_parent_token=par[:bs] if par is not None else None)
         real = rows >= 0
-        ref = ref.reshape(bs, n, Hv, V)[real].float()
+        ref_all = ref.reshape(bs, n, Hv, V)
+        ref = ref_all[real].float()
         got = o.reshape(bs, n, Hv, V)[real].float()
         err = ((got - ref).abs().max() / ref.abs().max().clamp(min=1e-6)).item() if ref.numel() else 0.0
         self.worst["verify"] = max(self.worst["verify"], err)
         self.snapshots[li] = snaps
-        self._keep(f"verify{li}", q=q, k=k, v=v, a=a, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias, o=o, ref=ref,
+        self._keep(f"verify{li}", q=q, k=k, v=v, a=a, b=b, A_log=layer.A_log, dt_bias=layer.dt_bias, o=o, ref=ref_all,
                    S0=temporal[rows.clamp(min=0).long()], rows=rows, snaps=snaps, parents=par)
         if self.steps < 3:
             logger.warning("LumoTree check: layer %d verify rel err %.2e (bs %d, n %d)", li, err, bs, n)

@@ -25,7 +25,8 @@ from sglang.srt.layers.attention.linear import gdn_backend as sg_gdn  # noqa: E4
 from sglang.srt.mem_cache.memory_pool import MambaPool  # noqa: E402
 
 from lumotree.ops.gdn_tree import naive  # noqa: E402
-from lumotree.sglang.backend import CrossCheck, LumoTreeGDNBackend, adopt_pool  # noqa: E402
+from lumotree.sglang.backend import LumoTreeGDNBackend, adopt_pool  # noqa: E402
+from lumotree.sglang.crosscheck import CrossCheck  # noqa: E402
 from lumotree.tree import TreeDescriptor  # noqa: E402
 from utils import assert_close  # noqa: E402
 

@@ -114,11 +114,13 @@ def validate_server_args(server_args, algorithm: str = ALGORITHM) -> None:
 def configure_server_args(server_args) -> None:
     """LUMOTREE's own settings, applied after SGLang's EAGLE/NEXTN handling.
 
-    * ``enable_linear_replayssm_spec = True``: SGLang then allocates no per-node ``intermediate_ssm``
-      snapshot buffer and instead keeps the draft tokens' raw k, v, g, beta per state slot -- exactly
-      what LumoTree's replay commit needs (our backend writes and reads it; SGLang's own chain-only
-      fold is switched off for these pools). Set here, after SGLang's linear-chain-only check of the
-      flag, which applies to its fold and not to LumoTree's tree verify.
+    * ``enable_linear_replayssm_spec = True``: SGLang's only pool layout without the per-node
+      ``intermediate_ssm`` snapshot buffer. The ring buffers that layout keeps per state slot are
+      released by LumoTree's backend, which keeps the draft tokens' raw k, v, g, beta -- the replay
+      commit's input -- in its own scratch, one row per running request
+      (:func:`lumotree.sglang.backend.adopt_pool`); SGLang's chain-only fold is switched off. Set
+      here, after SGLang's linear-chain-only check of the flag, which applies to its fold and not
+      to LumoTree's tree verify.
     * ``mamba_ssm_dtype = float32`` (state math in fp32).
     * ``LUMOTREE_SGLANG_ACTIVE=1`` so the scheduler processes install the backend classes.
     """

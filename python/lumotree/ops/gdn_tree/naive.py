@@ -193,7 +193,7 @@ def gdn_tree_commit(k, v, g, beta, state, tree: TreeDescriptor, accept_nodes, ac
 
 def gdn_tree_commit_layers(k, v, g, beta, state, rows, last, parents=None, track_rows=None, track_steps=None,
                            use_qk_l2norm: bool = True, ring_rows=None):
-    """Reference of the all-layer replay commit on per-slot verify buffers (the SGLang backend's form).
+    """Reference of the all-layer replay commit on the verify's k/v/g/beta buffers (the SGLang backend's form).
 
     Args:
         k (torch.Tensor): `[L, R, NR, Hk, K]` the verify's k per layer, ring row and node.

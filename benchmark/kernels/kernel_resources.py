@@ -30,6 +30,7 @@ TYPES = {  # pointer / scalar argument types by name (everything else: *fp32)
     "anc_mask": "*i8", "num_nodes": "*i64", "state_indices": "*i32", "rows": "*i32", "ring_rows": "*i32", "parents": "*i32",
     "last": "*i32", "accept_nodes": "*i32", "accept_len": "*i32", "track_rows": "*i64", "track_len": "*i32",
     "track_steps": "*i32", "scale": "fp32", "N": "i32", "L": "i32", "NP": "i32",
+    "pc_rows": "*i32", "pc_last": "*i32", "pc_parents": "*i64", "pc_k": "*bf16", "pc_v": "*bf16", "PC_NP": "i32",
 }
 
 
@@ -67,9 +68,17 @@ def main():
     for BT in (16, 32, 64):  # trees of <= 16, <= 32, <= 64 nodes
         for BV, warps, prec in ((64, 4, "tf32"), (64, 4, "tf32x3"), (128, 8, "tf32"), (32, 4, "tf32")):
             consts = dict(base, BT=BT, BV=BV, PRECISION=prec, STORE_VNEW=False, HAS_STATE_INDICES=True,
-                          STORE_RING=False)
+                          STORE_RING=False, PRE_COMMIT=False, PC_HAS_PARENTS=False, PC_BN=2)
             r = resources(tri.gdn_tree_chunk_verify_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV))
             rows.append(dict(kernel="chunk verify", BT=BT, BV=BV, warps=warps, precision=prec, **r))
+            print(json.dumps(rows[-1]), flush=True)
+    for BT in (16, 32, 64):  # the served form (buffers stored), and the fused step (previous commit inside)
+        for pre in (False, True):
+            consts = dict(base, BT=BT, BV=64, PRECISION="tf32x3", STORE_VNEW=False, HAS_STATE_INDICES=True,
+                          STORE_RING=True, PRE_COMMIT=pre, PC_HAS_PARENTS=pre, PC_BN=BT if pre else 2)
+            r = resources(tri.gdn_tree_chunk_verify_fwd_kernel, consts, 4, BATCH * 48 * 2)
+            rows.append(dict(kernel="fused step: commit + verify" if pre else "served verify (buffers stored)", BT=BT,
+                             BV=64, warps=4, precision="tf32x3", **r))
             print(json.dumps(rows[-1]), flush=True)
     for BV, warps in ((16, 4), (32, 4), (64, 4)):
         consts = dict(base, BV=BV, HAS_STATE_INDICES=True, HAS_TRACK=False)

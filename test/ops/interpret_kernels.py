@@ -124,6 +124,34 @@ def gdn(kind, l2):
     tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), p6, si.int(), (nums - 1).int(), sglang_parents,
                                    use_qk_l2norm=l2, BV=8)
     assert_close(f"{kind} commit from the verify's slot buffers", p1, p6[0], 1e-5)
+    # the fused step: the previous step's commit (from `ring`, kept per state slot) inside this
+    # verify == that commit, then the verify
+    g2 = torch.Generator().manual_seed(11)
+    q2, k2 = torch.randn(B, N, Hk, K, generator=g2), torch.randn(B, N, Hk, K, generator=g2)
+    v2, a2, bb2 = torch.randn(B, N, Hv, V, generator=g2), torch.randn(B, N, Hv, generator=g2), torch.randn(B, N, Hv,
+                                                                                                           generator=g2)
+    last = torch.tensor([int(nums[0]) - 1, 0], dtype=torch.int32)
+    for par in (sglang_parents, None):
+        p_seq, p_fused = pool.clone(), pool.clone()
+        tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), p_seq[None], si.int(), last, par, use_qk_l2norm=l2,
+                                       BV=8)
+        o_seq = tri.gdn_tree_chunk_verify_fwd(q2, k2, v2, p_seq, tree, A_log=A_log, a=a2, dt_bias=dtb, b=bb2,
+                                              use_qk_l2norm=l2, state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16)
+        new_ring = tuple(torch.zeros_like(t) for t in ring)
+        o_fused = tri.gdn_tree_chunk_verify_fwd(q2, k2, v2, p_fused, tree, A_log=A_log, a=a2, dt_bias=dtb, b=bb2,
+                                                use_qk_l2norm=l2, state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16,
+                                                ring=new_ring, pre_commit=dict(ring=ring, rows=si.int(), last=last,
+                                                                               parents=par))
+        assert_close(f"{kind} fused commit+verify state (parents={par is not None})", p_seq, p_fused, 1e-5)
+        assert_close(f"{kind} fused commit+verify outputs (parents={par is not None})", o_seq, o_fused, 1e-4)
+        assert not torch.equal(p_fused[3], pool[3]) and torch.equal(p_fused[0], pool[0])
+        assert torch.equal(new_ring[0][3, :int(nums[0])], k2[0, :int(nums[0])])
+    try:
+        tri.gdn_tree_chunk_verify_fwd(q2, k2, v2, pool.clone(), tree, A_log=A_log, a=a2, dt_bias=dtb, b=bb2,
+                                      state_indices=si, ring=ring, pre_commit=dict(ring=ring, rows=si, last=last))
+        raise AssertionError("a verify must not write the buffers its pre-commit reads")
+    except ValueError:
+        pass
     # prefix-cache track rows: row 0 gets the state after 2 accepted nodes of request 0, row 4 the
     # committed state before any node of request 1 (track_len 0)
     tr, tln = torch.tensor([0, 4]), torch.tensor([min(2, int(al[0])), 0])

@@ -240,3 +240,34 @@ def test_commit_layers_on_a_pool_past_2_31_elements_per_layer_offset():
         assert not torch.equal(got[li], want[li]), f"layer {li} was not committed"
         assert_close(f"layer {li}", small[li], got[li], 1e-4)
     assert pool[:, 8:1000].abs().max() == 0  # no stray writes into other rows
+
+
+@pytest.mark.parametrize("N", [6, 16, 64])
+def test_fused_step_equals_commit_then_verify(N):
+    """The fused step (the previous step's replay commit inside this verify) == the all-layer commit
+    followed by the served verify, at Qwen3.5-27B GDN head shapes, EAGLE trees, bf16 inputs."""
+    from lumotree.ops.gdn_tree import triton as tri
+
+    B, Hk, Hv, K, V = 8, 16, 48, 128, 128
+    x, parents, nums = make(B, N, Hk, Hv, K, V, torch.bfloat16, 7, kinds=("eagle",))
+    N = parents.shape[1]
+    tree = TreeDescriptor.from_parents(parents, nums)
+    sg_par = torch.where(parents < 0, 0, parents).int()
+    ring = (torch.zeros(B, N, Hk, K, device="cuda", dtype=torch.bfloat16),
+            torch.zeros(B, N, Hv, V, device="cuda", dtype=torch.bfloat16),
+            torch.zeros(B, N, Hv, device="cuda"), torch.zeros(B, N, Hv, device="cuda"))
+    ring_rows = torch.arange(B, dtype=torch.int32, device="cuda")
+    kw = dict(A_log=x["A_log"], a=x["a"], dt_bias=x["dt_bias"], b=x["b"], use_qk_l2norm=True,
+              state_indices=x["rows"])
+    # step 1 fills the buffers; its last accepted nodes are each tree's deepest leaf
+    tri.gdn_tree_chunk_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, ring=ring, ring_rows=ring_rows, **kw)
+    last = (nums - 1).int()
+    seq, fused = x["pool"].clone(), x["pool"].clone()
+    tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), seq[None], x["rows"], last, sg_par, ring_rows=ring_rows)
+    o_seq = tri.gdn_tree_chunk_verify_fwd(x["q"], x["k"], x["v"], seq, tree, **kw)
+    ring2 = tuple(torch.zeros_like(t) for t in ring)
+    o_fused = tri.gdn_tree_chunk_verify_fwd(x["q"], x["k"], x["v"], fused, tree, ring=ring2, ring_rows=ring_rows,
+                                            pre_commit=dict(ring=ring, rows=ring_rows, last=last, parents=sg_par), **kw)
+    assert_close("fused step state", seq, fused, 1e-5)
+    assert_close("fused step outputs", o_seq.float(), o_fused.float(), 5e-3)
+    assert torch.equal(ring2[0], ring[0])  # this step's buffers: the same inputs again

@@ -57,14 +57,54 @@ def _delta_rule_step(b_h, b_k, b_v, b_g, b_beta, USE_QK_L2NORM: tl.constexpr):
 
 
 @triton.jit
+def _root_path(parents, last, i_b, NP, BN: tl.constexpr, HAS_PARENTS: tl.constexpr):
+    """``(anc, d)``: the root path of node ``last`` of request ``i_b``, root first (``anc[j]`` is the
+    node at depth ``j``, ``j <= d``), walked up SGLang-format ``parents`` `[B, NP]` (entry 0
+    ignored); without parents the tree is a chain and the path is ``0 .. last``."""
+    o_n = tl.arange(0, BN)
+    if HAS_PARENTS:
+        node = last
+        d = 0
+        while (node > 0) & (d < NP):
+            node = tl.load(parents + i_b * NP + node).to(tl.int32)
+            d += 1
+        anc = tl.full([BN], -1, tl.int32)
+        node = last
+        j = d
+        while j >= 0:
+            anc = tl.where(o_n == j, node, anc)
+            if j > 0:
+                node = tl.load(parents + i_b * NP + node).to(tl.int32)
+            j -= 1
+    else:
+        d = last
+        anc = o_n
+    return anc, d
+
+
+@triton.jit
+def _replay_node(b_h, k, v, g, beta, i, i_hk, i_hv, o_k, o_v, mask_k, mask_v,
+                 HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                 USE_QK_L2NORM: tl.constexpr):
+    """Apply node ``i`` kept node-major in one request's buffers (``k`` `[NR, Hk, K]`, ``v``
+    `[NR, Hv, V]`, ``g``/``beta`` `[NR, Hv]`, pointers at the request's row) to the state tile."""
+    b_k = tl.load(k + (i * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+    b_v = tl.load(v + (i * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
+    b_g = tl.load(g + i * HV + i_hv).to(tl.float32)
+    b_beta = tl.load(beta + i * HV + i_hv).to(tl.float32)
+    return _delta_rule_step(b_h, b_k, b_v, b_g, b_beta, USE_QK_L2NORM)
+
+
+@triton.jit
 def gdn_tree_chunk_verify_fwd_kernel(
     q, k, v, g, beta, A_log, dt_bias, o, vnew, state, state_indices, anc_mask, num_nodes,
     ring_rows, ring_k, ring_v, ring_g, ring_beta, stride_rk, stride_rv, stride_rg,
+    pc_rows, pc_last, pc_parents, pc_k, pc_v, pc_g, pc_beta, stride_pk, stride_pv, stride_pg, PC_NP,
     scale, stride_state, N, stride_qt, stride_kt, stride_vt,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr, STORE_VNEW: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_STATE_INDICES: tl.constexpr, FUSED_GATING: tl.constexpr,
-    STORE_RING: tl.constexpr,
+    STORE_RING: tl.constexpr, PRE_COMMIT: tl.constexpr, PC_HAS_PARENTS: tl.constexpr, PC_BN: tl.constexpr,
 ):
     """All paths of one request's tree at once: the chunked (WY) gated delta rule over a single
     chunk holding the whole tree, with the causal mask replaced by the ancestor mask. Node i's
@@ -90,6 +130,26 @@ def gdn_tree_chunk_verify_fwd_kernel(
         row = i_b.to(tl.int64)
     b_h = tl.load(state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
                   mask=m_v[:, None] & m_k[None, :] & (row >= 0), other=0.0)  # [BV, K] fp32
+    if PRE_COMMIT:  # first commit the previous step's accepted path into the tile (and the pool): the
+        # state is read once and written once per step for both (instead of commit: read + write,
+        # then verify: read again)
+        p_row = tl.load(pc_rows + i_b).to(tl.int64)
+        p_last = tl.load(pc_last + i_b).to(tl.int32)
+        if (row >= 0) & (p_row >= 0) & (p_last >= 0):
+            b_h = b_h.to(tl.float32)
+            anc, d = _root_path(pc_parents, p_last, i_b, PC_NP, PC_BN, PC_HAS_PARENTS)
+            o_n = tl.arange(0, PC_BN)
+            for j in range(0, d + 1):
+                b_h = _replay_node(b_h, pc_k + p_row * stride_pk, pc_v + p_row * stride_pv, pc_g + p_row * stride_pg,
+                                   pc_beta + p_row * stride_pg, tl.sum(tl.where(o_n == j, anc, 0)), i_hk, i_hv,
+                                   o_k, o_v, m_k, m_v, HK, HV, K, V, USE_QK_L2NORM)
+            tl.store(state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
+                     b_h.to(state.dtype.element_ty), mask=m_v[:, None] & m_k[None, :])
+        # reload the committed tile (from L2; written by other threads of this program) in the layout
+        # the verify's dots want, instead of converting the replay's layout through shared memory
+        tl.debug_barrier()
+        b_h = tl.load(state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
+                      mask=m_v[:, None] & m_k[None, :] & (row >= 0), other=0.0)
     # q/k/v rows may be views into one packed projection (token strides), heads contiguous in a row
     b_q = tl.load(q + tok[:, None] * stride_qt + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
                   other=0.0).to(tl.float32)
@@ -262,7 +322,8 @@ def gdn_tree_commit_layers_fwd_kernel(
 ):
     """Replay commit of every GDN layer in one launch, reading the verify's buffers in place:
     ``k[l, r, node]`` `[Hk, K]`, ``v[l, r, node]`` `[Hv, V]`, ``g/beta[l, r, node]`` `[Hv]` with
-    ``r = ring_rows[b]``; the state is read and written at pool row ``rows[b]``. The accepted root path is found here by walking ``parents`` up from ``last[b]``."""
+    ``r = ring_rows[b]``; the state is read and written at pool row ``rows[b]``. The accepted root
+    path is found here by walking ``parents`` up from ``last[b]``."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     # 64-bit layer offsets: a served pool is [L, slots, Hv, V, K] with ~10^5 slots, so layer
     # i_l * stride_sl passes 2^31 elements from the third layer on (int32 would wrap)
@@ -275,23 +336,7 @@ def gdn_tree_commit_layers_fwd_kernel(
     lst = tl.load(last + i_b).to(tl.int32)
     if (row >= 0) & (r_row >= 0) & (lst >= 0):
         o_n = tl.arange(0, BN)
-        if HAS_PARENTS:  # ancestors of the last accepted node, root first: anc[d] = node at depth d
-            node = lst
-            d = 0
-            while (node > 0) & (d < NP):
-                node = tl.load(parents + i_b * NP + node).to(tl.int32)
-                d += 1
-            anc = tl.full([BN], -1, tl.int32)
-            node = lst
-            j = d
-            while j >= 0:
-                anc = tl.where(o_n == j, node, anc)
-                if j > 0:
-                    node = tl.load(parents + i_b * NP + node).to(tl.int32)
-                j -= 1
-        else:  # a chain: the accepted path is the prefix 0..last
-            d = lst
-            anc = o_n
+        anc, d = _root_path(parents, lst, i_b, NP, BN, HAS_PARENTS)
         t_pos = -1
         if HAS_TRACK:
             t_row = tl.load(track_rows + i_b).to(tl.int64)
@@ -307,14 +352,10 @@ def gdn_tree_commit_layers_fwd_kernel(
         p_h = state + i_l * stride_sl + row * stride_ss + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
         b_h = tl.load(p_h, mask=mask_h, other=0.0).to(tl.float32)
         for j in range(0, d + 1):
-            i = tl.sum(tl.where(o_n == j, anc, 0))
-            b_k = tl.load(k + i_l * stride_kl + r_row * stride_ks + (i * HK + i_hk) * K + o_k, mask=mask_k,
-                          other=0.0).to(tl.float32)
-            b_v = tl.load(v + i_l * stride_vl + r_row * stride_vs + (i * HV + i_hv) * V + o_v, mask=mask_v,
-                          other=0.0).to(tl.float32)
-            b_g = tl.load(g + i_l * stride_gl + r_row * stride_gs + i * HV + i_hv).to(tl.float32)
-            b_beta = tl.load(beta + i_l * stride_gl + r_row * stride_gs + i * HV + i_hv).to(tl.float32)
-            b_h = _delta_rule_step(b_h, b_k, b_v, b_g, b_beta, USE_QK_L2NORM)
+            b_h = _replay_node(b_h, k + i_l * stride_kl + r_row * stride_ks, v + i_l * stride_vl + r_row * stride_vs,
+                               g + i_l * stride_gl + r_row * stride_gs, beta + i_l * stride_gl + r_row * stride_gs,
+                               tl.sum(tl.where(o_n == j, anc, 0)), i_hk, i_hv, o_k, o_v, mask_k, mask_v,
+                               HK, HV, K, V, USE_QK_L2NORM)
             if HAS_TRACK:
                 if j == t_pos:
                     tl.store(state + i_l * stride_sl + t_row * stride_ss + i_hv * V * K + o_v[:, None] * K
@@ -473,7 +514,7 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
                               BV: Optional[int] = None, num_warps: Optional[int] = None,
                               precision: Optional[str] = None, out: Optional[torch.Tensor] = None,
                               vnew_out: Optional[torch.Tensor] = None, ring: Optional[tuple] = None,
-                              ring_rows: Optional[torch.Tensor] = None):
+                              ring_rows: Optional[torch.Tensor] = None, pre_commit: Optional[dict] = None):
     """Launcher of the tensor-core tree verify (one tree-masked WY chunk per request and head).
 
     ``anc_mask`` is ``tree.mask`` as int8 `[B, N, N]` (built once per step, shared by all layers);
@@ -484,7 +525,14 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     ``ring = (k, v, g, beta)``, per row `[R, NR, Hk, K]`, `[R, NR, Hv, V]`, `[R, NR, Hv]` x2
     (``NR >= N``): the kernel also stores the raw k, v and the gates there, under row
     ``ring_rows[b]`` (default: the state slot ``state_indices[b]``), for
-    :func:`gdn_tree_commit_layers_fwd` (requests whose state slot or ring row is < 0 are skipped)."""
+    :func:`gdn_tree_commit_layers_fwd` (requests whose state slot or ring row is < 0 are skipped).
+
+    ``pre_commit`` (the fused step: commit of the previous step + this verify, one state read and one
+    write): ``dict(ring=(k, v, g, beta), rows=[B], last=[B], parents=[B, NP] or None)`` -- the
+    previous verify's buffers (same layout as ``ring``, a different tensor: this kernel writes
+    ``ring``), each request's row in them and its last accepted node. The kernel replays that
+    accepted path into the state tile, writes it to the pool row, then verifies from it; the same
+    as :func:`gdn_tree_commit_layers_fwd` (one layer) followed by this verify."""
     fused = g is None
     B, N, HK, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -516,14 +564,40 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
         ring_args = (ring_rows, rk, rv, rg, rb, rk.stride(0), rv.stride(0), rg.stride(0))
     else:
         ring_args = (dummy, dummy, dummy, dummy, dummy, 0, 0, 0)
+    if pre_commit is not None:
+        pk, pv, pg, pb = pre_commit["ring"]
+        p_rows, p_last, p_par = pre_commit["rows"], pre_commit["last"], pre_commit.get("parents")
+        if state_indices is None:
+            raise ValueError("pre_commit needs state_indices")
+        if ring is not None and any(x.data_ptr() == y.data_ptr() for x, y in zip(ring, pre_commit["ring"])):
+            raise ValueError("pre_commit's buffers must not be the ones this verify writes (ring): "
+                             "alternate two sets between steps")
+        NPP = pk.shape[1]
+        if (tuple(pk.shape[2:]) != (HK, K) or tuple(pv.shape[1:]) != (NPP, HV, V) or tuple(pg.shape[1:]) != (NPP, HV)
+                or pb.shape != pg.shape or not all(t.is_contiguous() for t in (pk, pv, pg, pb))):
+            raise ValueError("pre_commit ring must be contiguous k [R, NP, Hk, K], v [R, NP, Hv, V], g/beta [R, NP, Hv]; "
+                             f"got {[tuple(t.shape) for t in pre_commit['ring']]}")
+        if p_rows.shape[0] < B or p_last.shape[0] < B:
+            raise ValueError(f"pre_commit rows/last must have >= {B} entries")
+        if p_par is not None and (p_par.dim() != 2 or p_par.shape[0] < B or p_par.shape[1] > NPP):
+            raise ValueError(f"pre_commit parents must be [>= {B}, <= {NPP}], got {tuple(p_par.shape)}")
+        pc_np = p_par.shape[1] if p_par is not None else NPP
+        pc_args = (p_rows, p_last, p_par.contiguous() if p_par is not None else dummy, pk, pv, pg, pb,
+                   pk.stride(0), pv.stride(0), pg.stride(0), pc_np)
+        pc_bn = triton.next_power_of_2(max(pc_np, 2))
+    else:
+        pc_args = (dummy, dummy, dummy, dummy, dummy, dummy, dummy, 0, 0, 0, 1)
+        pc_bn = 2
     gdn_tree_chunk_verify_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
         q, k, v, (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
         A_log if fused else dummy, dt_bias if fused else dummy, out, vnew_out if vnew_out is not None else dummy,
         state, state_indices if state_indices is not None else dummy, anc_mask.contiguous(), num_nodes,
-        *ring_args, scale, state.stride(0), N, sq, sk, sv,
+        *ring_args, *pc_args, scale, state.stride(0), N, sq, sk, sv,
         HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, PRECISION=precision, STORE_VNEW=vnew_out is not None,
         USE_QK_L2NORM=use_qk_l2norm, HAS_STATE_INDICES=state_indices is not None, FUSED_GATING=fused,
-        STORE_RING=ring is not None, num_warps=num_warps,
+        STORE_RING=ring is not None, PRE_COMMIT=pre_commit is not None,
+        PC_HAS_PARENTS=pre_commit is not None and pre_commit.get("parents") is not None, PC_BN=pc_bn,
+        num_warps=num_warps,
     )
     return out
 

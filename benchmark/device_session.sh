@@ -26,9 +26,11 @@ case $CALL in
       lane 0 $((560 - SECONDS)) $SUITE --configs none --out "$OUT/s-none.json" --port 30000 ) &
     ( lane 1 555 $SUITE --configs lumotree,nextn-tree --out "$OUT/s-lumotree.json" --port 30100 ) &
     wait ;;
-2)  # LUMOTREE_SUFFIX + the rest of the GPU tests; serving speed of LUMOTREE at 27B shapes
+2)  # LUMOTREE_SUFFIX, then the kernel bench of the served forms and the fused step; LUMOTREE at 27B shapes
     ( lane 0 280 $SUITE --configs lumotree-suffix --out "$OUT/s-suffix.json" --port 30000
-      lane 0 $((560 - SECONDS)) python3 -m pytest -q -m gpu test/sglang test/ops ) &
+      lane 0 120 python3 -m pytest -q -m gpu test/ops/test_gdn_tree_gpu.py -k fused_step
+      lane 0 $((560 - SECONDS)) python3 benchmark/kernels/bench_gdn_tree.py --models qwen3.5-27b \
+          --trees topk2-depth3,eagle-16,eagle-64 --batches 8,32 --out "$OUT/gdn_tree_serving.json" ) &
     ( lane 1 555 $BENCH --configs lumotree-topk2,lumotree-topk4 --out "$OUT/b-lumotree.json" --port 30100 ) &
     wait ;;
 3)  # the baselines at 27B shapes, and controlled acceptance on both paths

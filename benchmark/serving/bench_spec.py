@@ -31,7 +31,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from parity import memory_lines, speculative_bytes  # noqa: E402
+from parity import memory_report  # noqa: E402
 from sglang_server import accept_stats, generate, sglang_server  # noqa: E402
 
 SHAPES = {  # Qwen3.5-27B's per-layer shapes, fewer layers (dummy weights)
@@ -139,8 +139,7 @@ def main():
                     json.dump(res, open(args.out, "w"), indent=1)
         except Exception as e:
             srv["error"] = repr(e)[:2000]
-        srv["memory_log"] = memory_lines(log)
-        srv["speculative_bytes"] = speculative_bytes(srv["memory_log"])
+        srv.update(memory_report(log))
         res["servers"][name] = srv
         print(json.dumps({name: srv})[:2000], flush=True)
         json.dump(res, open(args.out, "w"), indent=1)

@@ -17,15 +17,17 @@ import os
 import torch
 import torch.nn.functional as F
 
+from lumotree.ops.gdn_tree.naive import gdn_step
+
 
 def replay(S, k, v, g, beta, path, rep):
+    """fp64 replay of ``path`` (node indices into one request's buffers) from state ``S``: LumoTree's
+    reference step (``naive.gdn_step``) with the kernels' L2 norm of k and GQA head sharing."""
     S = S.double()
     for i in path:
         kk = k[i].double()
         kk = (kk / torch.sqrt((kk * kk).sum(-1, keepdim=True) + 1e-6)).repeat_interleave(rep, 0)
-        S = S * torch.exp(g[i].double())[:, None, None]
-        u = (v[i].double() - torch.einsum("hvk,hk->hv", S, kk)) * beta[i].double()[:, None]
-        S = S + u[:, :, None] * kk[:, None, :]
+        S = gdn_step(S, kk, v[i].double(), g[i].double(), beta[i].double())
     return S
 
 

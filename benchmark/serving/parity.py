@@ -59,6 +59,12 @@ def speculative_bytes(lines):
     return out
 
 
+def memory_report(log):
+    """``memory_log`` (the start-up lines about speculative buffers) and ``speculative_bytes`` of a server log."""
+    lines = memory_lines(log)
+    return dict(memory_log=lines, speculative_bytes=speculative_bytes(lines))
+
+
 def memory_lines(log):
     try:
         text = open(log, errors="replace").read()
@@ -198,8 +204,7 @@ def main():
                 r.update(workload(url, P, args.max_new_tokens, texts, name))
         except Exception as e:  # keep what was measured; the log says the rest
             r["error"] = repr(e)[:2000]
-        r["memory_log"] = memory_lines(log)
-        r["speculative_bytes"] = speculative_bytes(r["memory_log"])
+        r.update(memory_report(log))
         res["runs"][name] = r
         print(json.dumps({name: r})[:3000], flush=True)
         json.dump(res, open(args.out, "w"), indent=1)

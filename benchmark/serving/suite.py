@@ -80,8 +80,7 @@ def run(args):
             pass
         except Exception as e:  # keep what was measured; the log says the rest
             p["error"] = repr(e)[:2000]
-        p["memory_log"] = parity.memory_lines(log)
-        p["speculative_bytes"] = parity.speculative_bytes(p["memory_log"])
+        p.update(parity.memory_report(log))
         res["parity"]["runs"][name], res["replay"]["runs"][name], res["agent"]["runs"][name] = p, rp, ag
         print(json.dumps({name: {k: v for k, v in p.items() if k != "memory_log"}})[:3000], flush=True)
         json.dump(res, open(args.out, "w"), indent=1)

@@ -109,7 +109,6 @@ def adopt_pool(pool) -> VerifyScratch:
     if scratch.k.is_cuda:
         torch.cuda.empty_cache()
     pool.lumotree_scratch = scratch
-    pool.lumotree_released_ring_bytes = released
     logger.info("LumoTree speculative scratch: %.2f MiB (k/v/g/beta for %d GDN layers x %d request rows x %d "
                 "nodes; no intermediate_ssm); released SGLang's per-pool-slot ring buffers: %.2f MiB",
                 scratch.nbytes / 2**20, layers, rows, nodes, released / 2**20)

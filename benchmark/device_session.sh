@@ -8,35 +8,39 @@
 # Merge the suite lanes afterwards (CPU): python3 benchmark/serving/suite.py --merge s-*.json --out suite.json
 set -u
 CALL=${1:?call number 1, 2 or 3}
+LIMIT=${2:-560}  # seconds this call may take (call 3)
 OUT=${OUT:?set by the device tool}
 LOGS=/tmp/logs
 mkdir -p "$LOGS"
 M=benchmark/models/tiny-hybrid
 SUITE="python3 benchmark/serving/suite.py --model $M --log-dir $LOGS"
 BENCH="python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-8l --log-dir $LOGS"
-lane() {  # lane GPU SECONDS CMD...
+lane() {  # lane GPU SECONDS CMD...  (SIGINT first so pytest and the harness stop their servers)
     local gpu=$1 secs=$2; shift 2
-    ( export CUDA_VISIBLE_DEVICES=$gpu; timeout "$secs" "$@" ) >> "$LOGS/lane$gpu.out" 2>&1
+    ( export CUDA_VISIBLE_DEVICES=$gpu LUMOTREE_TEST_PORT=$((30000 + 100 * gpu))
+      timeout -s INT -k 30 "$secs" "$@" ) >> "$LOGS/lane$gpu.out" 2>&1
     echo "[lane $gpu] rc=$? $*" >> "$LOGS/lane$gpu.out"
+    pkill -9 -f -- "launch_server.*--port $((30000 + 100 * gpu))" && echo "[lane $gpu] killed a leftover server" >> "$LOGS/lane$gpu.out"
+    sleep 2
 }
 case $CALL in
 1)  # the int32-offset fix and the served cross-check first; then parity + agent workloads
     ( lane 0 150 python3 -m pytest -q -m gpu test/ops/test_gdn_tree_gpu.py -k "2_31 or commit_layers"
-      lane 0 200 python3 -m pytest -q -m gpu test/sglang/test_served_crosscheck_gpu.py
+      lane 0 200 python3 -m pytest -q -rA -m gpu test/sglang/test_served_crosscheck_gpu.py --basetemp=$LOGS/pt
       lane 0 $((560 - SECONDS)) $SUITE --configs none --out "$OUT/s-none.json" --port 30000 ) &
     ( lane 1 555 $SUITE --configs lumotree,nextn-tree --out "$OUT/s-lumotree.json" --port 30100 ) &
     wait ;;
-2)  # LUMOTREE_SUFFIX, then the kernel bench of the served forms and the fused step; LUMOTREE at 27B shapes
-    ( lane 0 280 $SUITE --configs lumotree-suffix --out "$OUT/s-suffix.json" --port 30000
-      lane 0 120 python3 -m pytest -q -m gpu test/ops/test_gdn_tree_gpu.py -k fused_step
-      lane 0 $((560 - SECONDS)) python3 benchmark/kernels/bench_gdn_tree.py --models qwen3.5-27b \
-          --trees topk2-depth3,eagle-16,eagle-64 --batches 8,32 --out "$OUT/gdn_tree_serving.json" ) &
-    ( lane 1 555 $BENCH --configs lumotree-topk2,lumotree-topk4 --out "$OUT/b-lumotree.json" --port 30100 ) &
+2)  # the no-spec reference for call 1's lane 1 (whose lane 0 measured a leftover server), the served
+    # cross-check with its logs, the fused step; LUMOTREE vs NEXTN topk 2 at 27B shapes
+    ( lane 0 230 $SUITE --configs none --out "$OUT/s-none.json" --port 30000
+      lane 0 150 python3 -m pytest -q -rA -x -m gpu test/sglang/test_served_crosscheck_gpu.py -k tree6 --basetemp=$LOGS/pt
+      lane 0 $((470 - SECONDS)) python3 -m pytest -q -m gpu test/ops/test_gdn_tree_gpu.py -k fused_step ) &
+    ( lane 1 470 $BENCH --configs lumotree-topk2,nextn-topk2 --batches 1,8,32 --out "$OUT/b-topk2.json" --port 30100 ) &
     wait ;;
-3)  # the baselines at 27B shapes, and controlled acceptance on both paths
-    ( lane 0 555 $BENCH --configs none,nextn-topk2,nextn-topk4 --out "$OUT/b-sglang.json" --port 30000 ) &
-    ( lane 1 270 $BENCH --configs lumotree-oracle --oracle-p 0.7 --batches 1,8,32 --out "$OUT/b-oracle-lt.json" --port 30100
-      lane 1 $((560 - SECONDS)) $BENCH --configs ngram-oracle --oracle-p 0.7 --batches 1,8,32 \
+3)  # the other baselines at 27B shapes, and controlled acceptance on both paths
+    ( lane 0 $((LIMIT - 20)) $BENCH --configs none,nextn-topk4,lumotree-topk4 --batches 1,8,32 --out "$OUT/b-topk4.json" --port 30000 ) &
+    ( lane 1 $((LIMIT / 2)) $BENCH --configs lumotree-oracle --oracle-p 0.7 --batches 1,8,32 --out "$OUT/b-oracle-lt.json" --port 30100
+      lane 1 $((LIMIT - 20 - SECONDS)) $BENCH --configs ngram-oracle --oracle-p 0.7 --batches 1,8,32 \
           --out "$OUT/b-oracle-sg.json" --port 30100 ) &
     wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -31,8 +32,22 @@ def get(url, timeout=5):
         return r.read()
 
 
+def port_is_free(port, host="127.0.0.1"):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 @contextlib.contextmanager
 def sglang_server(model, extra_args=(), port=30000, log=None, timeout=300, base_args=BASE_ARGS, env=None):
+    # A server left on the port (e.g. by a killed run) would answer the health check of this one,
+    # which then fails to bind and exits: every measurement would come from the wrong server.
+    if not port_is_free(port):
+        raise RuntimeError(f"port {port} is already in use: another server is running there")
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--port", str(port),
            "--host", "127.0.0.1", *base_args, *extra_args]
     out = open(log, "w") if log else subprocess.DEVNULL
@@ -48,7 +63,8 @@ def sglang_server(model, extra_args=(), port=30000, log=None, timeout=300, base_
                 raise TimeoutError(f"server not ready after {timeout} s (see {log})")
             try:
                 get(url + "/get_model_info")
-                break
+                if proc.poll() is None:  # it is this process that answers
+                    break
             except (urllib.error.URLError, ConnectionError, OSError):
                 time.sleep(1)
         print(json.dumps(dict(server_ready_s=round(time.time() - t0, 1), cmd=" ".join(cmd))), flush=True)

@@ -23,7 +23,8 @@ def test_served_verify_and_commit_equal_sglang_kernel(tmp_path, tree):
     report = tmp_path / "check.json"
     args = ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3", *tree, "--disable-cuda-graph"]
     model = os.path.join(ROOT, "benchmark", "models", "tiny-hybrid")
-    with sglang_server(model, args, log=str(tmp_path / "server.log"), timeout=400,
+    port = int(os.environ.get("LUMOTREE_TEST_PORT", "30000"))
+    with sglang_server(model, args, port=port, log=str(tmp_path / "server.log"), timeout=400,
                        env={"LUMOTREE_SGLANG_CHECK": "1", "LUMOTREE_SGLANG_CHECK_REPORT": str(report)}) as url:
         outs = generate(url, ["import os\n", "def main():\n", "class Tree:\n", "# utils\n"], 48)
     assert all(o["meta_info"]["completion_tokens"] == 48 for o in outs)

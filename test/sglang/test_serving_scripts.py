@@ -1,4 +1,5 @@
 """The serving scripts' own logic (the servers run on the GPU machine), with fake HTTP calls."""
+import pytest
 from utils import load_script
 
 
@@ -147,3 +148,20 @@ def test_token_margins_reads_sglang_logprobs(monkeypatch):
     res = parity.token_margins("http://x", [f"p{i}" for i in range(10)], 2)
     assert len(res) == 10 and res[0][0][0] == "a" and abs(res[0][0][1] - 2.0) < 1e-9 and abs(res[0][1][1] - 0.05) < 1e-9
     assert all(c["return_logprob"] and c["top_logprobs_num"] == 2 for c in calls) and len(calls) == 3
+
+
+def test_server_refuses_a_port_another_server_holds():
+    """A leftover server on the port would answer the new one's health check (seen on the GPU: a
+    'none' run measured a LUMOTREE server left by a killed test); refuse before launching."""
+    import socket
+
+    srv = load("sglang_server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert not srv.port_is_free(port)
+        with pytest.raises(RuntimeError, match="already in use"):
+            with srv.sglang_server("no-model", port=port):
+                pass
+    assert srv.port_is_free(port)

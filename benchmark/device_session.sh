@@ -43,6 +43,14 @@ case $CALL in
       lane 1 $((LIMIT - 20 - SECONDS)) $BENCH --configs ngram-oracle --oracle-p 0.7 --batches 1,8,32 \
           --out "$OUT/b-oracle-sg.json" --port 30100 ) &
     wait ;;
+4)  # the no-spec reference again (call 2's hung after its abort step, now the last step), the fused step
+    # test with the real-node comparison, the served cross-check, then the kernel bench of the served forms
+    ( lane 0 295 $SUITE --configs none --out "$OUT/s-none.json" --port 30000 ) &
+    ( lane 1 80 python3 -m pytest -q -m gpu test/ops/test_gdn_tree_gpu.py -k fused_step
+      lane 1 120 python3 -m pytest -q -rA -m gpu test/sglang/test_served_crosscheck_gpu.py -k tree6 --basetemp=$LOGS/pt
+      lane 1 $((295 - SECONDS)) python3 benchmark/kernels/bench_gdn_tree.py --models qwen3.5-27b \
+          --trees topk2-depth3,eagle-16,eagle-64 --batches 8,32 --out "$OUT/gdn_tree_serving.json" ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

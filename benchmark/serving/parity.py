@@ -104,13 +104,13 @@ def abort_and_sample(url, P, texts, name):
                           error=long_res.get("error"))
     texts[name + "/beside_abort"] = [o["text"] for o in side]
     sampled = post(url + "/generate", {"text": P[:8], "sampling_params": dict(
-        temperature=0.8, top_p=0.95, max_new_tokens=128, ignore_eos=True)})
+        temperature=0.8, top_p=0.95, max_new_tokens=128, ignore_eos=True)}, timeout=120)
     out["sampled"] = dict(completed=sum(o["meta_info"]["completion_tokens"] == 128 for o in sampled), of=len(sampled),
                           **accept_stats(sampled))
     return out
 
 
-def workload(url, P, max_new_tokens, texts, name):
+def workload(url, P, max_new_tokens, texts, name, abort=True):
     """The parity workload on a running server: greedy batches of 1, 7 and the rest; a second turn
     extending 8 prompts (radix hits); an aborted request beside greedy ones; sampled requests.
     Greedy texts go to ``texts[name...]``; returns the measurements."""
@@ -125,9 +125,10 @@ def workload(url, P, max_new_tokens, texts, name):
     outs2 = generate(url, turn2, 128)
     r["turn2_cached_tokens"] = [o["meta_info"].get("cached_tokens", 0) for o in outs2]
     texts[name + "/turn2"] = [o["text"] for o in outs2]
-    r.update(abort_and_sample(url, P, texts, name))
     if name == "none":  # the reference's top-2 margins, to tell near-ties from errors where a text differs
         texts["none/margins"] = token_margins(url, P, max_new_tokens)
+    if abort:
+        r.update(abort_and_sample(url, P, texts, name))
     return r
 
 

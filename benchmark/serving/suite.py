@@ -36,10 +36,6 @@ import replay_agent_sessions as replay  # noqa: E402
 from sglang_server import sglang_server  # noqa: E402
 
 
-class _Done(Exception):
-    pass
-
-
 def run(args):
     from transformers import AutoTokenizer
 
@@ -61,25 +57,34 @@ def run(args):
             with sglang_server(args.model, parity.CONFIGS[config] + ["--log-level", "info"] + args.extra, port=args.port,
                                log=log, timeout=300, env=env or None) as url:
                 p["ready_s"] = round(time.time() - t0, 1)
-                p.update(parity.workload(url, P, args.max_new_tokens, res["parity"]["texts"], name))
+                # the abort step runs last: a server that hangs after an abort (seen once, no
+                # speculation) then costs only that step's measurement
+                p.update(parity.workload(url, P, args.max_new_tokens, res["parity"]["texts"], name, abort=False))
+                json.dump(res, open(args.out, "w"), indent=1)
                 print(json.dumps({name: "parity done"}), flush=True)
-                if args.parity_only:
-                    raise _Done
-                rows = []
+                if not args.parity_only:
+                    rows = []
+                    try:
+                        replay.workload(url, tok, sessions, args.max_turns, args.replay_new_tokens, rows)
+                    except Exception as e:
+                        rp["error"] = repr(e)[:2000]
+                    rp.update(summary=replay.summarize(rows) if rows else None, turns=rows)
+                    print(json.dumps({name: "replay done"}), flush=True)
+                    try:
+                        ag["sessions"] = agent_loop.workload(url, args.agent_turns, args.agent_tokens)
+                    except Exception as e:
+                        ag["error"] = repr(e)[:2000]
                 try:
-                    replay.workload(url, tok, sessions, args.max_turns, args.replay_new_tokens, rows)
+                    p.update(parity.abort_and_sample(url, P, res["parity"]["texts"], name))
                 except Exception as e:
-                    rp["error"] = repr(e)[:2000]
-                rp.update(summary=replay.summarize(rows) if rows else None, turns=rows)
-                print(json.dumps({name: "replay done"}), flush=True)
-                try:
-                    ag["sessions"] = agent_loop.workload(url, args.agent_turns, args.agent_tokens)
-                except Exception as e:
-                    ag["error"] = repr(e)[:2000]
-        except _Done:
-            pass
+                    p["abort_error"] = repr(e)[:2000]
         except Exception as e:  # keep what was measured; the log says the rest
             p["error"] = repr(e)[:2000]
+        except KeyboardInterrupt:  # the lane's time limit (SIGINT): keep what was measured, then stop
+            p["error"] = "interrupted by the time limit"
+            res["parity"]["runs"][name], res["replay"]["runs"][name], res["agent"]["runs"][name] = p, rp, ag
+            json.dump(res, open(args.out, "w"), indent=1)
+            raise
         p.update(parity.memory_report(log))
         res["parity"]["runs"][name], res["replay"]["runs"][name], res["agent"]["runs"][name] = p, rp, ag
         print(json.dumps({name: {k: v for k, v in p.items() if k != "memory_log"}})[:3000], flush=True)

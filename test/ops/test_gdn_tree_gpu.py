@@ -269,5 +269,6 @@ def test_fused_step_equals_commit_then_verify(N):
     o_fused = tri.gdn_tree_chunk_verify_fwd(x["q"], x["k"], x["v"], fused, tree, ring=ring2, ring_rows=ring_rows,
                                             pre_commit=dict(ring=ring, rows=ring_rows, last=last, parents=sg_par), **kw)
     assert_close("fused step state", seq, fused, 1e-5)
-    assert_close("fused step outputs", o_seq.float(), o_fused.float(), 5e-3)
+    # rows past a request's node count are never written (torch.empty in both): compare real nodes
+    assert_close("fused step outputs", o_seq[tree.valid].float(), o_fused[tree.valid].float(), 5e-3)
     assert torch.equal(ring2[0], ring[0])  # this step's buffers: the same inputs again

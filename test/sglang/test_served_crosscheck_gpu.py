@@ -29,6 +29,7 @@ def test_served_verify_and_commit_equal_sglang_kernel(tmp_path, tree):
         outs = generate(url, ["import os\n", "def main():\n", "class Tree:\n", "# utils\n"], 48)
     assert all(o["meta_info"]["completion_tokens"] == 48 for o in outs)
     r = json.loads(report.read_text())
-    assert r["steps"] >= 20
+    # the 4 requests run as one batch: ~48 / accept length verify steps (16 seen on the H200)
+    assert r["steps"] >= 10
     assert r["worst_rel_err"]["verify"] < 1e-2  # bf16 outputs
     assert r["worst_rel_err"]["commit"] < 1e-4  # fp32 states: the accepted node's snapshot

@@ -82,8 +82,23 @@ def write_config(out, shape):
     return out
 
 
+def merge(files, out):
+    """One result from several runs (e.g. one per GPU lane); rows keep their run's command."""
+    res = dict(merged=files, commands=[], rows=[], servers={})
+    for f in files:
+        part = json.load(open(f))
+        res["commands"].append(part["command"])
+        for key in ("model", "shape", "input_len", "output_len"):
+            res.setdefault(key, part.get(key))
+        res["rows"] += [dict(r, command=part["command"]) for r in part["rows"]]
+        res["servers"].update(part["servers"])
+    json.dump(res, open(out, "w"), indent=1)
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--merge", nargs="+", help="combine result JSONs into --out and print the table")
     ap.add_argument("--shape", default="qwen3.5-27b-8l", choices=sorted(SHAPES))
     ap.add_argument("--model", default=None, help="a real checkpoint instead of the dummy shape")
     ap.add_argument("--out", required=True)
@@ -96,6 +111,10 @@ def main():
     ap.add_argument("--oracle-p", type=float, default=None, help="controlled acceptance (oracle configs)")
     ap.add_argument("--port", type=int, default=30000)
     args = ap.parse_args()
+    if args.merge:
+        res = merge(args.merge, args.out)
+        print(table(res["rows"], memory=res["servers"]))
+        return
     batches = [int(b) for b in args.batches.split(",")]
     if args.model:
         model, extra = args.model, []
@@ -124,16 +143,23 @@ def main():
                 generate(url, [prompts[0]] if not args.model else ["def f(x):"], 16, key=key)  # warm-up
                 for bs in batches:
                     batch = prompts[:bs] if not args.model else [f"# request {i}\ndef f{i}(x):" for i in range(bs)]
-                    if oracle:  # first pass records the greedy continuation, the second is measured
-                        generate(url, batch, args.output_len, key=key)
+                    # an unmeasured pass first: it compiles what this batch size needs (Triton JIT of
+                    # non-graph kernels; seen costing seconds at a new size) and, for the oracle
+                    # configurations, records the greedy continuation the measured pass drafts from
+                    generate(url, batch, args.output_len, key=key)
+                    t1 = time.time()
+                    generate(url, batch, 1, key=key)  # prefill (+ one token) alone
+                    prefill = time.time() - t1
                     t1 = time.time()
                     outs = generate(url, batch, args.output_len, key=key)
                     wall = time.time() - t1
                     st = accept_stats(outs)
                     steps = (st["verify_steps"] / bs) if st["verify_steps"] else args.output_len
                     row = dict(config=name, batch=bs, oracle_p=args.oracle_p if oracle else None, seconds=round(wall, 3),
-                               tokens_per_s=st["completion_tokens"] / wall,
-                               step_ms=1000 * wall / steps, accept_length=st["accept_length"])
+                               prefill_seconds=round(prefill, 3), tokens_per_s=st["completion_tokens"] / wall,
+                               step_ms=1000 * wall / steps, decode_step_ms=1000 * max(wall - prefill, 0.0) / steps,
+                               decode_tokens_per_s=st["completion_tokens"] / max(wall - prefill, 1e-9),
+                               accept_length=st["accept_length"])
                     res["rows"].append(row)
                     print(json.dumps(row), flush=True)
                     json.dump(res, open(args.out, "w"), indent=1)
@@ -143,14 +169,21 @@ def main():
         res["servers"][name] = srv
         print(json.dumps({name: srv})[:2000], flush=True)
         json.dump(res, open(args.out, "w"), indent=1)
-    print(table(res["rows"]))
+    print(table(res["rows"], memory=res["servers"]))
 
 
-def table(rows):
-    out = ["| config | batch | tokens/s | ms per step | accept length |", "|---|---|---|---|---|"]
+def table(rows, memory=None):
+    """Markdown table; ``memory``: the servers' entries, for the speculative-memory column."""
+    out = ["| config | batch | tokens/s | ms per step | decode ms per step | prefill s | accept length | spec. memory |",
+           "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         acc = f"{r['accept_length']:.2f}" if r["accept_length"] else "–"
-        out.append(f"| {r['config']} | {r['batch']} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {acc} |")
+        dec = f"{r['decode_step_ms']:.2f}" if "decode_step_ms" in r else "–"
+        pre = f"{r['prefill_seconds']:.2f}" if "prefill_seconds" in r else "–"
+        mem = (memory or {}).get(r["config"], {}).get("speculative_bytes", {}).get("total")
+        mem = f"{mem / 2**20:.0f} MiB" if mem is not None else "–"
+        out.append(f"| {r['config']} | {r['batch']} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {dec} | {pre} | {acc} "
+                   f"| {mem} |")
     return "\n".join(out)
 
 

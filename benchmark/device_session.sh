@@ -51,6 +51,22 @@ case $CALL in
       lane 1 $((295 - SECONDS)) python3 benchmark/kernels/bench_gdn_tree.py --models qwen3.5-27b \
           --trees topk2-depth3,eagle-16,eagle-64 --batches 8,32 --out "$OUT/gdn_tree_serving.json" ) &
     wait ;;
+5)  # where LUMOTREE's served step loses to NEXTN's at small batch (a profile of both), and the
+    # precision A/B on parity (the served verify in tf32 runs ~2x faster than in tf32x3)
+    ( lane 0 400 $BENCH --configs nextn-topk2,lumotree-topk2 --batches 1,8 --profile-dir /tmp/prof \
+          --out "$OUT/b-profile.json" --port 30000
+      lane 0 60 python3 benchmark/serving/profile_summary.py /tmp/prof --out "$OUT/profile_summary.json"
+      tar -C /tmp -czf "$OUT/prof.tgz" prof ) &
+    ( lane 1 300 $SUITE --configs lumotree --parity-only --tag=-tf32 --env LUMOTREE_SGLANG_PRECISION=tf32 \
+          --out "$OUT/s-tf32.json" --port 30100
+      lane 1 $((540 - SECONDS)) $SUITE --configs nextn-chain,lumotree-chain --parity-only --out "$OUT/s-chain.json" --port 30100 ) &
+    wait ;;
+6)  # batch-invariant kernels: does NEXTN then match no-spec exactly, and LUMOTREE?
+    ( lane 0 540 $SUITE --configs none,nextn-tree --parity-only --tag=-det --extra=--enable-deterministic-inference \
+          --out "$OUT/s-det0.json" --port 30000 ) &
+    ( lane 1 540 $SUITE --configs lumotree --parity-only --tag=-det --extra=--enable-deterministic-inference \
+          --out "$OUT/s-det1.json" --port 30100 ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import random
+import re
 import sys
 import time
 
@@ -32,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from parity import memory_report  # noqa: E402
-from sglang_server import accept_stats, generate, sglang_server  # noqa: E402
+from sglang_server import accept_stats, generate, post, sglang_server  # noqa: E402
 
 SHAPES = {  # Qwen3.5-27B's per-layer shapes, fewer layers (dummy weights)
     "qwen3.5-27b-8l": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=8, num_attention_heads=24,
@@ -82,6 +83,32 @@ def write_config(out, shape):
     return out
 
 
+DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+),.*?(?:accept len: ([\d.]+),.*?)?"
+                         r"gen throughput \(token/s\): ([\d.]+)")
+
+
+def logged_decode(log, batch):
+    """The server's own decode throughput (SGLang logs it every 40 decode steps) while exactly
+    ``batch`` requests ran: the best of its intervals, or None. Free of prefill and of the client."""
+    try:
+        text = open(log, errors="replace").read()
+    except OSError:
+        return None
+    vals = [float(m.group(3)) for m in DECODE_LINE.finditer(text) if int(m.group(1)) == batch]
+    return max(vals) if vals else None
+
+
+def profile_pass(url, batch, args, key, tag):
+    """One more pass of the batch under SGLang's torch profiler (``/start_profile``, stopped by the
+    server after ``--profile-steps`` forward steps); the trace lands in ``--profile-dir/tag``."""
+    out = os.path.abspath(os.path.join(args.profile_dir, tag))
+    os.makedirs(out, exist_ok=True)
+    post(url + "/start_profile", dict(output_dir=out, num_steps=args.profile_steps, activities=["CPU", "GPU"],
+                                      with_stack=True, profile_prefix=tag))
+    generate(url, batch, args.output_len, key=key)
+    return out
+
+
 def merge(files, out):
     """One result from several runs (e.g. one per GPU lane); rows keep their run's command."""
     res = dict(merged=files, commands=[], rows=[], servers={})
@@ -110,6 +137,11 @@ def main():
     ap.add_argument("--server-timeout", type=int, default=400)
     ap.add_argument("--oracle-p", type=float, default=None, help="controlled acceptance (oracle configs)")
     ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--profile-dir", default=None,
+                    help="after the measured pass, profile --profile-steps steps (torch profiler, CPU+GPU) at the "
+                         "batch sizes in --profile-batches; summarise with profile_summary.py")
+    ap.add_argument("--profile-batches", default="1,8")
+    ap.add_argument("--profile-steps", type=int, default=30)
     args = ap.parse_args()
     if args.merge:
         res = merge(args.merge, args.out)
@@ -161,6 +193,9 @@ def main():
                                decode_tokens_per_s=st["completion_tokens"] / max(wall - prefill, 1e-9),
                                accept_length=st["accept_length"])
                     res["rows"].append(row)
+                    row["logged_decode_tokens_per_s"] = logged_decode(log, bs)
+                    if args.profile_dir and bs in [int(x) for x in args.profile_batches.split(",")]:
+                        row["profile"] = profile_pass(url, batch, args, key, f"{name}-bs{bs}")
                     print(json.dumps(row), flush=True)
                     json.dump(res, open(args.out, "w"), indent=1)
         except Exception as e:
@@ -174,16 +209,14 @@ def main():
 
 def table(rows, memory=None):
     """Markdown table; ``memory``: the servers' entries, for the speculative-memory column."""
-    out = ["| config | batch | tokens/s | ms per step | decode ms per step | prefill s | accept length | spec. memory |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["| config | batch | tokens/s (client) | ms per step (client) | decode tokens/s (server log) | accept length "
+           "| spec. memory |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         acc = f"{r['accept_length']:.2f}" if r["accept_length"] else "–"
-        dec = f"{r['decode_step_ms']:.2f}" if "decode_step_ms" in r else "–"
-        pre = f"{r['prefill_seconds']:.2f}" if "prefill_seconds" in r else "–"
+        dec = f"{r['logged_decode_tokens_per_s']:.0f}" if r.get("logged_decode_tokens_per_s") else "–"
         mem = (memory or {}).get(r["config"], {}).get("speculative_bytes", {}).get("total")
         mem = f"{mem / 2**20:.0f} MiB" if mem is not None else "–"
-        out.append(f"| {r['config']} | {r['batch']} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {dec} | {pre} | {acc} "
-                   f"| {mem} |")
+        out.append(f"| {r['config']} | {r['batch']} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {dec} | {acc} | {mem} |")
     return "\n".join(out)
 
 

@@ -37,6 +37,8 @@ CONFIGS = {
     "lumotree": ["--speculative-algorithm", "LUMOTREE", *TREE],
     "none": [],
     "nextn-tree": ["--speculative-algorithm", "NEXTN", *TREE],
+    "nextn-chain": ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3",
+                    "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"],
     "lumotree-chain": ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3",
                        "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"],
     "lumotree-suffix": ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-num-draft-tokens", "8"],
@@ -125,8 +127,8 @@ def workload(url, P, max_new_tokens, texts, name, abort=True):
     outs2 = generate(url, turn2, 128)
     r["turn2_cached_tokens"] = [o["meta_info"].get("cached_tokens", 0) for o in outs2]
     texts[name + "/turn2"] = [o["text"] for o in outs2]
-    if name == "none":  # the reference's top-2 margins, to tell near-ties from errors where a text differs
-        texts["none/margins"] = token_margins(url, P, max_new_tokens)
+    if name.startswith("none"):  # the reference's top-2 margins, to tell near-ties from errors where a text differs
+        texts[name + "/margins"] = token_margins(url, P, max_new_tokens)
     if abort:
         r.update(abort_and_sample(url, P, texts, name))
     return r
@@ -157,27 +159,38 @@ def margin_at(margins, char):
     return None
 
 
+def reference_for(name, texts):
+    """The no-speculation run a run is compared with: ``none`` + the run's tag when that exists
+    (``lumotree-det`` -> ``none-det``: same server flags), else ``none``."""
+    refs = [r for r in texts if r.startswith("none") and "/" not in r and len(r) > 4 and name.endswith(r[4:])]
+    return max(refs, key=len) if refs else "none"
+
+
 def compare(texts):
     """Per speculative configuration: how many greedy texts equal the no-speculation server's."""
     cmp = {}
     for name in texts:
         if name.startswith("none") or "/" in name:
             continue
-        a, b = texts[name], texts["none"][: len(texts[name])]
+        ref = reference_for(name, texts)
+        if ref not in texts:
+            continue
+        a, b = texts[name], texts[ref][: len(texts[name])]
         first_diff = [next((j for j, (x, y) in enumerate(zip(s, t)) if x != y), None) for s, t in zip(a, b)]
-        cmp[name] = dict(identical=sum(s == t for s, t in zip(a, b)), of=len(b),
+        cmp[name] = dict(reference=ref, identical=sum(s == t for s, t in zip(a, b)), of=len(b),
                          first_diff_char=[d for d in first_diff if d is not None][:32])
-        if "none/margins" in texts:  # how close the reference's own top-2 was where the texts part
-            ms = [margin_at(texts["none/margins"][i], d) for i, d in enumerate(first_diff) if d is not None]
+        margins = texts.get(ref + "/margins")
+        if margins:  # how close the reference's own top-2 was where the texts part
+            ms = [margin_at(margins[i], d) for i, d in enumerate(first_diff) if d is not None]
             cmp[name]["reference_margin_at_first_diff"] = [round(m, 4) if m is not None else None for m in ms][:32]
-            all_m = [m for row in texts["none/margins"] for _, m in row if m is not None]
+            all_m = [m for row in margins for _, m in row if m is not None]
             if all_m:
                 cmp[name]["reference_margin_quantiles"] = {q: round(sorted(all_m)[int(q * (len(all_m) - 1))], 4)
                                                            for q in (0.01, 0.05, 0.5)}
         for part in ("turn2", "beside_abort"):
-            if f"{name}/{part}" in texts and f"none/{part}" in texts:
+            if f"{name}/{part}" in texts and f"{ref}/{part}" in texts:
                 cmp[name][f"{part}_identical"] = sum(s == t for s, t in zip(texts[f"{name}/{part}"],
-                                                                            texts[f"none/{part}"]))
+                                                                            texts[f"{ref}/{part}"]))
     return cmp
 
 

@@ -17,7 +17,7 @@ def test_compare_counts_identical_greedy_texts():
     texts = {"none": ["abc", "abd", "x"], "lumotree": ["abc", "abX", "x"], "none/turn2": ["t"],
              "lumotree/turn2": ["t"], "none/beside_abort": ["a", "b"], "lumotree/beside_abort": ["a", "c"]}
     cmp = parity.compare(texts)
-    assert cmp == {"lumotree": dict(identical=2, of=3, first_diff_char=[2], turn2_identical=1,
+    assert cmp == {"lumotree": dict(reference="none", identical=2, of=3, first_diff_char=[2], turn2_identical=1,
                                     beside_abort_identical=1)}
 
 
@@ -165,3 +165,67 @@ def test_server_refuses_a_port_another_server_holds():
             with srv.sglang_server("no-model", port=port):
                 pass
     assert srv.port_is_free(port)
+
+
+def test_profile_summary_measures_gpu_idle_time_and_focus_functions(tmp_path):
+    """Two kernels overlapping by 5 us and one after a 40 us gap in a 100 us window: busy 55 us."""
+    import gzip
+    import json
+
+    ps = load("profile_summary")
+    ev = [dict(ph="X", cat="kernel", name="gdn_tree_chunk_verify_fwd_kernel", ts=0, dur=30, pid=0, tid=7),
+          dict(ph="X", cat="kernel", name="fused_conv_window_scatter", ts=25, dur=10, pid=0, tid=7),
+          dict(ph="X", cat="kernel", name="gdn_tree_chunk_verify_fwd_kernel", ts=80, dur=20, pid=0, tid=7),
+          dict(ph="X", cat="cuda_runtime", name="cudaGraphLaunch", ts=1, dur=4, pid=1, tid=1),
+          dict(ph="X", cat="cuda_runtime", name="cudaLaunchKernel", ts=50, dur=3, pid=1, tid=1),
+          dict(ph="X", cat="python_function", name="backend.py(206): commit_after_verify", ts=40, dur=30, pid=1, tid=1),
+          dict(ph="X", cat="python_function", name="unrelated.py(1): helper", ts=40, dur=30, pid=1, tid=1),
+          dict(ph="i", cat="instant", name="marker", ts=5)]
+    f = tmp_path / "x.trace.json.gz"
+    with gzip.open(f, "wt") as h:
+        json.dump(dict(traceEvents=ev), h)
+    s = ps.main([str(tmp_path), "--out", str(tmp_path / "s.json")])[str(f)]
+    assert s["window_ms"] == 0.1 and s["gpu_busy_ms"] == 0.055 and s["gpu_idle_fraction"] == 0.45
+    assert s["graph_launches"] == 1 and s["kernel_launches"] == 1
+    assert s["top_kernels"][0] == dict(name="gdn_tree_chunk_verify_fwd_kernel", count=2, total_us=50.0)
+    assert [p["name"] for p in s["python_focus"]] == ["backend.py(206): commit_after_verify"]
+
+
+def test_bench_spec_reads_the_servers_decode_throughput_and_merges_lanes(tmp_path):
+    import json
+
+    bs = load("bench_spec")
+    log = tmp_path / "bench-x.log"
+    log.write_text(
+        "[t] Decode batch, #running-req: 8, #full token: 2736, mamba num: 16, accept len: 2.05, accept rate: 0.21, "
+        "cuda graph: True, gen throughput (token/s): 2257.10, #queue-req: 0\n"
+        "[t] Decode batch, #running-req: 8, #full token: 2900, accept len: 1.13, cuda graph: True, "
+        "gen throughput (token/s): 1071.00, #queue-req: 0\n"
+        "[t] Decode batch, #running-req: 32, #full token: 9000, cuda graph: True, gen throughput (token/s): 11891.5, "
+        "#queue-req: 0\n")
+    assert bs.logged_decode(str(log), 8) == 2257.10
+    assert bs.logged_decode(str(log), 32) == 11891.5  # no-spec lines have no accept length
+    assert bs.logged_decode(str(log), 1) is None and bs.logged_decode(str(tmp_path / "missing"), 8) is None
+    parts = []
+    for i, cfg in enumerate(["nextn-topk2", "lumotree-topk2"]):
+        p = tmp_path / f"p{i}.json"
+        json.dump(dict(command=f"cmd{i}", model="m", shape={}, input_len=256, output_len=128,
+                       rows=[dict(config=cfg, batch=8, tokens_per_s=100.0 + i, step_ms=5.0, accept_length=1.0,
+                                  logged_decode_tokens_per_s=1000.0)],
+                       servers={cfg: dict(speculative_bytes=dict(total=2 ** 20 * (10 - 9 * i)))}), open(p, "w"))
+        parts.append(str(p))
+    res = bs.merge(parts, str(tmp_path / "m.json"))
+    assert [r["config"] for r in res["rows"]] == ["nextn-topk2", "lumotree-topk2"]
+    assert [r["command"] for r in res["rows"]] == ["cmd0", "cmd1"]
+    t = bs.table(res["rows"], memory=res["servers"])
+    assert "| lumotree-topk2 | 8 | 101 | 5.00 | 1000 | 1.00 | 1 MiB |" in t and "| 10 MiB |" in t
+
+
+def test_tagged_runs_are_compared_with_the_reference_of_the_same_tag():
+    parity = load("parity")
+    texts = {"none": ["a", "b"], "none-det": ["a", "c"], "lumotree-det": ["a", "c"], "lumotree": ["a", "c"],
+             "lumotree-chain-det": ["x", "c"]}
+    cmp = parity.compare(texts)
+    assert cmp["lumotree-det"]["reference"] == "none-det" and cmp["lumotree-det"]["identical"] == 2
+    assert cmp["lumotree"]["reference"] == "none" and cmp["lumotree"]["identical"] == 1
+    assert cmp["lumotree-chain-det"]["reference"] == "none-det" and cmp["lumotree-chain-det"]["identical"] == 1

@@ -1,0 +1,107 @@
+"""Summarise torch-profiler traces of a serving step (written by ``bench_spec.py --profile-dir``):
+where a speculative decode step's time goes, GPU side and host side.
+
+    python3 benchmark/serving/profile_summary.py DIR_OR_TRACE [...] [--out summary.json]
+
+Per trace: the window from the first to the last GPU activity, the time the GPU was busy (union
+of kernel / memcpy / memset intervals) and so the idle share -- a step the GPU waits for is
+host-bound -- the CUDA-graph launches, the heaviest kernels, the CUDA runtime calls, and the
+inclusive host time of Python functions (``with_stack``) whose names match ``--focus``.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import os
+import sys
+
+GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
+FOCUS = ("lumotree", "verify_tree_greedy", "update_mamba_state_after_mtp_verify", "commit_after_verify",
+         "eagle_sample", "forward_batch_generation", "draft", "verify", "sample")
+
+
+def load(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rt") as f:
+        d = json.load(f)
+    return d["traceEvents"] if isinstance(d, dict) else d
+
+
+def busy_union(intervals):
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(intervals):
+        if e <= end:
+            continue
+        total += e - max(s, end)
+        end = e
+    return total
+
+
+def summarize(events, focus=FOCUS, top=12):
+    xs = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
+    gpu = [e for e in xs if e.get("cat") in GPU_CATS]
+    if not gpu:
+        return dict(error="no GPU activity in the trace")
+    t0, t1 = min(e["ts"] for e in gpu), max(e["ts"] + e["dur"] for e in gpu)
+    busy = busy_union([(e["ts"], e["ts"] + e["dur"]) for e in gpu])
+    kern = collections.defaultdict(lambda: [0, 0.0])
+    for e in gpu:
+        k = kern[e["name"][:90]]
+        k[0] += 1
+        k[1] += e["dur"]
+    rt = collections.defaultdict(lambda: [0, 0.0])
+    py = collections.defaultdict(lambda: [0, 0.0])
+    for e in xs:
+        if e.get("cat") == "cuda_runtime" and t0 <= e["ts"] <= t1:
+            r = rt[e["name"]]
+            r[0] += 1
+            r[1] += e["dur"]
+        elif e.get("cat") == "python_function" and t0 <= e["ts"] <= t1 and any(f in e["name"] for f in focus):
+            p = py[e["name"][:120]]
+            p[0] += 1
+            p[1] += e["dur"]
+
+    def rows(d, n):
+        return [dict(name=k, count=c, total_us=round(t, 1)) for k, (c, t) in sorted(d.items(), key=lambda x: -x[1][1])[:n]]
+
+    return dict(window_ms=round((t1 - t0) / 1e3, 3), gpu_busy_ms=round(busy / 1e3, 3),
+                gpu_idle_fraction=round(1 - busy / (t1 - t0), 4) if t1 > t0 else 0.0,
+                gpu_events=len(gpu), graph_launches=rt["cudaGraphLaunch"][0] if "cudaGraphLaunch" in rt else 0,
+                kernel_launches=sum(c for k, (c, _) in rt.items() if "LaunchKernel" in k),
+                top_kernels=rows(kern, top), runtime_calls=rows(rt, top), python_focus=rows(py, top))
+
+
+def traces(paths):
+    for p in paths:
+        if os.path.isdir(p):
+            for root, _, files in os.walk(p):
+                for f in sorted(files):
+                    if ".json" in f:
+                        yield os.path.join(root, f)
+        else:
+            yield p
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("paths", nargs="+")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    res = {}
+    for t in traces(args.paths):
+        res[t] = summarize(load(t))
+        s = res[t]
+        print(f"{t}: window {s.get('window_ms')} ms, GPU busy {s.get('gpu_busy_ms')} ms "
+              f"(idle {100 * s.get('gpu_idle_fraction', 0):.0f}%), graph launches {s.get('graph_launches')}, "
+              f"kernel launches {s.get('kernel_launches')}", file=sys.stderr)
+    if args.out:
+        json.dump(res, open(args.out, "w"), indent=1)
+    else:
+        print(json.dumps(res, indent=1))
+    return res
+
+
+if __name__ == "__main__":
+    main()

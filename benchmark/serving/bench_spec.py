@@ -109,6 +109,16 @@ def profile_pass(url, batch, args, key, tag):
     return out
 
 
+def state_slots(memory_log):
+    """Request-state slots SGLang's memory solver gave the GDN state pool (``max_mamba_cache_size``):
+    what the speculative buffers leave for requests at the same ``--mem-fraction-static``."""
+    for line in memory_log:
+        m = re.search(r"max_mamba_cache_size: (\d+)", line)
+        if m:
+            return int(m.group(1))
+    return None
+
+
 def merge(files, out):
     """One result from several runs (e.g. one per GPU lane); rows keep their run's command."""
     res = dict(merged=files, commands=[], rows=[], servers={})
@@ -201,6 +211,7 @@ def main():
         except Exception as e:
             srv["error"] = repr(e)[:2000]
         srv.update(memory_report(log))
+        srv["state_slots"] = state_slots(srv.get("memory_log", []))
         res["servers"][name] = srv
         print(json.dumps({name: srv})[:2000], flush=True)
         json.dump(res, open(args.out, "w"), indent=1)

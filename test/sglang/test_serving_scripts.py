@@ -229,3 +229,10 @@ def test_tagged_runs_are_compared_with_the_reference_of_the_same_tag():
     assert cmp["lumotree-det"]["reference"] == "none-det" and cmp["lumotree-det"]["identical"] == 2
     assert cmp["lumotree"]["reference"] == "none" and cmp["lumotree"]["identical"] == 1
     assert cmp["lumotree-chain-det"]["reference"] == "none-det" and cmp["lumotree-chain-det"]["identical"] == 1
+
+
+def test_state_slots_from_the_memory_log():
+    bs = load("bench_spec")
+    assert bs.state_slots(["intermediate_ssm_state_cache size: 3.48GB",
+                           "Mamba Cache is allocated. max_mamba_cache_size: 747, conv_state size: 0.26GB"]) == 747
+    assert bs.state_slots(["no such line"]) is None

@@ -236,3 +236,18 @@ def test_state_slots_from_the_memory_log():
     assert bs.state_slots(["intermediate_ssm_state_cache size: 3.48GB",
                            "Mamba Cache is allocated. max_mamba_cache_size: 747, conv_state size: 0.26GB"]) == 747
     assert bs.state_slots(["no such line"]) is None
+
+
+def test_profile_pass_asks_sglang_for_a_bounded_cpu_gpu_trace(tmp_path, monkeypatch):
+    import argparse
+
+    bs = load("bench_spec")
+    calls = []
+    monkeypatch.setattr(bs, "post", lambda url, payload, **kw: calls.append((url, payload)) or {})
+    monkeypatch.setattr(bs, "generate", lambda url, batch, n, key="text": calls.append(("gen", len(batch), n)) or [])
+    args = argparse.Namespace(profile_dir=str(tmp_path / "prof"), profile_steps=30, output_len=128)
+    out = bs.profile_pass("http://x", [[1, 2]] * 8, args, "input_ids", "lumotree-topk2-bs8")
+    assert out == str(tmp_path / "prof" / "lumotree-topk2-bs8") and (tmp_path / "prof" / "lumotree-topk2-bs8").is_dir()
+    url, payload = calls[0]
+    assert url == "http://x/start_profile" and payload["num_steps"] == 30 and payload["activities"] == ["CPU", "GPU"]
+    assert payload["output_dir"] == out and calls[1] == ("gen", 8, 128)

@@ -70,6 +70,12 @@ case $CALL in
     ( lane 1 540 $SUITE --configs lumotree --parity-only --tag=-det --extra=--enable-deterministic-inference \
           --out "$OUT/s-det1.json" --port 30100 ) &
     wait ;;
+7)  # 24 GDN layers (of 32) at 27B shapes: the GDN share of a step closer to the real model's
+    ( lane 0 540 python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-32l --log-dir $LOGS \
+          --configs nextn-topk2,none --batches 1,8,32 --out "$OUT/b32-sglang.json" --port 30000 ) &
+    ( lane 1 540 python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-32l --log-dir $LOGS \
+          --configs lumotree-topk2,lumotree-topk4 --batches 1,8,32 --out "$OUT/b32-lumotree.json" --port 30100 ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

@@ -39,6 +39,10 @@ SHAPES = {  # Qwen3.5-27B's per-layer shapes, fewer layers (dummy weights)
     "qwen3.5-27b-8l": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=8, num_attention_heads=24,
                            num_key_value_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=48,
                            linear_key_head_dim=128, linear_value_head_dim=128),
+    # 24 GDN + 8 attention layers: the GDN share of a step closer to the real model's (48 of 64)
+    "qwen3.5-27b-32l": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=32, num_attention_heads=24,
+                            num_key_value_heads=4, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=48,
+                            linear_key_head_dim=128, linear_value_head_dim=128),
     "qwen3-next-80b-shape-8l": dict(hidden_size=2048, intermediate_size=5120, num_hidden_layers=8,
                                     num_attention_heads=16, num_key_value_heads=2, head_dim=256,
                                     linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,

@@ -251,3 +251,58 @@ def test_profile_pass_asks_sglang_for_a_bounded_cpu_gpu_trace(tmp_path, monkeypa
     url, payload = calls[0]
     assert url == "http://x/start_profile" and payload["num_steps"] == 30 and payload["activities"] == ["CPU", "GPU"]
     assert payload["output_dir"] == out and calls[1] == ("gen", 8, 128)
+
+
+def test_suite_runs_the_abort_step_last_and_keeps_texts_when_it_fails(tmp_path, monkeypatch):
+    """The order seen to matter on the GPU (a server that hangs after an abort must not cost the
+    parity texts, the replay or the agent loop), and a time-limit interrupt keeps what was measured."""
+    import argparse
+    import contextlib
+    import json
+    import os
+
+    suite = load("suite")
+    order = []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, **kw):
+        order.append("start")
+        yield "http://x"
+        order.append("stop")
+
+    def workload(url, P, n, texts, name, abort=True):
+        order.append(("parity", abort))
+        texts[name] = ["t"] * len(P)
+        return dict(tokens_per_s=1.0)
+
+    def abort_and_sample(url, P, texts, name):
+        order.append("abort")
+        raise TimeoutError("no answer")
+
+    monkeypatch.setattr(suite, "sglang_server", fake_server)
+    monkeypatch.setattr(suite.parity, "workload", workload)
+    monkeypatch.setattr(suite.parity, "abort_and_sample", abort_and_sample)
+    monkeypatch.setattr(suite.replay, "workload", lambda *a: order.append("replay") or a[-1].append(
+        dict(session=0, turn=0, seconds=1.0, prompt_tokens=4, cached_tokens=2, completion_tokens=2, verify_steps=1,
+             text="r")))
+    monkeypatch.setattr(suite.agent_loop, "workload", lambda *a: order.append("agent") or [])
+    model = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "models", "tiny-hybrid")
+    args = argparse.Namespace(model=model, configs="lumotree", tag="", extra=[], env=[], port=30000, prompts=2,
+                              max_new_tokens=4, sessions_file=os.path.join(os.path.dirname(suite.__file__), "..", "workloads", "agent_sessions.json"), sessions=1,
+                              max_turns=1, replay_new_tokens=2, agent_turns=1, agent_tokens=2, log_dir=str(tmp_path),
+                              parity_only=False, out=str(tmp_path / "s.json"))
+    res = suite.run(args)
+    assert order == ["start", ("parity", False), "replay", "agent", "abort", "stop"]
+    p = res["parity"]["runs"]["lumotree"]
+    assert "no answer" in p["abort_error"] and "error" not in p
+    assert res["parity"]["texts"]["lumotree"] == ["t", "t"]
+    assert json.load(open(args.out))["replay"]["runs"]["lumotree"]["summary"]["turns"] == 1
+
+    def interrupted(*a):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(suite.replay, "workload", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        suite.run(args)
+    saved = json.load(open(args.out))
+    assert saved["parity"]["runs"]["lumotree"]["error"] == "interrupted by the time limit"
+    assert saved["parity"]["texts"]["lumotree"] == ["t", "t"]

@@ -306,3 +306,38 @@ def test_suite_runs_the_abort_step_last_and_keeps_texts_when_it_fails(tmp_path, 
     saved = json.load(open(args.out))
     assert saved["parity"]["runs"]["lumotree"]["error"] == "interrupted by the time limit"
     assert saved["parity"]["texts"]["lumotree"] == ["t", "t"]
+
+
+def test_bench_spec_main_warms_each_batch_times_prefill_and_profiles_chosen_batches(tmp_path, monkeypatch):
+    import contextlib
+    import json
+    import sys
+
+    bs = load("bench_spec")
+    calls = []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, **kw):
+        yield "http://x"
+
+    def fake_generate(url, batch, n, key="text"):
+        calls.append((len(batch), n, key))
+        return [dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2))) for _ in batch]
+
+    monkeypatch.setattr(bs, "sglang_server", fake_server)
+    monkeypatch.setattr(bs, "generate", fake_generate)
+    monkeypatch.setattr(bs, "post", lambda url, payload, **kw: calls.append(("profile", payload["num_steps"])) or {})
+    out = tmp_path / "b.json"
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs", "lumotree-topk2", "--batches", "1,8",
+                                      "--output-len", "16", "--out", str(out), "--log-dir", str(tmp_path),
+                                      "--profile-dir", str(tmp_path / "prof"), "--profile-batches", "8"])
+    bs.main()
+    # warm-up (1 request), then per batch: warm pass, prefill (1 token), measured pass [, profile]
+    assert calls == [(1, 16, "text"), (1, 16, "text"), (1, 1, "text"), (1, 16, "text"),
+                     (8, 16, "text"), (8, 1, "text"), (8, 16, "text"), ("profile", 30), (8, 16, "text")]
+    res = json.load(open(out))
+    rows = res["rows"]
+    assert [r["batch"] for r in rows] == [1, 8] and rows[0]["accept_length"] == 2.0
+    assert "profile" in rows[1] and "profile" not in rows[0]
+    assert all(r["decode_step_ms"] <= r["step_ms"] for r in rows)
+    assert res["servers"]["lumotree-topk2"]["state_slots"] is None  # no log lines from a fake server

@@ -20,7 +20,7 @@ import dataclasses
 import heapq
 from typing import Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["SuffixTrie", "SuffixDrafter", "Draft", "merge_drafts", "adaptive_budget"]
+__all__ = ["SuffixTrie", "SuffixDrafter", "Draft", "merge_drafts", "align_draft", "adaptive_budget"]
 
 
 @dataclasses.dataclass
@@ -242,6 +242,31 @@ def merge_drafts(drafts: Sequence[Draft], budget: int, weights: Optional[Sequenc
         for c in children[path]:
             heapq.heappush(heap, (-min(best[c], -neg), c, idx))  # a child never outranks its parent
     return Draft(tokens, parents, scores)
+
+
+def align_draft(draft: Draft, accepted: Sequence[int]) -> Draft:
+    """A draft made from a context that lacks the last ``accepted`` tokens, re-rooted at them: walk
+    them down from the root; the node reached (its token is the last accepted one) becomes the root
+    and its subtree the draft, scores relative to it, node order kept. If the walk leaves the tree,
+    only the new root remains. (Reference of :func:`lumotree.drafters.tree_merge.align_stale`.)"""
+    node = 0
+    for t in accepted:
+        node = next((i for i in range(1, len(draft.tokens)) if draft.parents[i] == node and draft.tokens[i] == t), -1)
+        if node < 0:
+            return Draft([accepted[-1]], [-1], [1.0])
+    keep = [i for i in range(len(draft.tokens)) if _under(draft.parents, i, node)]
+    new = {old: j for j, old in enumerate(keep)}
+    base = draft.scores[node]
+    return Draft([draft.tokens[i] for i in keep], [new.get(draft.parents[i], -1) if i != node else -1 for i in keep],
+                 [min(1.0, draft.scores[i] / base) if i != node else 1.0 for i in keep])
+
+
+def _under(parents: Sequence[int], i: int, anchor: int) -> bool:
+    while i >= 0:
+        if i == anchor:
+            return True
+        i = parents[i]
+    return False
 
 
 def adaptive_budget(batch_size: int, tokens_per_step: int = 512, max_nodes: int = 64, min_nodes: int = 4) -> int:

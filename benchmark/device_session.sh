@@ -67,7 +67,8 @@ case $CALL in
 6)  # batch-invariant kernels: does NEXTN then match no-spec exactly, and LUMOTREE?
     ( lane 0 540 $SUITE --configs none,nextn-tree --parity-only --tag=-det --extra=--enable-deterministic-inference \
           --out "$OUT/s-det0.json" --port 30000 ) &
-    ( lane 1 540 $SUITE --configs lumotree --parity-only --tag=-det --extra=--enable-deterministic-inference \
+    ( lane 1 60 python3 -m pytest -q -m gpu test/drafters/test_tree_merge.py   # draft merge inside a CUDA graph
+      lane 1 $((540 - SECONDS)) $SUITE --configs lumotree --parity-only --tag=-det --extra=--enable-deterministic-inference \
           --out "$OUT/s-det1.json" --port 30100 ) &
     wait ;;
 7)  # 24 GDN layers (of 32) at 27B shapes: the GDN share of a step closer to the real model's

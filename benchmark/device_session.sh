@@ -60,9 +60,10 @@ case $CALL in
           --profile-batches 1 --out "$OUT/b-profile.json" --port 30000
       lane 0 60 python3 benchmark/serving/profile_summary.py /tmp/prof --out "$OUT/profile_summary.json"
       tar -C /tmp -czf "$OUT/prof.tgz" prof ) &
-    ( lane 1 300 $SUITE --configs lumotree --parity-only --tag=-tf32 --env LUMOTREE_SGLANG_PRECISION=tf32 \
+    ( lane 1 260 $SUITE --configs lumotree --parity-only --tag=-tf32 --env LUMOTREE_SGLANG_PRECISION=tf32 \
           --out "$OUT/s-tf32.json" --port 30100
-      lane 1 $((540 - SECONDS)) $SUITE --configs nextn-chain,lumotree-chain --parity-only --out "$OUT/s-chain.json" --port 30100 ) &
+      lane 1 $((540 - SECONDS)) $SUITE --configs lumotree --parity-only --tag=-mixed --env LUMOTREE_SGLANG_PRECISION=mixed \
+          --out "$OUT/s-mixed.json" --port 30100 ) &
     wait ;;
 6)  # batch-invariant kernels: does NEXTN then match no-spec exactly, and LUMOTREE?
     ( lane 0 540 $SUITE --configs none,nextn-tree --parity-only --tag=-det --extra=--enable-deterministic-inference \
@@ -76,6 +77,12 @@ case $CALL in
           --configs nextn-topk2,none --batches 1,8,32 --out "$OUT/b32-sglang.json" --port 30000 ) &
     ( lane 1 540 python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-32l --log-dir $LOGS \
           --configs lumotree-topk2,lumotree-topk4 --batches 1,8,32 --out "$OUT/b32-lumotree.json" --port 30100 ) &
+    wait ;;
+8)  # the served verify in mixed precision (kernel bench column), the chain parity, the GPU tests
+    ( lane 0 200 python3 benchmark/kernels/bench_gdn_tree.py --models qwen3.5-27b --trees topk2-depth3,topk4-n8,eagle-16 \
+          --batches 8,32 --out "$OUT/gdn_tree_serving_mixed.json"
+      lane 0 $((540 - SECONDS)) python3 -m pytest -q -m gpu test/ops test/drafters test/sglang/test_backend_emulation.py ) &
+    ( lane 1 540 $SUITE --configs nextn-chain,lumotree-chain --parity-only --out "$OUT/s-chain.json" --port 30100 ) &
     wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac

@@ -126,7 +126,9 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
     # k/v/g/beta per state slot, then the all-layer commit (one layer here) from those buffers
     ring = (torch.zeros(P, N, Hk, K, device=dev, dtype=dtype), torch.zeros(P, N, Hv, V, device=dev, dtype=dtype),
             torch.zeros(P, N, Hv, device=dev), torch.zeros(P, N, Hv, device=dev))
-    sBV, swarps, sprec = tri.default_chunk_config(max(16, 1 << (N - 1).bit_length()), V, torch.float32)
+    sBT = max(16, 1 << (N - 1).bit_length())
+    sBV, swarps, sprec, _ = tri.served_chunk_config(sBT, V, "tf32x3")
+    mBV, mwarps, mprec, mlow = tri.served_chunk_config(sBT, V, "mixed")
     sg_parents = torch.where(parents < 0, 0, parents).int()
     out_s = torch.empty_like(out)
 
@@ -134,6 +136,13 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
         tri.gdn_tree_chunk_verify_fwd(q, k, v, pool_, tree, A_log=A_log, a=a, dt_bias=dt_bias, b=b,
                                       use_qk_l2norm=True, state_indices=rows, anc_mask=anc, BV=sBV,
                                       num_warps=swarps, precision=sprec, out=out_s, ring=ring)
+
+    out_m = torch.empty_like(out)
+
+    def serving_verify_mixed(pool_=pool_o):  # LUMOTREE_SGLANG_PRECISION=mixed
+        tri.gdn_tree_chunk_verify_fwd(q, k, v, pool_, tree, A_log=A_log, a=a, dt_bias=dt_bias, b=b,
+                                      use_qk_l2norm=True, state_indices=rows, anc_mask=anc, BV=mBV,
+                                      num_warps=mwarps, precision=mprec, precision_low=mlow, out=out_m, ring=ring)
 
     def serving_commit(pool_=pool_o):
         tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), pool_[None], rows, ends.int(), sg_parents)
@@ -170,6 +179,8 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
     serving_commit(p4)
     err_serving = float((p1 - p4).norm() / p1.norm())
     err_serving_o = float((o_nat.float() - out_s.float()).norm() / o_nat.float().norm())
+    serving_verify_mixed(pool.clone())
+    err_mixed_o = float((o_nat.float() - out_m.float()).norm() / o_nat.float().norm())
     # fused: after the ring holds this step's inputs, the fused kernel commits them and verifies the
     # same tree again from the committed state == commit, then verify
     p5, p6 = pool.clone(), pool.clone()
@@ -187,6 +198,7 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
     t_ov, t_oc = bench_graph(our_chunk_verify), bench_graph(our_vnew_commit)
     t_sv, t_sc = bench_graph(serving_verify), bench_graph(serving_commit)
     t_fs = bench_graph(fused_step)
+    t_sm = bench_graph(serving_verify_mixed)
     state_bytes = B * Hv * V * K * 4
     accepted = int(al[0])
     return dict(
@@ -198,6 +210,8 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
         serving_verify_us=t_sv, serving_commit_us=t_sc, serving_total_us=t_sv + t_sc,
         serving_speedup=(t_nv + t_nc) / (t_sv + t_sc), rel_err_state_serving=err_serving,
         rel_err_o_serving=err_serving_o,
+        serving_mixed_verify_us=t_sm, serving_mixed_total_us=t_sm + t_sc, rel_err_o_serving_mixed=err_mixed_o,
+        serving_mixed_config=dict(BV=mBV, num_warps=mwarps, precision=mprec, precision_low=mlow),
         fused_step_us=t_fs, fused_speedup=(t_nv + t_nc) / t_fs, rel_err_state_fused=err_fused,
         rel_err_o_fused=err_fused_o,
         fused_note="one kernel per step: the previous step's replay commit + this verify (state read once, "
@@ -285,12 +299,16 @@ def table(rows):
     serving = [r for r in rows if "serving_total_us" in r]
     if serving:  # the forms the SGLang backend runs, and the fused step
         out += ["", "| model | tree (nodes) | B | native verify + commit µs | serving verify + commit µs | speedup | "
-                "fused step µs (commit of the previous step + verify) | speedup | floor µs (1 read + 1 write) |",
-                "|" + "---|" * 9]
+                "serving, mixed precision µs | speedup | fused step µs (commit of the previous step + verify) | "
+                "speedup | floor µs (1 read + 1 write) |",
+                "|" + "---|" * 11]
         for r in serving:
             fused = (f"{r['fused_step_us']:.1f} | {r['fused_speedup']:.1f}x" if "fused_step_us" in r else "– | –")
+            mixed = (f"{r['serving_mixed_total_us']:.1f} | {r['native_total_us'] / r['serving_mixed_total_us']:.1f}x"
+                     if "serving_mixed_total_us" in r else "– | –")
             out.append(f"| {r['model']} | {r['tree']} ({r['nodes']}) | {r['batch']} | {r['native_total_us']:.1f} | "
-                       f"{r['serving_total_us']:.1f} | {r['serving_speedup']:.1f}x | {fused} | {2 * r['floor_us']:.1f} |")
+                       f"{r['serving_total_us']:.1f} | {r['serving_speedup']:.1f}x | {mixed} | {fused} | "
+                       f"{2 * r['floor_us']:.1f} |")
     return "\n".join(out)
 
 

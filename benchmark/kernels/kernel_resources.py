@@ -67,18 +67,22 @@ def main():
     base = dict(BK=128, USE_QK_L2NORM=True, FUSED_GATING=True, **SHAPE)
     for BT in (16, 32, 64):  # trees of <= 16, <= 32, <= 64 nodes
         for BV, warps, prec in ((64, 4, "tf32"), (64, 4, "tf32x3"), (128, 8, "tf32"), (32, 4, "tf32")):
-            consts = dict(base, BT=BT, BV=BV, PRECISION=prec, STORE_VNEW=False, HAS_STATE_INDICES=True,
+            consts = dict(base, BT=BT, BV=BV, PRECISION=prec, PRECISION_LOW=prec, STORE_VNEW=False, HAS_STATE_INDICES=True,
                           STORE_RING=False, PRE_COMMIT=False, PC_HAS_PARENTS=False, PC_BN=2)
             r = resources(tri.gdn_tree_chunk_verify_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV))
             rows.append(dict(kernel="chunk verify", BT=BT, BV=BV, warps=warps, precision=prec, **r))
             print(json.dumps(rows[-1]), flush=True)
     for BT in (16, 32, 64):  # the served form (buffers stored), and the fused step (previous commit inside)
-        for pre in (False, True):
-            consts = dict(base, BT=BT, BV=64, PRECISION="tf32x3", STORE_VNEW=False, HAS_STATE_INDICES=True,
-                          STORE_RING=True, PRE_COMMIT=pre, PC_HAS_PARENTS=pre, PC_BN=BT if pre else 2)
-            r = resources(tri.gdn_tree_chunk_verify_fwd_kernel, consts, 4, BATCH * 48 * 2)
-            rows.append(dict(kernel="fused step: commit + verify" if pre else "served verify (buffers stored)", BT=BT,
-                             BV=64, warps=4, precision="tf32x3", **r))
+        for pre, prec, low, BV in ((False, "tf32x3", "tf32x3", 64), (True, "tf32x3", "tf32x3", 64),
+                                   (False, "tf32x3", "tf32", 64), (False, "tf32x3", "tf32", 32),
+                                   (False, "tf32", "tf32", 64)):
+            consts = dict(base, BT=BT, BV=BV, PRECISION=prec, PRECISION_LOW=low, STORE_VNEW=False,
+                          HAS_STATE_INDICES=True, STORE_RING=True, PRE_COMMIT=pre, PC_HAS_PARENTS=pre,
+                          PC_BN=BT if pre else 2)
+            r = resources(tri.gdn_tree_chunk_verify_fwd_kernel, consts, 4, BATCH * 48 * (128 // BV))
+            label = "fused step: commit + verify" if pre else "served verify (buffers stored)"
+            rows.append(dict(kernel=label, BT=BT, BV=BV, warps=4,
+                             precision=prec if prec == low else f"{prec} (low-sensitivity dots {low})", **r))
             print(json.dumps(rows[-1]), flush=True)
     for BV, warps in ((16, 4), (32, 4), (64, 4)):
         consts = dict(base, BV=BV, HAS_STATE_INDICES=True, HAS_TRACK=False)

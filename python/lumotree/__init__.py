@@ -9,8 +9,9 @@ Environment variables:
                          benchmark/models/tiny-hybrid when present).
     LUMOTREE_BENCH_ORACLE_P  benchmark only: registers the controlled-acceptance algorithms
                          LUMOTREE_ORACLE / NGRAM_ORACLE with this per-token acceptance probability.
-    LUMOTREE_SGLANG_PRECISION  ``tf32x3`` (default) or ``tf32``: tensor-core dot precision of the
-                         served GDN tree verify.
+    LUMOTREE_SGLANG_PRECISION  ``tf32x3`` (default), ``mixed`` or ``tf32``: tensor-core dot precision
+                         of the served GDN tree verify (``mixed``: tf32x3 only for the dots the
+                         outputs are sensitive to).
     LUMOTREE_SGLANG_SELECT  ``0`` keeps SGLang's greedy tree verification in LUMOTREE servers
                          (default: LumoTree's fused selection op).
     LUMOTREE_SGLANG_ACTIVE  (set by the plugin, not by users) ``1`` while a LUMOTREE /

@@ -81,6 +81,13 @@ def gdn(kind, l2):
     o = tri.gdn_tree_chunk_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
                                       state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16, vnew_out=vnew)
     assert_close(f"{kind} chunk verify", ref, o, 1e-4)
+    # the mixed precision setting (two dot precisions in one kernel) and the served configs
+    for setting in tri.SERVED_PRECISIONS:
+        BVs, warps, prec, low = tri.served_chunk_config(16, V, setting)
+        om = tri.gdn_tree_chunk_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
+                                           state_indices=si, out=torch.zeros(B, N, Hv, V), BV=min(BVs, V),
+                                           num_warps=warps, precision=prec, precision_low=low)
+        assert_close(f"{kind} chunk verify ({setting})", ref, om, 1e-3 if setting == "tf32" else 1e-4)
     # the verify also keeps raw k, v and the fused gates per state slot (node-major) for the commit
     NR = N + 1
     ring = (torch.zeros(5, NR, Hk, K), torch.zeros(5, NR, Hv, V), torch.zeros(5, NR, Hv), torch.zeros(5, NR, Hv))

@@ -165,3 +165,14 @@ def test_bf16_inputs_promote_to_fp32():
     assert o.dtype == torch.float32
     ref = naive.gdn_tree_verify(q.float(), k.float(), v.float(), g, beta, state, tree)
     assert_close("bf16", ref, o, 1e-6)
+
+
+def test_served_precision_settings():
+    from lumotree.ops.gdn_tree import triton as tri
+
+    assert tri.served_chunk_config(16, 128, "tf32x3")[2:] == ("tf32x3", "tf32x3")
+    assert tri.served_chunk_config(16, 128, "mixed") == (32, 4, "tf32x3", "tf32")  # near spill-free at <= 16 nodes
+    assert tri.served_chunk_config(64, 128, "mixed")[2:] == ("tf32x3", "tf32")
+    assert tri.served_chunk_config(16, 128, "tf32")[2:] == ("tf32", "tf32")
+    with pytest.raises(ValueError, match="precision setting"):
+        tri.served_chunk_config(16, 128, "fp16")

@@ -5,11 +5,11 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("shape", ["tree", "chain"])
-def test_backend_verify_and_commit_plumbing_in_interpreter(shape):
+@pytest.mark.parametrize("shape,precision", [("tree", "tf32x3"), ("chain", "tf32x3"), ("tree", "mixed")])
+def test_backend_verify_and_commit_plumbing_in_interpreter(shape, precision):
     """LumoTree's SGLang backend on fake pools, real Triton kernels interpreted (see the script)."""
     pytest.importorskip("sglang")
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    env = dict(os.environ, TRITON_INTERPRET="1", LUMOTREE_SGLANG_PRECISION=precision)
     script = os.path.join(os.path.dirname(__file__), "backend_emulation.py")
     out = subprocess.run([sys.executable, script, shape], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]

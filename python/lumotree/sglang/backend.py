@@ -123,9 +123,12 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         self.lumotree = lumotree_active(model_runner.server_args) and not model_runner.is_draft_worker
         self._first_gdn_layer = 1 << 30
         self._cur_tree = None
+        from lumotree.ops.gdn_tree.triton import SERVED_PRECISIONS
+
         self.precision = os.environ.get("LUMOTREE_SGLANG_PRECISION", "tf32x3")
-        if self.precision not in ("tf32", "tf32x3"):
-            raise ValueError(f"LUMOTREE_SGLANG_PRECISION must be tf32 or tf32x3, got {self.precision!r}")
+        if self.precision not in SERVED_PRECISIONS:
+            raise ValueError(f"LUMOTREE_SGLANG_PRECISION must be one of {', '.join(SERVED_PRECISIONS)}, "
+                             f"got {self.precision!r}")
         if not self.lumotree:
             return
         self.scratch = adopt_pool(self.req_to_token_pool.mamba_pool)
@@ -161,7 +164,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
     def _verify(self, layer, forward_batch, mixed_qkv, a, b):
         import triton
 
-        from lumotree.ops.gdn_tree.triton import default_chunk_config, gdn_tree_chunk_verify_fwd
+        from lumotree.ops.gdn_tree.triton import gdn_tree_chunk_verify_fwd, served_chunk_config
         from sglang.srt.layers.attention.linear import gdn_backend as sg
 
         assert isinstance(mixed_qkv, torch.Tensor)
@@ -186,15 +189,15 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         v = v.reshape(bs, n, Hv, V)
         anc, num_nodes = self._tree_for(layer.layer_id, md, bs, n, x.device)
         BT = max(16, triton.next_power_of_2(n))
-        # fp32-accurate dots (tf32x3) by default; LUMOTREE_SGLANG_PRECISION=tf32 trades accuracy
-        # (~3e-3 relative on the outputs) for fewer registers and spills
-        BV, warps, prec = default_chunk_config(BT, V, torch.bfloat16 if self.precision == "tf32" else torch.float32)
+        # fp32-accurate dots (tf32x3) by default; LUMOTREE_SGLANG_PRECISION=mixed / tf32 trade
+        # accuracy (~2e-5 / ~5e-4 relative on the outputs) for fewer registers and spills
+        BV, warps, prec, prec_low = served_chunk_config(BT, V, self.precision)
         # one kernel: gates from (A_log, a, dt_bias, b), the tree verify on the pool rows, and the
         # raw k, v, g, beta kept per request row for the replay commit (padded rows, slot -1, skipped)
         o = gdn_tree_chunk_verify_fwd(q, k, v, cache.temporal, None, A_log=layer.A_log, a=a.reshape(bs, n, Hv),
                                       dt_bias=layer.dt_bias, b=b.reshape(bs, n, Hv), scale=K ** -0.5,
                                       use_qk_l2norm=True, state_indices=rows, anc_mask=anc, num_nodes=num_nodes,
-                                      BV=BV, num_warps=warps, precision=prec,
+                                      BV=BV, num_warps=warps, precision=prec, precision_low=prec_low,
                                       ring=self.scratch.layer(self.req_to_token_pool.mamba_map[layer.layer_id]),
                                       ring_rows=self.verify_intermediate_state_indices[:bs])
         if self.check is not None and not _capturing():

@@ -102,7 +102,8 @@ def gdn_tree_chunk_verify_fwd_kernel(
     pc_rows, pc_last, pc_parents, pc_k, pc_v, pc_g, pc_beta, stride_pk, stride_pv, stride_pg, PC_NP,
     scale, stride_state, N, stride_qt, stride_kt, stride_vt,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr, STORE_VNEW: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr, PRECISION_LOW: tl.constexpr,
+    STORE_VNEW: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_STATE_INDICES: tl.constexpr, FUSED_GATING: tl.constexpr,
     STORE_RING: tl.constexpr, PRE_COMMIT: tl.constexpr, PC_HAS_PARENTS: tl.constexpr, PC_BN: tl.constexpr,
 ):
@@ -180,7 +181,9 @@ def gdn_tree_chunk_verify_fwd_kernel(
     b_G = tl.sum(tl.where(b_m, b_g[None, :], 0.0), 1)  # log decay summed along the root path
     b_decay = tl.exp(tl.where(b_m, b_G[:, None] - b_G[None, :], float("-inf")))  # 0 off the ancestor set
     eye = o_t[:, None] == o_t[None, :]
-    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
+    # PRECISION_LOW: the dots whose rounding barely reaches the outputs (k k^T, the T products, w,
+    # w h^T: ~1e-5 relative each in tf32, CPU-emulated); PRECISION: u, q h^T, q k^T, P vn (~3e-4 each)
+    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION_LOW)
     b_A = tl.where(eye, 0.0, b_beta[:, None] * b_kk * b_decay)  # strict ancestors only
     # T = (I + A)^-1. A only links a node to its strict ancestors, so A^(depth+1) = 0 and
     # T = (I - A)(I + A^2)(I + A^4)... is exact once the power passes the depth: log2(depth) rounds.
@@ -190,14 +193,14 @@ def gdn_tree_chunk_verify_fwd_kernel(
     b_P = b_A
     p = 1
     while 2 * p <= dmax:  # covers powers < 2p; A^(dmax+1) = 0
-        b_P = tl.dot(b_P, b_P, input_precision=PRECISION)  # A^(2p)
-        b_T = tl.dot(b_T, b_I + b_P, input_precision=PRECISION)
+        b_P = tl.dot(b_P, b_P, input_precision=PRECISION_LOW)  # A^(2p)
+        b_T = tl.dot(b_T, b_I + b_P, input_precision=PRECISION_LOW)
         p = p * 2
     b_eG = tl.exp(b_G)
-    b_w = tl.dot(b_T, b_k * (b_beta * b_eG)[:, None], input_precision=PRECISION)  # [BT, K]
+    b_w = tl.dot(b_T, b_k * (b_beta * b_eG)[:, None], input_precision=PRECISION_LOW)  # [BT, K]
     b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=PRECISION)  # [BT, BV]
     b_h = b_h.to(tl.float32)
-    b_vn = b_u - tl.dot(b_w, tl.trans(b_h), input_precision=PRECISION)  # the delta-rule innovations
+    b_vn = b_u - tl.dot(b_w, tl.trans(b_h), input_precision=PRECISION_LOW)  # the delta-rule innovations
     if STORE_VNEW:  # u_i per node and head: all the commit needs besides k and g (V floats, not V x K)
         tl.store(vnew + (tok[:, None] * HV + i_hv) * V + o_v[None, :], b_vn, mask=m_t[:, None] & m_v[None, :])
     b_qh = tl.dot(b_q, tl.trans(b_h), input_precision=PRECISION)
@@ -450,6 +453,26 @@ def default_chunk_config(BT: int, V: int, dtype: torch.dtype):
     return min(triton.next_power_of_2(V), 128 if prec == "tf32" else 64), 8, prec
 
 
+SERVED_PRECISIONS = ("tf32x3", "mixed", "tf32")
+
+
+def served_chunk_config(BT: int, V: int, setting: str = "tf32x3"):
+    """(BV, num_warps, precision, precision_low) of the served chunk verify for a precision setting
+    (``LUMOTREE_SGLANG_PRECISION``): ``tf32x3`` fp32-accurate dots; ``tf32`` one-pass tf32 dots
+    (~5e-4 relative on the outputs, CPU-emulated); ``mixed`` tf32x3 for the dots the outputs are
+    sensitive to and tf32 for the others (~2e-5), with BV = 32 at trees of <= 16 nodes, where the
+    static sm_90 profile shows it almost spill-free (24 B of stack per thread vs 1008 B for tf32x3)."""
+    if setting not in SERVED_PRECISIONS:
+        raise ValueError(f"precision setting must be one of {SERVED_PRECISIONS}, got {setting!r}")
+    if setting == "tf32":
+        BV, warps, prec = default_chunk_config(BT, V, torch.bfloat16)
+        return BV, warps, prec, prec
+    BV, warps, prec = default_chunk_config(BT, V, torch.float32)
+    if setting == "mixed":
+        return (min(BV, 32) if BT <= 16 else BV), warps, "tf32x3", "tf32"
+    return BV, warps, prec, prec
+
+
 def _default_bv(V: int) -> int:
     return default_config(V, 0)[0]
 
@@ -514,7 +537,8 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
                               BV: Optional[int] = None, num_warps: Optional[int] = None,
                               precision: Optional[str] = None, out: Optional[torch.Tensor] = None,
                               vnew_out: Optional[torch.Tensor] = None, ring: Optional[tuple] = None,
-                              ring_rows: Optional[torch.Tensor] = None, pre_commit: Optional[dict] = None):
+                              ring_rows: Optional[torch.Tensor] = None, pre_commit: Optional[dict] = None,
+                              precision_low: Optional[str] = None):
     """Launcher of the tensor-core tree verify (one tree-masked WY chunk per request and head).
 
     ``anc_mask`` is ``tree.mask`` as int8 `[B, N, N]` (built once per step, shared by all layers);
@@ -522,6 +546,9 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     q, k, v may be strided views into one packed projection (see :func:`_token_rows`).
     ``precision`` is the tl.dot input precision: ``tf32x3`` (fp32-accurate; default for fp32
     inputs), ``tf32`` (default for bf16/fp16 inputs, whose own rounding is coarser) or ``ieee``.
+    ``precision_low`` (default: ``precision``) is used instead for the dots whose rounding barely
+    reaches the outputs (k kᵀ, the T products, w, w hᵀ); ``precision="tf32x3", precision_low="tf32"``
+    is the mixed setting (CPU-emulated output error ~2e-5 vs 5e-4 for tf32 throughout).
     ``ring = (k, v, g, beta)``, per row `[R, NR, Hk, K]`, `[R, NR, Hv, V]`, `[R, NR, Hv]` x2
     (``NR >= N``): the kernel also stores the raw k, v and the gates there, under row
     ``ring_rows[b]`` (default: the state slot ``state_indices[b]``), for
@@ -541,6 +568,10 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     BK = triton.next_power_of_2(K)
     d_bv, d_warps, d_prec = default_chunk_config(BT, V, q.dtype)
     BV, num_warps, precision = BV or d_bv, num_warps or d_warps, precision or d_prec
+    precision_low = precision_low or precision
+    for name, p_ in (("precision", precision), ("precision_low", precision_low)):
+        if p_ not in ("tf32", "tf32x3", "ieee"):
+            raise ValueError(f"{name} must be tf32, tf32x3 or ieee, got {p_!r}")
     if anc_mask is None:
         anc_mask = tree.mask.to(torch.int8)
     if num_nodes is None:
@@ -593,7 +624,8 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
         A_log if fused else dummy, dt_bias if fused else dummy, out, vnew_out if vnew_out is not None else dummy,
         state, state_indices if state_indices is not None else dummy, anc_mask.contiguous(), num_nodes,
         *ring_args, *pc_args, scale, state.stride(0), N, sq, sk, sv,
-        HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, PRECISION=precision, STORE_VNEW=vnew_out is not None,
+        HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, PRECISION=precision, PRECISION_LOW=precision_low,
+        STORE_VNEW=vnew_out is not None,
         USE_QK_L2NORM=use_qk_l2norm, HAS_STATE_INDICES=state_indices is not None, FUSED_GATING=fused,
         STORE_RING=ring is not None, PRE_COMMIT=pre_commit is not None,
         PC_HAS_PARENTS=pre_commit is not None and pre_commit.get("parents") is not None, PC_BN=pc_bn,

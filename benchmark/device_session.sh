@@ -84,6 +84,13 @@ case $CALL in
       lane 0 $((540 - SECONDS)) python3 -m pytest -q -m gpu test/ops test/drafters test/sglang/test_backend_emulation.py ) &
     ( lane 1 540 $SUITE --configs nextn-chain,lumotree-chain --parity-only --out "$OUT/s-chain.json" --port 30100 ) &
     wait ;;
+9)  # MTP + suffix branches in one served tree (LUMOTREE_SUFFIX_MERGE=1, needs the synchronous scheduler),
+    # against LUMOTREE on the same scheduler: parity, replay (accept length, tokens/s), agent loop
+    ( lane 0 540 $SUITE --configs lumotree --tag=-merge --env LUMOTREE_SUFFIX_MERGE=1 \
+          --extra=--disable-overlap-schedule --out "$OUT/s-merge.json" --port 30000 ) &
+    ( lane 1 540 $SUITE --configs lumotree --tag=-sync --extra=--disable-overlap-schedule \
+          --out "$OUT/s-sync.json" --port 30100 ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

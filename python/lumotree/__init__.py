@@ -12,6 +12,9 @@ Environment variables:
     LUMOTREE_SGLANG_PRECISION  ``tf32x3`` (default), ``mixed`` or ``tf32``: tensor-core dot precision
                          of the served GDN tree verify (``mixed``: tf32x3 only for the dots the
                          outputs are sensitive to).
+    LUMOTREE_SUFFIX_MERGE  ``1``: a LUMOTREE server merges each request's suffix draft into the MTP
+                         draft tree (needs ``--disable-overlap-schedule``); not yet run on the GPU.
+    LUMOTREE_SUFFIX_MERGE_SLOTS  draft nodes reserved for suffix branches (default half the tree).
     LUMOTREE_SGLANG_SELECT  ``0`` keeps SGLang's greedy tree verification in LUMOTREE servers
                          (default: LumoTree's fused selection op).
     LUMOTREE_SGLANG_ACTIVE  (set by the plugin, not by users) ``1`` while a LUMOTREE /

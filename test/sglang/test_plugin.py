@@ -212,3 +212,53 @@ def test_oracle_algorithms_only_with_the_benchmark_variable(p):
         assert lines == ["RESULT LUMOTREE_ORACLE True True", "RESULT NGRAM_ORACLE True False"]
     else:
         assert lines == ["RESULT LUMOTREE_ORACLE absent", "RESULT NGRAM_ORACLE absent"]
+
+
+MERGE_SCRIPT = r"""
+import os, sys
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import prepare_server_args
+base = ["--model-path", sys.argv[1], "--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3",
+        "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6", "--device", "cpu"]
+os.environ["LUMOTREE_SUFFIX_MERGE"] = "1"
+for slots, extra in ((None, []), (None, ["--disable-overlap-schedule"]), ("6", ["--disable-overlap-schedule"]),
+                     (None, ["--disable-overlap-schedule", "--speculative-algorithm", "LUMOTREE_SUFFIX"])):
+    os.environ.pop("LUMOTREE_SUFFIX_MERGE_SLOTS", None)
+    if slots:
+        os.environ["LUMOTREE_SUFFIX_MERGE_SLOTS"] = slots
+    try:
+        prepare_server_args(base + extra)
+        print("RESULT ok")
+    except Exception as e:
+        print("RESULT", type(e).__name__, str(e).replace("\n", " "))
+"""
+
+
+def test_suffix_merge_flag_validation():
+    if not os.path.isfile(os.path.join(CKPT, "config.json")):
+        pytest.skip("tiny checkpoint not in this checkout")
+    out = subprocess.run([sys.executable, "-c", MERGE_SCRIPT, CKPT], capture_output=True, text=True, timeout=600,
+                         cwd=ROOT)
+    lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert len(lines) == 4, out.stdout[-2000:] + out.stderr[-4000:]
+    assert "needs --disable-overlap-schedule" in lines[0]
+    assert "runs its GDN kernels on CUDA" in lines[1]  # a valid merged configuration reaches the device check
+    assert "LUMOTREE_SUFFIX_MERGE_SLOTS must be an integer in [1, 5]" in lines[2]
+    assert "has no MTP tree" in lines[3]
+
+
+def test_hook_registers_the_merged_verify_input(monkeypatch):
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from lumotree.sglang.patches import eagle_verify_input as hook
+
+    saved = list(HookRegistry._hooks.get(hook.TARGET, []))
+    try:
+        hook._installed = False
+        hook.install()
+        last = HookRegistry._hooks[hook.TARGET][-1]
+        assert last[0] == HookType.REPLACE and last[1].__name__ == "build_eagle_verify_input"
+    finally:
+        HookRegistry._hooks[hook.TARGET] = saved
+        hook._installed = False

@@ -165,6 +165,11 @@ class SuffixDrafter:
         else:
             self._global.extend(self._global.new_sequence(), out)
 
+    def context(self, rid) -> List[int]:
+        """The tokens of request ``rid`` seen so far ([] for an unknown request)."""
+        req = self._requests.get(rid)
+        return list(req[2]) if req else []
+
     def _request(self, rid):
         try:
             return self._requests[rid]

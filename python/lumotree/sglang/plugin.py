@@ -107,6 +107,15 @@ def validate_server_args(server_args, algorithm: str = ALGORITHM) -> None:
     if dtype not in (None, "float32"):
         raise ValueError(f"--speculative-algorithm {algorithm} keeps the GDN state in fp32 "
                          f"(got --mamba-ssm-dtype {dtype}).")
+    from lumotree.sglang import merge
+
+    if merge.enabled():
+        if algorithm != ALGORITHM:
+            raise ValueError(f"{merge.ENV_FLAG}=1 merges suffix branches into the MTP tree of "
+                             f"--speculative-algorithm {ALGORITHM}; {algorithm} has no MTP tree")
+        if getattr(sa, "enable_multi_layer_eagle", False):
+            raise ValueError(f"{merge.ENV_FLAG}=1 does not support --enable-multi-layer-eagle")
+        merge.validate(sa)
     if sa.device not in ("cuda", None):
         raise ValueError(f"--speculative-algorithm {algorithm} runs its GDN kernels on CUDA (got --device {sa.device}).")
 
@@ -255,8 +264,13 @@ def register() -> None:
     if os.environ.get("LUMOTREE_BENCH_ORACLE_P"):
         _register_oracle(SpeculativeAlgorithm, get_spec, float(os.environ["LUMOTREE_BENCH_ORACLE_P"]))
     if os.environ.get(ENV_ACTIVE) == "1":
+        from lumotree.sglang import merge
         from lumotree.sglang.patches import gdn_backend_classes, verify_tree_greedy
 
         gdn_backend_classes.install()
         verify_tree_greedy.install()
+        if merge.enabled():
+            from lumotree.sglang.patches import eagle_verify_input
+
+            eagle_verify_input.install()
     _registered = True

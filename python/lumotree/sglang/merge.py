@@ -1,0 +1,221 @@
+"""MTP + suffix branches in one served draft tree (``LUMOTREE_SUFFIX_MERGE=1`` on a LUMOTREE server).
+
+SGLang's EAGLE V2 worker drafts a tree with the model's MTP layer and lays it out as the verify
+input (``build_eagle_verify_input``). With the flag, LumoTree rebuilds that input from a merged
+tree: per request, the first ``N - S`` nodes of the MTP tree (SGLang numbers them parents first, so
+they form a tree) and up to ``S`` nodes of the request's suffix draft
+(:class:`lumotree.drafters.suffix.SuffixDrafter`, over prompt + output) united by token path
+(:func:`lumotree.drafters.tree_merge.merge_trees`: a path both propose is one node), filled up to
+``N`` nodes; ``S`` = ``LUMOTREE_SUFFIX_MERGE_SLOTS`` (default ``N // 2``); a request whose suffix
+draft is empty keeps its whole MTP tree. The rebuilt input keeps SGLang's layout: draft tokens
+(root first), positions, ``retrieve_*`` links, and the tree cells of the attention mask rewritten in
+place (the mask buffer may be the attention backend's, read by a captured graph).
+
+The suffix drafts are made on the host from the requests' token lists, so the host must know the
+tokens the last verify accepted: the flag needs ``--disable-overlap-schedule`` (with the overlap
+scheduler the host is one step behind; :func:`lumotree.drafters.tree_merge.align_stale` is the
+device half of that case, not wired yet). A suffix draft whose root differs from the device's
+root (the bonus token) contributes nothing, so a stale draft can cost nodes but never correctness.
+Greedy and sampled requests verify as with MTP alone; rejection sampling with draft probabilities
+(``--speculative-use-rejection-sampling``) is refused, suffix nodes have none.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from lumotree.drafters.suffix import SuffixDrafter
+from lumotree.drafters.tree_merge import merge_trees
+from lumotree.tree import ancestor_mask
+
+logger = logging.getLogger(__name__)
+
+ENV_FLAG = "LUMOTREE_SUFFIX_MERGE"
+ENV_SLOTS = "LUMOTREE_SUFFIX_MERGE_SLOTS"
+FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2  # SGLang's TreeMaskMode values
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_FLAG) == "1"
+
+
+def validate(server_args) -> None:
+    """Clear errors for flag combinations the merged tree cannot serve."""
+    if not enabled():
+        return
+    if not getattr(server_args, "disable_overlap_schedule", False):
+        raise ValueError(f"{ENV_FLAG}=1 needs --disable-overlap-schedule: the suffix drafts are made on the "
+                         "host and must see the tokens the last verify accepted")
+    if getattr(server_args, "speculative_use_rejection_sampling", False):
+        raise ValueError(f"{ENV_FLAG}=1 does not support --speculative-use-rejection-sampling "
+                         "(suffix branches carry no draft probabilities)")
+    slots = os.environ.get(ENV_SLOTS)
+    n = server_args.speculative_num_draft_tokens
+    if slots is not None and not (slots.isdigit() and 1 <= int(slots) < n):
+        raise ValueError(f"{ENV_SLOTS} must be an integer in [1, {n - 1}] (--speculative-num-draft-tokens {n}), "
+                         f"got {slots!r}")
+
+
+# ---------------------------------------------------------------------------- layout (device)
+def eagle_links(parents: torch.Tensor):
+    """SGLang's ``retrieve_next_token`` (first child) and ``retrieve_next_sibling`` (next child of
+    the same parent, by node index) `[B, N]`, -1 where none; static shapes, no host sync."""
+    B, N = parents.shape
+    idx = torch.arange(N, device=parents.device)
+    child = parents[:, None, :] == idx[None, :, None]  # [B, parent p, node i]: i is a child of p
+    first = torch.where(child.any(2), child.float().argmax(2), torch.full((B, N), -1, device=parents.device,
+                                                                          dtype=torch.long))
+    sib = (parents[:, :, None] == parents[:, None, :]) & (idx[None, None, :] > idx[None, :, None]) \
+        & (parents[:, :, None] >= 0)
+    nxt = torch.where(sib.any(2), sib.float().argmax(2), torch.full((B, N), -1, device=parents.device,
+                                                                    dtype=torch.long))
+    return first, nxt
+
+
+def write_tree_mask(mask: torch.Tensor, anc: torch.Tensor, seq_lens: torch.Tensor, mode: int) -> None:
+    """Overwrite the tree cells of SGLang's flattened verify mask in place: ``FULL_MASK`` rows of
+    ``seq_len + N`` per draft token, requests one after another (prefix cells untouched);
+    ``QLEN_ONLY`` ``N x N`` per request. ``anc`` `[B, N, N]` bool (ancestor or self)."""
+    B, N, _ = anc.shape
+    dev = anc.device
+    i = torch.arange(N, device=dev)
+    if mode == QLEN_ONLY:
+        base = torch.arange(B, device=dev) * N * N
+        idx = base[:, None, None] + i[None, :, None] * N + i[None, None, :]
+    elif mode == FULL_MASK:
+        sl = seq_lens.to(dev).long()
+        start = N * (torch.cumsum(sl, 0) - sl) + torch.arange(B, device=dev) * N * N  # request b's first row
+        idx = start[:, None, None] + i[None, :, None] * (sl[:, None, None] + N) + sl[:, None, None] + i[None, None, :]
+    else:
+        raise NotImplementedError("LUMOTREE_SUFFIX_MERGE: the bit-packed tree mask (QLEN_ONLY_BITPACKING) is not "
+                                  "supported; use an attention backend with the full or qlen mask (e.g. triton)")
+    mask.view(-1)[idx.flatten()] = anc.flatten().to(mask.dtype)
+
+
+def _pad_to(tokens, parents, num, n):
+    """Fill each request's tree to ``n`` real nodes with extra children of the root repeating its
+    first child's token (ordinary candidates to the verification: outputs stay exact)."""
+    B = tokens.shape[0]
+    idx = torch.arange(n, device=tokens.device)[None, :]
+    pad = idx >= num[:, None]
+    first_child = torch.where(num > 1, tokens[:, 1], tokens[:, 0])
+    tokens = torch.where(pad, first_child[:, None].expand(B, n), tokens)
+    parents = torch.where(pad, torch.zeros_like(parents), parents)
+    parents[:, 0] = -1
+    return tokens, parents
+
+
+# ---------------------------------------------------------------------------- host state
+class SuffixMerge:
+    """The suffix tries of the running requests, and the merge into SGLang's verify input."""
+
+    def __init__(self, num_draft_tokens: int, slots: Optional[int] = None, max_match: int = 16,
+                 max_spec: int = 16, context: int = 4096):
+        self.n = num_draft_tokens
+        self.slots = slots if slots is not None else int(os.environ.get(ENV_SLOTS, max(1, num_draft_tokens // 2)))
+        if not 1 <= self.slots < num_draft_tokens:
+            raise ValueError(f"suffix slots must be in [1, {num_draft_tokens - 1}], got {self.slots}")
+        self.drafter = SuffixDrafter(max_match=max_match, max_spec=max_spec)
+        self.context = context
+        self._seen: Dict[object, int] = {}  # tokens of the request's context already indexed
+        self._prompt: Dict[object, int] = {}  # where its output starts (for the global cache)
+        self.steps = 0
+        self.suffix_draft_nodes = 0
+
+    def observe(self, rid, tokens: Sequence[int]) -> None:
+        """Feed a request's full token list (prompt + output so far); only the new tail is indexed."""
+        seen = self._seen.get(rid)
+        if seen is None or seen > len(tokens):
+            self.drafter.start(rid, list(tokens[-self.context:]))
+            self._prompt[rid] = min(len(tokens), self.context)
+        elif len(tokens) > seen:
+            self.drafter.append(rid, list(tokens[seen:]))
+        self._seen[rid] = len(tokens)
+
+    def forget(self, active: Sequence[object]) -> None:
+        """Retire requests no longer running; their outputs join the drafter's global cache."""
+        keep = set(active)
+        for rid in [r for r in self._seen if r not in keep]:
+            self._seen.pop(rid)
+            ctx = self.drafter.context(rid)
+            self.drafter.finish(rid, ctx[self._prompt.pop(rid, len(ctx)):])
+
+    def suffix_tensors(self, rids: Sequence[object], device):
+        """The requests' suffix drafts as a padded batch (host-built, copied without blocking)."""
+        drafts = [self.drafter.draft(r, self.slots + 1) for r in rids]
+        B, M = len(drafts), self.slots + 1
+        tok = torch.zeros(B, M, dtype=torch.long)
+        par = torch.full((B, M), -1, dtype=torch.long)
+        sc = torch.zeros(B, M, dtype=torch.float32)
+        num = torch.tensor([len(d) for d in drafts], dtype=torch.long)
+        for b, d in enumerate(drafts):
+            tok[b, :len(d)] = torch.tensor(d.tokens)
+            par[b, :len(d)] = torch.tensor(d.parents)
+            sc[b, :len(d)] = torch.tensor(d.scores)
+        pin = torch.cuda.is_available() and torch.device(device).type == "cuda"
+        out = [t.pin_memory() if pin else t for t in (tok, par, sc, num)]
+        return [t.to(device, non_blocking=True) for t in out], num
+
+    def merge(self, verify_input, seq_lens: torch.Tensor, mask_mode: int, rids: Sequence[object],
+              contexts: Sequence[Sequence[int]], fill_mask: bool = True) -> None:
+        """Rebuild ``verify_input`` (SGLang's EagleVerifyInput, fields modified in place) from the MTP
+        tree it holds merged with the requests' suffix drafts."""
+        for rid, toks in zip(rids, contexts):
+            self.observe(rid, toks)
+        self.forget(rids)
+        B, N = len(rids), self.n
+        dev = verify_input.draft_token.device
+        (s_tok, s_par, s_sc, s_num), s_num_host = self.suffix_tensors(rids, dev)
+        m_tok = verify_input.draft_token.view(B, N).long()
+        m_par = _parents_from_links(verify_input.retrieve_next_token.view(B, N),
+                                    verify_input.retrieve_next_sibling.view(B, N))
+        # MTP's first N - S nodes (all N without a suffix draft) rank first, then the suffix nodes
+        # (their path probability, < 1), then the rest of the MTP tree fills what is left
+        keep_mtp = torch.where(s_num_host.to(dev) > 1, N - self.slots, N)
+        first = torch.arange(N, device=dev)[None, :] < keep_mtp[:, None]
+        m_sc = torch.where(first, 1.0, 1e-3).to(torch.float32)
+        full = torch.full((B,), N, dtype=torch.long, device=dev)
+        tok, par, _, num = merge_trees([(m_tok, m_par, m_sc, full), (s_tok, s_par, s_sc * 0.999, s_num)], N)
+        tok, par = _pad_to(tok, par, num, N)
+        first, nxt = eagle_links(par)
+        anc = ancestor_mask(par)
+        depth = anc.sum(2) - 1
+        verify_input.draft_token.copy_(tok.flatten().to(verify_input.draft_token.dtype))
+        verify_input.positions.copy_((seq_lens.to(dev).long()[:, None] + depth).flatten()
+                                     .to(verify_input.positions.dtype))
+        verify_input.retrieve_next_token.copy_(first.view_as(verify_input.retrieve_next_token)
+                                               .to(verify_input.retrieve_next_token.dtype))
+        verify_input.retrieve_next_sibling.copy_(nxt.view_as(verify_input.retrieve_next_sibling)
+                                                 .to(verify_input.retrieve_next_sibling.dtype))
+        if fill_mask and verify_input.custom_mask is not None:
+            write_tree_mask(verify_input.custom_mask, anc, seq_lens, mask_mode)
+        self.steps += 1
+        self.suffix_draft_nodes += int((s_num_host - 1).clamp(min=0).sum())  # host-side count, no device sync
+
+
+def _parents_from_links(next_token: torch.Tensor, next_sibling: torch.Tensor) -> torch.Tensor:
+    from lumotree.tree import parents_from_eagle
+
+    par = parents_from_eagle(next_token, next_sibling)
+    par[:, 0] = -1
+    return par
+
+
+_STATE: Optional[SuffixMerge] = None
+
+
+def state(num_draft_tokens: int) -> SuffixMerge:
+    global _STATE
+    if _STATE is None or _STATE.n != num_draft_tokens:
+        _STATE = SuffixMerge(num_draft_tokens)
+        logger.info("LumoTree: MTP + suffix branches in one tree (%s=1): %d of %d draft nodes for suffix "
+                    "branches", ENV_FLAG, _STATE.slots, num_draft_tokens)
+    return _STATE
+
+
+def request_tokens(req) -> List[int]:
+    """A running request's context as the host knows it: prompt + output so far."""
+    return list(req.origin_input_ids) + list(req.output_ids)

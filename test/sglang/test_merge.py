@@ -63,7 +63,7 @@ def test_merge_rebuilds_the_verify_input_consistently():
     mtp_tok = torch.tensor([[4, 1, 7, 8, 2, 6], [8, 11, 12, 13, 14, 15]])
     seq_lens = torch.tensor([len(c) for c in ctx])
     vi = fake_verify_input(mtp_par, mtp_tok, seq_lens)
-    m = merge.SuffixMerge(N, slots=3)
+    m = merge.SuffixMerge(N, slots=3, max_spec=3)
     m.merge(vi, seq_lens, merge.FULL_MASK, ["a", "b"], ctx)
     tok = vi.draft_token.view(2, N)
     par = parents_from_eagle(vi.retrieve_next_token, vi.retrieve_next_sibling)
@@ -108,9 +108,22 @@ def test_hook_wraps_sglangs_builder(monkeypatch):
     batch = types.SimpleNamespace(forward_mode=types.SimpleNamespace(is_idle=lambda: False), seq_lens=torch.tensor([6]),
                                   reqs=[req])
     worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(attn_backend=types.SimpleNamespace(verify_mask=None)))
-    out = hooked(batch, None, None, None, None, None, target_worker=worker, topk=2, num_steps=2, num_draft_tokens=N,
+    out = hooked(batch, None, None, None, None, None, target_worker=worker, topk=2, num_steps=3, num_draft_tokens=N,
                  tree_mask_mode=merge.FULL_MASK, device="cpu")
     assert out is vi and calls == [N]
     par = parents_from_eagle(vi.retrieve_next_token, vi.retrieve_next_sibling)
     assert (1, 2) in paths(vi.draft_token.tolist(), par[0].tolist())  # "3 -> 1 -> 2" seen before
     assert merge._STATE.steps == 1
+
+
+def test_suffix_branches_stay_within_the_accepted_path_length():
+    """SGLang keeps num_steps + 1 accepted tokens per step: deeper suffix nodes would never be
+    accepted, so the drafter stops at num_steps below the root."""
+    ctx = [[7, 1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7]]
+    vi = fake_verify_input(torch.tensor([[-1, 0, 0, 0, 0, 0, 0, 0]]), torch.tensor([[7, 9, 10, 11, 12, 13, 14, 15]]),
+                           torch.tensor([15]))
+    m = merge.SuffixMerge(8, slots=6, max_spec=2)
+    m.merge(vi, torch.tensor([15]), merge.FULL_MASK, ["a"], ctx)
+    par = parents_from_eagle(vi.retrieve_next_token, vi.retrieve_next_sibling)
+    assert TreeDescriptor.from_parents(par).depth.max() == 2
+    assert (1, 2) in paths(vi.draft_token.tolist(), par[0].tolist())

@@ -119,6 +119,7 @@ class SuffixMerge:
         if not 1 <= self.slots < num_draft_tokens:
             raise ValueError(f"suffix slots must be in [1, {num_draft_tokens - 1}], got {self.slots}")
         self.drafter = SuffixDrafter(max_match=max_match, max_spec=max_spec)
+        self.max_depth = max_spec
         self.context = context
         self._seen: Dict[object, int] = {}  # tokens of the request's context already indexed
         self._prompt: Dict[object, int] = {}  # where its output starts (for the global cache)
@@ -145,7 +146,7 @@ class SuffixMerge:
 
     def suffix_tensors(self, rids: Sequence[object], device):
         """The requests' suffix drafts as a padded batch (host-built, copied without blocking)."""
-        drafts = [self.drafter.draft(r, self.slots + 1) for r in rids]
+        drafts = [_cap_depth(self.drafter.draft(r, self.slots + 1), self.max_depth) for r in rids]
         B, M = len(drafts), self.slots + 1
         tok = torch.zeros(B, M, dtype=torch.long)
         par = torch.full((B, M), -1, dtype=torch.long)
@@ -178,7 +179,8 @@ class SuffixMerge:
         first = torch.arange(N, device=dev)[None, :] < keep_mtp[:, None]
         m_sc = torch.where(first, 1.0, 1e-3).to(torch.float32)
         full = torch.full((B,), N, dtype=torch.long, device=dev)
-        tok, par, _, num = merge_trees([(m_tok, m_par, m_sc, full), (s_tok, s_par, s_sc * 0.999, s_num)], N)
+        tok, par, _, num = merge_trees([(m_tok, m_par, m_sc, full), (s_tok, s_par, s_sc * 0.999, s_num)], N,
+                                       max_depth=self.max_depth)
         tok, par = _pad_to(tok, par, num, N)
         first, nxt = eagle_links(par)
         anc = ancestor_mask(par)
@@ -196,6 +198,20 @@ class SuffixMerge:
         self.suffix_draft_nodes += int((s_num_host - 1).clamp(min=0).sum())  # host-side count, no device sync
 
 
+def _cap_depth(draft, max_depth: int):
+    """The draft without nodes deeper than ``max_depth`` below the root (parents precede children)."""
+    from lumotree.drafters.suffix import Draft
+
+    depth, keep, new = [], [], {}
+    for i, p in enumerate(draft.parents):
+        depth.append(0 if p < 0 else depth[p] + 1)
+        if depth[i] <= max_depth and (p < 0 or p in new):
+            new[i] = len(keep)
+            keep.append(i)
+    return Draft([draft.tokens[i] for i in keep], [new[draft.parents[i]] if draft.parents[i] >= 0 else -1 for i in keep],
+                 [draft.scores[i] for i in keep])
+
+
 def _parents_from_links(next_token: torch.Tensor, next_sibling: torch.Tensor) -> torch.Tensor:
     from lumotree.tree import parents_from_eagle
 
@@ -207,10 +223,12 @@ def _parents_from_links(next_token: torch.Tensor, next_sibling: torch.Tensor) ->
 _STATE: Optional[SuffixMerge] = None
 
 
-def state(num_draft_tokens: int) -> SuffixMerge:
+def state(num_draft_tokens: int, num_steps: int) -> SuffixMerge:
+    """The server's merge state; suffix branches no deeper than the MTP steps (SGLang sizes the
+    accepted path to ``num_steps + 1`` tokens, deeper nodes could never be accepted)."""
     global _STATE
     if _STATE is None or _STATE.n != num_draft_tokens:
-        _STATE = SuffixMerge(num_draft_tokens)
+        _STATE = SuffixMerge(num_draft_tokens, max_spec=num_steps)
         logger.info("LumoTree: MTP + suffix branches in one tree (%s=1): %d of %d draft nodes for suffix "
                     "branches", ENV_FLAG, _STATE.slots, num_draft_tokens)
     return _STATE

@@ -30,7 +30,7 @@ def wrap(original):
             return vi
         verify_mask = getattr(target_worker.model_runner.attn_backend, "verify_mask", None)
         mode, fill = (tree_mask_mode, True) if verify_mask is None else (verify_mask.mode, verify_mask.is_read)
-        merge.state(num_draft_tokens).merge(vi, batch.seq_lens, int(mode), [r.rid for r in batch.reqs],
+        merge.state(num_draft_tokens, num_steps).merge(vi, batch.seq_lens, int(mode), [r.rid for r in batch.reqs],
                                             [merge.request_tokens(r) for r in batch.reqs], fill_mask=fill)
         return vi
 

@@ -116,3 +116,37 @@ def test_eagle_roundtrip(forest):
     B, N = parents.shape
     assert e["custom_mask"].numel() == B * N * (5 + N)
     assert e["positions"].view(B, N).tolist() == (t.depth + 5).tolist()
+
+
+def _parents_from_eagle_loop(nt, ns):
+    """The sibling-walk definition (the previous implementation): first children get their parent,
+    then parents propagate along sibling chains, N - 1 hops."""
+    B, N = nt.shape
+    par = torch.full((B, N), -1, dtype=torch.long)
+    for b in range(B):
+        for p in range(N):
+            c = int(nt[b, p])
+            while 0 <= c < N:
+                par[b, c] = p
+                c = int(ns[b, c])
+    return par
+
+
+def test_parents_from_eagle_by_pointer_jumping_equals_the_sibling_walk():
+    import random
+
+    from lumotree.tree import parents_from_eagle
+
+    rng = random.Random(4)
+    for N in (1, 2, 5, 16, 33, 64):
+        B = 6
+        rows, nums = [], []
+        for b in range(B):
+            n = rng.randint(1, N)
+            rows.append([-1] + [rng.randrange(i) for i in range(1, n)] + [-1] * (N - n))
+            nums.append(n)
+        tree = TreeDescriptor.from_parents(torch.tensor(rows), torch.tensor(nums))
+        nt, ns = tree.first_child, tree.next_sibling
+        got = parents_from_eagle(nt, ns)
+        assert torch.equal(got, _parents_from_eagle_loop(nt, ns)), N
+        assert torch.equal(torch.where(tree.valid, got, -1), torch.where(tree.valid, tree.parents, -1))

@@ -232,19 +232,22 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
 
 def parents_from_eagle(retrieve_next_token: torch.Tensor, retrieve_next_sibling: torch.Tensor) -> torch.Tensor:
     """`[B, N]` parents (``-1`` for the root and unreached nodes) from SGLang's first-child /
-    next-sibling links, with static-shaped scatters only (no host synchronisation)."""
+    next-sibling links, with static shapes and no host synchronisation: a node's parent is the node
+    whose first child heads its sibling chain; the heads are found by pointer jumping
+    (``ceil(log2 N)`` rounds), ~20 tensor ops whatever N."""
     nt, ns = retrieve_next_token.long(), retrieve_next_sibling.long()
     B, N = nt.shape
-    src = torch.arange(N, device=nt.device)[None, :].expand(B, N)
+    dev = nt.device
+    src = torch.arange(N, device=dev)[None, :].expand(B, N)
     spare = torch.full_like(nt, N)  # out-of-range links write into a spare column, dropped at the end
-    par = torch.full((B, N + 1), -1, dtype=torch.long, device=nt.device)
-    par.scatter_(1, torch.where((nt >= 0) & (nt < N), nt, spare), src)
-    for _ in range(N - 1):  # propagate the parent along sibling chains (at most N - 1 hops)
-        cur = par[:, :N]
-        hs = (ns >= 0) & (ns < N) & (cur >= 0)
-        upd = torch.full_like(par, -1).scatter_(1, torch.where(hs, ns, spare), torch.where(hs, cur, -1))
-        par = torch.cat([torch.where((cur < 0) & (upd[:, :N] >= 0), upd[:, :N], cur), par[:, N:]], 1)
-    return par[:, :N]
+    first_of = torch.full((B, N + 1), -1, dtype=torch.long, device=dev)  # first_of[c] = p if c is p's first child
+    first_of.scatter_(1, torch.where((nt >= 0) & (nt < N), nt, spare), src)
+    up = torch.arange(N + 1, device=dev)[None, :].expand(B, N + 1).clone()  # up[s] = previous sibling, or s
+    up.scatter_(1, torch.where((ns >= 0) & (ns < N), ns, spare), src)
+    up[:, N] = N
+    for _ in range(max(1, math.ceil(math.log2(max(N, 2))))):
+        up = up.gather(1, up)  # 2^k siblings back, stopping at the chain's head
+    return first_of.gather(1, up)[:, :N]
 
 
 def _validate(parents: torch.Tensor, num_nodes: torch.Tensor) -> None:

@@ -113,13 +113,14 @@ class SuffixMerge:
     """The suffix tries of the running requests, and the merge into SGLang's verify input."""
 
     def __init__(self, num_draft_tokens: int, slots: Optional[int] = None, max_match: int = 16,
-                 max_spec: int = 16, context: int = 4096):
+                 max_spec: int = 16, context: int = 4096, kernel: Optional[bool] = None):
         self.n = num_draft_tokens
         self.slots = slots if slots is not None else int(os.environ.get(ENV_SLOTS, max(1, num_draft_tokens // 2)))
         if not 1 <= self.slots < num_draft_tokens:
             raise ValueError(f"suffix slots must be in [1, {num_draft_tokens - 1}], got {self.slots}")
         self.drafter = SuffixDrafter(max_match=max_match, max_spec=max_spec)
         self.max_depth = max_spec
+        self.kernel = kernel  # the fused Triton merge + layout (default: on CUDA tensors)
         self.context = context
         self._seen: Dict[object, int] = {}  # tokens of the request's context already indexed
         self._prompt: Dict[object, int] = {}  # where its output starts (for the global cache)
@@ -147,7 +148,7 @@ class SuffixMerge:
     def suffix_tensors(self, rids: Sequence[object], device):
         """The requests' suffix drafts as a padded batch (host-built, copied without blocking)."""
         drafts = [_cap_depth(self.drafter.draft(r, self.slots + 1), self.max_depth) for r in rids]
-        B, M = len(drafts), self.slots + 1
+        B, M = len(drafts), max(2, 1 << self.slots.bit_length())  # >= slots + 1, a power of two (the kernel's)
         tok = torch.zeros(B, M, dtype=torch.long)
         par = torch.full((B, M), -1, dtype=torch.long)
         sc = torch.zeros(B, M, dtype=torch.float32)
@@ -170,12 +171,22 @@ class SuffixMerge:
         B, N = len(rids), self.n
         dev = verify_input.draft_token.device
         (s_tok, s_par, s_sc, s_num), s_num_host = self.suffix_tensors(rids, dev)
+        keep_mtp = torch.where(s_num_host.to(dev) > 1, N - self.slots, N)
+        self.steps += 1
+        self.suffix_draft_nodes += int((s_num_host - 1).clamp(min=0).sum())  # host-side count, no device sync
+        if self.kernel if self.kernel is not None else dev.type == "cuda":
+            from lumotree.drafters.tree_merge_triton import tree_merge_layout_fwd
+
+            tree_merge_layout_fwd(verify_input.draft_token, verify_input.retrieve_next_token,
+                                  verify_input.retrieve_next_sibling, keep_mtp, (s_tok, s_par, s_sc * 0.999, s_num),
+                                  seq_lens.to(dev), verify_input.positions, verify_input.custom_mask, mask_mode,
+                                  write_mask=fill_mask)
+            return
         m_tok = verify_input.draft_token.view(B, N).long()
         m_par = _parents_from_links(verify_input.retrieve_next_token.view(B, N),
                                     verify_input.retrieve_next_sibling.view(B, N))
         # MTP's first N - S nodes (all N without a suffix draft) rank first, then the suffix nodes
         # (their path probability, < 1), then the rest of the MTP tree fills what is left
-        keep_mtp = torch.where(s_num_host.to(dev) > 1, N - self.slots, N)
         first = torch.arange(N, device=dev)[None, :] < keep_mtp[:, None]
         m_sc = torch.where(first, 1.0, 1e-3).to(torch.float32)
         full = torch.full((B,), N, dtype=torch.long, device=dev)
@@ -194,8 +205,6 @@ class SuffixMerge:
                                                  .to(verify_input.retrieve_next_sibling.dtype))
         if fill_mask and verify_input.custom_mask is not None:
             write_tree_mask(verify_input.custom_mask, anc, seq_lens, mask_mode)
-        self.steps += 1
-        self.suffix_draft_nodes += int((s_num_host - 1).clamp(min=0).sum())  # host-side count, no device sync
 
 
 def _cap_depth(draft, max_depth: int):

@@ -179,8 +179,12 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
     serving_commit(p4)
     err_serving = float((p1 - p4).norm() / p1.norm())
     err_serving_o = float((o_nat.float() - out_s.float()).norm() / o_nat.float().norm())
-    serving_verify_mixed(pool.clone())
-    err_mixed_o = float((o_nat.float() - out_m.float()).norm() / o_nat.float().norm())
+    try:  # the newest form: a failure here must not cost the row's other columns
+        serving_verify_mixed(pool.clone())
+        err_mixed_o = float((o_nat.float() - out_m.float()).norm() / o_nat.float().norm())
+    except Exception as e:  # noqa: BLE001
+        print(f"mixed precision verify failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        err_mixed_o, serving_verify_mixed = None, None
     # fused: after the ring holds this step's inputs, the fused kernel commits them and verifies the
     # same tree again from the committed state == commit, then verify
     p5, p6 = pool.clone(), pool.clone()
@@ -198,7 +202,7 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
     t_ov, t_oc = bench_graph(our_chunk_verify), bench_graph(our_vnew_commit)
     t_sv, t_sc = bench_graph(serving_verify), bench_graph(serving_commit)
     t_fs = bench_graph(fused_step)
-    t_sm = bench_graph(serving_verify_mixed)
+    t_sm = bench_graph(serving_verify_mixed) if serving_verify_mixed is not None else None
     state_bytes = B * Hv * V * K * 4
     accepted = int(al[0])
     return dict(
@@ -210,7 +214,8 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
         serving_verify_us=t_sv, serving_commit_us=t_sc, serving_total_us=t_sv + t_sc,
         serving_speedup=(t_nv + t_nc) / (t_sv + t_sc), rel_err_state_serving=err_serving,
         rel_err_o_serving=err_serving_o,
-        serving_mixed_verify_us=t_sm, serving_mixed_total_us=t_sm + t_sc, rel_err_o_serving_mixed=err_mixed_o,
+        serving_mixed_verify_us=t_sm, serving_mixed_total_us=t_sm + t_sc if t_sm is not None else None,
+        rel_err_o_serving_mixed=err_mixed_o,
         serving_mixed_config=dict(BV=mBV, num_warps=mwarps, precision=mprec, precision_low=mlow),
         fused_step_us=t_fs, fused_speedup=(t_nv + t_nc) / t_fs, rel_err_state_fused=err_fused,
         rel_err_o_fused=err_fused_o,
@@ -305,7 +310,7 @@ def table(rows):
         for r in serving:
             fused = (f"{r['fused_step_us']:.1f} | {r['fused_speedup']:.1f}x" if "fused_step_us" in r else "– | –")
             mixed = (f"{r['serving_mixed_total_us']:.1f} | {r['native_total_us'] / r['serving_mixed_total_us']:.1f}x"
-                     if "serving_mixed_total_us" in r else "– | –")
+                     if r.get("serving_mixed_total_us") else "– | –")
             out.append(f"| {r['model']} | {r['tree']} ({r['nodes']}) | {r['batch']} | {r['native_total_us']:.1f} | "
                        f"{r['serving_total_us']:.1f} | {r['serving_speedup']:.1f}x | {mixed} | {fused} | "
                        f"{2 * r['floor_us']:.1f} |")

@@ -262,3 +262,34 @@ def test_hook_registers_the_merged_verify_input(monkeypatch):
     finally:
         HookRegistry._hooks[hook.TARGET] = saved
         hook._installed = False
+
+
+APPLY_SCRIPT = r"""
+from sglang.srt.plugins.hook_registry import HookRegistry
+from lumotree.sglang.patches import eagle_verify_input as hook
+hook.install()
+HookRegistry.apply_hooks()
+import sglang.srt.speculative.eagle_worker_v2 as w
+calls = []
+class Mode:
+    def is_idle(self):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("our wrapper ran")
+        return True
+class Batch:
+    forward_mode = Mode()
+try:
+    w.build_eagle_verify_input(Batch(), None, None, None, None, None, target_worker=None, topk=2, num_steps=3,
+                               num_draft_tokens=6, tree_mask_mode=0, device="cpu")
+    print("RESULT not hooked")
+except RuntimeError as e:
+    print("RESULT", e)
+"""
+
+
+def test_merged_verify_input_hook_reaches_the_eagle_v2_worker():
+    """Applied as SGLang applies plugin hooks, the wrapper is what EAGLE V2's draft() calls (its
+    module global), around SGLang's own builder (which runs first: the idle check is asked twice)."""
+    out = subprocess.run([sys.executable, "-c", APPLY_SCRIPT], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert "RESULT our wrapper ran" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]

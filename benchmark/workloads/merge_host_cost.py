@@ -3,6 +3,11 @@ tokens each request accepted and drafting its suffix branch, as ``lumotree.sglan
 does on the scheduler's thread. Contexts: the agent replay sessions (characters as token ids);
 each step appends 3 tokens drawn from the request's recent context. CPU only, this machine.
 
+Also the tensor ops one merge step dispatches (``ops``: counted with a dispatch counter, batch 8):
+the torch path (what would launch one by one on the GPU) and the kernel path with the kernel's
+launch stubbed out (what launches besides it); in both, ``host_tensor_ops`` of them build the
+suffix batch on the CPU.
+
     python3 benchmark/workloads/merge_host_cost.py --out benchmark/results/merge_host_cost_cpu.json
 """
 from __future__ import annotations
@@ -18,6 +23,53 @@ import time
 from lumotree.sglang.merge import SuffixMerge
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def count_ops(n, slots, depth, batch=8):
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from lumotree import TreeDescriptor
+    from lumotree.drafters import tree_merge_triton
+    from lumotree.sglang import merge
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    par = torch.tensor([[-1] + [(i - 1) // 2 for i in range(1, n)]] * batch)  # a binary MTP tree
+    tok = torch.arange(n)[None, :].repeat(batch, 1) + 100
+    tok[:, 0] = 4
+    ctx = [[9, 1, 2, 3, 4] * 3] * batch
+    seq = torch.full((batch,), 15)
+    rids = [str(i) for i in range(batch)]
+
+    def verify_input():
+        e = TreeDescriptor.from_parents(par).to_eagle(seq)
+        return type("VI", (), dict(draft_token=tok.flatten().clone(), positions=e["positions"].clone(),
+                                   retrieve_next_token=e["retrieve_next_token"].clone(),
+                                   retrieve_next_sibling=e["retrieve_next_sibling"].clone(),
+                                   custom_mask=e["custom_mask"].clone()))()
+
+    out = {}
+    for kernel in (False, True):
+        m = merge.SuffixMerge(n, slots=slots, max_spec=depth, kernel=kernel)
+        launch = tree_merge_triton.tree_merge_layout_fwd_kernel
+        tree_merge_triton.tree_merge_layout_fwd_kernel = type("Stub", (), {"__getitem__": lambda s, g: lambda *a, **k: None})()
+        try:
+            m.merge(verify_input(), seq, merge.FULL_MASK, rids, ctx)  # the requests' tries exist
+            vi = verify_input()
+            with Count() as c:
+                m.merge(vi, seq, merge.FULL_MASK, rids, ctx)
+            with Count() as h:
+                m.suffix_tensors(rids, "cpu")
+        finally:
+            tree_merge_triton.tree_merge_layout_fwd_kernel = launch
+        out["kernel_path_besides_the_launch" if kernel else "torch_path"] = dict(tensor_ops=c.n, host_tensor_ops=h.n)
+    return dict(batch=batch, **out)
 
 
 def main(argv=None):
@@ -54,7 +106,9 @@ def main(argv=None):
         rows.append(dict(batch=bs, observe_ms=1000 * t_obs / args.steps, draft_ms=1000 * t_draft / args.steps,
                          suffix_nodes_per_request=nodes / (args.steps * bs)))
         print(json.dumps(rows[-1]), flush=True)
-    res = dict(command="python3 " + " ".join(sys.argv), machine=platform.processor() or platform.machine(),
+    ops = count_ops(args.draft_tokens, args.slots, args.depth)
+    print(json.dumps(ops), flush=True)
+    res = dict(command="python3 " + " ".join(sys.argv), ops=ops, machine=platform.processor() or platform.machine(),
                python=platform.python_version(), draft_tokens=args.draft_tokens, slots=args.slots, depth=args.depth,
                rows=rows)
     if args.out:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Optional
 
 import torch
 
@@ -104,14 +105,9 @@ class TreeDescriptor:
         depth = torch.where(valid, mask.sum(-1) - 1, torch.zeros_like(par))
         is_child = edge  # [B, i, j]: j is i's parent
         num_children = is_child.sum(1)
-        cand = torch.where(is_child.transpose(1, 2), idx[None, None, :].expand(B, N, N), N)
-        first_child = cand.min(-1).values
-        first_child = torch.where(first_child >= N, -1, first_child)
+        first_child, next_sibling = eagle_links(par, valid)
         same_parent = (par[:, :, None] == par[:, None, :]) & valid[:, :, None] & valid[:, None, :]
         same_parent &= (idx[None, :, None] > 0) & (idx[None, None, :] > 0)
-        later = same_parent & (idx[None, None, :] > idx[None, :, None])
-        next_sibling = torch.where(later, idx[None, None, :].expand(B, N, N), N).min(-1).values
-        next_sibling = torch.where(next_sibling >= N, -1, next_sibling)
         # Preorder (first child first): pre(i) = sum over ancestors-or-self a of off(a),
         # off(a) = 1 + total size of a's earlier siblings' subtrees, off(root) = 0.
         size = (mask & valid[:, :, None]).sum(1)  # subtree size of j
@@ -228,6 +224,22 @@ def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
     idx = torch.arange(parents.shape[1], device=parents.device)
     par = torch.where(idx[None, :] > 0, parents, torch.full_like(parents, -1))
     return _closure(par, torch.ones_like(par, dtype=torch.bool))[0]
+
+
+def eagle_links(parents: torch.Tensor, valid: Optional[torch.Tensor] = None):
+    """SGLang's ``retrieve_next_token`` (first child) and ``retrieve_next_sibling`` (the next child
+    of the same parent, by node index) from `[B, N]` parents (root and padding: -1), -1 where none;
+    ``valid`` `[B, N]` marks the real nodes (default: all). Static shapes, no host sync."""
+    B, N = parents.shape
+    idx = torch.arange(N, device=parents.device)
+    if valid is None:
+        valid = torch.ones_like(parents, dtype=torch.bool)
+    child = (parents[:, None, :] == idx[None, :, None]) & valid[:, None, :]  # [B, p, i]: i is a child of p
+    first = torch.where(child, idx[None, None, :].expand(B, N, N), N).min(-1).values
+    later = (parents[:, :, None] == parents[:, None, :]) & (parents[:, :, None] >= 0) & valid[:, :, None] \
+        & valid[:, None, :] & (idx[None, None, :] > idx[None, :, None])
+    nxt = torch.where(later, idx[None, None, :].expand(B, N, N), N).min(-1).values
+    return torch.where(first >= N, -1, first), torch.where(nxt >= N, -1, nxt)
 
 
 def parents_from_eagle(retrieve_next_token: torch.Tensor, retrieve_next_sibling: torch.Tensor) -> torch.Tensor:

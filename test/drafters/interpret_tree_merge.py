@@ -10,23 +10,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sglang"))
 
 import torch  # noqa: E402
 
-from lumotree.drafters.suffix import Draft  # noqa: E402
 from lumotree.sglang import merge  # noqa: E402
 from test_merge import fake_verify_input  # noqa: E402
-
-
-def random_draft(rng, root, n, vocab):
-    toks, pars, scs = [root], [-1], [1.0]
-    for i in range(1, n):
-        p = rng.randrange(i)
-        used = {toks[j] for j in range(i) if pars[j] == p}
-        free = [t for t in range(vocab) if t not in used]
-        if not free:
-            break
-        toks.append(rng.choice(free))
-        pars.append(p)
-        scs.append(scs[p] * rng.uniform(0.1, 0.99))
-    return Draft(toks, pars, scs)
+from test_tree_merge import random_draft  # noqa: E402
 
 
 def run(seed, N, slots, mode):
@@ -40,7 +26,7 @@ def run(seed, N, slots, mode):
             while any(par[b, j] == par[b, i] and tok[b, j] == tok[b, i] for j in range(1, i)):
                 tok[b, i] += 4
     seq = torch.tensor([rng.randint(1, 30) for _ in range(B)])
-    drafts = [random_draft(rng, 7 if b != 2 else 8, rng.randint(1, slots + 1), 4) for b in range(B)]  # 2: other root
+    drafts = [random_draft(rng, rng.randint(1, slots + 1), 4, 7 if b != 2 else 8) for b in range(B)]  # 2: other root
     results = []
     for kernel in (False, True):
         vi = fake_verify_input(par, tok, seq)

@@ -29,7 +29,7 @@ import torch
 
 from lumotree.drafters.suffix import SuffixDrafter
 from lumotree.drafters.tree_merge import merge_trees
-from lumotree.tree import ancestor_mask
+from lumotree.tree import ancestor_mask, eagle_links, parents_from_eagle
 
 logger = logging.getLogger(__name__)
 
@@ -60,21 +60,6 @@ def validate(server_args) -> None:
 
 
 # ---------------------------------------------------------------------------- layout (device)
-def eagle_links(parents: torch.Tensor):
-    """SGLang's ``retrieve_next_token`` (first child) and ``retrieve_next_sibling`` (next child of
-    the same parent, by node index) `[B, N]`, -1 where none; static shapes, no host sync."""
-    B, N = parents.shape
-    idx = torch.arange(N, device=parents.device)
-    child = parents[:, None, :] == idx[None, :, None]  # [B, parent p, node i]: i is a child of p
-    first = torch.where(child.any(2), child.float().argmax(2), torch.full((B, N), -1, device=parents.device,
-                                                                          dtype=torch.long))
-    sib = (parents[:, :, None] == parents[:, None, :]) & (idx[None, None, :] > idx[None, :, None]) \
-        & (parents[:, :, None] >= 0)
-    nxt = torch.where(sib.any(2), sib.float().argmax(2), torch.full((B, N), -1, device=parents.device,
-                                                                    dtype=torch.long))
-    return first, nxt
-
-
 def write_tree_mask(mask: torch.Tensor, anc: torch.Tensor, seq_lens: torch.Tensor, mode: int) -> None:
     """Overwrite the tree cells of SGLang's flattened verify mask in place: ``FULL_MASK`` rows of
     ``seq_len + N`` per draft token, requests one after another (prefix cells untouched);
@@ -183,8 +168,8 @@ class SuffixMerge:
                                   write_mask=fill_mask)
             return
         m_tok = verify_input.draft_token.view(B, N).long()
-        m_par = _parents_from_links(verify_input.retrieve_next_token.view(B, N),
-                                    verify_input.retrieve_next_sibling.view(B, N))
+        m_par = parents_from_eagle(verify_input.retrieve_next_token.view(B, N),
+                                   verify_input.retrieve_next_sibling.view(B, N))
         # MTP's first N - S nodes (all N without a suffix draft) rank first, then the suffix nodes
         # (their path probability, < 1), then the rest of the MTP tree fills what is left
         first = torch.arange(N, device=dev)[None, :] < keep_mtp[:, None]
@@ -221,14 +206,6 @@ def _cap_depth(draft, max_depth: int):
                  [draft.scores[i] for i in keep])
 
 
-def _parents_from_links(next_token: torch.Tensor, next_sibling: torch.Tensor) -> torch.Tensor:
-    from lumotree.tree import parents_from_eagle
-
-    par = parents_from_eagle(next_token, next_sibling)
-    par[:, 0] = -1
-    return par
-
-
 _STATE: Optional[SuffixMerge] = None
 
 
@@ -243,6 +220,25 @@ def state(num_draft_tokens: int, num_steps: int) -> SuffixMerge:
     return _STATE
 
 
-def request_tokens(req) -> List[int]:
-    """A running request's context as the host knows it: prompt + output so far."""
-    return list(req.origin_input_ids) + list(req.output_ids)
+class _Context:
+    """A request's prompt + output as one sequence without copying them: ``SuffixMerge.observe``
+    reads its length and a tail slice every step, and a context is thousands of tokens."""
+
+    __slots__ = ("prompt", "output")
+
+    def __init__(self, prompt, output):
+        self.prompt, self.output = prompt, output
+
+    def __len__(self):
+        return len(self.prompt) + len(self.output)
+
+    def __getitem__(self, sl: slice) -> List[int]:
+        start = range(len(self))[sl].start if len(self) else 0
+        p = len(self.prompt)
+        head = list(self.prompt[start:]) if start < p else []
+        return head + list(self.output[max(0, start - p):])
+
+
+def request_tokens(req) -> _Context:
+    """A running request's context as the host knows it: prompt + output so far (not copied)."""
+    return _Context(req.origin_input_ids, req.output_ids)

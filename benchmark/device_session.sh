@@ -8,7 +8,7 @@
 # Merge the suite lanes afterwards (CPU): python3 benchmark/serving/suite.py --merge s-*.json --out suite.json
 set -u
 CALL=${1:?call number 1, 2 or 3}
-LIMIT=${2:-560}  # seconds this call may take (call 3)
+LIMIT=${2:-560}  # seconds this call may take (calls 3, 10, 11)
 OUT=${OUT:?set by the device tool}
 LOGS=/tmp/logs
 mkdir -p "$LOGS"
@@ -90,6 +90,20 @@ case $CALL in
           --extra=--disable-overlap-schedule --out "$OUT/s-merge.json" --port 30000 ) &
     ( lane 1 540 $SUITE --configs lumotree --tag=-sync --extra=--disable-overlap-schedule \
           --out "$OUT/s-sync.json" --port 30100 ) &
+    wait ;;
+10) # session 5: the split verify (two passes: WY algebra per request and head, then one dot per
+    # state tile) -- kernel bench + its served parity; the GPU tests of everything changed since session 4
+    ( lane 0 220 python3 benchmark/kernels/bench_gdn_tree.py --models qwen3.5-27b \
+          --trees topk2-depth3,topk4-n8,eagle-16,eagle-64 --batches 8,32 --out "$OUT/gdn_tree_split.json"
+      lane 0 $((LIMIT - SECONDS)) $SUITE --configs lumotree --parity-only --tag=-split \
+          --env LUMOTREE_SGLANG_VERIFY=split --out "$OUT/s-split.json" --port 30000 ) &
+    ( lane 1 $((LIMIT - 10)) python3 -m pytest -q -rf -m gpu test/ops test/drafters test/sglang/test_backend_emulation.py ) &
+    wait ;;
+11) # session 5: 24 GDN layers (of 32) at 27B shapes, SGLang's tree path vs LumoTree's (LT_CONFIGS)
+    BENCH32="python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-32l --log-dir $LOGS --output-len 256"
+    ( lane 0 $((LIMIT - 10)) $BENCH32 --configs nextn-topk2,none --batches 1,8,32 --out "$OUT/b32-sglang.json" --port 30000 ) &
+    ( lane 1 $((LIMIT - 10)) $BENCH32 --configs "${LT_CONFIGS:-lumotree-topk2-split,lumotree-topk2}" --batches 1,8,32 \
+          --out "$OUT/b32-lumotree.json" --port 30100 ) &
     wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac

@@ -8,6 +8,8 @@ post-verify state update). Ours = ``gdn_tree_verify_fwd`` (path-parallel, bounda
 ``gdn_tree_commit_fwd`` (accepted-path replay). Both fuse the gating (A_log, a, dt_bias, b).
 ``serving_*`` columns: the form the SGLang backend runs — the chunk verify with fp32-accurate dots
 that also stores k/v/g/beta per state slot, then ``gdn_tree_commit_layers_fwd`` from those buffers.
+``split``: the two-pass verify (``gdn_tree_split_verify_fwd``: the state-independent WY algebra once
+per request and head, then one dot per state tile) with the same dot precisions, a few configs.
 
     python3 benchmark/kernels/bench_gdn_tree.py --out benchmark/results/gdn_tree_h200.json
 
@@ -144,6 +146,13 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
                                       use_qk_l2norm=True, state_indices=rows, anc_mask=anc, BV=mBV,
                                       num_warps=mwarps, precision=mprec, precision_low=mlow, out=out_m, ring=ring)
 
+    out_sp = torch.empty_like(out)
+
+    def split_verify(pool_=pool_o, BV_=None, warps_=None, low=None):  # LUMOTREE_SGLANG_VERIFY=split
+        tri.gdn_tree_split_verify_fwd(q, k, v, pool_, tree, A_log=A_log, a=a, dt_bias=dt_bias, b=b,
+                                      use_qk_l2norm=True, state_indices=rows, anc_mask=anc, BV=BV_, num_warps=warps_,
+                                      precision="tf32x3", precision_low=low, out=out_sp, ring=ring)
+
     def serving_commit(pool_=pool_o):
         tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), pool_[None], rows, ends.int(), sg_parents)
 
@@ -185,6 +194,14 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
     except Exception as e:  # noqa: BLE001
         print(f"mixed precision verify failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
         err_mixed_o, serving_verify_mixed = None, None
+    split = {}
+    try:  # the split verify (pass 1 state-independent, pass 2 one dot per state tile), a few configs
+        split_verify(pool.clone())
+        split["rel_err_o"] = float((o_nat.float() - out_sp.float()).norm() / o_nat.float().norm())
+        split["rel_err_o_vs_serving"] = float((out_s.float() - out_sp.float()).norm() / out_s.float().norm())
+    except Exception as e:  # noqa: BLE001
+        print(f"split verify failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+        split = None
     # fused: after the ring holds this step's inputs, the fused kernel commits them and verifies the
     # same tree again from the committed state == commit, then verify
     p5, p6 = pool.clone(), pool.clone()
@@ -203,6 +220,14 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
     t_sv, t_sc = bench_graph(serving_verify), bench_graph(serving_commit)
     t_fs = bench_graph(fused_step)
     t_sm = bench_graph(serving_verify_mixed) if serving_verify_mixed is not None else None
+    if split is not None:
+        split["config"] = dict(zip(("BV", "num_warps", "prep_warps"), tri.split_config(sBT, V)))
+        split["verify_us"] = bench_graph(split_verify)
+        split["mixed_verify_us"] = bench_graph(lambda: split_verify(low="tf32"))
+        split["variants_us"] = {f"BV{bv}-w{w}": bench_graph(lambda bv=bv, w=w: split_verify(BV_=bv, warps_=w))
+                                for bv, w in ((32, 4), (64, 8), (128, 8), (16, 2))}
+        split["total_us"] = split["verify_us"] + t_sc
+        split["speedup"] = (t_nv + t_nc) / split["total_us"]
     state_bytes = B * Hv * V * K * 4
     accepted = int(al[0])
     return dict(
@@ -217,6 +242,7 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
         serving_mixed_verify_us=t_sm, serving_mixed_total_us=t_sm + t_sc if t_sm is not None else None,
         rel_err_o_serving_mixed=err_mixed_o,
         serving_mixed_config=dict(BV=mBV, num_warps=mwarps, precision=mprec, precision_low=mlow),
+        split=split,
         fused_step_us=t_fs, fused_speedup=(t_nv + t_nc) / t_fs, rel_err_state_fused=err_fused,
         rel_err_o_fused=err_fused_o,
         fused_note="one kernel per step: the previous step's replay commit + this verify (state read once, "
@@ -305,15 +331,17 @@ def table(rows):
     if serving:  # the forms the SGLang backend runs, and the fused step
         out += ["", "| model | tree (nodes) | B | native verify + commit µs | serving verify + commit µs | speedup | "
                 "serving, mixed precision µs | speedup | fused step µs (commit of the previous step + verify) | "
-                "speedup | floor µs (1 read + 1 write) |",
-                "|" + "---|" * 11]
+                "speedup | split verify + commit µs | speedup | floor µs (1 read + 1 write) |",
+                "|" + "---|" * 13]
         for r in serving:
             fused = (f"{r['fused_step_us']:.1f} | {r['fused_speedup']:.1f}x" if "fused_step_us" in r else "– | –")
+            sp = r.get("split")
+            split = f"{sp['total_us']:.1f} | {sp['speedup']:.1f}x" if sp and "total_us" in sp else "– | –"
             mixed = (f"{r['serving_mixed_total_us']:.1f} | {r['native_total_us'] / r['serving_mixed_total_us']:.1f}x"
                      if r.get("serving_mixed_total_us") else "– | –")
             out.append(f"| {r['model']} | {r['tree']} ({r['nodes']}) | {r['batch']} | {r['native_total_us']:.1f} | "
                        f"{r['serving_total_us']:.1f} | {r['serving_speedup']:.1f}x | {mixed} | {fused} | "
-                       f"{2 * r['floor_us']:.1f} |")
+                       f"{split} | {2 * r['floor_us']:.1f} |")
     return "\n".join(out)
 
 

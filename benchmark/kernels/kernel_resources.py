@@ -84,6 +84,20 @@ def main():
             rows.append(dict(kernel=label, BT=BT, BV=BV, warps=4,
                              precision=prec if prec == low else f"{prec} (low-sensitivity dots {low})", **r))
             print(json.dumps(rows[-1]), flush=True)
+    for BT in (16, 32, 64):  # the split verify: pass 1 (WY algebra per request and head), pass 2 (one dot)
+        for warps, prec, low in ((4, "tf32x3", "tf32x3"), (8, "tf32x3", "tf32x3"), (4, "tf32x3", "tf32")):
+            consts = dict(base, BT=BT, BVF=128, PRECISION=prec, PRECISION_LOW=low, HAS_STATE_INDICES=True,
+                          STORE_RING=True)
+            r = resources(tri.gdn_tree_split_prep_fwd_kernel, consts, warps, BATCH * 48)
+            rows.append(dict(kernel="split verify, pass 1", BT=BT, warps=warps,
+                             precision=prec if prec == low else f"{prec} (low-sensitivity dots {low})", **r))
+            print(json.dumps(rows[-1]), flush=True)
+        for BV, warps in ((32, 4), (64, 4), (64, 8), (128, 8)):
+            consts = dict(HV=48, K=128, V=128, BT=BT, BK=128, BVF=128, BV=BV, PRECISION="tf32x3",
+                          HAS_STATE_INDICES=True)
+            r = resources(tri.gdn_tree_split_apply_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV))
+            rows.append(dict(kernel="split verify, pass 2", BT=BT, BV=BV, warps=warps, precision="tf32x3", **r))
+            print(json.dumps(rows[-1]), flush=True)
     for BV, warps in ((16, 4), (32, 4), (64, 4)):
         consts = dict(base, BV=BV, HAS_STATE_INDICES=True, HAS_TRACK=False)
         r = resources(tri.gdn_tree_commit_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV))

@@ -69,6 +69,16 @@ CONFIGS = {
 }
 
 
+# variants of a configuration that differ only in LumoTree's server environment
+CONFIG_ENV = {
+    "lumotree-topk2-split": ("lumotree-topk2", {"LUMOTREE_SGLANG_VERIFY": "split"}),
+    "lumotree-topk4-split": ("lumotree-topk4", {"LUMOTREE_SGLANG_VERIFY": "split"}),
+    "lumotree-topk2-mixed": ("lumotree-topk2", {"LUMOTREE_SGLANG_PRECISION": "mixed"}),
+}
+for _name, (_base, _env) in CONFIG_ENV.items():
+    CONFIGS[_name] = CONFIGS[_base]
+
+
 def write_config(out, shape):
     """A dummy-weight Qwen3.5 text checkpoint directory (config only) of the given shape."""
     os.makedirs(out, exist_ok=True)
@@ -91,15 +101,29 @@ DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+),.*?(?:accept len: (
                          r"gen throughput \(token/s\): ([\d.]+)")
 
 
-def logged_decode(log, batch):
+def logged_decode(log, batch, start=0):
     """The server's own decode throughput (SGLang logs it every 40 decode steps) while exactly
-    ``batch`` requests ran: the best of its intervals, or None. Free of prefill and of the client."""
+    ``batch`` requests ran, from byte ``start`` of its log on: ``(best, median, all)`` of its
+    intervals (``None`` when there is none). Free of prefill and of the client. The first interval
+    after an idle server also counts the idle time, so the median, not the mean, is robust."""
     try:
-        text = open(log, errors="replace").read()
+        with open(log, errors="replace") as f:
+            f.seek(start)
+            text = f.read()
     except OSError:
-        return None
+        return None, None, []
     vals = [float(m.group(3)) for m in DECODE_LINE.finditer(text) if int(m.group(1)) == batch]
-    return max(vals) if vals else None
+    if not vals:
+        return None, None, []
+    srt = sorted(vals)
+    return max(vals), srt[len(srt) // 2], vals
+
+
+def log_size(log):
+    try:
+        return os.path.getsize(log)
+    except OSError:
+        return 0
 
 
 def profile_pass(url, batch, args, key, tag):
@@ -180,7 +204,9 @@ def main():
         oracle = name.endswith("-oracle")
         if oracle and args.oracle_p is None:
             raise SystemExit(f"{name} needs --oracle-p")
-        env = {"LUMOTREE_BENCH_ORACLE_P": str(args.oracle_p)} if oracle else None
+        env = {"LUMOTREE_BENCH_ORACLE_P": str(args.oracle_p)} if oracle else {}
+        env.update(CONFIG_ENV.get(name, (None, {}))[1])
+        srv["env"] = env
         try:
             with sglang_server(model, CONFIGS[name] + extra, port=args.port, log=log, timeout=args.server_timeout,
                                base_args=base, env=env) as url:
@@ -197,8 +223,10 @@ def main():
                     generate(url, batch, 1, key=key)  # prefill (+ one token) alone
                     prefill = time.time() - t1
                     t1 = time.time()
+                    at = log_size(log)
                     outs = generate(url, batch, args.output_len, key=key)
                     wall = time.time() - t1
+                    time.sleep(0.5)  # the log line of the last interval
                     st = accept_stats(outs)
                     steps = (st["verify_steps"] / bs) if st["verify_steps"] else args.output_len
                     row = dict(config=name, batch=bs, oracle_p=args.oracle_p if oracle else None, seconds=round(wall, 3),
@@ -207,7 +235,9 @@ def main():
                                decode_tokens_per_s=st["completion_tokens"] / max(wall - prefill, 1e-9),
                                accept_length=st["accept_length"])
                     res["rows"].append(row)
-                    row["logged_decode_tokens_per_s"] = logged_decode(log, bs)
+                    best, med, vals = logged_decode(log, bs, at)  # the measured pass only
+                    row.update(logged_decode_tokens_per_s=best, logged_decode_median_tokens_per_s=med,
+                               logged_decode_intervals=vals)
                     if args.profile_dir and bs in [int(x) for x in args.profile_batches.split(",")]:
                         row["profile"] = profile_pass(url, batch, args, key, f"{name}-bs{bs}")
                     print(json.dumps(row), flush=True)
@@ -224,11 +254,13 @@ def main():
 
 def table(rows, memory=None):
     """Markdown table; ``memory``: the servers' entries, for the speculative-memory column."""
-    out = ["| config | batch | tokens/s (client) | ms per step (client) | decode tokens/s (server log) | accept length "
-           "| spec. memory |", "|---|---|---|---|---|---|---|"]
+    out = ["| config | batch | tokens/s (client) | ms per step (client) | decode tokens/s (server log, best) | "
+           "median | accept length | spec. memory |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         acc = f"{r['accept_length']:.2f}" if r["accept_length"] else "–"
         dec = f"{r['logged_decode_tokens_per_s']:.0f}" if r.get("logged_decode_tokens_per_s") else "–"
+        med = r.get("logged_decode_median_tokens_per_s")
+        dec += f" | {med:.0f}" if med else " | –"
         mem = (memory or {}).get(r["config"], {}).get("speculative_bytes", {}).get("total")
         mem = f"{mem / 2**20:.0f} MiB" if mem is not None else "–"
         out.append(f"| {r['config']} | {r['batch']} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {dec} | {acc} | {mem} |")

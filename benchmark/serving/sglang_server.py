@@ -24,7 +24,12 @@ def post(url, payload, timeout=600):
     req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         body = r.read()
-    return json.loads(body) if body.strip() else {}  # e.g. /abort_request answers 200 with no body
+    if not body.strip():
+        return {}  # e.g. /abort_request answers 200 with no body
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError:  # e.g. /start_profile answers 200 with plain text
+        return {"text": body.decode(errors="replace")}
 
 
 def get(url, timeout=5):

@@ -88,6 +88,23 @@ def gdn(kind, l2):
                                            state_indices=si, out=torch.zeros(B, N, Hv, V), BV=min(BVs, V),
                                            num_warps=warps, precision=prec, precision_low=low)
         assert_close(f"{kind} chunk verify ({setting})", ref, om, 1e-3 if setting == "tf32" else 1e-4)
+    # the split verify (state-independent pass + one-dot state pass): same outputs, same ring stores
+    for prec, low, tol in (("tf32x3", None, 1e-4), ("tf32x3", "tf32", 1e-4), ("ieee", None, 1e-5)):
+        os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb,
+                                            use_qk_l2norm=l2, state_indices=si, out=torch.zeros(B, N, Hv, V),
+                                            BV=16, precision=prec, precision_low=low)
+        assert_close(f"{kind} split verify ({prec}/{low})", ref, os_, tol)
+    os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si,
+                                        out=torch.zeros(B, N, Hv, V), BV=8)
+    assert_close(f"{kind} split verify (g, beta given)", ref, os_, 1e-4)
+    # a padded request (slot -1) reads no state: its outputs are those of a zero state
+    si_pad = torch.tensor([3, -1])
+    zero = pool.clone()
+    zero[1] = 0
+    ref_pad = naive.gdn_tree_verify(q, k, v, gg, be, zero, tree, use_qk_l2norm=l2, state_indices=torch.tensor([3, 1]))
+    os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si_pad,
+                                        out=torch.zeros(B, N, Hv, V), BV=8)
+    assert_close(f"{kind} split verify, padded request", ref_pad, os_, 1e-4)
     # the verify also keeps raw k, v and the fused gates per state slot (node-major) for the commit
     NR = N + 1
     ring = (torch.zeros(5, NR, Hk, K), torch.zeros(5, NR, Hv, V), torch.zeros(5, NR, Hv), torch.zeros(5, NR, Hv))
@@ -117,6 +134,12 @@ def gdn(kind, l2):
                                        state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16, ring=ring_b,
                                        ring_rows=torch.tensor([1, 0], dtype=torch.int32))
     assert torch.equal(o, o4) and not ring_b[0][2].any()
+    ring_s = tuple(torch.zeros_like(t) for t in ring_b)
+    tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
+                                  state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16, ring=ring_s,
+                                  ring_rows=torch.tensor([1, 0], dtype=torch.int32))
+    for t, ts in zip(ring_b, ring_s):
+        assert torch.equal(t, ts), "split verify ring stores != chunk verify ring stores"
     for t, tb in zip(ring, ring_b):
         assert torch.equal(tb[1], t[3]) and torch.equal(tb[0], t[1])
     an = tree.root_path(nums - 1)

@@ -84,6 +84,42 @@ def test_verify_and_commit_match_reference(kind, B, N, Hk, Hv, K, V, dtype, impl
         assert_close("commit from vnew", p_ref, p_vn, 1e-4 if dtype == torch.float32 else 5e-3)
 
 
+@pytest.mark.parametrize("kind, B, N, Hk, Hv, K, V, dtype", CASES)
+def test_split_verify_matches_reference_and_chunk(kind, B, N, Hk, Hv, K, V, dtype):
+    """The split verify (state-independent pass + one dot per state tile) == the reference, and
+    == the chunk kernel (outputs and the ring stores the replay commit reads), in every served
+    precision; the state is not written."""
+    from lumotree.ops.gdn_tree import triton as tri
+
+    x, parents, nums = make(B, N, Hk, Hv, K, V, dtype, seed=N + B, kinds=(kind, "random"))
+    tree = TreeDescriptor.from_parents(parents, nums)
+    pool0 = x["pool"].clone()
+    ref = naive.gdn_tree_verify(x["q"], x["k"], x["v"], x["g"], x["beta"], x["pool"], tree, use_qk_l2norm=True,
+                                state_indices=x["rows"])
+    kw = dict(A_log=x["A_log"], a=x["a"], dt_bias=x["dt_bias"], b=x["b"], use_qk_l2norm=True,
+              state_indices=x["rows"])
+    NR = N + 2
+    rings = [(torch.zeros(B + 1, NR, Hk, K, dtype=dtype, device="cuda"),
+              torch.zeros(B + 1, NR, Hv, V, dtype=dtype, device="cuda"),
+              torch.zeros(B + 1, NR, Hv, device="cuda"), torch.zeros(B + 1, NR, Hv, device="cuda")) for _ in range(2)]
+    ring_rows = torch.randperm(B + 1, device="cuda")[:B].int()
+    o_c = tri.gdn_tree_chunk_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, ring=rings[0], ring_rows=ring_rows,
+                                        **kw)
+    o_s = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, ring=rings[1], ring_rows=ring_rows,
+                                        **kw)
+    assert torch.equal(x["pool"], pool0), "split verify wrote the state"
+    tol = 1e-4 if dtype == torch.float32 else 8e-3
+    assert_close("split verify", ref[tree.valid], o_s[tree.valid].float(), tol)
+    assert_close("split vs chunk", o_c[tree.valid].float(), o_s[tree.valid].float(), tol)
+    for a_, b_ in zip(*rings):
+        assert torch.equal(a_, b_), "ring stores differ"
+    for low, t in (("tf32", tol), (None, tol)):
+        o_m = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, precision_low=low, **kw)
+        assert_close(f"split verify (low={low})", ref[tree.valid], o_m[tree.valid].float(), t)
+    o_t = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, precision="tf32", **kw)
+    assert_close("split verify (tf32)", ref[tree.valid], o_t[tree.valid].float(), 2e-3 if dtype == torch.float32 else 8e-3)
+
+
 @pytest.mark.parametrize("shape", ["chain-4", "topk2-d3", "topk4-n8", "eagle-16", "eagle-64"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_equals_sglang_native_tree_verify(shape, dtype):
@@ -103,7 +139,7 @@ def test_equals_sglang_native_tree_verify(shape, dtype):
     nat = NativeTreeVerify(B, N, Hv, V, K, "cuda")
     o_nat = nat.verify(x["q"], x["k"], x["v"], x["A_log"], x["a"], x["dt_bias"], x["b"], x["pool"], x["rows"],
                        parents.int())
-    for fwd in (tri.gdn_tree_verify_fwd, tri.gdn_tree_chunk_verify_fwd):
+    for fwd in (tri.gdn_tree_verify_fwd, tri.gdn_tree_chunk_verify_fwd, tri.gdn_tree_split_verify_fwd):
         o = fwd(x["q"], x["k"], x["v"], x["pool"], tree, A_log=x["A_log"], a=x["a"], dt_bias=x["dt_bias"], b=x["b"],
                 use_qk_l2norm=True, state_indices=x["rows"])
         assert_close(f"o vs sglang ({fwd.__name__})", o_nat.float(), o.float(),
@@ -128,7 +164,7 @@ def test_equals_sglang_native_tree_verify(shape, dtype):
         assert_close(f"snapshot {bb}", nat.intermediate[bb, int(ends[bb])], p_ours[x["rows"][bb].long()], 1e-5)
 
 
-@pytest.mark.parametrize("impl", ["chunk", "walk"])
+@pytest.mark.parametrize("impl", ["chunk", "walk", "split"])
 def test_verify_and_commit_capture_in_cuda_graph(impl):
     """Descriptor build (validate=False) + verify + commit with no host sync: captured once, replayed
     on new trees and inputs copied into the static buffers."""
@@ -151,6 +187,8 @@ def test_verify_and_commit_capture_in_cuda_graph(impl):
         if impl == "walk":
             tri.gdn_tree_verify_fwd(static["q"], static["k"], static["v"], static["pool"], tree, num_slots=slots,
                                     scratch=scratch, **kw)
+        elif impl == "split":
+            tri.gdn_tree_split_verify_fwd(static["q"], static["k"], static["v"], static["pool"], tree, **kw)
         else:
             tri.gdn_tree_chunk_verify_fwd(static["q"], static["k"], static["v"], static["pool"], tree, **kw)
         an = tree.root_path(s_ends)

@@ -5,11 +5,12 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("shape,precision", [("tree", "tf32x3"), ("chain", "tf32x3"), ("tree", "mixed")])
-def test_backend_verify_and_commit_plumbing_in_interpreter(shape, precision):
+@pytest.mark.parametrize("shape,precision,form", [("tree", "tf32x3", "chunk"), ("chain", "tf32x3", "chunk"),
+                                                  ("tree", "mixed", "chunk"), ("tree", "tf32x3", "split")])
+def test_backend_verify_and_commit_plumbing_in_interpreter(shape, precision, form):
     """LumoTree's SGLang backend on fake pools, real Triton kernels interpreted (see the script)."""
     pytest.importorskip("sglang")
-    env = dict(os.environ, TRITON_INTERPRET="1", LUMOTREE_SGLANG_PRECISION=precision)
+    env = dict(os.environ, TRITON_INTERPRET="1", LUMOTREE_SGLANG_PRECISION=precision, LUMOTREE_SGLANG_VERIFY=form)
     script = os.path.join(os.path.dirname(__file__), "backend_emulation.py")
     out = subprocess.run([sys.executable, script, shape], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
@@ -21,6 +22,8 @@ def test_backend_verify_and_commit_on_gpu_at_qwen35_shapes():
     """The same flow on the GPU: Hk=16, Hv=48, K=V=128, bf16 activations, 16-node EAGLE trees."""
     pytest.importorskip("sglang")
     script = os.path.join(os.path.dirname(__file__), "backend_emulation.py")
-    out = subprocess.run([sys.executable, script, "cuda"], capture_output=True, text=True, timeout=900)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
-    assert "backend emulation == references cuda tree" in out.stdout
+    for form in ("chunk", "split"):
+        env = dict(os.environ, LUMOTREE_SGLANG_VERIFY=form)
+        out = subprocess.run([sys.executable, script, "cuda"], env=env, capture_output=True, text=True, timeout=900)
+        assert out.returncode == 0, form + "\n" + out.stdout[-3000:] + out.stderr[-6000:]
+        assert "backend emulation == references cuda tree" in out.stdout

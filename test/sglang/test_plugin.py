@@ -293,3 +293,16 @@ def test_merged_verify_input_hook_reaches_the_eagle_v2_worker():
     module global), around SGLang's own builder (which runs first: the idle check is asked twice)."""
     out = subprocess.run([sys.executable, "-c", APPLY_SCRIPT], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert "RESULT our wrapper ran" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
+
+
+def test_served_settings_refuse_unknown_values():
+    """LUMOTREE_SGLANG_PRECISION / LUMOTREE_SGLANG_VERIFY: defaults, accepted values, clear errors."""
+    pytest.importorskip("sglang")
+    from lumotree.sglang.backend import served_settings
+
+    assert served_settings({}) == ("tf32x3", "chunk")
+    assert served_settings({"LUMOTREE_SGLANG_PRECISION": "mixed", "LUMOTREE_SGLANG_VERIFY": "split"}) == ("mixed", "split")
+    with pytest.raises(ValueError, match="LUMOTREE_SGLANG_PRECISION must be one of"):
+        served_settings({"LUMOTREE_SGLANG_PRECISION": "fp16"})
+    with pytest.raises(ValueError, match="LUMOTREE_SGLANG_VERIFY must be one of.*got 'walk'"):
+        served_settings({"LUMOTREE_SGLANG_VERIFY": "walk"})

@@ -203,9 +203,15 @@ def test_bench_spec_reads_the_servers_decode_throughput_and_merges_lanes(tmp_pat
         "gen throughput (token/s): 1071.00, #queue-req: 0\n"
         "[t] Decode batch, #running-req: 32, #full token: 9000, cuda graph: True, gen throughput (token/s): 11891.5, "
         "#queue-req: 0\n")
-    assert bs.logged_decode(str(log), 8) == 2257.10
-    assert bs.logged_decode(str(log), 32) == 11891.5  # no-spec lines have no accept length
-    assert bs.logged_decode(str(log), 1) is None and bs.logged_decode(str(tmp_path / "missing"), 8) is None
+    assert bs.logged_decode(str(log), 8) == (2257.10, 2257.10, [2257.10, 1071.00])  # best, median, all
+    assert bs.logged_decode(str(log), 32) == (11891.5, 11891.5, [11891.5])  # no-spec lines: no accept length
+    assert bs.logged_decode(str(log), 1) == (None, None, [])
+    assert bs.logged_decode(str(tmp_path / "missing"), 8) == (None, None, [])
+    second = log.read_text().splitlines()[1] + "\n"
+    assert bs.logged_decode(str(log), 8, start=len(log.read_text().splitlines()[0]) + 1) == (1071.0, 1071.0, [1071.0])
+    assert second.startswith("[t] Decode batch, #running-req: 8")
+    assert bs.CONFIGS["lumotree-topk2-split"] == bs.CONFIGS["lumotree-topk2"]
+    assert bs.CONFIG_ENV["lumotree-topk2-split"][1] == {"LUMOTREE_SGLANG_VERIFY": "split"}
     parts = []
     for i, cfg in enumerate(["nextn-topk2", "lumotree-topk2"]):
         p = tmp_path / f"p{i}.json"
@@ -218,7 +224,7 @@ def test_bench_spec_reads_the_servers_decode_throughput_and_merges_lanes(tmp_pat
     assert [r["config"] for r in res["rows"]] == ["nextn-topk2", "lumotree-topk2"]
     assert [r["command"] for r in res["rows"]] == ["cmd0", "cmd1"]
     t = bs.table(res["rows"], memory=res["servers"])
-    assert "| lumotree-topk2 | 8 | 101 | 5.00 | 1000 | 1.00 | 1 MiB |" in t and "| 10 MiB |" in t
+    assert "| lumotree-topk2 | 8 | 101 | 5.00 | 1000 | – | 1.00 | 1 MiB |" in t and "| 10 MiB |" in t
 
 
 def test_tagged_runs_are_compared_with_the_reference_of_the_same_tag():

@@ -55,6 +55,7 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+VERIFY_FORMS = ("chunk", "split")
 _RING_FIELDS = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_rawv", "replayssm_rawk", "replayssm_beta")
 
 
@@ -115,6 +116,22 @@ def adopt_pool(pool) -> VerifyScratch:
     return scratch
 
 
+def served_settings(env=os.environ):
+    """``(precision, verify form)`` of the served verify, from ``LUMOTREE_SGLANG_PRECISION``
+    (``tf32x3`` fp32-accurate dots, default; ``mixed``; ``tf32``) and ``LUMOTREE_SGLANG_VERIFY``
+    (``chunk``: one kernel, default; ``split``: the WY algebra once per request and head, then one
+    dot per state tile; same outputs). Unknown values fail when the backend starts."""
+    from lumotree.ops.gdn_tree.triton import SERVED_PRECISIONS
+
+    precision = env.get("LUMOTREE_SGLANG_PRECISION", "tf32x3")
+    if precision not in SERVED_PRECISIONS:
+        raise ValueError(f"LUMOTREE_SGLANG_PRECISION must be one of {', '.join(SERVED_PRECISIONS)}, got {precision!r}")
+    form = env.get("LUMOTREE_SGLANG_VERIFY", "chunk")
+    if form not in VERIFY_FORMS:
+        raise ValueError(f"LUMOTREE_SGLANG_VERIFY must be one of {', '.join(VERIFY_FORMS)}, got {form!r}")
+    return precision, form
+
+
 class LumoTreeGDNBackend(GDNAttnBackend):
     """``GDNAttnBackend`` with LumoTree's tree verify and replay commit (LUMOTREE servers only)."""
 
@@ -123,12 +140,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         self.lumotree = lumotree_active(model_runner.server_args) and not model_runner.is_draft_worker
         self._first_gdn_layer = 1 << 30
         self._cur_tree = None
-        from lumotree.ops.gdn_tree.triton import SERVED_PRECISIONS
-
-        self.precision = os.environ.get("LUMOTREE_SGLANG_PRECISION", "tf32x3")
-        if self.precision not in SERVED_PRECISIONS:
-            raise ValueError(f"LUMOTREE_SGLANG_PRECISION must be one of {', '.join(SERVED_PRECISIONS)}, "
-                             f"got {self.precision!r}")
+        self.precision, self.verify_form = served_settings()
         if not self.lumotree:
             return
         self.scratch = adopt_pool(self.req_to_token_pool.mamba_pool)
@@ -164,7 +176,8 @@ class LumoTreeGDNBackend(GDNAttnBackend):
     def _verify(self, layer, forward_batch, mixed_qkv, a, b):
         import triton
 
-        from lumotree.ops.gdn_tree.triton import gdn_tree_chunk_verify_fwd, served_chunk_config
+        from lumotree.ops.gdn_tree.triton import (gdn_tree_chunk_verify_fwd, gdn_tree_split_verify_fwd,
+                                                  served_chunk_config)
         from sglang.srt.layers.attention.linear import gdn_backend as sg
 
         assert isinstance(mixed_qkv, torch.Tensor)
@@ -192,14 +205,18 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         # fp32-accurate dots (tf32x3) by default; LUMOTREE_SGLANG_PRECISION=mixed / tf32 trade
         # accuracy (~2e-5 / ~5e-4 relative on the outputs) for fewer registers and spills
         BV, warps, prec, prec_low = served_chunk_config(BT, V, self.precision)
-        # one kernel: gates from (A_log, a, dt_bias, b), the tree verify on the pool rows, and the
-        # raw k, v, g, beta kept per request row for the replay commit (padded rows, slot -1, skipped)
-        o = gdn_tree_chunk_verify_fwd(q, k, v, cache.temporal, None, A_log=layer.A_log, a=a.reshape(bs, n, Hv),
-                                      dt_bias=layer.dt_bias, b=b.reshape(bs, n, Hv), scale=K ** -0.5,
-                                      use_qk_l2norm=True, state_indices=rows, anc_mask=anc, num_nodes=num_nodes,
-                                      BV=BV, num_warps=warps, precision=prec, precision_low=prec_low,
-                                      ring=self.scratch.layer(self.req_to_token_pool.mamba_map[layer.layer_id]),
-                                      ring_rows=self.verify_intermediate_state_indices[:bs])
+        # gates from (A_log, a, dt_bias, b), the tree verify on the pool rows, and the raw k, v, g,
+        # beta kept per request row for the replay commit (padded rows, slot -1, skipped): one
+        # kernel (chunk) or two (split: the same dot precisions, its own tiling)
+        kw = dict(A_log=layer.A_log, a=a.reshape(bs, n, Hv), dt_bias=layer.dt_bias, b=b.reshape(bs, n, Hv),
+                  scale=K ** -0.5, use_qk_l2norm=True, state_indices=rows, anc_mask=anc, num_nodes=num_nodes,
+                  precision=prec, precision_low=prec_low,
+                  ring=self.scratch.layer(self.req_to_token_pool.mamba_map[layer.layer_id]),
+                  ring_rows=self.verify_intermediate_state_indices[:bs])
+        if self.verify_form == "split":
+            o = gdn_tree_split_verify_fwd(q, k, v, cache.temporal, None, **kw)
+        else:
+            o = gdn_tree_chunk_verify_fwd(q, k, v, cache.temporal, None, BV=BV, num_warps=warps, **kw)
         if self.check is not None and not _capturing():
             self.check.verify(self.req_to_token_pool.mamba_map[layer.layer_id], layer, q, k, v, a, b,
                               cache.temporal, rows, md, o)

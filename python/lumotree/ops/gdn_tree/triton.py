@@ -30,7 +30,8 @@ from lumotree.ops.gdn_tree.common import L2NORM_EPS, check_accept, check_gdn_inp
 from lumotree.tree import TreeDescriptor
 
 __all__ = ["gdn_tree_verify", "gdn_tree_commit", "gdn_tree_verify_fwd", "gdn_tree_chunk_verify_fwd",
-           "gdn_tree_commit_fwd", "gdn_tree_commit_vnew_fwd", "gdn_tree_commit_layers_fwd"]
+           "gdn_tree_split_verify_fwd", "gdn_tree_commit_fwd", "gdn_tree_commit_vnew_fwd",
+           "gdn_tree_commit_layers_fwd"]
 
 
 @triton.jit
@@ -207,6 +208,121 @@ def gdn_tree_chunk_verify_fwd_kernel(
     b_p = tl.where(b_m, tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION) * b_decay, 0.0)
     b_o = (b_eG[:, None] * b_qh + tl.dot(b_p, b_vn, input_precision=PRECISION)) * scale
     tl.store(o + (tok[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
+             mask=m_t[:, None] & m_v[None, :])
+
+
+@triton.jit
+def gdn_tree_split_prep_fwd_kernel(
+    q, k, v, g, beta, A_log, dt_bias, qt, c, state_indices, anc_mask, num_nodes,
+    ring_rows, ring_k, ring_v, ring_g, ring_beta, stride_rk, stride_rv, stride_rg,
+    scale, N, stride_qt, stride_kt, stride_vt,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr, PRECISION: tl.constexpr, PRECISION_LOW: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, HAS_STATE_INDICES: tl.constexpr, FUSED_GATING: tl.constexpr,
+    STORE_RING: tl.constexpr,
+):
+    """Split verify, pass 1 (one program per request and value head): everything of the
+    tree-masked WY chunk that does not involve the state. With ``P`` the ancestor-masked, decayed
+    ``q k^T``, ``w``/``u`` the WY-transformed keys/values and ``G`` the log decay along each root
+    path, the chunk's output ``o = scale (e^G q h^T + P (u - w h^T))`` is rewritten as
+    ``o = Q h^T + C`` with ``Q = scale (e^G q - P w)`` `[N, K]` and ``C = scale P u`` `[N, V]`,
+    stored fp32 for pass 2, which reads the state once. No state is read or written here."""
+    i_bh = tl.program_id(0)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    i_hk = i_hv // (HV // HK)
+    n = tl.load(num_nodes + i_b)
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BVF)
+    m_t = o_t < n
+    m_k = o_k < K
+    m_v = o_v < V
+    tok = i_b * N + o_t
+    b_q = tl.load(q + tok[:, None] * stride_qt + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+                  other=0.0).to(tl.float32)
+    b_k = tl.load(k + tok[:, None] * stride_kt + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+                  other=0.0).to(tl.float32)
+    b_v = tl.load(v + tok[:, None] * stride_vt + i_hv * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
+                  other=0.0).to(tl.float32)
+    b_g, b_beta = _gdn_gate(g + tok * HV + i_hv, beta + tok * HV + i_hv, A_log + i_hv, dt_bias + i_hv,
+                            FUSED_GATING, m_t)
+    b_beta = tl.where(m_t, b_beta, 0.0)
+    if STORE_RING:  # what the replay commit needs, per request row: raw k, v and the gates, node-major
+        if HAS_STATE_INDICES:
+            row = tl.load(state_indices + i_b).to(tl.int64)
+        else:
+            row = i_b.to(tl.int64)
+        r_row = tl.load(ring_rows + i_b).to(tl.int64)
+        if (row >= 0) & (r_row >= 0):
+            if i_hv % (HV // HK) == 0:
+                tl.store(ring_k + r_row * stride_rk + (o_t[:, None] * HK + i_hk) * K + o_k[None, :],
+                         b_k.to(ring_k.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+            tl.store(ring_v + r_row * stride_rv + (o_t[:, None] * HV + i_hv) * V + o_v[None, :],
+                     b_v.to(ring_v.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+            tl.store(ring_g + r_row * stride_rg + o_t * HV + i_hv, b_g, mask=m_t)
+            tl.store(ring_beta + r_row * stride_rg + o_t * HV + i_hv, b_beta, mask=m_t)
+    if USE_QK_L2NORM:
+        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
+        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+    m_tt = m_t[:, None] & m_t[None, :]
+    b_m = tl.load(anc_mask + i_b.to(tl.int64) * N * N + o_t[:, None] * N + o_t[None, :], mask=m_tt, other=0) != 0
+    b_G = tl.sum(tl.where(b_m, b_g[None, :], 0.0), 1)
+    b_decay = tl.exp(tl.where(b_m, b_G[:, None] - b_G[None, :], float("-inf")))
+    eye = o_t[:, None] == o_t[None, :]
+    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION_LOW)
+    b_A = tl.where(eye, 0.0, b_beta[:, None] * b_kk * b_decay)
+    # T = (I + A)^-1 by repeated squaring, exact past the tree's depth (as in the chunk kernel)
+    b_I = tl.where(eye, 1.0, 0.0)
+    b_T = b_I - b_A
+    dmax = tl.max(tl.sum(b_m.to(tl.int32), 1)) - 1
+    b_P = b_A
+    p = 1
+    while 2 * p <= dmax:
+        b_P = tl.dot(b_P, b_P, input_precision=PRECISION_LOW)
+        b_T = tl.dot(b_T, b_I + b_P, input_precision=PRECISION_LOW)
+        p = p * 2
+    b_eG = tl.exp(b_G)
+    b_w = tl.dot(b_T, b_k * (b_beta * b_eG)[:, None], input_precision=PRECISION_LOW)  # [BT, BK]
+    b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=PRECISION)  # [BT, BVF]
+    b_p = tl.where(b_m, tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION) * b_decay, 0.0)
+    b_qt = (b_eG[:, None] * b_q - tl.dot(b_p, b_w, input_precision=PRECISION)) * scale
+    b_c = tl.dot(b_p, b_u, input_precision=PRECISION) * scale
+    base = i_bh.to(tl.int64) * BT
+    tl.store(qt + (base + o_t[:, None]) * BK + o_k[None, :], b_qt, mask=m_t[:, None])
+    tl.store(c + (base + o_t[:, None]) * BVF + o_v[None, :], b_c, mask=m_t[:, None])
+
+
+@triton.jit
+def gdn_tree_split_apply_fwd_kernel(
+    qt, c, o, state, state_indices, num_nodes, stride_state, N,
+    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BVF: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr, HAS_STATE_INDICES: tl.constexpr,
+):
+    """Split verify, pass 2 (grid: V-blocks x requests x value heads): ``o = Q h^T + C`` -- the
+    committed state tile is read once, in place from the pool row, and meets the whole tree in
+    one dot; nothing else of the tree is on this pass's critical path."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    if HAS_STATE_INDICES:
+        row = tl.load(state_indices + i_b).to(tl.int64)
+    else:
+        row = i_b.to(tl.int64)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    b_h = tl.load(state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
+                  mask=m_v[:, None] & m_k[None, :] & (row >= 0), other=0.0).to(tl.float32)
+    n = tl.load(num_nodes + i_b)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < n
+    base = i_bh.to(tl.int64) * BT
+    b_qt = tl.load(qt + (base + o_t[:, None]) * BK + o_k[None, :], mask=m_t[:, None], other=0.0)
+    b_c = tl.load(c + (base + o_t[:, None]) * BVF + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+    b_o = tl.dot(b_qt, tl.trans(b_h), input_precision=PRECISION) + b_c
+    tl.store(o + ((i_b * N + o_t[:, None]) * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=m_t[:, None] & m_v[None, :])
 
 
@@ -530,6 +646,87 @@ def _token_rows(x: torch.Tensor):
     return x.contiguous(), H * D
 
 
+def _ring_args(ring, ring_rows, state_indices, dims, dummy):
+    """Kernel arguments of the verify's ring stores (raw k, v, g, beta per request row, node-major)."""
+    B, N, HK, K, HV, V = dims
+    if ring is None:
+        return (dummy, dummy, dummy, dummy, dummy, 0, 0, 0)
+    rk, rv, rg, rb = ring
+    if state_indices is None:
+        raise ValueError("ring stores need state_indices (padded requests, slot -1, store nothing)")
+    ring_rows = state_indices if ring_rows is None else ring_rows
+    if ring_rows.shape[0] < B:
+        raise ValueError(f"ring_rows must have >= {B} entries, got {tuple(ring_rows.shape)}")
+    if (tuple(rk.shape[1:]) != (rk.shape[1], HK, K) or tuple(rv.shape[2:]) != (HV, V) or rk.shape[1] < N
+            or tuple(rg.shape[1:]) != (rk.shape[1], HV) or rb.shape != rg.shape
+            or not all(t.is_contiguous() for t in ring)):
+        raise ValueError("ring must be contiguous (k [S, NR, Hk, K], v [S, NR, Hv, V], g/beta [S, NR, Hv]) "
+                         f"with NR >= {N}, got {[tuple(t.shape) for t in ring]}")
+    return (ring_rows, rk, rv, rg, rb, rk.stride(0), rv.stride(0), rg.stride(0))
+
+
+def split_config(BT: int, V: int):
+    """(BV, apply warps, prep warps) of the split verify (no H200 sweep yet: a first guess that
+    keeps pass 2's state tile at 32 KiB per program and pass 1's [BT, V] tiles in registers)."""
+    return min(triton.next_power_of_2(V), 64), 4, (4 if BT <= 16 else 8)
+
+
+def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=None, beta=None, *, A_log=None,
+                              a=None, dt_bias=None, b=None, scale: Optional[float] = None,
+                              use_qk_l2norm: bool = False, state_indices: Optional[torch.Tensor] = None,
+                              anc_mask: Optional[torch.Tensor] = None, num_nodes: Optional[torch.Tensor] = None,
+                              BV: Optional[int] = None, num_warps: Optional[int] = None,
+                              prep_warps: Optional[int] = None, precision: str = "tf32x3",
+                              precision_low: Optional[str] = None, out: Optional[torch.Tensor] = None,
+                              ring: Optional[tuple] = None, ring_rows: Optional[torch.Tensor] = None):
+    """Launcher of the split tree verify: the same outputs as :func:`gdn_tree_chunk_verify_fwd`
+    (same arguments, same ring stores) in two passes. Pass 1 (one program per request and value
+    head) does all the state-independent work of the tree-masked WY chunk and leaves
+    ``Q = scale (e^G q - P w)`` and ``C = scale P u`` (fp32, ``B Hv BT (K + V)`` floats, allocated
+    here); pass 2 reads each committed state tile once and computes ``o = Q h^T + C`` in one dot.
+    The chunk kernel does both in one program per V-block, so its state read waits behind (and
+    its registers are shared with) the WY algebra, repeated for every V-block."""
+    fused = g is None
+    B, N, HK, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    scale = K ** -0.5 if scale is None else scale
+    BT = max(16, triton.next_power_of_2(N))
+    BK = triton.next_power_of_2(K)
+    BVF = triton.next_power_of_2(V)
+    d_bv, d_warps, d_prep = split_config(BT, V)
+    BV, num_warps, prep_warps = BV or d_bv, num_warps or d_warps, prep_warps or d_prep
+    precision_low = precision_low or precision
+    for name, p_ in (("precision", precision), ("precision_low", precision_low)):
+        if p_ not in ("tf32", "tf32x3", "ieee"):
+            raise ValueError(f"{name} must be tf32, tf32x3 or ieee, got {p_!r}")
+    if anc_mask is None:
+        anc_mask = tree.mask.to(torch.int8)
+    if num_nodes is None:
+        num_nodes = tree.num_nodes
+    (q, sq), (k, sk), (v, sv) = _token_rows(q), _token_rows(k), _token_rows(v)
+    if out is None:
+        out = torch.empty(B, N, HV, V, dtype=q.dtype, device=q.device)
+    dummy = state
+    ring_args = _ring_args(ring, ring_rows, state_indices, (B, N, HK, K, HV, V), dummy)
+    qt = torch.empty(B * HV * BT * BK, dtype=torch.float32, device=q.device)
+    c = torch.empty(B * HV * BT * BVF, dtype=torch.float32, device=q.device)
+    si = state_indices if state_indices is not None else dummy
+    gdn_tree_split_prep_fwd_kernel[(B * HV,)](
+        q, k, v, (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
+        A_log if fused else dummy, dt_bias if fused else dummy, qt, c, si, anc_mask.contiguous(), num_nodes,
+        *ring_args, scale, N, sq, sk, sv,
+        HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BVF=BVF, PRECISION=precision, PRECISION_LOW=precision_low,
+        USE_QK_L2NORM=use_qk_l2norm, HAS_STATE_INDICES=state_indices is not None, FUSED_GATING=fused,
+        STORE_RING=ring is not None, num_warps=prep_warps,
+    )
+    gdn_tree_split_apply_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
+        qt, c, out, state, si, num_nodes, state.stride(0), N,
+        HV=HV, K=K, V=V, BT=BT, BK=BK, BVF=BVF, BV=BV, PRECISION=precision,
+        HAS_STATE_INDICES=state_indices is not None, num_warps=num_warps,
+    )
+    return out
+
+
 def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=None, beta=None, *, A_log=None,
                               a=None, dt_bias=None, b=None, scale: Optional[float] = None,
                               use_qk_l2norm: bool = False, state_indices: Optional[torch.Tensor] = None,
@@ -580,21 +777,7 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     if out is None:
         out = torch.empty(B, N, HV, V, dtype=q.dtype, device=q.device)
     dummy = state
-    if ring is not None:
-        rk, rv, rg, rb = ring
-        if state_indices is None:
-            raise ValueError("ring stores need state_indices (padded requests, slot -1, store nothing)")
-        ring_rows = state_indices if ring_rows is None else ring_rows
-        if ring_rows.shape[0] < B:
-            raise ValueError(f"ring_rows must have >= {B} entries, got {tuple(ring_rows.shape)}")
-        if (tuple(rk.shape[1:]) != (rk.shape[1], HK, K) or tuple(rv.shape[2:]) != (HV, V) or rk.shape[1] < N
-                or tuple(rg.shape[1:]) != (rk.shape[1], HV) or rb.shape != rg.shape
-                or not all(t.is_contiguous() for t in ring)):
-            raise ValueError("ring must be contiguous (k [S, NR, Hk, K], v [S, NR, Hv, V], g/beta [S, NR, Hv]) "
-                             f"with NR >= {N}, got {[tuple(t.shape) for t in ring]}")
-        ring_args = (ring_rows, rk, rv, rg, rb, rk.stride(0), rv.stride(0), rg.stride(0))
-    else:
-        ring_args = (dummy, dummy, dummy, dummy, dummy, 0, 0, 0)
+    ring_args = _ring_args(ring, ring_rows, state_indices, (B, N, HK, K, HV, V), dummy)
     if pre_commit is not None:
         pk, pv, pg, pb = pre_commit["ring"]
         p_rows, p_last, p_par = pre_commit["rows"], pre_commit["last"], pre_commit.get("parents")

@@ -105,6 +105,13 @@ case $CALL in
     ( lane 1 $((LIMIT - 10)) $BENCH32 --configs "${LT_CONFIGS:-lumotree-topk2-split,lumotree-topk2}" --batches 1,8,32 \
           --out "$OUT/b32-lumotree.json" --port 30100 ) &
     wait ;;
+12) # session 5: the suffix-drafted configurations served for the first time (#5): suffix only (no MTP),
+    # and MTP + suffix merged in one tree (needs the synchronous scheduler); the merge's GPU tests first
+    ( lane 0 $((LIMIT - 10)) $SUITE --configs lumotree-suffix --out "$OUT/s-suffix.json" --port 30000 ) &
+    ( lane 1 60 python3 -m pytest -q -rf -m gpu test/drafters
+      lane 1 $((LIMIT - 10 - SECONDS)) $SUITE --configs lumotree --tag=-merge --env LUMOTREE_SUFFIX_MERGE=1 \
+          --extra=--disable-overlap-schedule --out "$OUT/s-merge.json" --port 30100 ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

@@ -102,7 +102,7 @@ case $CALL in
 11) # session 5: 24 GDN layers (of 32) at 27B shapes, SGLang's tree path vs LumoTree's (LT_CONFIGS)
     BENCH32="python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-32l --log-dir $LOGS --output-len 256"
     ( lane 0 $((LIMIT - 10)) $BENCH32 --configs nextn-topk2,none --batches 1,8,32 --out "$OUT/b32-sglang.json" --port 30000 ) &
-    ( lane 1 $((LIMIT - 10)) $BENCH32 --configs "${LT_CONFIGS:-lumotree-topk2-split,lumotree-topk2}" --batches 1,8,32 \
+    ( lane 1 $((LIMIT - 10)) $BENCH32 --configs "${LT_CONFIGS:-lumotree-topk2-split,lumotree-topk2-chunk}" --batches 1,8,32 \
           --out "$OUT/b32-lumotree.json" --port 30100 ) &
     wait ;;
 12) # session 5: the suffix-drafted configurations served for the first time (#5): suffix only (no MTP),

@@ -70,9 +70,11 @@ CONFIGS = {
 
 
 # variants of a configuration that differ only in LumoTree's server environment
-CONFIG_ENV = {
+CONFIG_ENV = {  # (the served default since session 5 is the split verify; rows before it ran the chunk kernel)
     "lumotree-topk2-split": ("lumotree-topk2", {"LUMOTREE_SGLANG_VERIFY": "split"}),
     "lumotree-topk4-split": ("lumotree-topk4", {"LUMOTREE_SGLANG_VERIFY": "split"}),
+    "lumotree-topk2-chunk": ("lumotree-topk2", {"LUMOTREE_SGLANG_VERIFY": "chunk"}),
+    "lumotree-topk4-chunk": ("lumotree-topk4", {"LUMOTREE_SGLANG_VERIFY": "chunk"}),
     "lumotree-topk2-mixed": ("lumotree-topk2", {"LUMOTREE_SGLANG_PRECISION": "mixed"}),
 }
 for _name, (_base, _env) in CONFIG_ENV.items():

@@ -5,8 +5,8 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("shape,precision,form", [("tree", "tf32x3", "chunk"), ("chain", "tf32x3", "chunk"),
-                                                  ("tree", "mixed", "chunk"), ("tree", "tf32x3", "split")])
+@pytest.mark.parametrize("shape,precision,form", [("tree", "tf32x3", "split"), ("chain", "tf32x3", "split"),
+                                                  ("tree", "mixed", "chunk"), ("tree", "tf32x3", "chunk")])
 def test_backend_verify_and_commit_plumbing_in_interpreter(shape, precision, form):
     """LumoTree's SGLang backend on fake pools, real Triton kernels interpreted (see the script)."""
     pytest.importorskip("sglang")

@@ -72,6 +72,37 @@ def count_ops(n, slots, depth, batch=8):
     return dict(batch=batch, **out)
 
 
+def turn_start_cost(sessions, context=4096):
+    """Host time to admit each turn of the replay sessions into the suffix drafter (what
+    ``LUMOTREE_SUFFIX`` and the merged tree do when a request arrives): a turn's prompt is the
+    session's messages before an assistant message (4-character chunks as token ids, about the
+    served tokenizer's rate; the last ``context``), its output that message. With the finished turn's trie kept (``retired_tokens``,
+    the default) vs indexing every prompt from scratch (``retired_tokens=0``)."""
+    from lumotree.drafters.suffix import SuffixDrafter
+
+    out = {}
+    for name, kw in (("reuse_retired_trie", {}), ("index_every_prompt", dict(retired_tokens=0))):
+        d = SuffixDrafter(max_match=16, max_spec=16, **kw)
+        times, lengths = [], []
+        for si, sess in enumerate(sessions):
+            toks = []
+            for t, msg in enumerate(sess["messages"]):
+                text = msg["content"]  # ~4 characters per token, as the served BPE tokenizer
+                content = [sum(map(ord, text[i:i + 4])) * 31 % 5000 for i in range(0, len(text), 4)]
+                if msg["role"] == "assistant" and toks:
+                    prompt = toks[-context:]
+                    t0 = time.perf_counter()
+                    d.start((si, t), prompt)
+                    times.append(time.perf_counter() - t0)
+                    lengths.append(len(prompt))
+                    d.append((si, t), content)
+                    d.finish((si, t), content)
+                toks += content
+        out[name] = dict(turns=len(times), mean_ms=1000 * sum(times) / len(times), max_ms=1000 * max(times),
+                         mean_prompt_tokens=sum(lengths) / len(lengths))
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
@@ -106,9 +137,11 @@ def main(argv=None):
         rows.append(dict(batch=bs, observe_ms=1000 * t_obs / args.steps, draft_ms=1000 * t_draft / args.steps,
                          suffix_nodes_per_request=nodes / (args.steps * bs)))
         print(json.dumps(rows[-1]), flush=True)
+    turns = turn_start_cost(sessions)
+    print(json.dumps(turns), flush=True)
     ops = count_ops(args.draft_tokens, args.slots, args.depth)
     print(json.dumps(ops), flush=True)
-    res = dict(command="python3 " + " ".join(sys.argv), ops=ops, machine=platform.processor() or platform.machine(),
+    res = dict(command="python3 " + " ".join(sys.argv), ops=ops, turn_start=turns, machine=platform.processor() or platform.machine(),
                python=platform.python_version(), draft_tokens=args.draft_tokens, slots=args.slots, depth=args.depth,
                rows=rows)
     if args.out:

@@ -13,10 +13,31 @@ def test_trie_counts_substrings():
     t = SuffixTrie(depth=3)
     s = t.new_sequence()
     t.extend(s, [1, 2, 1, 2, 3])
-    assert t.find([1]).count == 2 and t.find([2]).count == 2 and t.find([3]).count == 1
-    assert t.find([1, 2]).count == 2 and t.find([2, 1]).count == 1 and t.find([1, 2, 3]).count == 1
-    assert t.find([1, 2, 1, 2]) is None  # longer than depth
+    c = lambda p: t.count(t.find(p))  # noqa: E731
+    assert c([1]) == 2 and c([2]) == 2 and c([3]) == 1
+    assert c([1, 2]) == 2 and c([2, 1]) == 1 and c([1, 2, 3]) == 1
+    assert t.find([1, 2, 1, 2]) is None and t.find([7]) is None  # longer than depth; never seen
     assert t.num_tokens == 5
+    assert [tok for tok, _ in t.children(t.find([2]))] == [1, 3]  # in order of first occurrence
+    with pytest.raises(ValueError, match="token ids"):
+        t.append(s, -1)
+    with pytest.raises(ValueError, match="token ids"):
+        t.append(s, 1.5)
+
+
+def test_trie_nodes_are_not_tracked_by_the_garbage_collector():
+    """Millions of trie nodes must not be objects the cyclic GC walks at every full collection."""
+    import gc
+
+    gc.collect()
+    before = len(gc.get_objects())
+    t = SuffixTrie(depth=8)
+    rng = random.Random(0)
+    t.extend(t.new_sequence(), [rng.randrange(50) for _ in range(3000)])  # ~20k nodes (node objects: ~36k)
+    gc.collect()
+    assert t.num_nodes > 10000
+    assert len(gc.get_objects()) - before < 50  # a handful of containers, whatever the node count
+    assert not any(gc.is_tracked(k) for k in t._kids[:100])
 
 
 def test_draft_copies_a_repeated_span():
@@ -122,3 +143,68 @@ def test_adaptive_budget():
     assert adaptive_budget(3, tokens_per_step=100) == 32
     with pytest.raises(ValueError):
         adaptive_budget(0)
+
+
+def _turns(seed, turns=5):
+    """An agent-like session: each prompt = the previous context (prompt + output) + a new message."""
+    rng = random.Random(seed)
+    prompt, out = [], []
+    for _ in range(turns):
+        prompt = prompt + out + [rng.randrange(12) for _ in range(rng.randint(5, 40))]
+        out = [rng.randrange(12) for _ in range(rng.randint(3, 20))]
+        yield prompt, out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_next_turn_extends_the_retired_trie_with_the_same_drafts(seed, monkeypatch):
+    """A session's next turn adopts the finished turn's trie and indexes only its new tokens;
+    its drafts equal those of a drafter that indexes the whole prompt again."""
+    indexed = []
+    real_extend = SuffixTrie.extend
+    monkeypatch.setattr(SuffixTrie, "extend", lambda self, seq, toks: (indexed.append(len(toks)),
+                                                                       real_extend(self, seq, toks))[1])
+    fresh = SuffixDrafter(max_match=3, max_spec=4, min_prob=0.0, retired_tokens=0)
+    reuse = SuffixDrafter(max_match=3, max_spec=4, min_prob=0.0)
+
+    def run(d, rid, prompt, out):
+        indexed.clear()
+        d.start(rid, prompt)
+        n_indexed = indexed[0]
+        drafts = [d.draft(rid, 6)]
+        for tok in out:
+            d.append(rid, [tok])
+            drafts.append(d.draft(rid, 6))
+        d.finish(rid, out)
+        return n_indexed, drafts
+
+    prev_ctx = 0
+    for t, (prompt, out) in enumerate(_turns(seed)):
+        n_fresh, d_fresh = run(fresh, f"turn{t}", prompt, out)
+        n_reuse, d_reuse = run(reuse, f"turn{t}", prompt, out)
+        assert d_reuse == d_fresh
+        assert n_fresh == len(prompt) and n_reuse == len(prompt) - prev_ctx
+        prev_ctx = len(prompt) + len(out)
+    assert len(reuse._retired) == 1 and not fresh._retired
+
+
+def test_retired_tries_are_bounded_and_taken_once():
+    d = SuffixDrafter(max_match=2, max_spec=2, min_prob=0.0, retired_tokens=10)
+    d.start("a", [1, 2, 3, 4])
+    d.finish("a", [])
+    d.start("b", [5, 6, 7, 8, 9, 10])
+    d.finish("b", [])
+    assert d._retired_total == 10 and len(d._retired) == 2
+    d.start("c", [11, 12])
+    d.finish("c", [])  # 12 tokens > 10: the oldest ("a") leaves
+    assert [e[2] for e in d._retired.values()] == [[5, 6, 7, 8, 9, 10], [11, 12]]
+    d.start("d", [5, 6, 7, 8, 9, 10, 1])  # extends "b": adopted, removed from the store
+    assert d._retired_total == 2 and [e[2] for e in d._retired.values()] == [[11, 12]]
+    d.start("e", [5, 6, 7, 8, 9, 10, 2])  # "b" is taken: a fresh trie, the same counts
+    assert d._requests["e"][0] is not d._requests["d"][0]
+    te, td = d._requests["e"][0], d._requests["d"][0]
+    assert te.count(te.find([10, 2])) == 1 and td.find([10, 2]) is None
+    d.start("f", [99] * 11)
+    d.finish("f", [])  # longer than the whole bound: not kept
+    assert [e[2] for e in d._retired.values()] == [[11, 12]]
+    with pytest.raises(ValueError, match="retired_tokens"):
+        SuffixDrafter(retired_tokens=-1)

@@ -15,6 +15,7 @@ the node budget for a batch: large trees at small batch, small trees at large ba
 """
 from __future__ import annotations
 
+import array
 import collections
 import dataclasses
 import heapq
@@ -36,36 +37,47 @@ class Draft:
         return len(self.tokens)
 
 
-class _Node:
-    __slots__ = ("children", "count")
-
-    def __init__(self):
-        self.children: Dict[int, "_Node"] = {}
-        self.count = 0
-
-
 class SuffixTrie:
-    """Counts of all substrings of length <= ``depth`` of the appended sequences."""
+    """Counts of all substrings of length <= ``depth`` of the appended sequences.
+
+    Nodes are integer ids (the root is 0): ``_count[node]`` (a flat array) and ``_kids[node]``, a
+    ``{token: child}`` dict of ints -- no Python object per node that the cyclic garbage collector
+    tracks (CPython does not track dicts holding only ints). A served drafter holds millions of
+    nodes (one per token and depth); as objects, every full collection walked all of them
+    (CPU: 0.1-0.9 s per request admission in the replay sessions,
+    ``benchmark/workloads/merge_host_cost.py``)."""
 
     def __init__(self, depth: int):
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.depth = depth
-        self.root = _Node()
+        self.root = 0
         self.num_tokens = 0
-        self._active: List[List[_Node]] = []  # per open sequence: nodes of its suffixes of length < depth
+        self._count = array.array("q", [0])
+        self._kids: List[Dict[int, int]] = [{}]
+        self._active: List[List[int]] = []  # per open sequence: nodes of its suffixes of length < depth
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self._count)
 
     def new_sequence(self) -> int:
         self._active.append([])
         return len(self._active) - 1
 
     def append(self, seq: int, token: int) -> None:
+        if not isinstance(token, int) or token < 0:
+            raise ValueError(f"token ids must be non-negative ints, got {token!r}")
         nxt = []
-        for node in [self.root] + self._active[seq]:
-            child = node.children.get(token)
+        count, kids = self._count, self._kids
+        for node in [0] + self._active[seq]:
+            k = kids[node]
+            child = k.get(token)
             if child is None:
-                child = node.children[token] = _Node()
-            child.count += 1
+                child = k[token] = len(count)
+                count.append(0)
+                kids.append({})
+            count[child] += 1
             nxt.append(child)
         # a suffix of length `depth` cannot be extended: keep only the shorter ones
         self._active[seq] = nxt[: self.depth - 1]
@@ -75,26 +87,37 @@ class SuffixTrie:
         for t in tokens:
             self.append(seq, t)
 
-    def find(self, pattern: Sequence[int]) -> Optional[_Node]:
-        node = self.root
+    def find(self, pattern: Sequence[int]) -> Optional[int]:
+        """The node of ``pattern`` (an id), or None if it never occurred."""
+        node = 0
         for t in pattern:
-            node = node.children.get(t)
+            node = self._kids[node].get(t)
             if node is None:
                 return None
         return node
 
+    def count(self, node: int) -> int:
+        return self._count[node]
 
-def _continuations(node: _Node):
-    """(token, child, P(token | node)) with P estimated over the occurrences that continued."""
-    total = sum(ch.count for ch in node.children.values())
-    return [(tok, ch, ch.count / total) for tok, ch in node.children.items()]
+    def children(self, node: int) -> List[Tuple[int, int]]:
+        """``(token, child)`` of a node, in the order they first occurred."""
+        return list(self._kids[node].items())
+
+    def has_children(self, node: int) -> bool:
+        return bool(self._kids[node])
+
+    def continuations(self, node: int):
+        """(token, child, P(token | node)) with P estimated over the occurrences that continued."""
+        kids, count = self._kids[node], self._count
+        total = sum(count[c] for c in kids.values())
+        return [(tok, c, count[c] / total) for tok, c in kids.items()]
 
 
-def _expand(node: _Node, root_token: int, budget: int, min_prob: float) -> Draft:
+def _expand(trie: SuffixTrie, node: int, root_token: int, budget: int, min_prob: float) -> Draft:
     tokens, parents, scores = [root_token], [-1], [1.0]
     heap = []  # (-score, tie, token, trie node, parent index)
     tie = 0
-    for tok, ch, p in _continuations(node):
+    for tok, ch, p in trie.continuations(node):
         heap.append((-p, tie, tok, ch, 0))
         tie += 1
     heapq.heapify(heap)
@@ -106,7 +129,7 @@ def _expand(node: _Node, root_token: int, budget: int, min_prob: float) -> Draft
         tokens.append(tok)
         parents.append(par)
         scores.append(-neg)
-        for t2, c2, p in _continuations(ch):
+        for t2, c2, p in trie.continuations(ch):
             heapq.heappush(heap, (neg * p, tie, t2, c2, idx))
             tie += 1
     return Draft(tokens, parents, scores)
@@ -120,26 +143,66 @@ class SuffixDrafter:
         max_spec: deepest speculation below the match.
         global_tokens: size bound of the global cache (tokens of recent outputs kept).
         min_prob: drop branches whose path probability falls below this.
+        retired_tokens: size bound (context tokens) of the finished requests' tries kept for a
+            next turn whose prompt extends one of their contexts (0: none kept).
     """
 
     def __init__(self, max_match: int = 16, max_spec: int = 16, global_tokens: int = 1 << 16,
-                 min_prob: float = 0.05):
+                 min_prob: float = 0.05, retired_tokens: int = 1 << 15):
         if max_match < 1 or max_spec < 1:
             raise ValueError("max_match and max_spec must be >= 1")
+        if retired_tokens < 0:
+            raise ValueError(f"retired_tokens must be >= 0, got {retired_tokens}")
         self.max_match, self.max_spec, self.min_prob = max_match, max_spec, min_prob
         self.depth = max_match + max_spec
         self.global_tokens = global_tokens
+        self.retired_tokens = retired_tokens
         self._requests: Dict[object, Tuple[SuffixTrie, int, List[int]]] = {}
         self._recent: collections.deque = collections.deque()
         self._recent_tokens = 0
         self._global = SuffixTrie(self.depth)
+        # tries of finished requests, newest last, bounded by their contexts' tokens: the next turn
+        # of a multi-turn session (its prompt = the previous context + new messages) extends one
+        # instead of indexing the whole context again (O(context x depth) per turn otherwise)
+        self._retired: "collections.OrderedDict[int, Tuple[SuffixTrie, int, List[int]]]" = collections.OrderedDict()
+        self._retired_total = 0
+        self._retired_serial = 0
 
     # ------------------------------------------------------------------ request lifecycle
     def start(self, rid, prompt: Sequence[int]) -> None:
-        trie = SuffixTrie(self.depth)
-        seq = trie.new_sequence()
-        trie.extend(seq, prompt)
-        self._requests[rid] = (trie, seq, list(prompt))
+        prompt = list(prompt)
+        adopted = self._adopt(prompt)
+        if adopted is None:
+            trie = SuffixTrie(self.depth)
+            seq, done = trie.new_sequence(), 0
+        else:
+            trie, seq, done = adopted[0], adopted[1], len(adopted[2])
+        trie.extend(seq, prompt[done:])
+        self._requests[rid] = (trie, seq, prompt)
+
+    def _adopt(self, prompt: List[int]):
+        """The retired request whose context is the longest prefix of ``prompt``, taken out of the
+        store (a trie is extended by one request only), or None."""
+        best = None
+        for key, entry in self._retired.items():
+            ctx = entry[2]
+            if len(ctx) <= len(prompt) and (best is None or len(ctx) > len(best[1][2])) and prompt[:len(ctx)] == ctx:
+                best = (key, entry)
+        if best is None:
+            return None
+        del self._retired[best[0]]
+        self._retired_total -= len(best[1][2])
+        return best[1]
+
+    def _retire(self, req) -> None:
+        if self.retired_tokens == 0 or not req[2] or len(req[2]) > self.retired_tokens:
+            return
+        self._retired[self._retired_serial] = req
+        self._retired_serial += 1
+        self._retired_total += len(req[2])
+        while self._retired_total > self.retired_tokens:
+            _, old = self._retired.popitem(last=False)
+            self._retired_total -= len(old[2])
 
     def append(self, rid, tokens: Sequence[int]) -> None:
         trie, seq, ctx = self._request(rid)
@@ -147,8 +210,11 @@ class SuffixDrafter:
         ctx.extend(tokens)
 
     def finish(self, rid, output: Sequence[int]) -> None:
-        """Retire a request; its output joins the global cache (oldest outputs evicted)."""
-        self._requests.pop(rid, None)
+        """Retire a request; its output joins the global cache (oldest outputs evicted), and its
+        own trie waits (bounded) for a next turn that extends its context."""
+        req = self._requests.pop(rid, None)
+        if req is not None:
+            self._retire(req)
         out = list(output)
         if not out:
             return
@@ -177,10 +243,10 @@ class SuffixDrafter:
             raise KeyError(f"unknown request {rid!r}: call start() first") from None
 
     # ------------------------------------------------------------------ drafting
-    def _match(self, trie: SuffixTrie, ctx: List[int]) -> Tuple[Optional[_Node], int]:
+    def _match(self, trie: SuffixTrie, ctx: List[int]) -> Tuple[Optional[int], int]:
         for m in range(min(self.max_match, len(ctx)), 0, -1):
             node = trie.find(ctx[len(ctx) - m:])
-            if node is not None and node.children:
+            if node is not None and trie.has_children(node):
                 return node, m
         return None, 0
 
@@ -196,9 +262,9 @@ class SuffixDrafter:
         glob, m_glob = self._match(self._global, ctx)
         drafts = []
         if local is not None:
-            drafts.append(_expand(local, ctx[-1], budget, self.min_prob))
+            drafts.append(_expand(trie, local, ctx[-1], budget, self.min_prob))
         if glob is not None and m_glob >= m_local:
-            drafts.append(_expand(glob, ctx[-1], budget, self.min_prob))
+            drafts.append(_expand(self._global, glob, ctx[-1], budget, self.min_prob))
         if not drafts:
             return Draft([ctx[-1]], [-1], [1.0])
         return merge_drafts(drafts, budget)

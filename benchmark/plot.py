@@ -50,6 +50,29 @@ def select():
     fig.savefig(os.path.join(DOCS, "select_h200.png"), dpi=110)
 
 
+def split():
+    """The served verify forms, one GDN layer (Qwen3.5-27B heads), session 5's run."""
+    rows = json.load(open(os.path.join(RES, "gdn_tree_split_h200.json")))["rows"]
+    labels = [f"{r['tree']}\nbs {r['batch']}" for r in rows]
+    series = [("SGLang native verify", [r["native_verify_us"] for r in rows], "0.6"),
+              ("chunk, tf32x3 (served until session 5)", [r["serving_verify_us"] for r in rows], "C0"),
+              ("split, tf32x3 (served default now)", [r["split"]["verify_us"] for r in rows], "C2"),
+              ("split, mixed precision", [r["split"]["mixed_verify_us"] for r in rows], "C3"),
+              ("read-once floor", [r["floor_us"] for r in rows], "k")]
+    fig, ax = plt.subplots(figsize=(12, 4.2))
+    w = 0.8 / len(series)
+    for i, (name, ys, c) in enumerate(series):
+        ax.bar([x + (i - len(series) / 2 + 0.5) * w for x in range(len(rows))], ys, w, label=name, color=c)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set(yscale="log", ylabel="µs per GDN layer (CUDA graph)",
+           title="Tree verify, served forms vs SGLang 0.5.17's kernel, Qwen3.5-27B GDN layer, H200")
+    ax.legend(fontsize=8, ncol=3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(DOCS, "gdn_split_h200.png"), dpi=110)
+
+
 if __name__ == "__main__":
     gdn()
     select()
+    split()

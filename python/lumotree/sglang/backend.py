@@ -122,7 +122,7 @@ def served_settings(env=os.environ):
     """``(precision, verify form)`` of the served verify, from ``LUMOTREE_SGLANG_PRECISION``
     (``tf32x3`` fp32-accurate dots, default; ``mixed``; ``tf32``) and ``LUMOTREE_SGLANG_VERIFY``
     (``split``, default: the WY algebra once per request and head, then one dot per state tile --
-    1.4-1.9x faster than ``chunk`` at Qwen3.5-27B shapes on the H200, session 5; ``chunk``: one
+    1.3-1.9x faster than ``chunk`` at Qwen3.5-27B shapes on the H200, session 5; ``chunk``: one
     kernel; same outputs). Unknown values fail when the backend starts."""
     from lumotree.ops.gdn_tree.triton import SERVED_PRECISIONS
 

@@ -148,10 +148,10 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
 
     out_sp = torch.empty_like(out)
 
-    def split_verify(pool_=pool_o, BV_=None, warps_=None, low=None):  # LUMOTREE_SGLANG_VERIFY=split
+    def split_verify(pool_=pool_o, BV_=None, warps_=None, low=None, **kw):  # LUMOTREE_SGLANG_VERIFY=split
         tri.gdn_tree_split_verify_fwd(q, k, v, pool_, tree, A_log=A_log, a=a, dt_bias=dt_bias, b=b,
                                       use_qk_l2norm=True, state_indices=rows, anc_mask=anc, BV=BV_, num_warps=warps_,
-                                      precision="tf32x3", precision_low=low, out=out_sp, ring=ring)
+                                      precision="tf32x3", precision_low=low, out=out_sp, ring=ring, **kw)
 
     def serving_commit(pool_=pool_o):
         tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), pool_[None], rows, ends.int(), sg_parents)
@@ -226,6 +226,16 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
         split["mixed_verify_us"] = bench_graph(lambda: split_verify(low="tf32"))
         split["variants_us"] = {f"BV{bv}-w{w}": bench_graph(lambda bv=bv, w=w: split_verify(BV_=bv, warps_=w))
                                 for bv, w in ((32, 4), (64, 8), (128, 8), (16, 2))}
+        # pass 1 variants (session 5, not yet timed when written): M = P T first; capped registers
+        for name, kw in (("factored", dict(factored=True)), ("factored-maxnreg168", dict(factored=True, prep_maxnreg=168)),
+                         ("factored-maxnreg128", dict(factored=True, prep_maxnreg=128)), ("maxnreg128", dict(prep_maxnreg=128))):
+            try:
+                split_verify(pool.clone(), **kw)
+                err = float((o_nat.float() - out_sp.float()).norm() / o_nat.float().norm())
+                split["variants_us"][name] = bench_graph(lambda kw=kw: split_verify(**kw))
+                split.setdefault("variants_rel_err_o", {})[name] = err
+            except Exception as e:  # noqa: BLE001
+                print(f"split variant {name} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
         split["total_us"] = split["verify_us"] + t_sc
         split["speedup"] = (t_nv + t_nc) / split["total_us"]
     state_bytes = B * Hv * V * K * 4

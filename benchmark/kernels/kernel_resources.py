@@ -48,9 +48,10 @@ def signature(kernel, consts, bf16_gates=True):
     return sig
 
 
-def resources(kernel, consts, warps, programs, bf16_gates=True):
+def resources(kernel, consts, warps, programs, bf16_gates=True, maxnreg=None):
+    opts = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
     c = triton.compile(ASTSource(fn=kernel, signature=signature(kernel, consts, bf16_gates), constexprs=consts),
-                       target=TARGET, options={"num_warps": warps})
+                       target=TARGET, options=opts)
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(c.asm["cubin"])
     out = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
@@ -91,6 +92,13 @@ def main():
             r = resources(tri.gdn_tree_split_prep_fwd_kernel, consts, warps, BATCH * 48)
             rows.append(dict(kernel="split verify, pass 1", BT=BT, warps=warps,
                              precision=prec if prec == low else f"{prec} (low-sensitivity dots {low})", **r))
+            print(json.dumps(rows[-1]), flush=True)
+        for factored, maxnreg in ((True, None), (True, 168), (True, 128), (False, 128)):
+            consts = dict(base, BT=BT, BVF=128, PRECISION="tf32x3", PRECISION_LOW="tf32x3", HAS_STATE_INDICES=True,
+                          STORE_RING=True, FACTORED=factored)
+            r = resources(tri.gdn_tree_split_prep_fwd_kernel, consts, 4, BATCH * 48, maxnreg=maxnreg)
+            rows.append(dict(kernel="split verify, pass 1" + (" (factored: M = P T)" if factored else ""), BT=BT,
+                             warps=4, maxnreg=maxnreg, precision="tf32x3", **r))
             print(json.dumps(rows[-1]), flush=True)
         for BV, warps in ((32, 4), (64, 4), (64, 8), (128, 8)):
             consts = dict(HV=48, K=128, V=128, BT=BT, BK=128, BVF=128, BV=BV, PRECISION="tf32x3",

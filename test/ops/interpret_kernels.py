@@ -97,6 +97,9 @@ def gdn(kind, l2):
     os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si,
                                         out=torch.zeros(B, N, Hv, V), BV=8)
     assert_close(f"{kind} split verify (g, beta given)", ref, os_, 1e-4)
+    os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si,
+                                        out=torch.zeros(B, N, Hv, V), BV=8, factored=True)
+    assert_close(f"{kind} split verify (factored M = P T)", ref, os_, 1e-4)
     # a padded request (slot -1) reads no state: its outputs are those of a zero state
     si_pad = torch.tensor([3, -1])
     zero = pool.clone()

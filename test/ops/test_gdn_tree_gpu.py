@@ -116,6 +116,9 @@ def test_split_verify_matches_reference_and_chunk(kind, B, N, Hk, Hv, K, V, dtyp
     for low, t in (("tf32", tol), (None, tol)):
         o_m = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, precision_low=low, **kw)
         assert_close(f"split verify (low={low})", ref[tree.valid], o_m[tree.valid].float(), t)
+    for var in (dict(factored=True), dict(factored=True, prep_maxnreg=128), dict(prep_maxnreg=168)):
+        o_v = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, **var, **kw)
+        assert_close(f"split verify ({var})", ref[tree.valid], o_v[tree.valid].float(), tol)
     o_t = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, precision="tf32", **kw)
     assert_close("split verify (tf32)", ref[tree.valid], o_t[tree.valid].float(), 2e-3 if dtype == torch.float32 else 8e-3)
 

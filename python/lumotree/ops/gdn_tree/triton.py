@@ -219,7 +219,7 @@ def gdn_tree_split_prep_fwd_kernel(
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BVF: tl.constexpr, PRECISION: tl.constexpr, PRECISION_LOW: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr, HAS_STATE_INDICES: tl.constexpr, FUSED_GATING: tl.constexpr,
-    STORE_RING: tl.constexpr,
+    STORE_RING: tl.constexpr, FACTORED: tl.constexpr = False,
 ):
     """Split verify, pass 1 (one program per request and value head): everything of the
     tree-masked WY chunk that does not involve the state. With ``P`` the ancestor-masked, decayed
@@ -283,11 +283,16 @@ def gdn_tree_split_prep_fwd_kernel(
         b_T = tl.dot(b_T, b_I + b_P, input_precision=PRECISION_LOW)
         p = p * 2
     b_eG = tl.exp(b_G)
-    b_w = tl.dot(b_T, b_k * (b_beta * b_eG)[:, None], input_precision=PRECISION_LOW)  # [BT, BK]
-    b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=PRECISION)  # [BT, BVF]
     b_p = tl.where(b_m, tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION) * b_decay, 0.0)
-    b_qt = (b_eG[:, None] * b_q - tl.dot(b_p, b_w, input_precision=PRECISION)) * scale
-    b_c = tl.dot(b_p, b_u, input_precision=PRECISION) * scale
+    if FACTORED:  # M = P T first ([BT, BT]): two [BT, BT] x [BT, K|V] dots instead of four, no w / u tiles
+        b_M = tl.dot(b_p, b_T, input_precision=PRECISION)
+        b_qt = (b_eG[:, None] * b_q - tl.dot(b_M, b_k * (b_beta * b_eG)[:, None], input_precision=PRECISION)) * scale
+        b_c = tl.dot(b_M, b_v * b_beta[:, None], input_precision=PRECISION) * scale
+    else:
+        b_w = tl.dot(b_T, b_k * (b_beta * b_eG)[:, None], input_precision=PRECISION_LOW)  # [BT, BK]
+        b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=PRECISION)  # [BT, BVF]
+        b_qt = (b_eG[:, None] * b_q - tl.dot(b_p, b_w, input_precision=PRECISION)) * scale
+        b_c = tl.dot(b_p, b_u, input_precision=PRECISION) * scale
     base = i_bh.to(tl.int64) * BT
     tl.store(qt + (base + o_t[:, None]) * BK + o_k[None, :], b_qt, mask=m_t[:, None])
     tl.store(c + (base + o_t[:, None]) * BVF + o_v[None, :], b_c, mask=m_t[:, None])
@@ -678,14 +683,20 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
                               BV: Optional[int] = None, num_warps: Optional[int] = None,
                               prep_warps: Optional[int] = None, precision: str = "tf32x3",
                               precision_low: Optional[str] = None, out: Optional[torch.Tensor] = None,
-                              ring: Optional[tuple] = None, ring_rows: Optional[torch.Tensor] = None):
+                              ring: Optional[tuple] = None, ring_rows: Optional[torch.Tensor] = None,
+                              factored: bool = False, prep_maxnreg: Optional[int] = None):
     """Launcher of the split tree verify: the same outputs as :func:`gdn_tree_chunk_verify_fwd`
     (same arguments, same ring stores) in two passes. Pass 1 (one program per request and value
     head) does all the state-independent work of the tree-masked WY chunk and leaves
     ``Q = scale (e^G q - P w)`` and ``C = scale P u`` (fp32, ``B Hv BT (K + V)`` floats, allocated
     here); pass 2 reads each committed state tile once and computes ``o = Q h^T + C`` in one dot.
     The chunk kernel does both in one program per V-block, so its state read waits behind (and
-    its registers are shared with) the WY algebra, repeated for every V-block."""
+    its registers are shared with) the WY algebra, repeated for every V-block.
+
+    Pass-1 variants, not yet timed on the GPU (``bench_gdn_tree.py`` has them): ``factored`` forms
+    ``M = P T`` first, so ``Q`` and ``C`` take one ``[BT, BT] x [BT, K|V]`` dot each instead of
+    two (no ``w``/``u`` tiles); ``prep_maxnreg`` caps pass 1's registers per thread (sm_90 static
+    profile at 16 nodes: 255 -> 128 doubles the resident blocks, at 584-696 B of spills)."""
     fused = g is None
     B, N, HK, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -717,7 +728,8 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
         *ring_args, scale, N, sq, sk, sv,
         HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BVF=BVF, PRECISION=precision, PRECISION_LOW=precision_low,
         USE_QK_L2NORM=use_qk_l2norm, HAS_STATE_INDICES=state_indices is not None, FUSED_GATING=fused,
-        STORE_RING=ring is not None, num_warps=prep_warps,
+        STORE_RING=ring is not None, FACTORED=factored, num_warps=prep_warps,
+        **({"maxnreg": prep_maxnreg} if prep_maxnreg else {}),
     )
     gdn_tree_split_apply_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
         qt, c, out, state, si, num_nodes, state.stride(0), N,

@@ -55,7 +55,7 @@ case $CALL in
     # precision A/B on parity (the served verify in tf32 runs ~2x faster than in tf32x3)
     # the tiny model first: there LUMOTREE ran at half NEXTN's speed for the same number of steps
     ( lane 0 260 python3 benchmark/serving/bench_spec.py --model $M --log-dir $LOGS --configs nextn-topk2,lumotree-topk2 \
-          --batches 1,8 --profile-dir /tmp/prof --out "$OUT/b-profile-tiny.json" --port 30000
+          --batches 1,8 --profile-dir /tmp/prof --out "$OUT/b-profile-tiny.json" --port 30000 --mem-fraction-static 0.3
       lane 0 $((420 - SECONDS)) $BENCH --configs nextn-topk2,lumotree-topk2 --batches 1 --profile-dir /tmp/prof \
           --profile-batches 1 --out "$OUT/b-profile.json" --port 30000
       lane 0 60 python3 benchmark/serving/profile_summary.py /tmp/prof --out "$OUT/profile_summary.json"

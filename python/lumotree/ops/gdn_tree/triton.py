@@ -97,6 +97,72 @@ def _replay_node(b_h, k, v, g, beta, i, i_hk, i_hv, o_k, o_v, mask_k, mask_v,
 
 
 @triton.jit
+def _tree_chunk_inputs(q, k, v, g, beta, A_log, dt_bias, tok, i_hk, i_hv, o_k, o_v, m_t, m_k, m_v,
+                       stride_qt, stride_kt, stride_vt, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                       FUSED_GATING: tl.constexpr):
+    """q, k `[BT, BK]` and v `[BT, BV]` of one request and head in fp32 -- rows may be views into one
+    packed projection (token strides), heads contiguous in a row -- and the gates (beta 0 on padding)."""
+    b_q = tl.load(q + tok[:, None] * stride_qt + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+                  other=0.0).to(tl.float32)
+    b_k = tl.load(k + tok[:, None] * stride_kt + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+                  other=0.0).to(tl.float32)
+    b_v = tl.load(v + tok[:, None] * stride_vt + i_hv * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
+                  other=0.0).to(tl.float32)
+    b_g, b_beta = _gdn_gate(g + tok * HV + i_hv, beta + tok * HV + i_hv, A_log + i_hv, dt_bias + i_hv,
+                            FUSED_GATING, m_t)
+    b_beta = tl.where(m_t, b_beta, 0.0)
+    return b_q, b_k, b_v, b_g, b_beta
+
+
+@triton.jit
+def _store_ring(ring_k, ring_v, ring_g, ring_beta, r_row, stride_rk, stride_rv, stride_rg, b_k, b_v, b_g, b_beta,
+                store_k, store_g, o_t, o_k, o_v, m_t, m_k, m_v, i_hk, i_hv,
+                HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+    """What the replay commit needs, in request row ``r_row``: raw k (``store_k``: one program per
+    k-head), v, and the gates (``store_g``: one program per value head), node-major."""
+    if store_k:
+        tl.store(ring_k + r_row * stride_rk + (o_t[:, None] * HK + i_hk) * K + o_k[None, :],
+                 b_k.to(ring_k.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+    tl.store(ring_v + r_row * stride_rv + (o_t[:, None] * HV + i_hv) * V + o_v[None, :],
+             b_v.to(ring_v.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+    if store_g:
+        tl.store(ring_g + r_row * stride_rg + o_t * HV + i_hv, b_g, mask=m_t)
+        tl.store(ring_beta + r_row * stride_rg + o_t * HV + i_hv, b_beta, mask=m_t)
+
+
+@triton.jit
+def _tree_wy(b_q, b_k, b_g, b_beta, anc_mask, i_b, N, o_t, m_t, PRECISION_LOW: tl.constexpr,
+             USE_QK_L2NORM: tl.constexpr):
+    """The tree-masked WY chunk's state-independent core: ``(q, k)`` L2-normalised, the ancestor
+    mask ``m``, the log decay ``G`` summed along each root path, ``decay = e^(G_i - G_j)`` on
+    ancestors (0 elsewhere) and ``T = (I + A)^-1``."""
+    if USE_QK_L2NORM:
+        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
+        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
+    m_tt = m_t[:, None] & m_t[None, :]
+    b_m = tl.load(anc_mask + i_b.to(tl.int64) * N * N + o_t[:, None] * N + o_t[None, :], mask=m_tt, other=0) != 0
+    b_G = tl.sum(tl.where(b_m, b_g[None, :], 0.0), 1)  # log decay summed along the root path
+    b_decay = tl.exp(tl.where(b_m, b_G[:, None] - b_G[None, :], float("-inf")))  # 0 off the ancestor set
+    eye = o_t[:, None] == o_t[None, :]
+    # PRECISION_LOW: the dots whose rounding barely reaches the outputs (k k^T, the T products, w,
+    # w h^T: ~1e-5 relative each in tf32, CPU-emulated); PRECISION: u, q h^T, q k^T, P vn (~3e-4 each)
+    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION_LOW)
+    b_A = tl.where(eye, 0.0, b_beta[:, None] * b_kk * b_decay)  # strict ancestors only
+    # T = (I + A)^-1. A only links a node to its strict ancestors, so A^(depth+1) = 0 and
+    # T = (I - A)(I + A^2)(I + A^4)... is exact once the power passes the depth: log2(depth) rounds.
+    b_I = tl.where(eye, 1.0, 0.0)
+    b_T = b_I - b_A
+    dmax = tl.max(tl.sum(b_m.to(tl.int32), 1)) - 1
+    b_P = b_A
+    p = 1
+    while 2 * p <= dmax:  # covers powers < 2p; A^(dmax+1) = 0
+        b_P = tl.dot(b_P, b_P, input_precision=PRECISION_LOW)  # A^(2p)
+        b_T = tl.dot(b_T, b_I + b_P, input_precision=PRECISION_LOW)
+        p = p * 2
+    return b_q, b_k, b_m, b_G, b_decay, b_T
+
+
+@triton.jit
 def gdn_tree_chunk_verify_fwd_kernel(
     q, k, v, g, beta, A_log, dt_bias, o, vnew, state, state_indices, anc_mask, num_nodes,
     ring_rows, ring_k, ring_v, ring_g, ring_beta, stride_rk, stride_rv, stride_rg,
@@ -152,51 +218,17 @@ def gdn_tree_chunk_verify_fwd_kernel(
         tl.debug_barrier()
         b_h = tl.load(state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
                       mask=m_v[:, None] & m_k[None, :] & (row >= 0), other=0.0)
-    # q/k/v rows may be views into one packed projection (token strides), heads contiguous in a row
-    b_q = tl.load(q + tok[:, None] * stride_qt + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
-                  other=0.0).to(tl.float32)
-    b_k = tl.load(k + tok[:, None] * stride_kt + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
-                  other=0.0).to(tl.float32)
-    b_v = tl.load(v + tok[:, None] * stride_vt + i_hv * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
-                  other=0.0).to(tl.float32)
-    b_g, b_beta = _gdn_gate(g + tok * HV + i_hv, beta + tok * HV + i_hv, A_log + i_hv, dt_bias + i_hv,
-                            FUSED_GATING, m_t)
-    b_beta = tl.where(m_t, b_beta, 0.0)
-    if STORE_RING:  # what the replay commit needs, per request row: raw k, v and the gates, node-major
+    b_q, b_k, b_v, b_g, b_beta = _tree_chunk_inputs(q, k, v, g, beta, A_log, dt_bias, tok, i_hk, i_hv, o_k, o_v,
+                                                    m_t, m_k, m_v, stride_qt, stride_kt, stride_vt, HV, K, V,
+                                                    FUSED_GATING)
+    if STORE_RING:
         r_row = tl.load(ring_rows + i_b).to(tl.int64)
         if (row >= 0) & (r_row >= 0):
-            m_tk = m_t[:, None] & m_k[None, :]
-            if (i_v == 0) & (i_hv % (HV // HK) == 0):
-                tl.store(ring_k + r_row * stride_rk + (o_t[:, None] * HK + i_hk) * K + o_k[None, :],
-                         b_k.to(ring_k.dtype.element_ty), mask=m_tk)
-            tl.store(ring_v + r_row * stride_rv + (o_t[:, None] * HV + i_hv) * V + o_v[None, :],
-                     b_v.to(ring_v.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
-            if i_v == 0:
-                tl.store(ring_g + r_row * stride_rg + o_t * HV + i_hv, b_g, mask=m_t)
-                tl.store(ring_beta + r_row * stride_rg + o_t * HV + i_hv, b_beta, mask=m_t)
-    if USE_QK_L2NORM:
-        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
-        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
-    m_tt = m_t[:, None] & m_t[None, :]
-    b_m = tl.load(anc_mask + i_b.to(tl.int64) * N * N + o_t[:, None] * N + o_t[None, :], mask=m_tt, other=0) != 0
-    b_G = tl.sum(tl.where(b_m, b_g[None, :], 0.0), 1)  # log decay summed along the root path
-    b_decay = tl.exp(tl.where(b_m, b_G[:, None] - b_G[None, :], float("-inf")))  # 0 off the ancestor set
-    eye = o_t[:, None] == o_t[None, :]
-    # PRECISION_LOW: the dots whose rounding barely reaches the outputs (k k^T, the T products, w,
-    # w h^T: ~1e-5 relative each in tf32, CPU-emulated); PRECISION: u, q h^T, q k^T, P vn (~3e-4 each)
-    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION_LOW)
-    b_A = tl.where(eye, 0.0, b_beta[:, None] * b_kk * b_decay)  # strict ancestors only
-    # T = (I + A)^-1. A only links a node to its strict ancestors, so A^(depth+1) = 0 and
-    # T = (I - A)(I + A^2)(I + A^4)... is exact once the power passes the depth: log2(depth) rounds.
-    b_I = tl.where(eye, 1.0, 0.0)
-    b_T = b_I - b_A
-    dmax = tl.max(tl.sum(b_m.to(tl.int32), 1)) - 1
-    b_P = b_A
-    p = 1
-    while 2 * p <= dmax:  # covers powers < 2p; A^(dmax+1) = 0
-        b_P = tl.dot(b_P, b_P, input_precision=PRECISION_LOW)  # A^(2p)
-        b_T = tl.dot(b_T, b_I + b_P, input_precision=PRECISION_LOW)
-        p = p * 2
+            _store_ring(ring_k, ring_v, ring_g, ring_beta, r_row, stride_rk, stride_rv, stride_rg, b_k, b_v, b_g,
+                        b_beta, (i_v == 0) & (i_hv % (HV // HK) == 0), i_v == 0, o_t, o_k, o_v, m_t, m_k, m_v,
+                        i_hk, i_hv, HK, HV, K, V)
+    b_q, b_k, b_m, b_G, b_decay, b_T = _tree_wy(b_q, b_k, b_g, b_beta, anc_mask, i_b, N, o_t, m_t, PRECISION_LOW,
+                                                USE_QK_L2NORM)
     b_eG = tl.exp(b_G)
     b_w = tl.dot(b_T, b_k * (b_beta * b_eG)[:, None], input_precision=PRECISION_LOW)  # [BT, K]
     b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=PRECISION)  # [BT, BV]
@@ -239,58 +271,30 @@ def gdn_tree_split_prep_fwd_kernel(
     m_k = o_k < K
     m_v = o_v < V
     tok = i_b * N + o_t
-    b_q = tl.load(q + tok[:, None] * stride_qt + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
-                  other=0.0).to(tl.float32)
-    b_k = tl.load(k + tok[:, None] * stride_kt + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
-                  other=0.0).to(tl.float32)
-    b_v = tl.load(v + tok[:, None] * stride_vt + i_hv * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
-                  other=0.0).to(tl.float32)
-    b_g, b_beta = _gdn_gate(g + tok * HV + i_hv, beta + tok * HV + i_hv, A_log + i_hv, dt_bias + i_hv,
-                            FUSED_GATING, m_t)
-    b_beta = tl.where(m_t, b_beta, 0.0)
-    if STORE_RING:  # what the replay commit needs, per request row: raw k, v and the gates, node-major
+    b_q, b_k, b_v, b_g, b_beta = _tree_chunk_inputs(q, k, v, g, beta, A_log, dt_bias, tok, i_hk, i_hv, o_k, o_v,
+                                                    m_t, m_k, m_v, stride_qt, stride_kt, stride_vt, HV, K, V,
+                                                    FUSED_GATING)
+    if STORE_RING:
         if HAS_STATE_INDICES:
             row = tl.load(state_indices + i_b).to(tl.int64)
         else:
             row = i_b.to(tl.int64)
         r_row = tl.load(ring_rows + i_b).to(tl.int64)
         if (row >= 0) & (r_row >= 0):
-            if i_hv % (HV // HK) == 0:
-                tl.store(ring_k + r_row * stride_rk + (o_t[:, None] * HK + i_hk) * K + o_k[None, :],
-                         b_k.to(ring_k.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
-            tl.store(ring_v + r_row * stride_rv + (o_t[:, None] * HV + i_hv) * V + o_v[None, :],
-                     b_v.to(ring_v.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
-            tl.store(ring_g + r_row * stride_rg + o_t * HV + i_hv, b_g, mask=m_t)
-            tl.store(ring_beta + r_row * stride_rg + o_t * HV + i_hv, b_beta, mask=m_t)
-    if USE_QK_L2NORM:
-        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
-        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
-    m_tt = m_t[:, None] & m_t[None, :]
-    b_m = tl.load(anc_mask + i_b.to(tl.int64) * N * N + o_t[:, None] * N + o_t[None, :], mask=m_tt, other=0) != 0
-    b_G = tl.sum(tl.where(b_m, b_g[None, :], 0.0), 1)
-    b_decay = tl.exp(tl.where(b_m, b_G[:, None] - b_G[None, :], float("-inf")))
-    eye = o_t[:, None] == o_t[None, :]
-    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION_LOW)
-    b_A = tl.where(eye, 0.0, b_beta[:, None] * b_kk * b_decay)
-    # T = (I + A)^-1 by repeated squaring, exact past the tree's depth (as in the chunk kernel)
-    b_I = tl.where(eye, 1.0, 0.0)
-    b_T = b_I - b_A
-    dmax = tl.max(tl.sum(b_m.to(tl.int32), 1)) - 1
-    b_P = b_A
-    p = 1
-    while 2 * p <= dmax:
-        b_P = tl.dot(b_P, b_P, input_precision=PRECISION_LOW)
-        b_T = tl.dot(b_T, b_I + b_P, input_precision=PRECISION_LOW)
-        p = p * 2
+            _store_ring(ring_k, ring_v, ring_g, ring_beta, r_row, stride_rk, stride_rv, stride_rg, b_k, b_v, b_g,
+                        b_beta, i_hv % (HV // HK) == 0, True, o_t, o_k, o_v, m_t, m_k, m_v, i_hk, i_hv, HK, HV, K, V)
+    b_q, b_k, b_m, b_G, b_decay, b_T = _tree_wy(b_q, b_k, b_g, b_beta, anc_mask, i_b, N, o_t, m_t, PRECISION_LOW,
+                                                USE_QK_L2NORM)
     b_eG = tl.exp(b_G)
-    b_p = tl.where(b_m, tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION) * b_decay, 0.0)
     if FACTORED:  # M = P T first ([BT, BT]): two [BT, BT] x [BT, K|V] dots instead of four, no w / u tiles
+        b_p = tl.where(b_m, tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION) * b_decay, 0.0)
         b_M = tl.dot(b_p, b_T, input_precision=PRECISION)
         b_qt = (b_eG[:, None] * b_q - tl.dot(b_M, b_k * (b_beta * b_eG)[:, None], input_precision=PRECISION)) * scale
         b_c = tl.dot(b_M, b_v * b_beta[:, None], input_precision=PRECISION) * scale
-    else:
+    else:  # (P after w and u: the order the GPU measurements of session 5 ran)
         b_w = tl.dot(b_T, b_k * (b_beta * b_eG)[:, None], input_precision=PRECISION_LOW)  # [BT, BK]
         b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=PRECISION)  # [BT, BVF]
+        b_p = tl.where(b_m, tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION) * b_decay, 0.0)
         b_qt = (b_eG[:, None] * b_q - tl.dot(b_p, b_w, input_precision=PRECISION)) * scale
         b_c = tl.dot(b_p, b_u, input_precision=PRECISION) * scale
     base = i_bh.to(tl.int64) * BT
@@ -651,6 +655,29 @@ def _token_rows(x: torch.Tensor):
     return x.contiguous(), H * D
 
 
+def _check_precisions(precision: str, precision_low: Optional[str]) -> str:
+    """``precision_low`` (default ``precision``), both checked."""
+    precision_low = precision_low or precision
+    for name, p_ in (("precision", precision), ("precision_low", precision_low)):
+        if p_ not in ("tf32", "tf32x3", "ieee"):
+            raise ValueError(f"{name} must be tf32, tf32x3 or ieee, got {p_!r}")
+    return precision_low
+
+
+def _chunk_inputs(q, k, v, tree, anc_mask, num_nodes, out):
+    """The tree-masked verifies' shared inputs: token-strided q/k/v, the int8 ancestor mask and node
+    counts (from ``tree`` unless given), the output buffer."""
+    if anc_mask is None:
+        anc_mask = tree.mask.to(torch.int8)
+    if num_nodes is None:
+        num_nodes = tree.num_nodes
+    B, N = k.shape[:2]
+    HV, V = v.shape[2], v.shape[3]
+    if out is None:
+        out = torch.empty(B, N, HV, V, dtype=q.dtype, device=q.device)
+    return _token_rows(q), _token_rows(k), _token_rows(v), anc_mask, num_nodes, out
+
+
 def _ring_args(ring, ring_rows, state_indices, dims, dummy):
     """Kernel arguments of the verify's ring stores (raw k, v, g, beta per request row, node-major)."""
     B, N, HK, K, HV, V = dims
@@ -706,17 +733,8 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     BVF = triton.next_power_of_2(V)
     d_bv, d_warps, d_prep = split_config(BT, V)
     BV, num_warps, prep_warps = BV or d_bv, num_warps or d_warps, prep_warps or d_prep
-    precision_low = precision_low or precision
-    for name, p_ in (("precision", precision), ("precision_low", precision_low)):
-        if p_ not in ("tf32", "tf32x3", "ieee"):
-            raise ValueError(f"{name} must be tf32, tf32x3 or ieee, got {p_!r}")
-    if anc_mask is None:
-        anc_mask = tree.mask.to(torch.int8)
-    if num_nodes is None:
-        num_nodes = tree.num_nodes
-    (q, sq), (k, sk), (v, sv) = _token_rows(q), _token_rows(k), _token_rows(v)
-    if out is None:
-        out = torch.empty(B, N, HV, V, dtype=q.dtype, device=q.device)
+    precision_low = _check_precisions(precision, precision_low)
+    (q, sq), (k, sk), (v, sv), anc_mask, num_nodes, out = _chunk_inputs(q, k, v, tree, anc_mask, num_nodes, out)
     dummy = state
     ring_args = _ring_args(ring, ring_rows, state_indices, (B, N, HK, K, HV, V), dummy)
     qt = torch.empty(B * HV * BT * BK, dtype=torch.float32, device=q.device)
@@ -777,17 +795,8 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     BK = triton.next_power_of_2(K)
     d_bv, d_warps, d_prec = default_chunk_config(BT, V, q.dtype)
     BV, num_warps, precision = BV or d_bv, num_warps or d_warps, precision or d_prec
-    precision_low = precision_low or precision
-    for name, p_ in (("precision", precision), ("precision_low", precision_low)):
-        if p_ not in ("tf32", "tf32x3", "ieee"):
-            raise ValueError(f"{name} must be tf32, tf32x3 or ieee, got {p_!r}")
-    if anc_mask is None:
-        anc_mask = tree.mask.to(torch.int8)
-    if num_nodes is None:
-        num_nodes = tree.num_nodes
-    (q, sq), (k, sk), (v, sv) = _token_rows(q), _token_rows(k), _token_rows(v)
-    if out is None:
-        out = torch.empty(B, N, HV, V, dtype=q.dtype, device=q.device)
+    precision_low = _check_precisions(precision, precision_low)
+    (q, sq), (k, sk), (v, sv), anc_mask, num_nodes, out = _chunk_inputs(q, k, v, tree, anc_mask, num_nodes, out)
     dummy = state
     ring_args = _ring_args(ring, ring_rows, state_indices, (B, N, HK, K, HV, V), dummy)
     if pre_commit is not None:

@@ -48,7 +48,18 @@ def signature(kernel, consts, bf16_gates=True):
     return sig
 
 
+def with_defaults(kernel, consts):
+    """``consts`` plus the kernel's constexpr parameters that have defaults (a variant switch added
+    later, e.g. ``FACTORED``) -- not typed as pointer arguments by :func:`signature`."""
+    consts = dict(consts)
+    for p in kernel.params:
+        if p.is_constexpr and p.has_default and p.name not in consts:
+            consts[p.name] = p.default
+    return consts
+
+
 def resources(kernel, consts, warps, programs, bf16_gates=True, maxnreg=None):
+    consts = with_defaults(kernel, consts)
     opts = {"num_warps": warps, **({"maxnreg": maxnreg} if maxnreg else {})}
     c = triton.compile(ASTSource(fn=kernel, signature=signature(kernel, consts, bf16_gates), constexprs=consts),
                        target=TARGET, options=opts)

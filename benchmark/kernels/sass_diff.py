@@ -20,7 +20,7 @@ from triton.compiler import ASTSource
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from kernel_resources import CUOBJDUMP, SHAPE, TARGET, signature  # noqa: E402
+from kernel_resources import CUOBJDUMP, SHAPE, TARGET, signature, with_defaults  # noqa: E402
 
 from lumotree.ops.gdn_tree import triton as current  # noqa: E402
 
@@ -28,10 +28,7 @@ SRC = "python/lumotree/ops/gdn_tree/triton.py"
 
 
 def sass(kernel, consts, warps=4):
-    consts = dict(consts)
-    for p in kernel.params:  # constexpr parameters with defaults (e.g. a variant switch added later)
-        if p.is_constexpr and p.has_default and p.name not in consts:
-            consts[p.name] = p.default
+    consts = with_defaults(kernel, consts)
     c = triton.compile(ASTSource(fn=kernel, signature=signature(kernel, consts), constexprs=consts), target=TARGET,
                        options={"num_warps": warps})
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:

@@ -723,7 +723,7 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     Pass-1 variants, not yet timed on the GPU (``bench_gdn_tree.py`` has them): ``factored`` forms
     ``M = P T`` first, so ``Q`` and ``C`` take one ``[BT, BT] x [BT, K|V]`` dot each instead of
     two (no ``w``/``u`` tiles); ``prep_maxnreg`` caps pass 1's registers per thread (sm_90 static
-    profile at 16 nodes: 255 -> 128 doubles the resident blocks, at 584-696 B of spills)."""
+    profile at 16 nodes: 255 -> 128 doubles the resident blocks, at 584-616 B of spills)."""
     fused = g is None
     B, N, HK, K = k.shape
     HV, V = v.shape[2], v.shape[3]

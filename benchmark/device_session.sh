@@ -51,19 +51,18 @@ case $CALL in
       lane 1 $((295 - SECONDS)) python3 benchmark/kernels/bench_gdn_tree.py --models qwen3.5-27b \
           --trees topk2-depth3,eagle-16,eagle-64 --batches 8,32 --out "$OUT/gdn_tree_serving.json" ) &
     wait ;;
-5)  # where LUMOTREE's served step loses to NEXTN's at small batch (a profile of both), and the
-    # precision A/B on parity (the served verify in tf32 runs ~2x faster than in tf32x3)
-    # the tiny model first: there LUMOTREE ran at half NEXTN's speed for the same number of steps
-    ( lane 0 260 python3 benchmark/serving/bench_spec.py --model $M --log-dir $LOGS --configs nextn-topk2,lumotree-topk2 \
-          --batches 1,8 --profile-dir /tmp/prof --out "$OUT/b-profile-tiny.json" --port 30000 --mem-fraction-static 0.3
+5)  # where LUMOTREE's served step loses to NEXTN's at small batch: a profile of both (tiny model, 27B
+    # shapes), and LUMOTREE's own variants -- one-kernel verify, SGLang's acceptance -- on the tiny model
+    # (the tf32 / mixed parity this call ran in session 5 is done)
+    TINY="python3 benchmark/serving/bench_spec.py --model $M --log-dir $LOGS --mem-fraction-static 0.3 --batches 1,8"
+    ( lane 0 260 $TINY --configs nextn-topk2,lumotree-topk2 --profile-dir /tmp/prof --out "$OUT/b-profile-tiny.json" --port 30000
       lane 0 $((420 - SECONDS)) $BENCH --configs nextn-topk2,lumotree-topk2 --batches 1 --profile-dir /tmp/prof \
           --profile-batches 1 --out "$OUT/b-profile.json" --port 30000
       lane 0 60 python3 benchmark/serving/profile_summary.py /tmp/prof --out "$OUT/profile_summary.json"
       tar -C /tmp -czf "$OUT/prof.tgz" prof ) &
-    ( lane 1 260 $SUITE --configs lumotree --parity-only --tag=-tf32 --env LUMOTREE_SGLANG_PRECISION=tf32 \
-          --out "$OUT/s-tf32.json" --port 30100
-      lane 1 $((540 - SECONDS)) $SUITE --configs lumotree --parity-only --tag=-mixed --env LUMOTREE_SGLANG_PRECISION=mixed \
-          --out "$OUT/s-mixed.json" --port 30100 ) &
+    ( lane 1 500 $TINY --configs lumotree-topk2-chunk,lumotree-topk2-sgselect --profile-dir /tmp/prof1 \
+          --out "$OUT/b-variants-tiny.json" --port 30100
+      tar -C /tmp -czf "$OUT/prof1.tgz" prof1 ) &
     wait ;;
 6)  # batch-invariant kernels: does NEXTN then match no-spec exactly, and LUMOTREE?
     ( lane 0 540 $SUITE --configs none,nextn-tree --parity-only --tag=-det --extra=--enable-deterministic-inference \

@@ -76,6 +76,8 @@ CONFIG_ENV = {  # (the served default since session 5 is the split verify; rows 
     "lumotree-topk2-chunk": ("lumotree-topk2", {"LUMOTREE_SGLANG_VERIFY": "chunk"}),
     "lumotree-topk4-chunk": ("lumotree-topk4", {"LUMOTREE_SGLANG_VERIFY": "chunk"}),
     "lumotree-topk2-mixed": ("lumotree-topk2", {"LUMOTREE_SGLANG_PRECISION": "mixed"}),
+    # SGLang's own greedy acceptance instead of LumoTree's selection op (what the selection costs a step)
+    "lumotree-topk2-sgselect": ("lumotree-topk2", {"LUMOTREE_SGLANG_SELECT": "0"}),
 }
 for _name, (_base, _env) in CONFIG_ENV.items():
     CONFIGS[_name] = CONFIGS[_base]

@@ -44,7 +44,8 @@ CONFIGS = {
     "lumotree-suffix": ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-num-draft-tokens", "8"],
 }
 MEM_PATTERNS = [r"intermediate_ssm_state_cache size: [^\s]+", r"intermediate_conv_window_cache size: [^\s]+",
-                r"LumoTree speculative scratch: .*", r"Mamba Cache is allocated.*", r"ReplaySSM.*ring.*"]
+                r"LumoTree speculative scratch: .*", r"Mamba Cache is allocated.*", r"ReplaySSM.*ring.*",
+                r"Capture target verify CUDA graph end.*"]  # the verify graphs' memory pool (transient buffers)
 
 
 def speculative_bytes(lines):

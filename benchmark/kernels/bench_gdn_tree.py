@@ -226,6 +226,12 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
         split["mixed_verify_us"] = bench_graph(lambda: split_verify(low="tf32"))
         split["variants_us"] = {f"BV{bv}-w{w}": bench_graph(lambda bv=bv, w=w: split_verify(BV_=bv, warps_=w))
                                 for bv, w in ((32, 4), (64, 8), (128, 8), (16, 2))}
+        # the passes apart, through preallocated Q / C
+        sBTs = max(16, 1 << (N - 1).bit_length())
+        scr = (torch.empty(B * Hv * sBTs * 128, device=dev), torch.empty(B * Hv * sBTs * V, device=dev))
+        split_verify(scratch=scr, passes="prep")
+        split["prep_us"] = bench_graph(lambda: split_verify(scratch=scr, passes="prep"))
+        split["apply_us"] = bench_graph(lambda: split_verify(scratch=scr, passes="apply"))
         # pass 1 variants (session 5, not yet timed when written): M = P T first; capped registers
         for name, kw in (("factored", dict(factored=True)), ("factored-maxnreg168", dict(factored=True, prep_maxnreg=168)),
                          ("factored-maxnreg128", dict(factored=True, prep_maxnreg=128)), ("maxnreg128", dict(prep_maxnreg=128))):

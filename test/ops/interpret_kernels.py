@@ -100,6 +100,22 @@ def gdn(kind, l2):
     os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si,
                                         out=torch.zeros(B, N, Hv, V), BV=8, factored=True)
     assert_close(f"{kind} split verify (factored M = P T)", ref, os_, 1e-4)
+    # the passes one by one through preallocated Q / C (as the bench times them)
+    BT_ = max(16, 1 << (N - 1).bit_length())
+    scr = (torch.full((B * Hv * BT_ * 16,), float("nan")), torch.full((B * Hv * BT_ * 32,), float("nan")))
+    o_p = torch.zeros(B, N, Hv, V)
+    tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si, out=o_p, BV=8,
+                                  scratch=scr, passes="prep")
+    assert not o_p.any()  # pass 1 writes no output
+    tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si, out=o_p, BV=8,
+                                  scratch=scr, passes="apply")
+    assert_close(f"{kind} split verify (passes apart)", ref, o_p, 1e-4)
+    for bad in (dict(passes="apply"), dict(passes="neither"), dict(scratch=(scr[0][:5], scr[1]))):
+        try:
+            tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si, **bad)
+            raise AssertionError(f"accepted {list(bad)}")
+        except ValueError:
+            pass
     # a padded request (slot -1) reads no state: its outputs are those of a zero state
     si_pad = torch.tensor([3, -1])
     zero = pool.clone()

@@ -711,7 +711,8 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
                               prep_warps: Optional[int] = None, precision: str = "tf32x3",
                               precision_low: Optional[str] = None, out: Optional[torch.Tensor] = None,
                               ring: Optional[tuple] = None, ring_rows: Optional[torch.Tensor] = None,
-                              factored: bool = False, prep_maxnreg: Optional[int] = None):
+                              factored: bool = False, prep_maxnreg: Optional[int] = None,
+                              scratch: Optional[tuple] = None, passes: str = "both"):
     """Launcher of the split tree verify: the same outputs as :func:`gdn_tree_chunk_verify_fwd`
     (same arguments, same ring stores) in two passes. Pass 1 (one program per request and value
     head) does all the state-independent work of the tree-masked WY chunk and leaves
@@ -723,7 +724,15 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     Pass-1 variants, not yet timed on the GPU (``bench_gdn_tree.py`` has them): ``factored`` forms
     ``M = P T`` first, so ``Q`` and ``C`` take one ``[BT, BT] x [BT, K|V]`` dot each instead of
     two (no ``w``/``u`` tiles); ``prep_maxnreg`` caps pass 1's registers per thread (sm_90 static
-    profile at 16 nodes: 255 -> 128 doubles the resident blocks, at 584-616 B of spills)."""
+    profile at 16 nodes: 255 -> 128 doubles the resident blocks, at 584-616 B of spills).
+
+    ``scratch = (Q, C)`` preallocated fp32 buffers of at least ``B Hv BT K`` and ``B Hv BT V'``
+    floats (``V'`` = V rounded up to a power of two); ``passes`` = ``"prep"`` / ``"apply"`` runs
+    one pass only (timing them apart; ``"apply"`` reads the ``scratch`` a ``"prep"`` call left)."""
+    if passes not in ("both", "prep", "apply"):
+        raise ValueError(f"passes must be both, prep or apply, got {passes!r}")
+    if passes == "apply" and scratch is None:
+        raise ValueError("passes='apply' reads Q and C from the scratch a 'prep' call filled: pass scratch")
     fused = g is None
     B, N, HK, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -737,23 +746,32 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     (q, sq), (k, sk), (v, sv), anc_mask, num_nodes, out = _chunk_inputs(q, k, v, tree, anc_mask, num_nodes, out)
     dummy = state
     ring_args = _ring_args(ring, ring_rows, state_indices, (B, N, HK, K, HV, V), dummy)
-    qt = torch.empty(B * HV * BT * BK, dtype=torch.float32, device=q.device)
-    c = torch.empty(B * HV * BT * BVF, dtype=torch.float32, device=q.device)
+    if scratch is None:
+        qt = torch.empty(B * HV * BT * BK, dtype=torch.float32, device=q.device)
+        c = torch.empty(B * HV * BT * BVF, dtype=torch.float32, device=q.device)
+    else:
+        qt, c = scratch
+        if (qt.dtype != torch.float32 or c.dtype != torch.float32 or not qt.is_contiguous() or not c.is_contiguous()
+                or qt.numel() < B * HV * BT * BK or c.numel() < B * HV * BT * BVF):
+            raise ValueError(f"scratch must be contiguous fp32 (Q, C) of >= {B * HV * BT * BK} and "
+                             f">= {B * HV * BT * BVF} floats")
     si = state_indices if state_indices is not None else dummy
-    gdn_tree_split_prep_fwd_kernel[(B * HV,)](
-        q, k, v, (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
-        A_log if fused else dummy, dt_bias if fused else dummy, qt, c, si, anc_mask.contiguous(), num_nodes,
-        *ring_args, scale, N, sq, sk, sv,
-        HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BVF=BVF, PRECISION=precision, PRECISION_LOW=precision_low,
-        USE_QK_L2NORM=use_qk_l2norm, HAS_STATE_INDICES=state_indices is not None, FUSED_GATING=fused,
-        STORE_RING=ring is not None, FACTORED=factored, num_warps=prep_warps,
-        **({"maxnreg": prep_maxnreg} if prep_maxnreg else {}),
-    )
-    gdn_tree_split_apply_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
-        qt, c, out, state, si, num_nodes, state.stride(0), N,
-        HV=HV, K=K, V=V, BT=BT, BK=BK, BVF=BVF, BV=BV, PRECISION=precision,
-        HAS_STATE_INDICES=state_indices is not None, num_warps=num_warps,
-    )
+    if passes != "apply":
+        gdn_tree_split_prep_fwd_kernel[(B * HV,)](
+            q, k, v, (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
+            A_log if fused else dummy, dt_bias if fused else dummy, qt, c, si, anc_mask.contiguous(), num_nodes,
+            *ring_args, scale, N, sq, sk, sv,
+            HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BVF=BVF, PRECISION=precision, PRECISION_LOW=precision_low,
+            USE_QK_L2NORM=use_qk_l2norm, HAS_STATE_INDICES=state_indices is not None, FUSED_GATING=fused,
+            STORE_RING=ring is not None, FACTORED=factored, num_warps=prep_warps,
+            **({"maxnreg": prep_maxnreg} if prep_maxnreg else {}),
+        )
+    if passes != "prep":
+        gdn_tree_split_apply_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
+            qt, c, out, state, si, num_nodes, state.stride(0), N,
+            HV=HV, K=K, V=V, BT=BT, BK=BK, BVF=BVF, BV=BV, PRECISION=precision,
+            HAS_STATE_INDICES=state_indices is not None, num_warps=num_warps,
+        )
     return out
 
 

@@ -23,6 +23,11 @@ def test_trie_counts_substrings():
         t.append(s, -1)
     with pytest.raises(ValueError, match="token ids"):
         t.append(s, 1.5)
+    import numpy as np
+
+    t.append(s, np.int64(3))  # integer scalars of numpy / torch count as their value
+    t.append(s, torch.tensor(3))
+    assert c([3, 3]) == 2 and c([3, 3, 3]) == 1 and c([3]) == 3
 
 
 def test_trie_nodes_are_not_tracked_by_the_garbage_collector():

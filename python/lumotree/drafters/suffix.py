@@ -19,6 +19,7 @@ import array
 import collections
 import dataclasses
 import heapq
+import operator
 from typing import Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["SuffixTrie", "SuffixDrafter", "Draft", "merge_drafts", "align_draft", "adaptive_budget"]
@@ -66,8 +67,13 @@ class SuffixTrie:
         return len(self._active) - 1
 
     def append(self, seq: int, token: int) -> None:
-        if not isinstance(token, int) or token < 0:
-            raise ValueError(f"token ids must be non-negative ints, got {token!r}")
+        try:
+            tok = operator.index(token)  # Python and numpy / torch integer scalars alike
+        except TypeError:
+            tok = -1
+        if tok < 0:
+            raise ValueError(f"token ids must be non-negative integers, got {token!r}")
+        token = tok
         nxt = []
         count, kids = self._count, self._kids
         for node in [0] + self._active[seq]:

@@ -11,10 +11,10 @@ Verify (``forward_extend`` in TARGET_VERIFY mode, per GDN layer, inside SGLang's
    state row of the pool ``[pool, Hv, V, K]`` once and computes every node's output; it writes no
    state at all. Default form ``split``: pass 1 does the tree-masked WY algebra once per request
    and head (no state), pass 2 reads the state tiles and meets the whole tree in one dot
-   (``LUMOTREE_SGLANG_VERIFY=chunk``: both in one kernel). The verify keeps the step's raw k, v and gates g, beta in LumoTree's
-   :class:`VerifyScratch`, one row per running request (the row SGLang's conv windows use:
-   ``verify_intermediate_state_indices``): ``Hk K + Hv V`` bf16 + ``2 Hv`` fp32 per node, instead
-   of NEXTN's ``Hv V K`` fp32 snapshot per node.
+   (``LUMOTREE_SGLANG_VERIFY=chunk``: both in one kernel). The verify keeps the step's raw k, v
+   and gates g, beta in LumoTree's :class:`VerifyScratch`, one row per running request (the row
+   SGLang's conv windows use: ``verify_intermediate_state_indices``): ``Hk K + Hv V`` bf16 +
+   ``2 Hv`` fp32 per node, instead of NEXTN's ``Hv V K`` fp32 snapshot per node.
 
 Commit (``update_mamba_state_after_mtp_verify``, called by SGLang's EAGLE worker after
 acceptance): one kernel for all GDN layers walks the tree's parents up from the last accepted node

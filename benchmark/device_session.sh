@@ -98,9 +98,13 @@ case $CALL in
           --env LUMOTREE_SGLANG_VERIFY=split --out "$OUT/s-split.json" --port 30000 ) &
     ( lane 1 $((LIMIT - 10)) python3 -m pytest -q -rf -m gpu test/ops test/drafters test/sglang/test_backend_emulation.py ) &
     wait ;;
-11) # session 5: 24 GDN layers (of 32) at 27B shapes, SGLang's tree path vs LumoTree's (LT_CONFIGS)
+11) # 24 GDN layers (of 32) at 27B shapes, SGLang's tree path vs LumoTree's (LT_CONFIGS); first, on GPU 0,
+    # the split verify's passes timed apart and its pass-1 variants (kernel bench, ~150 s)
     BENCH32="python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-32l --log-dir $LOGS --output-len 256"
-    ( lane 0 $((LIMIT - 10)) $BENCH32 --configs nextn-topk2,none --batches 1,8,32 --out "$OUT/b32-sglang.json" --port 30000 ) &
+    ( lane 0 170 python3 benchmark/kernels/bench_gdn_tree.py --models qwen3.5-27b --trees topk2-depth3,eagle-16,eagle-64 \
+          --batches 8,32 --out "$OUT/gdn_tree_split_passes.json"
+      lane 0 $((LIMIT - 10 - SECONDS)) $BENCH32 --configs nextn-topk2,none --batches 1,8,32 --out "$OUT/b32-sglang.json" \
+          --port 30000 ) &
     ( lane 1 $((LIMIT - 10)) $BENCH32 --configs "${LT_CONFIGS:-lumotree-topk2-split,lumotree-topk2-chunk}" --batches 1,8,32 \
           --out "$OUT/b32-lumotree.json" --port 30100 ) &
     wait ;;

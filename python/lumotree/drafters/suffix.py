@@ -52,7 +52,6 @@ class SuffixTrie:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.depth = depth
-        self.root = 0
         self.num_tokens = 0
         self._count = array.array("q", [0])
         self._kids: List[Dict[int, int]] = [{}]

@@ -133,15 +133,12 @@ class SuffixMerge:
     def suffix_tensors(self, rids: Sequence[object], device):
         """The requests' suffix drafts as a padded batch (host-built, copied without blocking)."""
         drafts = [_cap_depth(self.drafter.draft(r, self.slots + 1), self.max_depth) for r in rids]
-        B, M = len(drafts), max(2, 1 << self.slots.bit_length())  # >= slots + 1, a power of two (the kernel's)
-        tok = torch.zeros(B, M, dtype=torch.long)
-        par = torch.full((B, M), -1, dtype=torch.long)
-        sc = torch.zeros(B, M, dtype=torch.float32)
+        M = max(2, 1 << self.slots.bit_length())  # >= slots + 1, a power of two (the kernel's)
+        # padded host lists, one tensor each (not three small tensors per request)
+        tok = torch.tensor([d.tokens + [0] * (M - len(d)) for d in drafts], dtype=torch.long)
+        par = torch.tensor([d.parents + [-1] * (M - len(d)) for d in drafts], dtype=torch.long)
+        sc = torch.tensor([d.scores + [0.0] * (M - len(d)) for d in drafts], dtype=torch.float32)
         num = torch.tensor([len(d) for d in drafts], dtype=torch.long)
-        for b, d in enumerate(drafts):
-            tok[b, :len(d)] = torch.tensor(d.tokens)
-            par[b, :len(d)] = torch.tensor(d.parents)
-            sc[b, :len(d)] = torch.tensor(d.scores)
         pin = torch.cuda.is_available() and torch.device(device).type == "cuda"
         out = [t.pin_memory() if pin else t for t in (tok, par, sc, num)]
         return [t.to(device, non_blocking=True) for t in out], num
@@ -156,7 +153,7 @@ class SuffixMerge:
         B, N = len(rids), self.n
         dev = verify_input.draft_token.device
         (s_tok, s_par, s_sc, s_num), s_num_host = self.suffix_tensors(rids, dev)
-        keep_mtp = torch.where(s_num_host.to(dev) > 1, N - self.slots, N)
+        keep_mtp = torch.where(s_num > 1, N - self.slots, N)
         self.steps += 1
         self.suffix_draft_nodes += int((s_num_host - 1).clamp(min=0).sum())  # host-side count, no device sync
         if self.kernel if self.kernel is not None else dev.type == "cuda":

@@ -30,7 +30,8 @@ import torch
 
 COPY_BW = 4.3e12  # measured device-to-device copy bandwidth of the H200 (bytes/s)
 
-MODELS = {"qwen3.5-27b": (16, 48, 128, 128), "qwen3-next-80b": (16, 32, 128, 128)}
+MODELS = {"qwen3.5-27b": (16, 48, 128, 128), "qwen3-next-80b": (16, 32, 128, 128),
+          "tiny": (1, 2, 16, 16)}  # tiny: CPU smoke tests of the scripts (Triton's interpreter)
 
 
 def trees():
@@ -50,6 +51,11 @@ def trees():
 def bench_graph(fn, rep=50):
     import triton
 
+    if not torch.cuda.is_available():  # CPU smoke test (TRITON_INTERPRET=1): one call, wall time
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e6
+
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -58,27 +64,40 @@ def bench_graph(fn, rep=50):
     return triton.testing.do_bench_cudagraph(fn, rep=rep) * 1e3  # µs
 
 
-def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None), dtype=torch.bfloat16):
+def cell_inputs(model, parents_list, B, dtype=torch.bfloat16, seed=0):
+    """One cell's inputs (the same for every form timed on it): q/k/v and the raw gates, a pool of
+    ``B + 8`` fp32 states with the requests at random rows, the tree ``B`` times."""
     from lumotree import TreeDescriptor
+
+    Hk, Hv, K, V = MODELS[model]
+    N = len(parents_list)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device=dev).manual_seed(seed)
+    x = dict(q=torch.randn(B, N, Hk, K, device=dev, dtype=dtype, generator=g),
+             k=torch.randn(B, N, Hk, K, device=dev, dtype=dtype, generator=g),
+             v=torch.randn(B, N, Hv, V, device=dev, dtype=dtype, generator=g),
+             a=torch.randn(B, N, Hv, device=dev, dtype=dtype, generator=g),
+             b=torch.randn(B, N, Hv, device=dev, dtype=dtype, generator=g),
+             A_log=torch.randn(Hv, device=dev, generator=g) * 0.5,
+             dt_bias=torch.randn(Hv, device=dev, generator=g) * 0.5,
+             pool=torch.randn(B + 8, Hv, V, K, device=dev, generator=g) * 0.05)
+    x["rows"] = torch.randperm(B + 8, device=dev, generator=g)[:B].int()
+    x["parents"] = torch.tensor([parents_list] * B, device=dev)
+    x["tree"] = TreeDescriptor.from_parents(x["parents"])
+    return x
+
+
+def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None), dtype=torch.bfloat16):
     from lumotree.ops.gdn_tree import triton as tri
     from lumotree.ops.gdn_tree.native import NativeTreeVerify
 
     Hk, Hv, K, V = MODELS[model]
     N = len(parents_list)
     dev = "cuda"
-    g = torch.Generator(device=dev).manual_seed(0)
-    q = torch.randn(B, N, Hk, K, device=dev, dtype=dtype, generator=g)
-    k = torch.randn(B, N, Hk, K, device=dev, dtype=dtype, generator=g)
-    v = torch.randn(B, N, Hv, V, device=dev, dtype=dtype, generator=g)
-    a = torch.randn(B, N, Hv, device=dev, dtype=dtype, generator=g)
-    b = torch.randn(B, N, Hv, device=dev, dtype=dtype, generator=g)
-    A_log = torch.randn(Hv, device=dev, generator=g) * 0.5
-    dt_bias = torch.randn(Hv, device=dev, generator=g) * 0.5
-    P = B + 8
-    pool = torch.randn(P, Hv, V, K, device=dev, generator=g) * 0.05
-    rows = torch.randperm(P, device=dev, generator=g)[:B].int()
-    parents = torch.tensor([parents_list] * B, device=dev)
-    tree = TreeDescriptor.from_parents(parents)
+    x = cell_inputs(model, parents_list, B, dtype)
+    q, k, v, a, b, A_log, dt_bias, pool, rows, parents, tree = (
+        x[n] for n in "q k v a b A_log dt_bias pool rows parents tree".split())
+    P = pool.shape[0]
     ka = tri.tree_kernel_args(tree)
     slots = tree.num_slots()
     ends = torch.tensor([N - 1] * B, device=dev)  # accept the deepest-numbered node's root path

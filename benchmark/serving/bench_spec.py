@@ -75,6 +75,8 @@ CONFIG_ENV = {  # (the served default since session 5 is the split verify; rows 
     "lumotree-topk4-split": ("lumotree-topk4", {"LUMOTREE_SGLANG_VERIFY": "split"}),
     "lumotree-topk2-chunk": ("lumotree-topk2", {"LUMOTREE_SGLANG_VERIFY": "chunk"}),
     "lumotree-topk4-chunk": ("lumotree-topk4", {"LUMOTREE_SGLANG_VERIFY": "chunk"}),
+    "lumotree-topk2-mix": ("lumotree-topk2", {"LUMOTREE_SGLANG_VERIFY": "mix"}),
+    "lumotree-topk4-mix": ("lumotree-topk4", {"LUMOTREE_SGLANG_VERIFY": "mix"}),
     "lumotree-topk2-mixed": ("lumotree-topk2", {"LUMOTREE_SGLANG_PRECISION": "mixed"}),
     # SGLang's own greedy acceptance instead of LumoTree's selection op (what the selection costs a step)
     "lumotree-topk2-sgselect": ("lumotree-topk2", {"LUMOTREE_SGLANG_SELECT": "0"}),

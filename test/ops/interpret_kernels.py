@@ -100,8 +100,30 @@ def gdn(kind, l2):
     os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si,
                                         out=torch.zeros(B, N, Hv, V), BV=8, factored=True)
     assert_close(f"{kind} split verify (factored M = P T)", ref, os_, 1e-4)
-    # the passes one by one through preallocated Q / C (as the bench times them)
+    # the mix form (pass 1 per key head: only the [BT, BT] mixing matrices; pass 2 forms q h^T, k h^T)
+    for kw_ in (dict(A_log=A_log, a=a, dt_bias=dtb, b=bb), dict(g=gg, beta=be)):
+        for prec, low in (("tf32x3", None), ("tf32x3", "tf32"), ("ieee", None)):
+            os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, use_qk_l2norm=l2, state_indices=si, BV=16,
+                                                out=torch.zeros(B, N, Hv, V), precision=prec, precision_low=low,
+                                                form="mix", **kw_)
+            assert_close(f"{kind} mix verify ({prec}/{low}, {sorted(kw_)})", ref, os_, 1e-4)
     BT_ = max(16, 1 << (N - 1).bit_length())
+    mix = (torch.full((B * Hv * (2 * BT_ * BT_ + BT_),), float("nan")),)
+    o_p = torch.zeros(B, N, Hv, V)
+    tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si, out=o_p, BV=8,
+                                  scratch=mix, passes="prep", form="mix")
+    assert not o_p.any() and not mix[0].isnan().any()  # pass 1 fills the whole scratch, writes no output
+    tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si, out=o_p, BV=8,
+                                  scratch=mix, passes="apply", form="mix")
+    assert_close(f"{kind} mix verify (passes apart)", ref, o_p, 1e-4)
+    for bad in (dict(form="qr"), dict(form="mix", factored=True), dict(form="mix", prep_maxnreg=128),
+                dict(form="mix", scratch=(mix[0][:7],)), dict(form="mix", passes="apply")):
+        try:
+            tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si, **bad)
+            raise AssertionError(f"accepted {bad}")
+        except ValueError:
+            pass
+    # the passes one by one through preallocated Q / C (as the bench times them)
     scr = (torch.full((B * Hv * BT_ * 16,), float("nan")), torch.full((B * Hv * BT_ * 32,), float("nan")))
     o_p = torch.zeros(B, N, Hv, V)
     tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si, out=o_p, BV=8,
@@ -121,9 +143,10 @@ def gdn(kind, l2):
     zero = pool.clone()
     zero[1] = 0
     ref_pad = naive.gdn_tree_verify(q, k, v, gg, be, zero, tree, use_qk_l2norm=l2, state_indices=torch.tensor([3, 1]))
-    os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si_pad,
-                                        out=torch.zeros(B, N, Hv, V), BV=8)
-    assert_close(f"{kind} split verify, padded request", ref_pad, os_, 1e-4)
+    for form in tri.SPLIT_FORMS:
+        os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si_pad,
+                                            out=torch.zeros(B, N, Hv, V), BV=8, form=form)
+        assert_close(f"{kind} split verify ({form}), padded request", ref_pad, os_, 1e-4)
     # the verify also keeps raw k, v and the fused gates per state slot (node-major) for the commit
     NR = N + 1
     ring = (torch.zeros(5, NR, Hk, K), torch.zeros(5, NR, Hv, V), torch.zeros(5, NR, Hv), torch.zeros(5, NR, Hv))
@@ -153,12 +176,13 @@ def gdn(kind, l2):
                                        state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16, ring=ring_b,
                                        ring_rows=torch.tensor([1, 0], dtype=torch.int32))
     assert torch.equal(o, o4) and not ring_b[0][2].any()
-    ring_s = tuple(torch.zeros_like(t) for t in ring_b)
-    tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
-                                  state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16, ring=ring_s,
-                                  ring_rows=torch.tensor([1, 0], dtype=torch.int32))
-    for t, ts in zip(ring_b, ring_s):
-        assert torch.equal(t, ts), "split verify ring stores != chunk verify ring stores"
+    for form in tri.SPLIT_FORMS:
+        ring_s = tuple(torch.zeros_like(t) for t in ring_b)
+        tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
+                                      state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16, ring=ring_s,
+                                      ring_rows=torch.tensor([1, 0], dtype=torch.int32), form=form)
+        for t, ts in zip(ring_b, ring_s):
+            assert torch.equal(t, ts), f"split verify ({form}) ring stores != chunk verify ring stores"
     for t, tb in zip(ring, ring_b):
         assert torch.equal(tb[1], t[3]) and torch.equal(tb[0], t[1])
     an = tree.root_path(nums - 1)

@@ -1,4 +1,5 @@
 """GPU tests of the Triton GDN tree kernels (run on the H200: python3 -m pytest -q -m gpu test)."""
+import functools
 import random
 
 import pytest
@@ -121,6 +122,18 @@ def test_split_verify_matches_reference_and_chunk(kind, B, N, Hk, Hv, K, V, dtyp
         assert_close(f"split verify ({var})", ref[tree.valid], o_v[tree.valid].float(), tol)
     o_t = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, precision="tf32", **kw)
     assert_close("split verify (tf32)", ref[tree.valid], o_t[tree.valid].float(), 2e-3 if dtype == torch.float32 else 8e-3)
+    # the mix form (pass 1 per key head: the [BT, BT] mixing matrices only): same outputs, same ring
+    ring_m = tuple(torch.zeros_like(t) for t in rings[0])
+    o_x = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, ring=ring_m, ring_rows=ring_rows,
+                                        form="mix", **kw)
+    assert torch.equal(x["pool"], pool0), "mix verify wrote the state"
+    assert_close("mix verify", ref[tree.valid], o_x[tree.valid].float(), tol)
+    assert_close("mix vs chunk", o_c[tree.valid].float(), o_x[tree.valid].float(), tol)
+    for a_, b_ in zip(rings[0], ring_m):
+        assert torch.equal(a_, b_), "mix ring stores differ"
+    for var in (dict(precision_low="tf32"), dict(BV=128, num_warps=8), dict(BV=32, prep_warps=8)):
+        o_v = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, form="mix", **var, **kw)
+        assert_close(f"mix verify ({var})", ref[tree.valid], o_v[tree.valid].float(), tol)
 
 
 @pytest.mark.parametrize("shape", ["chain-4", "topk2-d3", "topk4-n8", "eagle-16", "eagle-64"])
@@ -142,7 +155,9 @@ def test_equals_sglang_native_tree_verify(shape, dtype):
     nat = NativeTreeVerify(B, N, Hv, V, K, "cuda")
     o_nat = nat.verify(x["q"], x["k"], x["v"], x["A_log"], x["a"], x["dt_bias"], x["b"], x["pool"], x["rows"],
                        parents.int())
-    for fwd in (tri.gdn_tree_verify_fwd, tri.gdn_tree_chunk_verify_fwd, tri.gdn_tree_split_verify_fwd):
+    mix = functools.partial(tri.gdn_tree_split_verify_fwd, form="mix")
+    mix.__name__ = "mix verify"
+    for fwd in (tri.gdn_tree_verify_fwd, tri.gdn_tree_chunk_verify_fwd, tri.gdn_tree_split_verify_fwd, mix):
         o = fwd(x["q"], x["k"], x["v"], x["pool"], tree, A_log=x["A_log"], a=x["a"], dt_bias=x["dt_bias"], b=x["b"],
                 use_qk_l2norm=True, state_indices=x["rows"])
         assert_close(f"o vs sglang ({fwd.__name__})", o_nat.float(), o.float(),
@@ -167,7 +182,7 @@ def test_equals_sglang_native_tree_verify(shape, dtype):
         assert_close(f"snapshot {bb}", nat.intermediate[bb, int(ends[bb])], p_ours[x["rows"][bb].long()], 1e-5)
 
 
-@pytest.mark.parametrize("impl", ["chunk", "walk", "split"])
+@pytest.mark.parametrize("impl", ["chunk", "walk", "split", "mix"])
 def test_verify_and_commit_capture_in_cuda_graph(impl):
     """Descriptor build (validate=False) + verify + commit with no host sync: captured once, replayed
     on new trees and inputs copied into the static buffers."""
@@ -190,8 +205,9 @@ def test_verify_and_commit_capture_in_cuda_graph(impl):
         if impl == "walk":
             tri.gdn_tree_verify_fwd(static["q"], static["k"], static["v"], static["pool"], tree, num_slots=slots,
                                     scratch=scratch, **kw)
-        elif impl == "split":
-            tri.gdn_tree_split_verify_fwd(static["q"], static["k"], static["v"], static["pool"], tree, **kw)
+        elif impl in ("split", "mix"):
+            tri.gdn_tree_split_verify_fwd(static["q"], static["k"], static["v"], static["pool"], tree,
+                                          form="wy" if impl == "split" else "mix", **kw)
         else:
             tri.gdn_tree_chunk_verify_fwd(static["q"], static["k"], static["v"], static["pool"], tree, **kw)
         an = tree.root_path(s_ends)

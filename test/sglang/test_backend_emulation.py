@@ -6,6 +6,7 @@ import pytest
 
 
 @pytest.mark.parametrize("shape,precision,form", [("tree", "tf32x3", "split"), ("chain", "tf32x3", "split"),
+                                                  ("tree", "tf32x3", "mix"), ("chain", "tf32x3", "mix"),
                                                   ("tree", "mixed", "chunk"), ("tree", "tf32x3", "chunk")])
 def test_backend_verify_and_commit_plumbing_in_interpreter(shape, precision, form):
     """LumoTree's SGLang backend on fake pools, real Triton kernels interpreted (see the script)."""
@@ -22,7 +23,7 @@ def test_backend_verify_and_commit_on_gpu_at_qwen35_shapes():
     """The same flow on the GPU: Hk=16, Hv=48, K=V=128, bf16 activations, 16-node EAGLE trees."""
     pytest.importorskip("sglang")
     script = os.path.join(os.path.dirname(__file__), "backend_emulation.py")
-    for form in ("chunk", "split"):
+    for form in ("chunk", "split", "mix"):
         env = dict(os.environ, LUMOTREE_SGLANG_VERIFY=form)
         out = subprocess.run([sys.executable, script, "cuda"], env=env, capture_output=True, text=True, timeout=900)
         assert out.returncode == 0, form + "\n" + out.stdout[-3000:] + out.stderr[-6000:]

@@ -302,6 +302,7 @@ def test_served_settings_refuse_unknown_values():
 
     assert served_settings({}) == ("tf32x3", "split")
     assert served_settings({"LUMOTREE_SGLANG_PRECISION": "mixed", "LUMOTREE_SGLANG_VERIFY": "split"}) == ("mixed", "split")
+    assert served_settings({"LUMOTREE_SGLANG_VERIFY": "mix"}) == ("tf32x3", "mix")
     with pytest.raises(ValueError, match="LUMOTREE_SGLANG_PRECISION must be one of"):
         served_settings({"LUMOTREE_SGLANG_PRECISION": "fp16"})
     with pytest.raises(ValueError, match="LUMOTREE_SGLANG_VERIFY must be one of.*got 'walk'"):

@@ -57,7 +57,7 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-VERIFY_FORMS = ("chunk", "split")
+VERIFY_FORMS = ("chunk", "split", "mix")
 _RING_FIELDS = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_rawv", "replayssm_rawk", "replayssm_beta")
 
 
@@ -122,8 +122,9 @@ def served_settings(env=os.environ):
     """``(precision, verify form)`` of the served verify, from ``LUMOTREE_SGLANG_PRECISION``
     (``tf32x3`` fp32-accurate dots, default; ``mixed``; ``tf32``) and ``LUMOTREE_SGLANG_VERIFY``
     (``split``, default: the WY algebra once per request and head, then one dot per state tile --
-    1.3-1.9x faster than ``chunk`` at Qwen3.5-27B shapes on the H200, session 5; ``chunk``: one
-    kernel; same outputs). Unknown values fail when the backend starts."""
+    1.3-1.9x faster than ``chunk`` at Qwen3.5-27B shapes on the H200, session 5; ``mix``: pass 1
+    per key head leaves only the node-mixing matrices, pass 2 forms ``q h^T``/``k h^T`` with the
+    state tile; ``chunk``: one kernel; same outputs). Unknown values fail when the backend starts."""
     from lumotree.ops.gdn_tree.triton import SERVED_PRECISIONS
 
     precision = env.get("LUMOTREE_SGLANG_PRECISION", "tf32x3")
@@ -216,8 +217,9 @@ class LumoTreeGDNBackend(GDNAttnBackend):
                   precision=prec, precision_low=prec_low,
                   ring=self.scratch.layer(self.req_to_token_pool.mamba_map[layer.layer_id]),
                   ring_rows=self.verify_intermediate_state_indices[:bs])
-        if self.verify_form == "split":
-            o = gdn_tree_split_verify_fwd(q, k, v, cache.temporal, None, **kw)
+        if self.verify_form in ("split", "mix"):  # two passes; pass 1 per value head (wy) or key head (mix)
+            o = gdn_tree_split_verify_fwd(q, k, v, cache.temporal, None, form="wy" if self.verify_form == "split"
+                                          else "mix", **kw)
         else:
             o = gdn_tree_chunk_verify_fwd(q, k, v, cache.temporal, None, BV=BV, num_warps=warps, **kw)
         if self.check is not None and not _capturing():

@@ -41,6 +41,11 @@ class NativeTreeVerify:
         # SGLang's scatter kernel indexes the source as int32 (pid_req * src_req_stride): past 2**31
         # elements (e.g. 64 requests x 64 nodes x Hv=48) it faults, so large buffers go in request chunks
         # of the same kernel -- the same bytes moved, a few more launches.
+        if not pool.is_cuda:  # SGLang's scatter is CUDA-only; the same copy for CPU smoke tests
+            ok = (state_indices >= 0) & (last_node >= 0)
+            b = torch.nonzero(ok).flatten()
+            pool[state_indices[b].long()] = self.intermediate[b, last_node[b].long()]
+            return
         per_req = self.intermediate[0].numel()
         step = max(1, (2 ** 31 - 1) // per_req)
         B = self.intermediate.shape[0]

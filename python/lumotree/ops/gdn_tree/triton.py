@@ -117,14 +117,15 @@ def _tree_chunk_inputs(q, k, v, g, beta, A_log, dt_bias, tok, i_hk, i_hv, o_k, o
 @triton.jit
 def _store_ring(ring_k, ring_v, ring_g, ring_beta, r_row, stride_rk, stride_rv, stride_rg, b_k, b_v, b_g, b_beta,
                 store_k, store_g, o_t, o_k, o_v, m_t, m_k, m_v, i_hk, i_hv,
-                HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr):
+                HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, STORE_V: tl.constexpr = True):
     """What the replay commit needs, in request row ``r_row``: raw k (``store_k``: one program per
-    k-head), v, and the gates (``store_g``: one program per value head), node-major."""
+    k-head), v (``STORE_V``) and the gates (``store_g``: one program per value head), node-major."""
     if store_k:
         tl.store(ring_k + r_row * stride_rk + (o_t[:, None] * HK + i_hk) * K + o_k[None, :],
                  b_k.to(ring_k.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
-    tl.store(ring_v + r_row * stride_rv + (o_t[:, None] * HV + i_hv) * V + o_v[None, :],
-             b_v.to(ring_v.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+    if STORE_V:
+        tl.store(ring_v + r_row * stride_rv + (o_t[:, None] * HV + i_hv) * V + o_v[None, :],
+                 b_v.to(ring_v.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
     if store_g:
         tl.store(ring_g + r_row * stride_rg + o_t * HV + i_hv, b_g, mask=m_t)
         tl.store(ring_beta + r_row * stride_rg + o_t * HV + i_hv, b_beta, mask=m_t)
@@ -137,16 +138,36 @@ def _tree_wy(b_q, b_k, b_g, b_beta, anc_mask, i_b, N, o_t, m_t, PRECISION_LOW: t
     mask ``m``, the log decay ``G`` summed along each root path, ``decay = e^(G_i - G_j)`` on
     ancestors (0 elsewhere) and ``T = (I + A)^-1``."""
     if USE_QK_L2NORM:
-        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + 1e-6)[:, None]
-        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6)[:, None]
-    m_tt = m_t[:, None] & m_t[None, :]
-    b_m = tl.load(anc_mask + i_b.to(tl.int64) * N * N + o_t[:, None] * N + o_t[None, :], mask=m_tt, other=0) != 0
-    b_G = tl.sum(tl.where(b_m, b_g[None, :], 0.0), 1)  # log decay summed along the root path
-    b_decay = tl.exp(tl.where(b_m, b_G[:, None] - b_G[None, :], float("-inf")))  # 0 off the ancestor set
-    eye = o_t[:, None] == o_t[None, :]
+        b_q = _l2norm_rows(b_q)
+        b_k = _l2norm_rows(b_k)
+    b_m = _anc_mask(anc_mask, i_b, N, o_t, m_t)
     # PRECISION_LOW: the dots whose rounding barely reaches the outputs (k k^T, the T products, w,
     # w h^T: ~1e-5 relative each in tf32, CPU-emulated); PRECISION: u, q h^T, q k^T, P vn (~3e-4 each)
     b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION_LOW)
+    b_G, b_decay, b_T = _tree_T(b_kk, b_g, b_beta, b_m, o_t, PRECISION_LOW)
+    return b_q, b_k, b_m, b_G, b_decay, b_T
+
+
+@triton.jit
+def _l2norm_rows(x):
+    return x / tl.sqrt(tl.sum(x * x, 1) + 1e-6)[:, None]
+
+
+@triton.jit
+def _anc_mask(anc_mask, i_b, N, o_t, m_t):
+    """Request ``i_b``'s ancestor mask (self included) as booleans `[BT, BT]`, False on padding."""
+    m_tt = m_t[:, None] & m_t[None, :]
+    return tl.load(anc_mask + i_b.to(tl.int64) * N * N + o_t[:, None] * N + o_t[None, :], mask=m_tt, other=0) != 0
+
+
+@triton.jit
+def _tree_T(b_kk, b_g, b_beta, b_m, o_t, PRECISION_LOW: tl.constexpr):
+    """From the keys' Gram matrix ``k k^T``, one value head's gates and the ancestor mask: the log
+    decay ``G`` summed along each root path, ``decay = e^(G_i - G_j)`` on ancestors (0 elsewhere)
+    and ``T = (I + A)^-1`` with ``A = beta_i (k k^T)_ij decay_ij`` on strict ancestors."""
+    b_G = tl.sum(tl.where(b_m, b_g[None, :], 0.0), 1)  # log decay summed along the root path
+    b_decay = tl.exp(tl.where(b_m, b_G[:, None] - b_G[None, :], float("-inf")))  # 0 off the ancestor set
+    eye = o_t[:, None] == o_t[None, :]
     b_A = tl.where(eye, 0.0, b_beta[:, None] * b_kk * b_decay)  # strict ancestors only
     # T = (I + A)^-1. A only links a node to its strict ancestors, so A^(depth+1) = 0 and
     # T = (I - A)(I + A^2)(I + A^4)... is exact once the power passes the depth: log2(depth) rounds.
@@ -159,7 +180,7 @@ def _tree_wy(b_q, b_k, b_g, b_beta, anc_mask, i_b, N, o_t, m_t, PRECISION_LOW: t
         b_P = tl.dot(b_P, b_P, input_precision=PRECISION_LOW)  # A^(2p)
         b_T = tl.dot(b_T, b_I + b_P, input_precision=PRECISION_LOW)
         p = p * 2
-    return b_q, b_k, b_m, b_G, b_decay, b_T
+    return b_G, b_decay, b_T
 
 
 @triton.jit
@@ -332,6 +353,133 @@ def gdn_tree_split_apply_fwd_kernel(
     b_c = tl.load(c + (base + o_t[:, None]) * BVF + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
     b_o = tl.dot(b_qt, tl.trans(b_h), input_precision=PRECISION) + b_c
     tl.store(o + ((i_b * N + o_t[:, None]) * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
+             mask=m_t[:, None] & m_v[None, :])
+
+
+@triton.jit
+def gdn_tree_mix_prep_fwd_kernel(
+    q, k, g, beta, A_log, dt_bias, mix, state_indices, anc_mask, num_nodes,
+    ring_rows, ring_k, ring_v, ring_g, ring_beta, stride_rk, stride_rv, stride_rg,
+    scale, N, stride_qt, stride_kt,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    PRECISION: tl.constexpr, PRECISION_LOW: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+    HAS_STATE_INDICES: tl.constexpr, FUSED_GATING: tl.constexpr, STORE_RING: tl.constexpr,
+):
+    """Mix verify, pass 1 (one program per request and *key* head): the node-mixing matrices of
+    the tree-masked WY chunk. The chunk's output ``o = scale (e^G q h^T + P T (beta v - beta e^G k
+    h^T))`` is linear in ``q h^T``, ``k h^T`` and ``v``:
+
+        o = diag(Lq) (q h^T) + Lk (k h^T) + Lv v,   Lq = scale e^G,  M = P T,
+        Lk = -scale M diag(beta e^G),  Lv = scale M diag(beta)           ([BT] and [BT, BT])
+
+    so this pass only needs the Gram matrices ``k k^T`` and ``q k^T`` (formed once per key head and
+    shared by its ``Hv / Hk`` value heads) and ``[BT, BT]`` algebra per value head; no ``[BT, K]``
+    or ``[BT, V]`` tile is formed or stored. Layout of ``mix`` per (request, value head):
+    ``Lk [BT, BT] | Lv [BT, BT] | Lq [BT]`` fp32. Ring stores: raw k and the gates (v: pass 2)."""
+    i_bk = tl.program_id(0)
+    i_b = i_bk // HK
+    i_hk = i_bk % HK
+    GROUP: tl.constexpr = HV // HK
+    n = tl.load(num_nodes + i_b)
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_t = o_t < n
+    m_k = o_k < K
+    tok = i_b * N + o_t
+    b_q = tl.load(q + tok[:, None] * stride_qt + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+                  other=0.0).to(tl.float32)
+    b_k = tl.load(k + tok[:, None] * stride_kt + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+                  other=0.0).to(tl.float32)
+    store = False
+    r_row = i_b.to(tl.int64)
+    if STORE_RING:
+        if HAS_STATE_INDICES:
+            row = tl.load(state_indices + i_b).to(tl.int64)
+        else:
+            row = i_b.to(tl.int64)
+        r_row = tl.load(ring_rows + i_b).to(tl.int64)
+        store = (row >= 0) & (r_row >= 0)
+        if store:
+            tl.store(ring_k + r_row * stride_rk + (o_t[:, None] * HK + i_hk) * K + o_k[None, :],
+                     b_k.to(ring_k.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+    if USE_QK_L2NORM:
+        b_q = _l2norm_rows(b_q)
+        b_k = _l2norm_rows(b_k)
+    b_m = _anc_mask(anc_mask, i_b, N, o_t, m_t)
+    b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION_LOW)
+    b_qk = tl.where(b_m, tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION), 0.0)
+    for j in range(GROUP):
+        i_hv = i_hk * GROUP + j
+        b_g, b_beta = _gdn_gate(g + tok * HV + i_hv, beta + tok * HV + i_hv, A_log + i_hv, dt_bias + i_hv,
+                                FUSED_GATING, m_t)
+        b_beta = tl.where(m_t, b_beta, 0.0)
+        if store:
+            tl.store(ring_g + r_row * stride_rg + o_t * HV + i_hv, b_g, mask=m_t)
+            tl.store(ring_beta + r_row * stride_rg + o_t * HV + i_hv, b_beta, mask=m_t)
+        b_G, b_decay, b_T = _tree_T(b_kk, b_g, b_beta, b_m, o_t, PRECISION_LOW)
+        b_eG = tl.exp(b_G)
+        b_M = tl.dot(b_qk * b_decay, b_T, input_precision=PRECISION)  # P T
+        base = (i_b * HV + i_hv).to(tl.int64) * (2 * BT * BT + BT)
+        p_l = mix + base + o_t[:, None] * BT + o_t[None, :]
+        tl.store(p_l, -scale * b_M * (b_beta * b_eG)[None, :])
+        tl.store(p_l + BT * BT, scale * b_M * b_beta[None, :])
+        tl.store(mix + base + 2 * BT * BT + o_t, scale * b_eG)
+
+
+@triton.jit
+def gdn_tree_mix_apply_fwd_kernel(
+    q, k, v, mix, o, state, state_indices, num_nodes, ring_rows, ring_v, stride_rv, stride_state, N,
+    stride_qt, stride_kt, stride_vt,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, PRECISION: tl.constexpr, PRECISION_LOW: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+    HAS_STATE_INDICES: tl.constexpr, STORE_RING: tl.constexpr,
+):
+    """Mix verify, pass 2 (grid: V-blocks x requests x value heads): the committed state tile is
+    read once, in place from the pool row, and meets the tree's normalised queries and keys in two
+    dots; pass 1's mixing matrices then combine them with the values:
+    ``o = diag(Lq) (q h^T) + Lk (k h^T) + Lv v``. Also keeps raw v in the ring (for the commit)."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    i_hk = i_hv // (HV // HK)
+    if HAS_STATE_INDICES:
+        row = tl.load(state_indices + i_b).to(tl.int64)
+    else:
+        row = i_b.to(tl.int64)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    b_h = tl.load(state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
+                  mask=m_v[:, None] & m_k[None, :] & (row >= 0), other=0.0).to(tl.float32)
+    n = tl.load(num_nodes + i_b)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < n
+    tok = i_b * N + o_t
+    b_q = tl.load(q + tok[:, None] * stride_qt + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+                  other=0.0).to(tl.float32)
+    b_k = tl.load(k + tok[:, None] * stride_kt + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
+                  other=0.0).to(tl.float32)
+    b_v = tl.load(v + tok[:, None] * stride_vt + i_hv * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
+                  other=0.0)
+    if STORE_RING:
+        r_row = tl.load(ring_rows + i_b).to(tl.int64)
+        if (row >= 0) & (r_row >= 0):
+            tl.store(ring_v + r_row * stride_rv + (o_t[:, None] * HV + i_hv) * V + o_v[None, :],
+                     b_v.to(ring_v.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+    if USE_QK_L2NORM:
+        b_q = _l2norm_rows(b_q)
+        b_k = _l2norm_rows(b_k)
+    base = i_bh.to(tl.int64) * (2 * BT * BT + BT)
+    p_l = mix + base + o_t[:, None] * BT + o_t[None, :]
+    b_lk = tl.load(p_l)
+    b_lv = tl.load(p_l + BT * BT)
+    b_lq = tl.load(mix + base + 2 * BT * BT + o_t)
+    b_qh = tl.dot(b_q, tl.trans(b_h), input_precision=PRECISION)
+    b_kh = tl.dot(b_k, tl.trans(b_h), input_precision=PRECISION_LOW)
+    b_o = b_lq[:, None] * b_qh + tl.dot(b_lk, b_kh, input_precision=PRECISION)
+    b_o += tl.dot(b_lv, b_v.to(tl.float32), input_precision=PRECISION)
+    tl.store(o + (tok[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
              mask=m_t[:, None] & m_v[None, :])
 
 
@@ -712,7 +860,7 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
                               precision_low: Optional[str] = None, out: Optional[torch.Tensor] = None,
                               ring: Optional[tuple] = None, ring_rows: Optional[torch.Tensor] = None,
                               factored: bool = False, prep_maxnreg: Optional[int] = None,
-                              scratch: Optional[tuple] = None, passes: str = "both"):
+                              scratch: Optional[tuple] = None, passes: str = "both", form: str = "wy"):
     """Launcher of the split tree verify: the same outputs as :func:`gdn_tree_chunk_verify_fwd`
     (same arguments, same ring stores) in two passes. Pass 1 (one program per request and value
     head) does all the state-independent work of the tree-masked WY chunk and leaves
@@ -728,9 +876,18 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
 
     ``scratch = (Q, C)`` preallocated fp32 buffers of at least ``B Hv BT K`` and ``B Hv BT V'``
     floats (``V'`` = V rounded up to a power of two); ``passes`` = ``"prep"`` / ``"apply"`` runs
-    one pass only (timing them apart; ``"apply"`` reads the ``scratch`` a ``"prep"`` call left)."""
+    one pass only (timing them apart; ``"apply"`` reads the ``scratch`` a ``"prep"`` call left).
+
+    ``form="mix"``: pass 1 runs once per request and *key* head and leaves only the `[BT, BT]`
+    node-mixing matrices (:func:`gdn_tree_mix_prep_fwd_kernel`; ``scratch = (mix,)`` of
+    ``B Hv (2 BT^2 + BT)`` floats); pass 2 reads the state tile once and forms ``q h^T`` and
+    ``k h^T`` itself. Same outputs and ring stores as ``"wy"``."""
     if passes not in ("both", "prep", "apply"):
         raise ValueError(f"passes must be both, prep or apply, got {passes!r}")
+    if form not in SPLIT_FORMS:
+        raise ValueError(f"form must be one of {SPLIT_FORMS}, got {form!r}")
+    if form == "mix" and (factored or prep_maxnreg):
+        raise ValueError("factored / prep_maxnreg are variants of form='wy' (pass 1 of form='mix' has no [BT, K] tiles)")
     if passes == "apply" and scratch is None:
         raise ValueError("passes='apply' reads Q and C from the scratch a 'prep' call filled: pass scratch")
     fused = g is None
@@ -746,6 +903,12 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     (q, sq), (k, sk), (v, sv), anc_mask, num_nodes, out = _chunk_inputs(q, k, v, tree, anc_mask, num_nodes, out)
     dummy = state
     ring_args = _ring_args(ring, ring_rows, state_indices, (B, N, HK, K, HV, V), dummy)
+    si = state_indices if state_indices is not None else dummy
+    if form == "mix":
+        return _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, scratch, passes, fused,
+                           g, beta, A_log, a, dt_bias, b, scale, use_qk_l2norm, state_indices is not None,
+                           ring is not None, precision, precision_low, BT, BK, BV or d_bv, num_warps or d_warps,
+                           prep_warps or 4)
     if scratch is None:
         qt = torch.empty(B * HV * BT * BK, dtype=torch.float32, device=q.device)
         c = torch.empty(B * HV * BT * BVF, dtype=torch.float32, device=q.device)
@@ -755,7 +918,6 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
                 or qt.numel() < B * HV * BT * BK or c.numel() < B * HV * BT * BVF):
             raise ValueError(f"scratch must be contiguous fp32 (Q, C) of >= {B * HV * BT * BK} and "
                              f">= {B * HV * BT * BVF} floats")
-    si = state_indices if state_indices is not None else dummy
     if passes != "apply":
         gdn_tree_split_prep_fwd_kernel[(B * HV,)](
             q, k, v, (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
@@ -771,6 +933,40 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
             qt, c, out, state, si, num_nodes, state.stride(0), N,
             HV=HV, K=K, V=V, BT=BT, BK=BK, BVF=BVF, BV=BV, PRECISION=precision,
             HAS_STATE_INDICES=state_indices is not None, num_warps=num_warps,
+        )
+    return out
+
+
+SPLIT_FORMS = ("wy", "mix")
+
+
+def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, scratch, passes, fused, g,
+                beta, A_log, a, dt_bias, b, scale, l2, has_si, store_ring, precision, precision_low, BT, BK, BV,
+                num_warps, prep_warps):
+    """The two launches of :func:`gdn_tree_split_verify_fwd` with ``form="mix"``."""
+    B, N, HK, K = k.shape
+    HV, V = v.shape[2], v.shape[3]
+    size = B * HV * (2 * BT * BT + BT)
+    if scratch is None:
+        mix = torch.empty(size, dtype=torch.float32, device=q.device)
+    else:
+        (mix,) = scratch
+        if mix.dtype != torch.float32 or not mix.is_contiguous() or mix.numel() < size:
+            raise ValueError(f"scratch must be (mix,): contiguous fp32 of >= {size} floats")
+    ring_rows, rk, rv, rg, rb, srk, srv, srg = ring_args
+    if passes != "apply":
+        gdn_tree_mix_prep_fwd_kernel[(B * HK,)](
+            q, k, (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
+            A_log if fused else state, dt_bias if fused else state, mix, si, anc_mask.contiguous(), num_nodes,
+            ring_rows, rk, rv, rg, rb, srk, srv, srg, scale, N, sq, sk,
+            HK=HK, HV=HV, K=K, BT=BT, BK=BK, PRECISION=precision, PRECISION_LOW=precision_low, USE_QK_L2NORM=l2,
+            HAS_STATE_INDICES=has_si, FUSED_GATING=fused, STORE_RING=store_ring, num_warps=prep_warps,
+        )
+    if passes != "prep":
+        gdn_tree_mix_apply_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
+            q, k, v, mix, out, state, si, num_nodes, ring_rows, rv, srv, state.stride(0), N, sq, sk, sv,
+            HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, PRECISION=precision, PRECISION_LOW=precision_low,
+            USE_QK_L2NORM=l2, HAS_STATE_INDICES=has_si, STORE_RING=store_ring, num_warps=num_warps,
         )
     return out
 

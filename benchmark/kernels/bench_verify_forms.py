@@ -1,0 +1,167 @@
+"""The served verify forms side by side, per GDN layer, on the same inputs as SGLang 0.5.17's native
+tree path (a quick companion of ``bench_gdn_tree.py``, which also times the older forms).
+
+Per cell (model shapes, tree, batch): SGLang's tree verify with per-node snapshots + its post-verify
+state scatter; LumoTree's ``chunk`` verify (one kernel), ``split`` (``form="wy"``: pass 1 per
+request x value head leaves ``Q``/``C``; pass 2 one dot per state tile) and ``mix`` (pass 1 per
+request x key head leaves only the ``[BT, BT]`` mixing matrices; pass 2 forms ``q h^T``/``k h^T``
+itself) -- all with the served tf32x3 dots and the ring stores -- and the served all-layer replay
+commit (one layer). Every op is captured in a CUDA graph and timed with
+``triton.testing.do_bench_cudagraph``; outputs are checked against SGLang's before timing.
+
+    python3 benchmark/kernels/bench_verify_forms.py --out benchmark/results/verify_forms_h200.json
+
+Floors: ``read_floor_us`` = the committed states read once (``B Hv V K 4`` bytes at 4.3 TB/s),
+``commit_floor_us`` = read + write.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from bench_gdn_tree import COPY_BW, MODELS, bench_graph, cell_inputs, trees  # noqa: E402
+
+
+def rel(a, b):
+    return float((a.float() - b.float()).norm() / a.float().norm())
+
+
+def run_cell(model, tree_name, parents_list, B, variants=True):
+    from lumotree.ops.gdn_tree import triton as tri
+    from lumotree.ops.gdn_tree.native import NativeTreeVerify
+
+    Hk, Hv, K, V = MODELS[model]
+    N = len(parents_list)
+    x = cell_inputs(model, parents_list, B)
+    q, k, v, a, b, A_log, dt_bias, pool, rows, parents, tree = (
+        x[n] for n in "q k v a b A_log dt_bias pool rows parents tree".split())
+    P = pool.shape[0]
+    dev = q.device
+    nat = NativeTreeVerify(B, N, Hv, V, K, dev)
+    ends = torch.full((B,), N - 1, device=dev, dtype=torch.int32)  # accept the deepest-numbered node's path
+    anc = tree.mask.to(torch.int8)
+    ring = (torch.zeros(P, N, Hk, K, device=dev, dtype=q.dtype), torch.zeros(P, N, Hv, V, device=dev, dtype=q.dtype),
+            torch.zeros(P, N, Hv, device=dev), torch.zeros(P, N, Hv, device=dev))
+    sg_parents = torch.where(parents < 0, 0, parents).int()
+    BT = max(16, 1 << (N - 1).bit_length())
+    cBV, cwarps, prec, low = tri.served_chunk_config(BT, V, "tf32x3")
+    gate = dict(A_log=A_log, a=a, dt_bias=dt_bias, b=b, use_qk_l2norm=True, state_indices=rows, anc_mask=anc,
+                precision=prec, precision_low=low, ring=ring)
+    pool_t = pool.clone()
+    outs = {f: torch.empty(B, N, Hv, V, device=dev, dtype=q.dtype) for f in ("chunk", "wy", "mix")}
+    mix_scr = (torch.empty(B * Hv * (2 * BT * BT + BT), device=dev),)
+
+    def chunk():
+        tri.gdn_tree_chunk_verify_fwd(q, k, v, pool_t, tree, BV=cBV, num_warps=cwarps, out=outs["chunk"], **gate)
+
+    def split(form, **kw):
+        return lambda: tri.gdn_tree_split_verify_fwd(q, k, v, pool_t, tree, out=outs[form], form=form, **gate, **kw)
+
+    def commit(BV=None, num_warps=4):
+        return lambda: tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), pool_t[None], rows, ends, sg_parents,
+                                                      BV=BV, num_warps=num_warps)
+
+    o_nat = nat.verify(q, k, v, A_log, a, dt_bias, b, pool, rows, parents.int())
+    chunk()
+    split("wy")()
+    split("mix")()
+    errs = {f: rel(o_nat, o) for f, o in outs.items()}
+    p_nat, p_our = pool.clone(), pool.clone()
+    nat.commit(p_nat, rows, ends)
+    tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), p_our[None], rows, ends, sg_parents)
+    errs["commit_state"] = rel(p_nat, p_our)
+    pool_n = pool.clone()
+    r = dict(model=model, tree=tree_name, nodes=N, batch=B, rel_err=errs)
+    r["native_verify_us"] = bench_graph(lambda: nat.verify(q, k, v, A_log, a, dt_bias, b, pool_n, rows, parents.int()))
+    r["native_commit_us"] = bench_graph(lambda: nat.commit(pool_n, rows, ends))
+    r["chunk_verify_us"] = bench_graph(chunk)
+    r["split_verify_us"] = bench_graph(split("wy"))
+    r["mix_verify_us"] = bench_graph(split("mix", scratch=mix_scr))
+    split("mix", scratch=mix_scr, passes="prep")()
+    r["mix_prep_us"] = bench_graph(split("mix", scratch=mix_scr, passes="prep"))
+    r["mix_apply_us"] = bench_graph(split("mix", scratch=mix_scr, passes="apply"))
+    if variants:
+        r["mix_variants_us"] = {}
+        for name, kw in (("BV32-w4", dict(BV=32, num_warps=4)), ("BV64-w8", dict(BV=64, num_warps=8)),
+                         ("BV128-w8", dict(BV=128, num_warps=8)), ("BV16-w2", dict(BV=16, num_warps=2)),
+                         ("prep-w2", dict(prep_warps=2)), ("prep-w8", dict(prep_warps=8)),
+                         ("low-tf32", dict(precision_low="tf32"))):
+            kw_ = dict(kw)
+            if "precision_low" in kw_:
+                g_ = dict(gate, precision_low=kw_.pop("precision_low"))
+                fn = lambda g_=g_, kw_=kw_: tri.gdn_tree_split_verify_fwd(  # noqa: E731
+                    q, k, v, pool_t, tree, out=outs["mix"], form="mix", scratch=mix_scr, **g_, **kw_)
+            else:
+                fn = split("mix", scratch=mix_scr, **kw_)
+            try:
+                fn()
+                r["mix_variants_us"][name] = bench_graph(fn)
+                r.setdefault("mix_variants_rel_err", {})[name] = rel(o_nat, outs["mix"])
+            except Exception as e:  # noqa: BLE001  (a config that does not compile)
+                print(f"mix variant {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+    # last: the commit writes the pool (replayed on drifting values; the verifies above read it unchanged)
+    r["commit_us"] = bench_graph(commit())
+    if variants:
+        r["commit_variants_us"] = {f"BV{bv}-w{w}": bench_graph(commit(bv, w)) for bv, w in ((32, 4), (8, 2), (16, 2))}
+    state_bytes = B * Hv * V * K * 4
+    r["read_floor_us"] = state_bytes / COPY_BW * 1e6
+    r["commit_floor_us"] = 2 * r["read_floor_us"]
+    r["native_total_us"] = r["native_verify_us"] + r["native_commit_us"]
+    best = min(r["chunk_verify_us"], r["split_verify_us"], r["mix_verify_us"])
+    r["best_total_us"] = best + r["commit_us"]
+    r["speedup_vs_native"] = r["native_total_us"] / r["best_total_us"]
+    r["mix_verify_over_read_floor"] = r["mix_verify_us"] / r["read_floor_us"]
+    return r
+
+
+def table(rows):
+    out = ["| model | tree (nodes) | B | native verify + commit µs | chunk verify µs | split (wy) µs | mix µs "
+           "(pass 1 + pass 2) | commit µs | best verify + commit µs | speedup | read floor µs | mix / floor |",
+           "|" + "---|" * 12]
+    for r in rows:
+        out.append(f"| {r['model']} | {r['tree']} ({r['nodes']}) | {r['batch']} | {r['native_verify_us']:.1f} + "
+                   f"{r['native_commit_us']:.1f} | {r['chunk_verify_us']:.1f} | {r['split_verify_us']:.1f} | "
+                   f"{r['mix_verify_us']:.1f} ({r['mix_prep_us']:.1f} + {r['mix_apply_us']:.1f}) | "
+                   f"{r['commit_us']:.1f} | {r['best_total_us']:.1f} | {r['speedup_vs_native']:.1f}x | "
+                   f"{r['read_floor_us']:.1f} | {r['mix_verify_over_read_floor']:.1f} |")
+    return "\n".join(out)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="benchmark/results/verify_forms_h200.json")
+    ap.add_argument("--models", default="qwen3.5-27b")
+    ap.add_argument("--trees", default="topk2-depth3,topk4-n8,eagle-16,eagle-32,eagle-64")
+    ap.add_argument("--batches", default="8,32")
+    ap.add_argument("--no-variants", action="store_true")
+    args = ap.parse_args()
+    T = trees()
+    rows, t0 = [], time.time()
+    meta = dict(command="python3 " + " ".join(sys.argv))
+    for model in args.models.split(","):
+        for tree_name in args.trees.split(","):
+            for B in map(int, args.batches.split(",")):
+                r = run_cell(model, tree_name, T[tree_name], B, variants=not args.no_variants)
+                rows.append(r)
+                print(json.dumps(r), flush=True)
+                json.dump(dict(meta=dict(meta, partial=True), rows=rows), open(args.out, "w"), indent=1)
+                torch.cuda.empty_cache()
+    import sglang
+    import triton
+
+    meta.update(device=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu", torch=torch.__version__, triton=triton.__version__,
+                sglang=sglang.__version__, python=platform.python_version(), seconds=time.time() - t0,
+                copy_bandwidth_Bps=COPY_BW)
+    json.dump(dict(meta=meta, rows=rows), open(args.out, "w"), indent=1)
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()

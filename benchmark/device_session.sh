@@ -115,6 +115,16 @@ case $CALL in
       lane 1 $((LIMIT - 10 - SECONDS)) $SUITE --configs lumotree --tag=-merge --env LUMOTREE_SUFFIX_MERGE=1 \
           --extra=--disable-overlap-schedule --out "$OUT/s-merge.json" --port 30100 ) &
     wait ;;
+13) # session 6: the mix verify -- kernel forms side by side (GPU 0) then its GPU tests; served at 24 GDN layers
+    # (GPU 1): LUMOTREE mix at topk 2, then NEXTN vs LUMOTREE mix at topk 4
+    BENCH32="python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-32l --log-dir $LOGS --output-len 256"
+    ( lane 0 200 python3 benchmark/kernels/bench_verify_forms.py --out "$OUT/verify_forms.json"
+      lane 0 $((LIMIT - 90 - SECONDS)) python3 -m pytest -q -rf -m gpu test/ops/test_gdn_tree_gpu.py \
+          -k "(split_verify_matches and (eagle or random or chain)) or equals_sglang or (capture and (mix or split))"
+      lane 0 $((LIMIT - 10 - SECONDS)) python3 -m pytest -q -rf -m gpu test/sglang/test_backend_emulation.py ) &
+    ( lane 1 $((LIMIT - 10)) $BENCH32 --configs lumotree-topk2-mix,nextn-topk4,lumotree-topk4-mix --batches 1,8,32 \
+          --out "$OUT/b32-mix.json" --port 30100 ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

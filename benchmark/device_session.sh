@@ -125,6 +125,18 @@ case $CALL in
     ( lane 1 $((LIMIT - 10)) $BENCH32 --configs lumotree-topk2-mix,nextn-topk4,lumotree-topk4-mix --batches 1,8,32 \
           --out "$OUT/b32-mix.json" --port 30100 ) &
     wait ;;
+14) # session 6: pass 2 transposed (o^T = h Q^T, the state tile on the MMA's M side) -- forms side by side and
+    # GPU tests (GPU 0); served at 24 GDN layers, mix form, topk 4 and 2, then the mix form's parity (GPU 1)
+    BENCH32="python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-32l --log-dir $LOGS --output-len 256"
+    ( lane 0 200 python3 benchmark/kernels/bench_verify_forms.py --trees topk2-depth3,eagle-16,eagle-64 \
+          --out "$OUT/verify_forms_t.json"
+      lane 0 $((LIMIT - 10 - SECONDS)) python3 -m pytest -q -rf -m gpu test/ops/test_gdn_tree_gpu.py \
+          -k "(split_verify_matches and eagle and bfloat16) or equals_sglang or (capture and (mix or split))" ) &
+    ( lane 1 280 $BENCH32 --configs lumotree-topk4-mix,lumotree-topk2-mix --batches 1,8,32 --out "$OUT/b32-mix-t.json" \
+          --port 30100
+      lane 1 $((LIMIT - 10 - SECONDS)) $SUITE --configs lumotree --tag=-mix --env LUMOTREE_SGLANG_VERIFY=mix \
+          --parity-only --out "$OUT/s-mix.json" --port 30100 ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

@@ -83,6 +83,7 @@ def run_cell(model, tree_name, parents_list, B, variants=True):
     r["native_commit_us"] = bench_graph(lambda: nat.commit(pool_n, rows, ends))
     r["chunk_verify_us"] = bench_graph(chunk)
     r["split_verify_us"] = bench_graph(split("wy"))
+    r["split_rows_verify_us"] = bench_graph(split("wy", apply_t=False))  # pass 2 as measured in session 5
     r["mix_verify_us"] = bench_graph(split("mix", scratch=mix_scr))
     split("mix", scratch=mix_scr, passes="prep")()
     r["mix_prep_us"] = bench_graph(split("mix", scratch=mix_scr, passes="prep"))
@@ -92,7 +93,7 @@ def run_cell(model, tree_name, parents_list, B, variants=True):
         for name, kw in (("BV32-w4", dict(BV=32, num_warps=4)), ("BV64-w8", dict(BV=64, num_warps=8)),
                          ("BV128-w8", dict(BV=128, num_warps=8)), ("BV16-w2", dict(BV=16, num_warps=2)),
                          ("prep-w2", dict(prep_warps=2)), ("prep-w8", dict(prep_warps=8)),
-                         ("low-tf32", dict(precision_low="tf32"))):
+                         ("low-tf32", dict(precision_low="tf32")), ("rows", dict(apply_t=False))):
             kw_ = dict(kw)
             if "precision_low" in kw_:
                 g_ = dict(gate, precision_low=kw_.pop("precision_low"))

@@ -144,9 +144,10 @@ def gdn(kind, l2):
     zero[1] = 0
     ref_pad = naive.gdn_tree_verify(q, k, v, gg, be, zero, tree, use_qk_l2norm=l2, state_indices=torch.tensor([3, 1]))
     for form in tri.SPLIT_FORMS:
-        os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si_pad,
-                                            out=torch.zeros(B, N, Hv, V), BV=8, form=form)
-        assert_close(f"{kind} split verify ({form}), padded request", ref_pad, os_, 1e-4)
+        for apply_t in (True, False):  # pass 2's state dot transposed (default) or not
+            os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si_pad,
+                                                out=torch.zeros(B, N, Hv, V), BV=8, form=form, apply_t=apply_t)
+            assert_close(f"{kind} split verify ({form}, apply_t={apply_t}), padded request", ref_pad, os_, 1e-4)
     # the verify also keeps raw k, v and the fused gates per state slot (node-major) for the commit
     NR = N + 1
     ring = (torch.zeros(5, NR, Hk, K), torch.zeros(5, NR, Hv, V), torch.zeros(5, NR, Hv), torch.zeros(5, NR, Hv))
@@ -177,12 +178,15 @@ def gdn(kind, l2):
                                        ring_rows=torch.tensor([1, 0], dtype=torch.int32))
     assert torch.equal(o, o4) and not ring_b[0][2].any()
     for form in tri.SPLIT_FORMS:
-        ring_s = tuple(torch.zeros_like(t) for t in ring_b)
-        tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
-                                      state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16, ring=ring_s,
-                                      ring_rows=torch.tensor([1, 0], dtype=torch.int32), form=form)
-        for t, ts in zip(ring_b, ring_s):
-            assert torch.equal(t, ts), f"split verify ({form}) ring stores != chunk verify ring stores"
+        for apply_t in (True, False):
+            ring_s = tuple(torch.zeros_like(t) for t in ring_b)
+            os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb,
+                                                use_qk_l2norm=l2, state_indices=si, out=torch.zeros(B, N, Hv, V),
+                                                BV=16, ring=ring_s, ring_rows=torch.tensor([1, 0], dtype=torch.int32),
+                                                form=form, apply_t=apply_t)
+            assert_close(f"{kind} split verify ({form}, apply_t={apply_t}) with ring", ref, os_, 1e-4)
+            for t, ts in zip(ring_b, ring_s):
+                assert torch.equal(t, ts), f"split verify ({form}, {apply_t}) ring stores != chunk verify ring stores"
     for t, tb in zip(ring, ring_b):
         assert torch.equal(tb[1], t[3]) and torch.equal(tb[0], t[1])
     an = tree.root_path(nums - 1)

@@ -117,7 +117,7 @@ def test_split_verify_matches_reference_and_chunk(kind, B, N, Hk, Hv, K, V, dtyp
     for low, t in (("tf32", tol), (None, tol)):
         o_m = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, precision_low=low, **kw)
         assert_close(f"split verify (low={low})", ref[tree.valid], o_m[tree.valid].float(), t)
-    for var in (dict(factored=True), dict(factored=True, prep_maxnreg=128), dict(prep_maxnreg=168)):
+    for var in (dict(factored=True), dict(factored=True, prep_maxnreg=128), dict(prep_maxnreg=168), dict(apply_t=False)):
         o_v = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, **var, **kw)
         assert_close(f"split verify ({var})", ref[tree.valid], o_v[tree.valid].float(), tol)
     o_t = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, precision="tf32", **kw)
@@ -131,7 +131,8 @@ def test_split_verify_matches_reference_and_chunk(kind, B, N, Hk, Hv, K, V, dtyp
     assert_close("mix vs chunk", o_c[tree.valid].float(), o_x[tree.valid].float(), tol)
     for a_, b_ in zip(rings[0], ring_m):
         assert torch.equal(a_, b_), "mix ring stores differ"
-    for var in (dict(precision_low="tf32"), dict(BV=128, num_warps=8), dict(BV=32, prep_warps=8)):
+    for var in (dict(precision_low="tf32"), dict(BV=128, num_warps=8), dict(BV=32, prep_warps=8),
+                dict(apply_t=False)):
         o_v = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, form="mix", **var, **kw)
         assert_close(f"mix verify ({var})", ref[tree.valid], o_v[tree.valid].float(), tol)
 

@@ -328,10 +328,14 @@ def gdn_tree_split_apply_fwd_kernel(
     qt, c, o, state, state_indices, num_nodes, stride_state, N,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BVF: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr, HAS_STATE_INDICES: tl.constexpr,
+    APPLY_T: tl.constexpr = False,
 ):
     """Split verify, pass 2 (grid: V-blocks x requests x value heads): ``o = Q h^T + C`` -- the
     committed state tile is read once, in place from the pool row, and meets the whole tree in
-    one dot; nothing else of the tree is on this pass's critical path."""
+    one dot; nothing else of the tree is on this pass's critical path. ``APPLY_T``: the dot is
+    formed transposed, ``o^T = h Q^T`` `[BV, BT]`, so the state tile is the MMA's M-side operand
+    (its rows fill the 64-row tensor-core tiles; a tree's <= 16 rows would fill a quarter) and can
+    stay in registers; only ``Q`` goes through shared memory."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b = i_bh // HV
     i_hv = i_bh % HV
@@ -350,10 +354,16 @@ def gdn_tree_split_apply_fwd_kernel(
     m_t = o_t < n
     base = i_bh.to(tl.int64) * BT
     b_qt = tl.load(qt + (base + o_t[:, None]) * BK + o_k[None, :], mask=m_t[:, None], other=0.0)
-    b_c = tl.load(c + (base + o_t[:, None]) * BVF + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
-    b_o = tl.dot(b_qt, tl.trans(b_h), input_precision=PRECISION) + b_c
-    tl.store(o + ((i_b * N + o_t[:, None]) * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
-             mask=m_t[:, None] & m_v[None, :])
+    if APPLY_T:
+        b_cT = tl.load(c + (base + o_t[None, :]) * BVF + o_v[:, None], mask=m_t[None, :] & m_v[:, None], other=0.0)
+        b_oT = tl.dot(b_h, tl.trans(b_qt), input_precision=PRECISION) + b_cT
+        tl.store(o + ((i_b * N + o_t[None, :]) * HV + i_hv) * V + o_v[:, None], b_oT.to(o.dtype.element_ty),
+                 mask=m_t[None, :] & m_v[:, None])
+    else:
+        b_c = tl.load(c + (base + o_t[:, None]) * BVF + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_o = tl.dot(b_qt, tl.trans(b_h), input_precision=PRECISION) + b_c
+        tl.store(o + ((i_b * N + o_t[:, None]) * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
+                 mask=m_t[:, None] & m_v[None, :])
 
 
 @triton.jit
@@ -432,12 +442,16 @@ def gdn_tree_mix_apply_fwd_kernel(
     stride_qt, stride_kt, stride_vt,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, PRECISION: tl.constexpr, PRECISION_LOW: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-    HAS_STATE_INDICES: tl.constexpr, STORE_RING: tl.constexpr,
+    HAS_STATE_INDICES: tl.constexpr, STORE_RING: tl.constexpr, APPLY_T: tl.constexpr = False,
 ):
     """Mix verify, pass 2 (grid: V-blocks x requests x value heads): the committed state tile is
     read once, in place from the pool row, and meets the tree's normalised queries and keys in two
     dots; pass 1's mixing matrices then combine them with the values:
-    ``o = diag(Lq) (q h^T) + Lk (k h^T) + Lv v``. Also keeps raw v in the ring (for the commit)."""
+    ``o = diag(Lq) (q h^T) + Lk (k h^T) + Lv v``. Also keeps raw v in the ring (for the commit).
+
+    ``APPLY_T``: ``Q = diag(Lq) q + Lk k`` `[BT, K]` first (a small dot), then one state dot formed
+    transposed, ``o^T = h Q^T + v^T Lv^T`` `[BV, BT]`: the state tile is the MMA's M-side operand
+    (see :func:`gdn_tree_split_apply_fwd_kernel`)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b = i_bh // HV
     i_hv = i_bh % HV
@@ -460,27 +474,43 @@ def gdn_tree_mix_apply_fwd_kernel(
                   other=0.0).to(tl.float32)
     b_k = tl.load(k + tok[:, None] * stride_kt + i_hk * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :],
                   other=0.0).to(tl.float32)
-    b_v = tl.load(v + tok[:, None] * stride_vt + i_hv * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
-                  other=0.0)
-    if STORE_RING:
-        r_row = tl.load(ring_rows + i_b).to(tl.int64)
-        if (row >= 0) & (r_row >= 0):
-            tl.store(ring_v + r_row * stride_rv + (o_t[:, None] * HV + i_hv) * V + o_v[None, :],
-                     b_v.to(ring_v.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
     if USE_QK_L2NORM:
         b_q = _l2norm_rows(b_q)
         b_k = _l2norm_rows(b_k)
     base = i_bh.to(tl.int64) * (2 * BT * BT + BT)
-    p_l = mix + base + o_t[:, None] * BT + o_t[None, :]
-    b_lk = tl.load(p_l)
-    b_lv = tl.load(p_l + BT * BT)
     b_lq = tl.load(mix + base + 2 * BT * BT + o_t)
-    b_qh = tl.dot(b_q, tl.trans(b_h), input_precision=PRECISION)
-    b_kh = tl.dot(b_k, tl.trans(b_h), input_precision=PRECISION_LOW)
-    b_o = b_lq[:, None] * b_qh + tl.dot(b_lk, b_kh, input_precision=PRECISION)
-    b_o += tl.dot(b_lv, b_v.to(tl.float32), input_precision=PRECISION)
-    tl.store(o + (tok[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
-             mask=m_t[:, None] & m_v[None, :])
+    if STORE_RING:
+        r_row = tl.load(ring_rows + i_b).to(tl.int64)
+    if APPLY_T:
+        p_vT = tok[None, :] * stride_vt + i_hv * V + o_v[:, None]
+        m_vT = m_t[None, :] & m_v[:, None]
+        b_vT = tl.load(v + p_vT, mask=m_vT, other=0.0)  # [BV, BT]
+        if STORE_RING:
+            if (row >= 0) & (r_row >= 0):
+                tl.store(ring_v + r_row * stride_rv + (o_t[None, :] * HV + i_hv) * V + o_v[:, None],
+                         b_vT.to(ring_v.dtype.element_ty), mask=m_vT)
+        b_lk = tl.load(mix + base + o_t[:, None] * BT + o_t[None, :])
+        b_lvT = tl.load(mix + base + BT * BT + o_t[None, :] * BT + o_t[:, None])  # [j, i] = Lv[i, j]
+        b_Q = b_lq[:, None] * b_q + tl.dot(b_lk, b_k, input_precision=PRECISION)  # [BT, K]
+        b_oT = tl.dot(b_h, tl.trans(b_Q), input_precision=PRECISION)  # [BV, BT]
+        b_oT += tl.dot(b_vT.to(tl.float32), b_lvT, input_precision=PRECISION)
+        tl.store(o + (tok[None, :] * HV + i_hv) * V + o_v[:, None], b_oT.to(o.dtype.element_ty), mask=m_vT)
+    else:
+        b_v = tl.load(v + tok[:, None] * stride_vt + i_hv * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
+                      other=0.0)
+        if STORE_RING:
+            if (row >= 0) & (r_row >= 0):
+                tl.store(ring_v + r_row * stride_rv + (o_t[:, None] * HV + i_hv) * V + o_v[None, :],
+                         b_v.to(ring_v.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+        p_l = mix + base + o_t[:, None] * BT + o_t[None, :]
+        b_lk = tl.load(p_l)
+        b_lv = tl.load(p_l + BT * BT)
+        b_qh = tl.dot(b_q, tl.trans(b_h), input_precision=PRECISION)
+        b_kh = tl.dot(b_k, tl.trans(b_h), input_precision=PRECISION_LOW)
+        b_o = b_lq[:, None] * b_qh + tl.dot(b_lk, b_kh, input_precision=PRECISION)
+        b_o += tl.dot(b_lv, b_v.to(tl.float32), input_precision=PRECISION)
+        tl.store(o + (tok[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
+                 mask=m_t[:, None] & m_v[None, :])
 
 
 @triton.jit
@@ -860,7 +890,8 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
                               precision_low: Optional[str] = None, out: Optional[torch.Tensor] = None,
                               ring: Optional[tuple] = None, ring_rows: Optional[torch.Tensor] = None,
                               factored: bool = False, prep_maxnreg: Optional[int] = None,
-                              scratch: Optional[tuple] = None, passes: str = "both", form: str = "wy"):
+                              scratch: Optional[tuple] = None, passes: str = "both", form: str = "wy",
+                              apply_t: bool = True):
     """Launcher of the split tree verify: the same outputs as :func:`gdn_tree_chunk_verify_fwd`
     (same arguments, same ring stores) in two passes. Pass 1 (one program per request and value
     head) does all the state-independent work of the tree-masked WY chunk and leaves
@@ -881,7 +912,10 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     ``form="mix"``: pass 1 runs once per request and *key* head and leaves only the `[BT, BT]`
     node-mixing matrices (:func:`gdn_tree_mix_prep_fwd_kernel`; ``scratch = (mix,)`` of
     ``B Hv (2 BT^2 + BT)`` floats); pass 2 reads the state tile once and forms ``q h^T`` and
-    ``k h^T`` itself. Same outputs and ring stores as ``"wy"``."""
+    ``k h^T`` itself. Same outputs and ring stores as ``"wy"``.
+
+    ``apply_t`` (default): pass 2 forms its state dot transposed, ``o^T = h Q^T`` (the state tile
+    on the MMA's M side); ``False``: ``o = Q h^T``, the orientation measured in session 5."""
     if passes not in ("both", "prep", "apply"):
         raise ValueError(f"passes must be both, prep or apply, got {passes!r}")
     if form not in SPLIT_FORMS:
@@ -908,7 +942,7 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
         return _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, scratch, passes, fused,
                            g, beta, A_log, a, dt_bias, b, scale, use_qk_l2norm, state_indices is not None,
                            ring is not None, precision, precision_low, BT, BK, BV or d_bv, num_warps or d_warps,
-                           prep_warps or 4)
+                           prep_warps or 4, apply_t)
     if scratch is None:
         qt = torch.empty(B * HV * BT * BK, dtype=torch.float32, device=q.device)
         c = torch.empty(B * HV * BT * BVF, dtype=torch.float32, device=q.device)
@@ -932,7 +966,7 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
         gdn_tree_split_apply_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
             qt, c, out, state, si, num_nodes, state.stride(0), N,
             HV=HV, K=K, V=V, BT=BT, BK=BK, BVF=BVF, BV=BV, PRECISION=precision,
-            HAS_STATE_INDICES=state_indices is not None, num_warps=num_warps,
+            HAS_STATE_INDICES=state_indices is not None, APPLY_T=apply_t, num_warps=num_warps,
         )
     return out
 
@@ -942,7 +976,7 @@ SPLIT_FORMS = ("wy", "mix")
 
 def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, scratch, passes, fused, g,
                 beta, A_log, a, dt_bias, b, scale, l2, has_si, store_ring, precision, precision_low, BT, BK, BV,
-                num_warps, prep_warps):
+                num_warps, prep_warps, apply_t):
     """The two launches of :func:`gdn_tree_split_verify_fwd` with ``form="mix"``."""
     B, N, HK, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -966,7 +1000,7 @@ def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_a
         gdn_tree_mix_apply_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
             q, k, v, mix, out, state, si, num_nodes, ring_rows, rv, srv, state.stride(0), N, sq, sk, sv,
             HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, PRECISION=precision, PRECISION_LOW=precision_low,
-            USE_QK_L2NORM=l2, HAS_STATE_INDICES=has_si, STORE_RING=store_ring, num_warps=num_warps,
+            USE_QK_L2NORM=l2, HAS_STATE_INDICES=has_si, STORE_RING=store_ring, APPLY_T=apply_t, num_warps=num_warps,
         )
     return out
 

@@ -158,10 +158,13 @@ def merge(files, out):
     res = dict(merged=files, commands=[], rows=[], servers={})
     for f in files:
         part = json.load(open(f))
-        res["commands"].append(part["command"])
+        if "command" in part:
+            res["commands"].append(part["command"])
+        else:  # an earlier merge: its rows carry their commands
+            res["commands"] += part["commands"]
         for key in ("model", "shape", "input_len", "output_len"):
             res.setdefault(key, part.get(key))
-        res["rows"] += [dict(r, command=part["command"]) for r in part["rows"]]
+        res["rows"] += [dict(r, command=r.get("command", part.get("command"))) for r in part["rows"]]
         res["servers"].update(part["servers"])
     json.dump(res, open(out, "w"), indent=1)
     return res

@@ -223,6 +223,10 @@ def test_bench_spec_reads_the_servers_decode_throughput_and_merges_lanes(tmp_pat
     res = bs.merge(parts, str(tmp_path / "m.json"))
     assert [r["config"] for r in res["rows"]] == ["nextn-topk2", "lumotree-topk2"]
     assert [r["command"] for r in res["rows"]] == ["cmd0", "cmd1"]
+    # a merged result merges again (adding a later run), rows keep their own commands
+    res2 = bs.merge([str(tmp_path / "m.json"), parts[0]], str(tmp_path / "m2.json"))
+    assert res2["commands"] == ["cmd0", "cmd1", "cmd0"]
+    assert [r["command"] for r in res2["rows"]] == ["cmd0", "cmd1", "cmd0"]
     t = bs.table(res["rows"], memory=res["servers"])
     assert "| lumotree-topk2 | 8 | 101 | 5.00 | 1000 | – | 1.00 | 1 MiB |" in t and "| 10 MiB |" in t
 

@@ -244,7 +244,8 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
         split["verify_us"] = bench_graph(split_verify)
         split["mixed_verify_us"] = bench_graph(lambda: split_verify(low="tf32"))
         split["variants_us"] = {f"BV{bv}-w{w}": bench_graph(lambda bv=bv, w=w: split_verify(BV_=bv, warps_=w))
-                                for bv, w in ((32, 4), (64, 8), (128, 8), (16, 2))}
+                                for bv, w in ((32, 2), (128, 8), (16, 1))}  # pass 2 transposed: BV >= 16 warps
+        split["variants_us"]["rows"] = bench_graph(lambda: split_verify(apply_t=False))
         # the passes apart, through preallocated Q / C
         sBTs = max(16, 1 << (N - 1).bit_length())
         scr = (torch.empty(B * Hv * sBTs * 128, device=dev), torch.empty(B * Hv * sBTs * V, device=dev))

@@ -70,7 +70,7 @@ CONFIGS = {
 
 
 # variants of a configuration that differ only in LumoTree's server environment
-CONFIG_ENV = {  # (the served default since session 5 is the split verify; rows before it ran the chunk kernel)
+CONFIG_ENV = {  # (served default: chunk until session 4, split in session 5, mix from session 6)
     "lumotree-topk2-split": ("lumotree-topk2", {"LUMOTREE_SGLANG_VERIFY": "split"}),
     "lumotree-topk4-split": ("lumotree-topk4", {"LUMOTREE_SGLANG_VERIFY": "split"}),
     "lumotree-topk2-chunk": ("lumotree-topk2", {"LUMOTREE_SGLANG_VERIFY": "chunk"}),

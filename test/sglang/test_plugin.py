@@ -300,7 +300,7 @@ def test_served_settings_refuse_unknown_values():
     pytest.importorskip("sglang")
     from lumotree.sglang.backend import served_settings
 
-    assert served_settings({}) == ("tf32x3", "split")
+    assert served_settings({}) == ("tf32x3", "mix")
     assert served_settings({"LUMOTREE_SGLANG_PRECISION": "mixed", "LUMOTREE_SGLANG_VERIFY": "split"}) == ("mixed", "split")
     assert served_settings({"LUMOTREE_SGLANG_VERIFY": "mix"}) == ("tf32x3", "mix")
     with pytest.raises(ValueError, match="LUMOTREE_SGLANG_PRECISION must be one of"):

@@ -121,16 +121,18 @@ def adopt_pool(pool) -> VerifyScratch:
 def served_settings(env=os.environ):
     """``(precision, verify form)`` of the served verify, from ``LUMOTREE_SGLANG_PRECISION``
     (``tf32x3`` fp32-accurate dots, default; ``mixed``; ``tf32``) and ``LUMOTREE_SGLANG_VERIFY``
-    (``split``, default: the WY algebra once per request and head, then one dot per state tile --
-    1.3-1.9x faster than ``chunk`` at Qwen3.5-27B shapes on the H200, session 5; ``mix``: pass 1
-    per key head leaves only the node-mixing matrices, pass 2 forms ``q h^T``/``k h^T`` with the
-    state tile; ``chunk``: one kernel; same outputs). Unknown values fail when the backend starts."""
+    (``mix``, default since session 6: pass 1 per request and key head leaves only the `[BT, BT]`
+    node-mixing matrices, pass 2 forms ``Q`` and meets the state tile in one transposed dot --
+    1.1-1.8x faster than ``split`` per GDN layer at Qwen3.5-27B shapes on the H200; ``split``: the
+    WY algebra once per request and value head, then one dot per state tile (session 5's default,
+    1.3-1.9x faster than ``chunk``); ``chunk``: one kernel; same outputs). Unknown values fail
+    when the backend starts."""
     from lumotree.ops.gdn_tree.triton import SERVED_PRECISIONS
 
     precision = env.get("LUMOTREE_SGLANG_PRECISION", "tf32x3")
     if precision not in SERVED_PRECISIONS:
         raise ValueError(f"LUMOTREE_SGLANG_PRECISION must be one of {', '.join(SERVED_PRECISIONS)}, got {precision!r}")
-    form = env.get("LUMOTREE_SGLANG_VERIFY", "split")
+    form = env.get("LUMOTREE_SGLANG_VERIFY", "mix")
     if form not in VERIFY_FORMS:
         raise ValueError(f"LUMOTREE_SGLANG_VERIFY must be one of {', '.join(VERIFY_FORMS)}, got {form!r}")
     return precision, form

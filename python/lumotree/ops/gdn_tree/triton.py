@@ -876,9 +876,11 @@ def _ring_args(ring, ring_rows, state_indices, dims, dummy):
 
 
 def split_config(BT: int, V: int):
-    """(BV, apply warps, prep warps) of the split verify (no H200 sweep yet: a first guess that
-    keeps pass 2's state tile at 32 KiB per program and pass 1's [BT, V] tiles in registers)."""
-    return min(triton.next_power_of_2(V), 64), 4, (4 if BT <= 16 else 8)
+    """(BV, apply warps, prep warps) of the split verify (a first guess that keeps pass 2's state tile
+    at 32 KiB per program and pass 1's [BT, V] tiles in registers; of the pass-2 tilings timed on the
+    H200 in session 5, BV=64 with 4 warps was the fastest)."""
+    BV = min(triton.next_power_of_2(V), 64)
+    return BV, max(1, min(4, BV // 16)), (4 if BT <= 16 else 8)  # pass 2 transposed: BV >= 16 warps
 
 
 def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=None, beta=None, *, A_log=None,
@@ -932,7 +934,12 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     BK = triton.next_power_of_2(K)
     BVF = triton.next_power_of_2(V)
     d_bv, d_warps, d_prep = split_config(BT, V)
+    mix_prep_warps = prep_warps or 4  # mix pass 1: [BT, BT] tiles only; 4 warps at every size (as measured)
     BV, num_warps, prep_warps = BV or d_bv, num_warps or d_warps, prep_warps or d_prep
+    if apply_t and BV < 16 * num_warps and q.is_cuda:  # (a code-generation limit: the interpreter has none)
+        raise ValueError(f"apply_t (pass 2 transposed) needs BV >= 16 * num_warps, got BV={BV}, num_warps={num_warps} "
+                         "(BV=64 with 8 warps hit an illegal memory access on the H200, session 6); pass "
+                         "apply_t=False or fewer warps")
     precision_low = _check_precisions(precision, precision_low)
     (q, sq), (k, sk), (v, sv), anc_mask, num_nodes, out = _chunk_inputs(q, k, v, tree, anc_mask, num_nodes, out)
     dummy = state
@@ -941,8 +948,8 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     if form == "mix":
         return _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, scratch, passes, fused,
                            g, beta, A_log, a, dt_bias, b, scale, use_qk_l2norm, state_indices is not None,
-                           ring is not None, precision, precision_low, BT, BK, BV or d_bv, num_warps or d_warps,
-                           prep_warps or 4, apply_t)
+                           ring is not None, precision, precision_low, BT, BK, BV, num_warps,
+                           mix_prep_warps, apply_t)
     if scratch is None:
         qt = torch.empty(B * HV * BT * BK, dtype=torch.float32, device=q.device)
         c = torch.empty(B * HV * BT * BVF, dtype=torch.float32, device=q.device)

@@ -303,6 +303,48 @@ def test_commit_layers_on_a_pool_past_2_31_elements_per_layer_offset():
     assert pool[:, 8:1000].abs().max() == 0  # no stray writes into other rows
 
 
+@pytest.mark.parametrize("tree_kind", ["chain", "eagle", "random"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_dot_commit_equals_replay_commit_and_reference(tree_kind, dtype):
+    """The all-layer commit in chunk form (``form="dot"``) == the reference and == the served
+    replay form, at Qwen3.5-like heads (GQA 3), 16- and 64-node trees, with prefix-cache snapshots,
+    skipped requests, per-request ring rows; BV 64 / 4 warps (default) and BV 128 / 8 warps."""
+    from lumotree.ops.gdn_tree import triton as tri
+
+    L, Hk, Hv, K, V = 2, 4, 12, 128, 128
+    for N in (16, 64):
+        B = 5
+        g = torch.Generator(device="cuda").manual_seed(N)
+        par = [make_parents(tree_kind, N, b) for b in range(B)]
+        parents = torch.tensor([[0] + [max(0, x) for x in p[1:]] for p in par], device="cuda")
+        S = B + 4
+        pool = torch.randn(L, S, Hv, V, K, device="cuda", generator=g) * 0.05
+        ring = (torch.randn(L, B, N, Hk, K, device="cuda", generator=g).to(dtype),
+                torch.randn(L, B, N, Hv, V, device="cuda", generator=g).to(dtype),
+                -torch.rand(L, B, N, Hv, device="cuda", generator=g), torch.rand(L, B, N, Hv, device="cuda", generator=g))
+        rows = torch.tensor([3, 0, -1, 7, 5], dtype=torch.int32, device="cuda")
+        last = torch.tensor([N - 1, N // 2, 1, -1, 0], dtype=torch.int32, device="cuda")
+        ring_rows = torch.tensor([4, 2, 0, 1, 3], dtype=torch.int32, device="cuda")
+        trows = torch.tensor([8, -1, 6, 2, 1], dtype=torch.int32, device="cuda")
+        tsteps = torch.tensor([0, 3, 0, 0, 0], dtype=torch.int32, device="cuda")
+        want = pool.clone()
+        naive.gdn_tree_commit_layers(*(t.float() for t in ring), want, rows.long(), last, parents, trows.long(),
+                                     tsteps.long(), ring_rows=ring_rows.long())
+        rep = pool.clone()
+        tri.gdn_tree_commit_layers_fwd(*ring, rep, rows, last, parents, trows, tsteps, ring_rows=ring_rows)
+        tol = 1e-4 if dtype == torch.float32 else 5e-3
+        for cfg in (dict(), dict(BV=128, num_warps=8)):
+            dot = pool.clone()
+            tri.gdn_tree_commit_layers_fwd(*ring, dot, rows, last, parents, trows, tsteps, ring_rows=ring_rows,
+                                           form="dot", **cfg)
+            assert_close(f"dot commit vs reference ({N}, {cfg})", want, dot, tol)
+            assert_close(f"dot commit vs replay ({N}, {cfg})", rep, dot, 1e-4)
+            assert torch.equal(dot[:, 2], pool[:, 2]) and torch.equal(dot[:, 4], pool[:, 4])  # untouched rows
+        with pytest.raises(ValueError, match="needs BV >= 16"):
+            tri.gdn_tree_commit_layers_fwd(*ring, pool.clone(), rows, last, parents, ring_rows=ring_rows, form="dot",
+                                           BV=32, num_warps=4)
+
+
 @pytest.mark.parametrize("N", [6, 16, 64])
 def test_fused_step_equals_commit_then_verify(N):
     """The fused step (the previous step's replay commit inside this verify) == the all-layer commit

@@ -307,3 +307,8 @@ def test_served_settings_refuse_unknown_values():
         served_settings({"LUMOTREE_SGLANG_PRECISION": "fp16"})
     with pytest.raises(ValueError, match="LUMOTREE_SGLANG_VERIFY must be one of.*got 'walk'"):
         served_settings({"LUMOTREE_SGLANG_VERIFY": "walk"})
+    from lumotree.sglang.backend import served_commit_form
+
+    assert served_commit_form({}) == "replay" and served_commit_form({"LUMOTREE_SGLANG_COMMIT": "dot"}) == "dot"
+    with pytest.raises(ValueError, match="LUMOTREE_SGLANG_COMMIT must be one of.*got 'vnew'"):
+        served_commit_form({"LUMOTREE_SGLANG_COMMIT": "vnew"})

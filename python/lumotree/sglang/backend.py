@@ -138,6 +138,19 @@ def served_settings(env=os.environ):
     return precision, form
 
 
+COMMIT_FORMS = ("replay", "dot")
+
+
+def served_commit_form(env=os.environ) -> str:
+    """``LUMOTREE_SGLANG_COMMIT``: ``replay`` (default: one rank-1 step per accepted node) or ``dot``
+    (the accepted path in chunk form on tensor cores, fp32-accurate dots; interpreter- and
+    GPU-tested, not yet timed on the GPU). Unknown values fail when the backend starts."""
+    form = env.get("LUMOTREE_SGLANG_COMMIT", "replay")
+    if form not in COMMIT_FORMS:
+        raise ValueError(f"LUMOTREE_SGLANG_COMMIT must be one of {', '.join(COMMIT_FORMS)}, got {form!r}")
+    return form
+
+
 class LumoTreeGDNBackend(GDNAttnBackend):
     """``GDNAttnBackend`` with LumoTree's tree verify and replay commit (LUMOTREE servers only)."""
 
@@ -147,6 +160,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         self._first_gdn_layer = 1 << 30
         self._cur_tree = None
         self.precision, self.verify_form = served_settings()
+        self.commit_form = served_commit_form()
         if not self.lumotree:
             return
         self.scratch = adopt_pool(self.req_to_token_pool.mamba_pool)
@@ -256,7 +270,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         gdn_tree_commit_layers_fwd(
             sc.k, sc.v, sc.g, sc.beta, caches.temporal, rows, last_step, par[:bs] if par is not None else None,
             track_rows[:bs] if track_rows is not None else None, track_steps, use_qk_l2norm=True,
-            ring_rows=self.verify_intermediate_state_indices[:bs])
+            ring_rows=self.verify_intermediate_state_indices[:bs], form=self.commit_form)
         if check:
             self.check.commit(expected, caches.temporal, rows, last_step, **before)
         for conv, window in zip(caches.conv, caches.intermediate_conv_window):

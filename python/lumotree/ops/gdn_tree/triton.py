@@ -670,6 +670,83 @@ def gdn_tree_commit_layers_fwd_kernel(
 
 
 @triton.jit
+def gdn_tree_commit_layers_dot_fwd_kernel(
+    k, v, g, beta, state, rows, ring_rows, parents, last, track_rows, track_steps,
+    stride_kl, stride_ks, stride_vl, stride_vs, stride_gl, stride_gs, stride_sl, stride_ss, NP,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BL: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_PARENTS: tl.constexpr,
+    HAS_TRACK: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """The all-layer replay commit in chunk (WY) form: the accepted root path (``L = d + 1`` nodes,
+    gathered from the verify's ring rows) is applied to the ``[BV, K]`` state tile with tensor-core
+    dots instead of ``L`` dependent rank-1 steps. With the path's normalised keys ``k`` `[L, K]`,
+    ``G`` its cumulative log decay, ``T = (I + A)^-1`` (``A`` the chain's strictly-lower
+    ``beta_i (k_i . k_j) e^(G_i - G_j)``), ``X = h k^T`` `[BV, L]` and
+    ``Y = v^T diag(beta) - X diag(beta e^G)``, the innovations are ``vn^T = Y T^T`` and
+
+        h_L = e^(G_L) h + Y T^T diag(c) k,    c_j = e^(G_L - G_j)
+
+    (the closed form of :func:`gdn_tree_commit_vnew_fwd_kernel` with ``vn`` formed here). The
+    prefix-cache snapshot at path position ``t`` is the same with ``(G_t, c^(t))``. Same grid,
+    arguments and results as :func:`gdn_tree_commit_layers_fwd_kernel`."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_l = tl.program_id(2).to(tl.int64)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    i_hk = i_hv // (HV // HK)
+    row = tl.load(rows + i_b).to(tl.int64)
+    r_row = tl.load(ring_rows + i_b).to(tl.int64)
+    lst = tl.load(last + i_b).to(tl.int32)
+    if (row >= 0) & (r_row >= 0) & (lst >= 0):
+        o_p = tl.arange(0, BL)
+        anc, d = _root_path(parents, lst, i_b, NP, BL, HAS_PARENTS)
+        m_p = o_p <= d
+        node = tl.where(m_p, anc, 0)
+        o_k = tl.arange(0, BK)
+        o_v = i_v * BV + tl.arange(0, BV)
+        mask_k = o_k < K
+        mask_v = o_v < V
+        mask_h = mask_v[:, None] & mask_k[None, :]
+        p_h = state + i_l * stride_sl + row * stride_ss + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+        b_h = tl.load(p_h, mask=mask_h, other=0.0).to(tl.float32)
+        kb = k + i_l * stride_kl + r_row * stride_ks
+        vb = v + i_l * stride_vl + r_row * stride_vs
+        gb = g + i_l * stride_gl + r_row * stride_gs
+        bb = beta + i_l * stride_gl + r_row * stride_gs
+        b_k = tl.load(kb + (node[:, None] * HK + i_hk) * K + o_k[None, :], mask=m_p[:, None] & mask_k[None, :],
+                      other=0.0).to(tl.float32)  # [BL, BK]
+        b_vT = tl.load(vb + (node[None, :] * HV + i_hv) * V + o_v[:, None], mask=m_p[None, :] & mask_v[:, None],
+                       other=0.0).to(tl.float32)  # [BV, BL]
+        b_g = tl.load(gb + node * HV + i_hv, mask=m_p, other=0.0).to(tl.float32)
+        b_beta = tl.load(bb + node * HV + i_hv, mask=m_p, other=0.0).to(tl.float32)
+        if USE_QK_L2NORM:
+            b_k = _l2norm_rows(b_k)
+        m_c = (o_p[:, None] >= o_p[None, :]) & m_p[:, None] & m_p[None, :]  # the path is a chain
+        b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
+        b_G, _, b_T = _tree_T(b_kk, b_g, b_beta, m_c, o_p, PRECISION)
+        b_X = tl.dot(b_h, tl.trans(b_k), input_precision=PRECISION)  # h k^T [BV, BL]
+        b_Y = b_vT * b_beta[None, :] - b_X * (b_beta * tl.exp(b_G))[None, :]
+        b_Tt = tl.trans(b_T)
+        g_last = tl.sum(tl.where(o_p == d, b_G, 0.0))
+        b_c = tl.where(m_p, tl.exp(g_last - b_G), 0.0)
+        b_Z = tl.dot(b_Y, b_Tt * b_c[None, :], input_precision=PRECISION)  # vn^T diag(c) [BV, BL]
+        b_new = tl.exp(g_last) * b_h + tl.dot(b_Z, b_k, input_precision=PRECISION)
+        if HAS_TRACK:
+            t_row = tl.load(track_rows + i_b).to(tl.int64)
+            t_node = tl.load(track_steps + i_b).to(tl.int32)
+            on_path = (anc == t_node) & m_p
+            if (t_row >= 0) & (t_node >= 0) & (tl.sum(on_path.to(tl.int32)) > 0):
+                t_pos = tl.sum(tl.where(on_path, o_p, 0))
+                g_t = tl.sum(tl.where(o_p == t_pos, b_G, 0.0))
+                b_ct = tl.where(o_p <= t_pos, tl.exp(g_t - b_G), 0.0)
+                b_Zt = tl.dot(b_Y, b_Tt * b_ct[None, :], input_precision=PRECISION)
+                b_snap = tl.exp(g_t) * b_h + tl.dot(b_Zt, b_k, input_precision=PRECISION)
+                tl.store(state + i_l * stride_sl + t_row * stride_ss + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
+                         b_snap.to(state.dtype.element_ty), mask=mask_h)
+        tl.store(p_h, b_new.to(state.dtype.element_ty), mask=mask_h)
+
+
+@triton.jit
 def gdn_tree_commit_vnew_fwd_kernel(
     k, g, beta, A_log, dt_bias, vnew, state, state_indices, accept_nodes, accept_len, stride_state, N, L,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
@@ -979,6 +1056,7 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
 
 
 SPLIT_FORMS = ("wy", "mix")
+COMMIT_FORMS = ("replay", "dot")
 
 
 def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, scratch, passes, fused, g,
@@ -1129,7 +1207,8 @@ def gdn_tree_commit_fwd(k, v, state, accept_nodes, accept_len, g=None, beta=None
 
 def gdn_tree_commit_layers_fwd(k, v, g, beta, state, rows, last, parents=None, track_rows=None,
                                track_steps=None, use_qk_l2norm: bool = True, BV: Optional[int] = None,
-                               num_warps: int = 4, ring_rows: Optional[torch.Tensor] = None):
+                               num_warps: int = 4, ring_rows: Optional[torch.Tensor] = None, form: str = "replay",
+                               precision: str = "tf32x3"):
     """Launcher of the all-layer replay commit on the verify's k/v/g/beta buffers (what the SGLang backend calls).
 
     Args:
@@ -1144,7 +1223,12 @@ def gdn_tree_commit_layers_fwd(k, v, g, beta, state, rows, last, parents=None, t
         parents (torch.Tensor): `[B, NP]` the verify tree (entry 0 ignored), or None for chains.
         track_rows, track_steps (torch.Tensor): `[B]` optional prefix-cache snapshot rows and the
             path node after which each is taken (``-1``: none).
+        form (str): ``"replay"`` (one rank-1 step per path node, the served form) or ``"dot"``
+            (the path in chunk form on tensor cores, :func:`gdn_tree_commit_layers_dot_fwd_kernel`;
+            ``precision`` its dots; default tile BV = 64; needs ``BV >= 16 * num_warps``).
     """
+    if form not in COMMIT_FORMS:
+        raise ValueError(f"form must be one of {COMMIT_FORMS}, got {form!r}")
     L, S, NR, HK, K = k.shape
     HV, V = v.shape[3], v.shape[4]
     B = rows.shape[0]
@@ -1166,8 +1250,23 @@ def gdn_tree_commit_layers_fwd(k, v, g, beta, state, rows, last, parents=None, t
     NP = parents.shape[1] if parents is not None else NR
     BN = triton.next_power_of_2(max(NP, 2))
     BK = triton.next_power_of_2(K)
-    BV = BV or _default_bv(V)
     dummy = rows
+    if form == "dot":
+        BV = BV or min(triton.next_power_of_2(V), 64)
+        _check_precisions(precision, None)
+        if BV < 16 * num_warps and state.is_cuda:
+            raise ValueError(f"form='dot' needs BV >= 16 * num_warps, got BV={BV}, num_warps={num_warps}")
+        gdn_tree_commit_layers_dot_fwd_kernel[(triton.cdiv(V, BV), B * HV, L)](
+            k, v, g, beta, state, rows, ring_rows, parents.contiguous() if parents is not None else dummy, last,
+            track_rows if track_rows is not None else dummy, track_steps if track_steps is not None else dummy,
+            k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1), state.stride(0),
+            state.stride(1), NP,
+            HK=HK, HV=HV, K=K, V=V, BL=max(16, BN), BK=BK, BV=BV, USE_QK_L2NORM=use_qk_l2norm,
+            HAS_PARENTS=parents is not None, HAS_TRACK=track_rows is not None, PRECISION=precision,
+            num_warps=num_warps,
+        )
+        return state
+    BV = BV or _default_bv(V)
     gdn_tree_commit_layers_fwd_kernel[(triton.cdiv(V, BV), B * HV, L)](
         k, v, g, beta, state, rows, ring_rows, parents.contiguous() if parents is not None else dummy, last,
         track_rows if track_rows is not None else dummy, track_steps if track_steps is not None else dummy,

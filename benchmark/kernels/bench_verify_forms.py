@@ -97,7 +97,8 @@ def run_cell(model, tree_name, parents_list, B, variants=True):
         for name, kw in (("BV32-w2", dict(BV=32, num_warps=2)), ("BV128-w8", dict(BV=128, num_warps=8)),
                          ("BV128-w4", dict(BV=128, num_warps=4)), ("BV16-w1", dict(BV=16, num_warps=1)),
                          ("prep-w2", dict(prep_warps=2)), ("prep-w8", dict(prep_warps=8)),
-                         ("low-tf32", dict(precision_low="tf32")), ("rows", dict(apply_t=False))):
+                         ("low-tf32", dict(precision_low="tf32")), ("rows", dict(apply_t=False)),
+                         ("fma", dict(apply_fma=True)), ("fma-BV32-w2", dict(apply_fma=True, BV=32, num_warps=2))):
             kw_ = dict(kw)
             if "precision_low" in kw_:
                 g_ = dict(gate, precision_low=kw_.pop("precision_low"))

@@ -74,7 +74,44 @@ def resources(kernel, consts, warps, programs, bf16_gates=True, maxnreg=None):
                 warps_per_SM=blocks * warps, programs=programs, waves=round(programs / (SMS * max(blocks, 1)), 2))
 
 
+def new_forms():
+    """Session 6: the mix verify's two passes, pass 2 transposed (both split forms), the dot commit."""
+    rows = []
+    for BT in (16, 32, 64):
+        consts = dict(HK=16, HV=48, K=128, BT=BT, BK=128, PRECISION="tf32x3", PRECISION_LOW="tf32x3",
+                      USE_QK_L2NORM=True, HAS_STATE_INDICES=True, FUSED_GATING=True, STORE_RING=True)
+        r = resources(tri.gdn_tree_mix_prep_fwd_kernel, consts, 4, BATCH * 16)
+        rows.append(dict(kernel="mix verify, pass 1 (per key head)", BT=BT, warps=4, precision="tf32x3", **r))
+        print(json.dumps(rows[-1]), flush=True)
+        for BV, warps, apply_t, fma in ((64, 4, True, False), (64, 4, False, False), (128, 8, True, False),
+                                        (64, 8, True, False), (32, 2, True, False), (64, 4, True, True),
+                                        (32, 2, True, True)):
+            consts = dict(HK=16, HV=48, K=128, V=128, BT=BT, BK=128, BV=BV, PRECISION="tf32x3",
+                          PRECISION_LOW="tf32x3", USE_QK_L2NORM=True, HAS_STATE_INDICES=True, STORE_RING=True,
+                          APPLY_T=apply_t, APPLY_FMA=fma)
+            r = resources(tri.gdn_tree_mix_apply_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV))
+            rows.append(dict(kernel="mix verify, pass 2" + (" (fp32 FMA)" if fma else " (transposed)" if apply_t else ""),
+                             BT=BT, BV=BV, warps=warps, precision="tf32x3", **r))
+            print(json.dumps(rows[-1]), flush=True)
+        consts = dict(HV=48, K=128, V=128, BT=BT, BK=128, BVF=128, BV=64, PRECISION="tf32x3", HAS_STATE_INDICES=True,
+                      APPLY_T=True)
+        r = resources(tri.gdn_tree_split_apply_fwd_kernel, consts, 4, BATCH * 48 * 2)
+        rows.append(dict(kernel="split verify, pass 2 (transposed)", BT=BT, BV=64, warps=4, precision="tf32x3", **r))
+        print(json.dumps(rows[-1]), flush=True)
+    for BV, warps in ((64, 4), (128, 8), (32, 2)):
+        consts = dict(SHAPE, BL=16, BK=128, BV=BV, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=True,
+                      PRECISION="tf32x3")
+        r = resources(tri.gdn_tree_commit_layers_dot_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV),
+                      bf16_gates=False)
+        rows.append(dict(kernel="all-layer commit, dot form (per layer)", BV=BV, warps=warps, **r))
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def main():
+    if sys.argv[1:2] == ["--new"]:  # only the session-6 kernels, printed
+        new_forms()
+        return
     rows = []
     base = dict(BK=128, USE_QK_L2NORM=True, FUSED_GATING=True, **SHAPE)
     for BT in (16, 32, 64):  # trees of <= 16, <= 32, <= 64 nodes
@@ -117,6 +154,7 @@ def main():
             r = resources(tri.gdn_tree_split_apply_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV))
             rows.append(dict(kernel="split verify, pass 2", BT=BT, BV=BV, warps=warps, precision="tf32x3", **r))
             print(json.dumps(rows[-1]), flush=True)
+    rows += new_forms()
     for BV, warps in ((16, 4), (32, 4), (64, 4)):
         consts = dict(base, BV=BV, HAS_STATE_INDICES=True, HAS_TRACK=False)
         r = resources(tri.gdn_tree_commit_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV))

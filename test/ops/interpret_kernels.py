@@ -119,11 +119,12 @@ def gdn(kind, l2):
     assert_close(f"{kind} split verify (factored M = P T)", ref, os_, 1e-4)
     # the mix form (pass 1 per key head: only the [BT, BT] mixing matrices; pass 2 forms q h^T, k h^T)
     for kw_ in (dict(A_log=A_log, a=a, dt_bias=dtb, b=bb), dict(g=gg, beta=be)):
-        for prec, low in (("tf32x3", None), ("tf32x3", "tf32"), ("ieee", None)):
+        for prec, low, fma in (("tf32x3", None, False), ("tf32x3", "tf32", False), ("ieee", None, False),
+                               ("tf32x3", None, True)):
             os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, use_qk_l2norm=l2, state_indices=si, BV=16,
                                                 out=torch.zeros(B, N, Hv, V), precision=prec, precision_low=low,
-                                                form="mix", **kw_)
-            assert_close(f"{kind} mix verify ({prec}/{low}, {sorted(kw_)})", ref, os_, 1e-4)
+                                                form="mix", apply_fma=fma, **kw_)
+            assert_close(f"{kind} mix verify ({prec}/{low}, fma={fma}, {sorted(kw_)})", ref, os_, 1e-4)
     BT_ = max(16, 1 << (N - 1).bit_length())
     mix = (torch.full((B * Hv * (2 * BT_ * BT_ + BT_),), float("nan")),)
     o_p = torch.zeros(B, N, Hv, V)
@@ -134,6 +135,7 @@ def gdn(kind, l2):
                                   scratch=mix, passes="apply", form="mix")
     assert_close(f"{kind} mix verify (passes apart)", ref, o_p, 1e-4)
     for bad in (dict(form="qr"), dict(form="mix", factored=True), dict(form="mix", prep_maxnreg=128),
+                dict(apply_fma=True), dict(form="mix", apply_fma=True, apply_t=False),
                 dict(form="mix", scratch=(mix[0][:7],)), dict(form="mix", passes="apply")):
         try:
             tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si, **bad)

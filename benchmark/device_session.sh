@@ -138,15 +138,15 @@ case $CALL in
           --parity-only --out "$OUT/s-mix.json" --port 30100 ) &
     wait ;;
 15) # session 7 (staged in session 6): the verify forms + both commit forms side by side, with variants (GPU 0),
-    # then the GPU tests written in session 6 and not yet run; served at 24 GDN layers: the mix default and
-    # the dot commit at topk 2 / 4, then NEXTN chain + LUMOTREE chain rows (GPU 1)
+    # then the GPU tests written in session 6 and not yet run; served at 24 GDN layers: the dot commit at
+    # topk 4, then controlled acceptance (p 0.7) on LumoTree's path and SGLang's (GPU 1)
     BENCH32="python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-32l --log-dir $LOGS --output-len 256"
     ( lane 0 300 python3 benchmark/kernels/bench_verify_forms.py --trees topk2-depth3,topk4-n8,eagle-16,eagle-64 \
           --out "$OUT/verify_forms.json"
       lane 0 $((LIMIT - 10 - SECONDS)) python3 -m pytest -q -rf -m gpu test/ops/test_gdn_tree_gpu.py \
           -k "dot_commit or (split_verify_matches and random and bfloat16)" ) &
-    ( lane 1 $((LIMIT - 10)) $BENCH32 --configs lumotree-topk2,lumotree-topk2-dot,lumotree-topk4-dot --batches 1,8,32 \
-          --out "$OUT/b32-dot.json" --port 30100 ) &
+    ( lane 1 $((LIMIT - 10)) $BENCH32 --configs lumotree-topk4-dot,lumotree-oracle,ngram-oracle --oracle-p 0.7 \
+          --batches 1,8,32 --out "$OUT/b32-dot-oracle.json" --port 30100 ) &
     wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac

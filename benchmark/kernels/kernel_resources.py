@@ -98,6 +98,12 @@ def new_forms():
         r = resources(tri.gdn_tree_split_apply_fwd_kernel, consts, 4, BATCH * 48 * 2)
         rows.append(dict(kernel="split verify, pass 2 (transposed)", BT=BT, BV=64, warps=4, precision="tf32x3", **r))
         print(json.dumps(rows[-1]), flush=True)
+    for BV, warps in ((16, 4), (32, 4), (8, 2)):
+        consts = dict(SHAPE, BN=16, BK=128, BV=BV, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=True, GATHER=True)
+        r = resources(tri.gdn_tree_commit_layers_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV),
+                      bf16_gates=False)
+        rows.append(dict(kernel="all-layer commit, path gathered (per layer)", BV=BV, warps=warps, **r))
+        print(json.dumps(rows[-1]), flush=True)
     for BV, warps in ((64, 4), (128, 8), (32, 2)):
         consts = dict(SHAPE, BL=16, BK=128, BV=BV, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=True,
                       PRECISION="tf32x3")

@@ -78,6 +78,7 @@ CONFIG_ENV = {  # (served default: chunk until session 4, split in session 5, mi
     "lumotree-topk2-mix": ("lumotree-topk2", {"LUMOTREE_SGLANG_VERIFY": "mix"}),
     "lumotree-topk2-dot": ("lumotree-topk2", {"LUMOTREE_SGLANG_COMMIT": "dot"}),  # commit in chunk form
     "lumotree-topk4-dot": ("lumotree-topk4", {"LUMOTREE_SGLANG_COMMIT": "dot"}),
+    "lumotree-topk4-gather": ("lumotree-topk4", {"LUMOTREE_SGLANG_COMMIT": "gather"}),
     "lumotree-topk4-mix": ("lumotree-topk4", {"LUMOTREE_SGLANG_VERIFY": "mix"}),
     "lumotree-topk2-mixed": ("lumotree-topk2", {"LUMOTREE_SGLANG_PRECISION": "mixed"}),
     # SGLang's own greedy acceptance instead of LumoTree's selection op (what the selection costs a step)

@@ -41,12 +41,13 @@ def commit_layers():
                                        par, trows.int() if trows is not None else None,
                                        tsteps.int() if tsteps is not None else None, BV=8)
         assert_close(f"commit layers (parents={par is not None}, track={trows is not None})", p1, p2, 1e-5)
-        p3 = pool.clone()  # the same path in chunk (WY) form on tensor cores
-        tri.gdn_tree_commit_layers_fwd(k, v, gg, be, p3, rows.int(), last.int(),
-                                       par, trows.int() if trows is not None else None,
-                                       tsteps.int() if tsteps is not None else None, BV=8, form="dot")
-        assert_close(f"dot commit layers (parents={par is not None}, track={trows is not None})", p1, p3, 1e-5)
-        assert torch.equal(p3[:, 2], pool[:, 2])  # skipped rows untouched
+        for form in ("dot", "gather"):  # the path in chunk (WY) form; the steps on rows loaded up front
+            p3 = pool.clone()
+            tri.gdn_tree_commit_layers_fwd(k, v, gg, be, p3, rows.int(), last.int(),
+                                           par, trows.int() if trows is not None else None,
+                                           tsteps.int() if tsteps is not None else None, BV=8, form=form)
+            assert_close(f"{form} commit layers (parents={par is not None}, track={trows is not None})", p1, p3, 1e-5)
+            assert torch.equal(p3[:, 2], pool[:, 2])  # skipped rows untouched
         assert not torch.equal(p1[:, 4], pool[:, 4]) and torch.equal(p1[:, 2], pool[:, 2])  # row 2: last = -1
         if trows is not None:
             assert not torch.equal(p1[:, 0], pool[:, 0]) and torch.equal(p1[:, 3], pool[:, 3])  # 3: rows -1 / last -1
@@ -62,12 +63,13 @@ def commit_layers():
     tri.gdn_tree_commit_layers_fwd(*per_req, p3, rows.int(), last.int(), parents, BV=8,
                                    ring_rows=torch.tensor([-1, 0, 3, 1], dtype=torch.int32))
     assert torch.equal(p3[:, 4], pool[:, 4]) and torch.equal(p3[:, 1], p2[:, 1])  # ring row -1: skipped
-    p4 = pool.clone()
-    tri.gdn_tree_commit_layers_fwd(*per_req, p4, rows.int(), last.int(), parents, BV=8, ring_rows=ring_rows.int(),
-                                   form="dot", use_qk_l2norm=False)
     p5 = pool.clone()
     naive.gdn_tree_commit_layers(k, v, gg, be, p5, rows, last, parents, use_qk_l2norm=False)
-    assert_close("dot commit layers, per-request rows, no L2 norm", p5, p4, 1e-5)
+    for form in ("dot", "gather"):
+        p4 = pool.clone()
+        tri.gdn_tree_commit_layers_fwd(*per_req, p4, rows.int(), last.int(), parents, BV=8, ring_rows=ring_rows.int(),
+                                       form=form, use_qk_l2norm=False)
+        assert_close(f"{form} commit layers, per-request rows, no L2 norm", p5, p4, 1e-5)
     try:
         tri.gdn_tree_commit_layers_fwd(*per_req, pool.clone(), rows.int(), last.int(), parents, form="wy")
         raise AssertionError("accepted form='wy'")

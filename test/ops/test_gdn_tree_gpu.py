@@ -306,8 +306,8 @@ def test_commit_layers_on_a_pool_past_2_31_elements_per_layer_offset():
 @pytest.mark.parametrize("tree_kind", ["chain", "eagle", "random"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_dot_commit_equals_replay_commit_and_reference(tree_kind, dtype):
-    """The all-layer commit in chunk form (``form="dot"``) == the reference and == the served
-    replay form, at Qwen3.5-like heads (GQA 3), 16- and 64-node trees, with prefix-cache snapshots,
+    """The all-layer commit in chunk form (``form="dot"``) and with the path gathered up front
+    (``form="gather"``) == the reference and == the served replay form, at Qwen3.5-like heads (GQA 3), 16- and 64-node trees, with prefix-cache snapshots,
     skipped requests, per-request ring rows; BV 64 / 4 warps (default) and BV 128 / 8 warps."""
     from lumotree.ops.gdn_tree import triton as tri
 
@@ -333,10 +333,10 @@ def test_dot_commit_equals_replay_commit_and_reference(tree_kind, dtype):
         rep = pool.clone()
         tri.gdn_tree_commit_layers_fwd(*ring, rep, rows, last, parents, trows, tsteps, ring_rows=ring_rows)
         tol = 1e-4 if dtype == torch.float32 else 5e-3
-        for cfg in (dict(), dict(BV=128, num_warps=8)):
+        for cfg in (dict(form="dot"), dict(form="dot", BV=128, num_warps=8), dict(form="gather"),
+                    dict(form="gather", BV=32)):
             dot = pool.clone()
-            tri.gdn_tree_commit_layers_fwd(*ring, dot, rows, last, parents, trows, tsteps, ring_rows=ring_rows,
-                                           form="dot", **cfg)
+            tri.gdn_tree_commit_layers_fwd(*ring, dot, rows, last, parents, trows, tsteps, ring_rows=ring_rows, **cfg)
             assert_close(f"dot commit vs reference ({N}, {cfg})", want, dot, tol)
             assert_close(f"dot commit vs replay ({N}, {cfg})", rep, dot, 1e-4)
             assert torch.equal(dot[:, 2], pool[:, 2]) and torch.equal(dot[:, 4], pool[:, 4])  # untouched rows

@@ -138,13 +138,14 @@ def served_settings(env=os.environ):
     return precision, form
 
 
-COMMIT_FORMS = ("replay", "dot")
+COMMIT_FORMS = ("replay", "gather", "dot")
 
 
 def served_commit_form(env=os.environ) -> str:
-    """``LUMOTREE_SGLANG_COMMIT``: ``replay`` (default: one rank-1 step per accepted node) or ``dot``
-    (the accepted path in chunk form on tensor cores, fp32-accurate dots; interpreter- and
-    GPU-tested, not yet timed on the GPU). Unknown values fail when the backend starts."""
+    """``LUMOTREE_SGLANG_COMMIT``: ``replay`` (default: one rank-1 step per accepted node),
+    ``gather`` (the same steps, the path's rows loaded in one round first) or ``dot`` (the accepted
+    path in chunk form on tensor cores, fp32-accurate dots); ``gather`` and ``dot`` are
+    interpreter-tested, not yet run on the GPU. Unknown values fail when the backend starts."""
     form = env.get("LUMOTREE_SGLANG_COMMIT", "replay")
     if form not in COMMIT_FORMS:
         raise ValueError(f"LUMOTREE_SGLANG_COMMIT must be one of {', '.join(COMMIT_FORMS)}, got {form!r}")

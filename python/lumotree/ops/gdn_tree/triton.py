@@ -634,12 +634,14 @@ def gdn_tree_commit_layers_fwd_kernel(
     stride_kl, stride_ks, stride_vl, stride_vs, stride_gl, stride_gs, stride_sl, stride_ss, NP,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_PARENTS: tl.constexpr,
-    HAS_TRACK: tl.constexpr,
+    HAS_TRACK: tl.constexpr, GATHER: tl.constexpr = False,
 ):
     """Replay commit of every GDN layer in one launch, reading the verify's buffers in place:
     ``k[l, r, node]`` `[Hk, K]`, ``v[l, r, node]`` `[Hv, V]`, ``g/beta[l, r, node]`` `[Hv]` with
     ``r = ring_rows[b]``; the state is read and written at pool row ``rows[b]``. The accepted root
-    path is found here by walking ``parents`` up from ``last[b]``."""
+    path is found here by walking ``parents`` up from ``last[b]``. ``GATHER``: the whole path's k,
+    v and gates are loaded in one round before the steps (each step then picks its row in
+    registers), instead of one dependent round of loads per step."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     # 64-bit layer offsets: a served pool is [L, slots, Hv, V, K] with ~10^5 slots, so layer
     # i_l * stride_sl passes 2^31 elements from the third layer on (int32 would wrap)
@@ -667,11 +669,31 @@ def gdn_tree_commit_layers_fwd_kernel(
         mask_h = mask_v[:, None] & mask_k[None, :]
         p_h = state + i_l * stride_sl + row * stride_ss + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
         b_h = tl.load(p_h, mask=mask_h, other=0.0).to(tl.float32)
+        if GATHER:
+            m_n = o_n <= d
+            node = tl.where(m_n, anc, 0)
+            kb = k + i_l * stride_kl + r_row * stride_ks
+            gb = g + i_l * stride_gl + r_row * stride_gs
+            bb = beta + i_l * stride_gl + r_row * stride_gs
+            p_k = tl.load(kb + (node[:, None] * HK + i_hk) * K + o_k[None, :], mask=m_n[:, None] & mask_k[None, :],
+                          other=0.0).to(tl.float32)  # [BN, BK]
+            p_v = tl.load(v + i_l * stride_vl + r_row * stride_vs + (node[:, None] * HV + i_hv) * V + o_v[None, :],
+                          mask=m_n[:, None] & mask_v[None, :], other=0.0).to(tl.float32)  # [BN, BV]
+            p_g = tl.load(gb + node * HV + i_hv, mask=m_n, other=0.0).to(tl.float32)
+            p_b = tl.load(bb + node * HV + i_hv, mask=m_n, other=0.0).to(tl.float32)
+            if USE_QK_L2NORM:
+                p_k = _l2norm_rows(p_k)
         for j in range(0, d + 1):
-            b_h = _replay_node(b_h, k + i_l * stride_kl + r_row * stride_ks, v + i_l * stride_vl + r_row * stride_vs,
-                               g + i_l * stride_gl + r_row * stride_gs, beta + i_l * stride_gl + r_row * stride_gs,
-                               tl.sum(tl.where(o_n == j, anc, 0)), i_hk, i_hv, o_k, o_v, mask_k, mask_v,
-                               HK, HV, K, V, USE_QK_L2NORM)
+            if GATHER:
+                sel = o_n == j
+                b_h = _delta_rule_step(b_h, tl.sum(tl.where(sel[:, None], p_k, 0.0), 0),
+                                       tl.sum(tl.where(sel[:, None], p_v, 0.0), 0), tl.sum(tl.where(sel, p_g, 0.0)),
+                                       tl.sum(tl.where(sel, p_b, 0.0)), False)
+            else:
+                b_h = _replay_node(b_h, k + i_l * stride_kl + r_row * stride_ks,
+                                   v + i_l * stride_vl + r_row * stride_vs, g + i_l * stride_gl + r_row * stride_gs,
+                                   beta + i_l * stride_gl + r_row * stride_gs, tl.sum(tl.where(o_n == j, anc, 0)),
+                                   i_hk, i_hv, o_k, o_v, mask_k, mask_v, HK, HV, K, V, USE_QK_L2NORM)
             if HAS_TRACK:
                 if j == t_pos:
                     tl.store(state + i_l * stride_sl + t_row * stride_ss + i_hv * V * K + o_v[:, None] * K
@@ -1024,7 +1046,10 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     BK = triton.next_power_of_2(K)
     BVF = triton.next_power_of_2(V)
     d_bv, d_warps, d_prep = split_config(BT, V)
-    mix_prep_warps = prep_warps or 4  # mix pass 1: [BT, BT] tiles only; 4 warps at every size (as measured)
+    # mix pass 1 ([BT, BT] tiles, one program per request and key head): 2 warps once there are >= 2
+    # programs per SM at <= 32 nodes (H200, session 6: 9-16 % faster verify at bs 32, 6-14 % slower at
+    # bs 8), else 4 (2 warps: 2x slower at 64 nodes, bs 8)
+    mix_prep_warps = prep_warps or (2 if BT <= 32 and B * HK >= 2 * _num_sms(q.device) else 4)
     BV, num_warps, prep_warps = BV or d_bv, num_warps or d_warps, prep_warps or d_prep
     if apply_t and BV < 16 * num_warps and q.is_cuda:  # (a code-generation limit: the interpreter has none)
         raise ValueError(f"apply_t (pass 2 transposed) needs BV >= 16 * num_warps, got BV={BV}, num_warps={num_warps} "
@@ -1069,7 +1094,7 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
 
 
 SPLIT_FORMS = ("wy", "mix")
-COMMIT_FORMS = ("replay", "dot")
+COMMIT_FORMS = ("replay", "gather", "dot")
 
 
 def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, scratch, passes, fused, g,
@@ -1237,7 +1262,8 @@ def gdn_tree_commit_layers_fwd(k, v, g, beta, state, rows, last, parents=None, t
         parents (torch.Tensor): `[B, NP]` the verify tree (entry 0 ignored), or None for chains.
         track_rows, track_steps (torch.Tensor): `[B]` optional prefix-cache snapshot rows and the
             path node after which each is taken (``-1``: none).
-        form (str): ``"replay"`` (one rank-1 step per path node, the served form) or ``"dot"``
+        form (str): ``"replay"`` (one rank-1 step per path node, the served form), ``"gather"``
+            (the same steps, the path's rows loaded in one round first) or ``"dot"``
             (the path in chunk form on tensor cores, :func:`gdn_tree_commit_layers_dot_fwd_kernel`;
             ``precision`` its dots; default tile BV = 64; needs ``BV >= 16 * num_warps``).
     """
@@ -1287,7 +1313,8 @@ def gdn_tree_commit_layers_fwd(k, v, g, beta, state, rows, last, parents=None, t
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1), state.stride(0),
         state.stride(1), NP,
         HK=HK, HV=HV, K=K, V=V, BN=BN, BK=BK, BV=BV, USE_QK_L2NORM=use_qk_l2norm,
-        HAS_PARENTS=parents is not None, HAS_TRACK=track_rows is not None, num_warps=num_warps,
+        HAS_PARENTS=parents is not None, HAS_TRACK=track_rows is not None, GATHER=form == "gather",
+        num_warps=num_warps,
     )
     return state
 

@@ -29,7 +29,7 @@ TYPES = {  # pointer / scalar argument types by name (everything else: *fp32)
     "q": "*bf16", "k": "*bf16", "v": "*bf16", "ring_k": "*bf16", "ring_v": "*bf16",
     "anc_mask": "*i8", "num_nodes": "*i64", "state_indices": "*i32", "rows": "*i32", "ring_rows": "*i32", "parents": "*i32",
     "last": "*i32", "accept_nodes": "*i32", "accept_len": "*i32", "track_rows": "*i64", "track_len": "*i32",
-    "track_steps": "*i32", "scale": "fp32", "N": "i32", "L": "i32", "NP": "i32",
+    "track_steps": "*i32", "scale": "fp32", "N": "i32", "L": "i32", "NP": "i32", "NUM_TILES": "i32",
     "pc_rows": "*i32", "pc_last": "*i32", "pc_parents": "*i64", "pc_k": "*bf16", "pc_v": "*bf16", "PC_NP": "i32",
 }
 
@@ -93,6 +93,13 @@ def new_forms():
             rows.append(dict(kernel="mix verify, pass 2" + (" (fp32 FMA)" if fma else " (transposed)" if apply_t else ""),
                              BT=BT, BV=BV, warps=warps, precision="tf32x3", **r))
             print(json.dumps(rows[-1]), flush=True)
+        consts = dict(HK=16, HV=48, K=128, V=128, BT=BT, BK=128, BV=64, PRECISION="tf32x3", PRECISION_LOW="tf32x3",
+                      USE_QK_L2NORM=True, HAS_STATE_INDICES=True, STORE_RING=True, APPLY_T=True, APPLY_FMA=False, NV=2,
+                      STAGES=2)
+        r = resources(tri.gdn_tree_mix_apply_persistent_fwd_kernel, consts, 4, SMS * 2)
+        rows.append(dict(kernel="mix verify, pass 2 (transposed, persistent, 2 stages)", BT=BT, BV=64, warps=4,
+                         precision="tf32x3", **r))
+        print(json.dumps(rows[-1]), flush=True)
         consts = dict(HV=48, K=128, V=128, BT=BT, BK=128, BVF=128, BV=64, PRECISION="tf32x3", HAS_STATE_INDICES=True,
                       APPLY_T=True)
         r = resources(tri.gdn_tree_split_apply_fwd_kernel, consts, 4, BATCH * 48 * 2)

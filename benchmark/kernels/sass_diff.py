@@ -51,6 +51,14 @@ def configs(mod):
                         PC_HAS_PARENTS=False, PC_BN=2))
         yield (f"split pass 2, BT {BT}", mod.gdn_tree_split_apply_fwd_kernel,
                dict(HV=48, K=128, V=128, BT=BT, BK=128, BVF=128, BV=64, PRECISION="tf32x3", HAS_STATE_INDICES=True))
+    if hasattr(mod, "gdn_tree_mix_apply_fwd_kernel"):  # session 6: the mix form (served default), pass 2 transposed
+        for BT in (16, 64):
+            yield (f"mix pass 1, BT {BT}", mod.gdn_tree_mix_prep_fwd_kernel,
+                   dict(HK=16, HV=48, K=128, BT=BT, BK=128, PRECISION="tf32x3", PRECISION_LOW="tf32x3",
+                        USE_QK_L2NORM=True, HAS_STATE_INDICES=True, FUSED_GATING=True, STORE_RING=True))
+            yield (f"mix pass 2 (transposed), BT {BT}", mod.gdn_tree_mix_apply_fwd_kernel,
+                   dict(HK=16, HV=48, K=128, V=128, BT=BT, BK=128, BV=64, PRECISION="tf32x3", PRECISION_LOW="tf32x3",
+                        USE_QK_L2NORM=True, HAS_STATE_INDICES=True, STORE_RING=True, APPLY_T=True))
 
 
 def main(rev):

@@ -121,12 +121,13 @@ def gdn(kind, l2):
     assert_close(f"{kind} split verify (factored M = P T)", ref, os_, 1e-4)
     # the mix form (pass 1 per key head: only the [BT, BT] mixing matrices; pass 2 forms q h^T, k h^T)
     for kw_ in (dict(A_log=A_log, a=a, dt_bias=dtb, b=bb), dict(g=gg, beta=be)):
-        for prec, low, fma in (("tf32x3", None, False), ("tf32x3", "tf32", False), ("ieee", None, False),
-                               ("tf32x3", None, True)):
+        for prec, low, var in (("tf32x3", None, {}), ("tf32x3", "tf32", {}), ("ieee", None, {}),
+                               ("tf32x3", None, dict(apply_fma=True)), ("tf32x3", None, dict(apply_persistent=1)),
+                               ("tf32x3", None, dict(apply_persistent=2, apply_t=False))):
             os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, use_qk_l2norm=l2, state_indices=si, BV=16,
                                                 out=torch.zeros(B, N, Hv, V), precision=prec, precision_low=low,
-                                                form="mix", apply_fma=fma, **kw_)
-            assert_close(f"{kind} mix verify ({prec}/{low}, fma={fma}, {sorted(kw_)})", ref, os_, 1e-4)
+                                                form="mix", **var, **kw_)
+            assert_close(f"{kind} mix verify ({prec}/{low}, {var}, {sorted(kw_)})", ref, os_, 1e-4)
     BT_ = max(16, 1 << (N - 1).bit_length())
     mix = (torch.full((B * Hv * (2 * BT_ * BT_ + BT_),), float("nan")),)
     o_p = torch.zeros(B, N, Hv, V)
@@ -137,7 +138,7 @@ def gdn(kind, l2):
                                   scratch=mix, passes="apply", form="mix")
     assert_close(f"{kind} mix verify (passes apart)", ref, o_p, 1e-4)
     for bad in (dict(form="qr"), dict(form="mix", factored=True), dict(form="mix", prep_maxnreg=128),
-                dict(apply_fma=True), dict(form="mix", apply_fma=True, apply_t=False),
+                dict(apply_fma=True), dict(form="mix", apply_fma=True, apply_t=False), dict(apply_persistent=2),
                 dict(form="mix", scratch=(mix[0][:7],)), dict(form="mix", passes="apply")):
         try:
             tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si, **bad)
@@ -198,16 +199,16 @@ def gdn(kind, l2):
                                        state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16, ring=ring_b,
                                        ring_rows=torch.tensor([1, 0], dtype=torch.int32))
     assert torch.equal(o, o4) and not ring_b[0][2].any()
-    for form in tri.SPLIT_FORMS:
-        for apply_t in (True, False):
-            ring_s = tuple(torch.zeros_like(t) for t in ring_b)
-            os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb,
-                                                use_qk_l2norm=l2, state_indices=si, out=torch.zeros(B, N, Hv, V),
-                                                BV=16, ring=ring_s, ring_rows=torch.tensor([1, 0], dtype=torch.int32),
-                                                form=form, apply_t=apply_t)
-            assert_close(f"{kind} split verify ({form}, apply_t={apply_t}) with ring", ref, os_, 1e-4)
-            for t, ts in zip(ring_b, ring_s):
-                assert torch.equal(t, ts), f"split verify ({form}, {apply_t}) ring stores != chunk verify ring stores"
+    for form, var in [(f, dict(apply_t=t)) for f in tri.SPLIT_FORMS for t in (True, False)] + [
+            ("mix", dict(apply_persistent=1))]:
+        ring_s = tuple(torch.zeros_like(t) for t in ring_b)
+        os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb,
+                                            use_qk_l2norm=l2, state_indices=si, out=torch.zeros(B, N, Hv, V),
+                                            BV=16, ring=ring_s, ring_rows=torch.tensor([1, 0], dtype=torch.int32),
+                                            form=form, **var)
+        assert_close(f"{kind} split verify ({form}, {var}) with ring", ref, os_, 1e-4)
+        for t, ts in zip(ring_b, ring_s):
+            assert torch.equal(t, ts), f"split verify ({form}, {var}) ring stores != chunk verify ring stores"
     for t, tb in zip(ring, ring_b):
         assert torch.equal(tb[1], t[3]) and torch.equal(tb[0], t[1])
     an = tree.root_path(nums - 1)

@@ -437,26 +437,13 @@ def gdn_tree_mix_prep_fwd_kernel(
 
 
 @triton.jit
-def gdn_tree_mix_apply_fwd_kernel(
-    q, k, v, mix, o, state, state_indices, num_nodes, ring_rows, ring_v, stride_rv, stride_state, N,
-    stride_qt, stride_kt, stride_vt,
-    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+def _mix_apply_tile(
+    i_v, i_bh, q, k, v, mix, o, state, state_indices, num_nodes, ring_rows, ring_v, stride_rv, stride_state, N,
+    stride_qt, stride_kt, stride_vt, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, PRECISION: tl.constexpr, PRECISION_LOW: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-    HAS_STATE_INDICES: tl.constexpr, STORE_RING: tl.constexpr, APPLY_T: tl.constexpr = False,
-    APPLY_FMA: tl.constexpr = False,
+    HAS_STATE_INDICES: tl.constexpr, STORE_RING: tl.constexpr, APPLY_T: tl.constexpr, APPLY_FMA: tl.constexpr,
 ):
-    """Mix verify, pass 2 (grid: V-blocks x requests x value heads): the committed state tile is
-    read once, in place from the pool row, and meets the tree's normalised queries and keys in two
-    dots; pass 1's mixing matrices then combine them with the values:
-    ``o = diag(Lq) (q h^T) + Lk (k h^T) + Lv v``. Also keeps raw v in the ring (for the commit).
-
-    ``APPLY_T``: ``Q = diag(Lq) q + Lk k`` `[BT, K]` first (a small dot), then one state dot formed
-    transposed, ``o^T = h Q^T + v^T Lv^T`` `[BV, BT]`: the state tile is the MMA's M-side operand
-    (see :func:`gdn_tree_split_apply_fwd_kernel`). ``APPLY_FMA`` (with ``APPLY_T``): the state
-    product in fp32 FMAs instead, one tree node per step (``oᵀ[:, t] = h Q[t]``, ``n`` steps) -- the
-    state tile is never split into tf32 halves (the tf32x3 MMA's register cost) and the sums are
-    exact fp32."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    """One (V-block, request x value head) tile of the mix verify's pass 2 (see the kernels below)."""
     i_b = i_bh // HV
     i_hv = i_bh % HV
     i_hk = i_hv // (HV // HK)
@@ -496,14 +483,15 @@ def gdn_tree_mix_apply_fwd_kernel(
         b_lk = tl.load(mix + base + o_t[:, None] * BT + o_t[None, :])
         b_lvT = tl.load(mix + base + BT * BT + o_t[None, :] * BT + o_t[:, None])  # [j, i] = Lv[i, j]
         b_Q = b_lq[:, None] * b_q + tl.dot(b_lk, b_k, input_precision=PRECISION)  # [BT, K]
-        b_oT = tl.dot(b_vT.to(tl.float32), b_lvT, input_precision=PRECISION)  # Lv v, transposed [BV, BT]
         if APPLY_FMA:
+            b_oT = tl.dot(b_vT.to(tl.float32), b_lvT, input_precision=PRECISION)  # Lv v, transposed [BV, BT]
             for t in range(0, n):
                 q_t = tl.sum(tl.where(o_t[:, None] == t, b_Q, 0.0), 0)  # row t of Q  [BK]
                 col = tl.sum(b_h * q_t[None, :], 1)  # h Q[t]  [BV]
                 b_oT = tl.where(o_t[None, :] == t, b_oT + col[:, None], b_oT)
-        else:
-            b_oT += tl.dot(b_h, tl.trans(b_Q), input_precision=PRECISION)  # [BV, BT]
+        else:  # (the order measured in session 6)
+            b_oT = tl.dot(b_h, tl.trans(b_Q), input_precision=PRECISION)  # [BV, BT]
+            b_oT += tl.dot(b_vT.to(tl.float32), b_lvT, input_precision=PRECISION)
         tl.store(o + (tok[None, :] * HV + i_hv) * V + o_v[:, None], b_oT.to(o.dtype.element_ty), mask=m_vT)
     else:
         b_v = tl.load(v + tok[:, None] * stride_vt + i_hv * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :],
@@ -521,6 +509,52 @@ def gdn_tree_mix_apply_fwd_kernel(
         b_o += tl.dot(b_lv, b_v.to(tl.float32), input_precision=PRECISION)
         tl.store(o + (tok[:, None] * HV + i_hv) * V + o_v[None, :], b_o.to(o.dtype.element_ty),
                  mask=m_t[:, None] & m_v[None, :])
+
+
+@triton.jit
+def gdn_tree_mix_apply_fwd_kernel(
+    q, k, v, mix, o, state, state_indices, num_nodes, ring_rows, ring_v, stride_rv, stride_state, N,
+    stride_qt, stride_kt, stride_vt,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, PRECISION: tl.constexpr, PRECISION_LOW: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+    HAS_STATE_INDICES: tl.constexpr, STORE_RING: tl.constexpr, APPLY_T: tl.constexpr = False,
+    APPLY_FMA: tl.constexpr = False,
+):
+    """Mix verify, pass 2 (grid: V-blocks x requests x value heads): the committed state tile is
+    read once, in place from the pool row, and meets the tree's normalised queries and keys in two
+    dots; pass 1's mixing matrices then combine them with the values:
+    ``o = diag(Lq) (q h^T) + Lk (k h^T) + Lv v``. Also keeps raw v in the ring (for the commit).
+
+    ``APPLY_T``: ``Q = diag(Lq) q + Lk k`` `[BT, K]` first (a small dot), then one state dot formed
+    transposed, ``o^T = h Q^T + v^T Lv^T`` `[BV, BT]`: the state tile is the MMA's M-side operand
+    (see :func:`gdn_tree_split_apply_fwd_kernel`). ``APPLY_FMA`` (with ``APPLY_T``): the state
+    product in fp32 FMAs instead, one tree node per step (``oᵀ[:, t] = h Q[t]``, ``n`` steps) -- the
+    state tile is never split into tf32 halves (the tf32x3 MMA's register cost) and the sums are
+    exact fp32."""
+    _mix_apply_tile(tl.program_id(0), tl.program_id(1), q, k, v, mix, o, state, state_indices, num_nodes, ring_rows,
+                    ring_v, stride_rv, stride_state, N, stride_qt, stride_kt, stride_vt, HK, HV, K, V, BT, BK, BV,
+                    PRECISION, PRECISION_LOW, USE_QK_L2NORM, HAS_STATE_INDICES, STORE_RING, APPLY_T, APPLY_FMA)
+
+
+@triton.jit
+def gdn_tree_mix_apply_persistent_fwd_kernel(
+    q, k, v, mix, o, state, state_indices, num_nodes, ring_rows, ring_v, stride_rv, stride_state, N,
+    stride_qt, stride_kt, stride_vt,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, PRECISION: tl.constexpr, PRECISION_LOW: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+    HAS_STATE_INDICES: tl.constexpr, STORE_RING: tl.constexpr, APPLY_T: tl.constexpr, APPLY_FMA: tl.constexpr,
+    NUM_TILES, NV: tl.constexpr, STAGES: tl.constexpr,
+):
+    """Pass 2 of the mix verify as a persistent grid: each program walks tiles ``pid, pid + P, ...``
+    (V-blocks of one head adjacent) in a software-pipelined loop (``STAGES``), so the next tile's
+    state load can be in flight while this tile's dots run -- the one-tile-per-program grid only
+    overlaps tiles across its 2 resident programs per SM (255 registers at 4 warps)."""
+    for tile in tl.range(tl.program_id(0), NUM_TILES, tl.num_programs(0), num_stages=STAGES):
+        # (tl.cast: the loop index is a plain int in the interpreter)
+        _mix_apply_tile(tl.cast(tile % NV, tl.int32), tl.cast(tile // NV, tl.int32), q, k, v, mix, o, state,
+                        state_indices, num_nodes, ring_rows, ring_v, stride_rv, stride_state, N, stride_qt, stride_kt,
+                        stride_vt, HK, HV, K, V, BT, BK, BV,
+                        PRECISION, PRECISION_LOW, USE_QK_L2NORM, HAS_STATE_INDICES, STORE_RING, APPLY_T, APPLY_FMA)
 
 
 @triton.jit
@@ -1002,7 +1036,7 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
                               ring: Optional[tuple] = None, ring_rows: Optional[torch.Tensor] = None,
                               factored: bool = False, prep_maxnreg: Optional[int] = None,
                               scratch: Optional[tuple] = None, passes: str = "both", form: str = "wy",
-                              apply_t: bool = True, apply_fma: bool = False):
+                              apply_t: bool = True, apply_fma: bool = False, apply_persistent: int = 0):
     """Launcher of the split tree verify: the same outputs as :func:`gdn_tree_chunk_verify_fwd`
     (same arguments, same ring stores) in two passes. Pass 1 (one program per request and value
     head) does all the state-independent work of the tree-masked WY chunk and leaves
@@ -1027,13 +1061,17 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
 
     ``apply_t`` (default): pass 2 forms its state dot transposed, ``o^T = h Q^T`` (the state tile
     on the MMA's M side); ``False``: ``o = Q h^T``, the orientation measured in session 5.
-    ``apply_fma`` (``form="mix"``, transposed): the state product in fp32 FMAs, one node per step."""
+    ``apply_fma`` (``form="mix"``, transposed): the state product in fp32 FMAs, one node per step.
+    ``apply_persistent=P`` (``form="mix"``): pass 2 as a persistent, software-pipelined grid of ``P``
+    programs per SM (:func:`gdn_tree_mix_apply_persistent_fwd_kernel`)."""
     if passes not in ("both", "prep", "apply"):
         raise ValueError(f"passes must be both, prep or apply, got {passes!r}")
     if form not in SPLIT_FORMS:
         raise ValueError(f"form must be one of {SPLIT_FORMS}, got {form!r}")
     if apply_fma and (form != "mix" or not apply_t):
         raise ValueError("apply_fma is a variant of form='mix' with apply_t=True")
+    if apply_persistent and form != "mix":
+        raise ValueError("apply_persistent is a variant of form='mix'")
     if form == "mix" and (factored or prep_maxnreg):
         raise ValueError("factored / prep_maxnreg are variants of form='wy' (pass 1 of form='mix' has no [BT, K] tiles)")
     if passes == "apply" and scratch is None:
@@ -1064,7 +1102,7 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
         return _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, scratch, passes, fused,
                            g, beta, A_log, a, dt_bias, b, scale, use_qk_l2norm, state_indices is not None,
                            ring is not None, precision, precision_low, BT, BK, BV, num_warps,
-                           mix_prep_warps, apply_t, apply_fma)
+                           mix_prep_warps, apply_t, apply_fma, apply_persistent)
     if scratch is None:
         qt = torch.empty(B * HV * BT * BK, dtype=torch.float32, device=q.device)
         c = torch.empty(B * HV * BT * BVF, dtype=torch.float32, device=q.device)
@@ -1099,7 +1137,7 @@ COMMIT_FORMS = ("replay", "gather", "dot")
 
 def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, scratch, passes, fused, g,
                 beta, A_log, a, dt_bias, b, scale, l2, has_si, store_ring, precision, precision_low, BT, BK, BV,
-                num_warps, prep_warps, apply_t, apply_fma=False):
+                num_warps, prep_warps, apply_t, apply_fma=False, persistent=0):
     """The two launches of :func:`gdn_tree_split_verify_fwd` with ``form="mix"``."""
     B, N, HK, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -1120,12 +1158,17 @@ def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_a
             HAS_STATE_INDICES=has_si, FUSED_GATING=fused, STORE_RING=store_ring, num_warps=prep_warps,
         )
     if passes != "prep":
-        gdn_tree_mix_apply_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
-            q, k, v, mix, out, state, si, num_nodes, ring_rows, rv, srv, state.stride(0), N, sq, sk, sv,
-            HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, PRECISION=precision, PRECISION_LOW=precision_low,
-            USE_QK_L2NORM=l2, HAS_STATE_INDICES=has_si, STORE_RING=store_ring, APPLY_T=apply_t, APPLY_FMA=apply_fma,
-            num_warps=num_warps,
-        )
+        args = (q, k, v, mix, out, state, si, num_nodes, ring_rows, rv, srv, state.stride(0), N, sq, sk, sv)
+        meta = dict(HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, PRECISION=precision, PRECISION_LOW=precision_low,
+                    USE_QK_L2NORM=l2, HAS_STATE_INDICES=has_si, STORE_RING=store_ring, APPLY_T=apply_t,
+                    APPLY_FMA=apply_fma, num_warps=num_warps)
+        NV = triton.cdiv(V, BV)
+        if persistent:
+            tiles = NV * B * HV
+            gdn_tree_mix_apply_persistent_fwd_kernel[(min(tiles, persistent * _num_sms(q.device)),)](
+                *args, NUM_TILES=tiles, NV=NV, STAGES=2, **meta)
+        else:
+            gdn_tree_mix_apply_fwd_kernel[(NV, B * HV)](*args, **meta)
     return out
 
 

@@ -72,7 +72,44 @@ def split():
     fig.savefig(os.path.join(DOCS, "gdn_split_h200.png"), dpi=110)
 
 
+def forms():
+    """Session 6: the verify forms and the served 24-layer decode speed."""
+    quick = json.load(open(os.path.join(RES, "apply_t_quick_h200.json")))["rows"]
+    rows = {(r["tree"], r["batch"]): r
+            for r in json.load(open(os.path.join(RES, "verify_forms_rows_h200.json")))["rows"]}
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 4.4), gridspec_kw=dict(width_ratios=[1.3, 1]))
+    labels = [f"{q['tree']}\nbs {q['batch']}" for q in quick]
+    series = [("SGLang native verify (call 13)", [rows.get((q["tree"], q["batch"]), {}).get("native_verify_us", 0)
+                                                for q in quick], "0.6"),
+              ("split (session-5 default)", [q["wy_rows"] for q in quick], "C2"),
+              ("split, pass 2 transposed", [q["wy_T"] for q in quick], "C8"),
+              ("mix, untransposed", [q["mix_rows"] for q in quick], "C1"),
+              ("mix, pass 2 transposed (served now)", [q["mix_T"] for q in quick], "C3")]
+    w = 0.8 / len(series)
+    for i, (name, ys, c) in enumerate(series):
+        ax.bar([x + (i - len(series) / 2 + 0.5) * w for x in range(len(quick))], ys, w, label=name, color=c)
+    ax.set_xticks(range(len(quick)))
+    ax.set_xticklabels(labels, fontsize=8)
+    ax.set(yscale="log", ylabel="µs per GDN layer (CUDA graph)", title="Tree verify forms, Qwen3.5-27B heads, H200")
+    ax.legend(fontsize=7)
+    spec = json.load(open(os.path.join(RES, "bench_spec_27b_32l_h200.json")))["rows"]
+    tps = {(r["config"], r["batch"]): r["logged_decode_tokens_per_s"] for r in spec}
+    batches = [1, 8, 32]
+    for name, label, c, m in (("nextn-topk2", "NEXTN topk 2", "0.5", "o--"),
+                              ("lumotree-topk2-split", "LUMOTREE topk 2 (split)", "C2", "o-"),
+                              ("nextn-topk4", "NEXTN topk 4", "0.2", "s--"),
+                              ("lumotree-topk4-mix", "LUMOTREE topk 4 (mix)", "C3", "s-"),
+                              ("none", "no speculation", "k", ":")):
+        bx.plot(batches, [tps[(name, b)] for b in batches], m, color=c, label=label)
+    bx.set(xscale="log", yscale="log", xticks=batches, xticklabels=[str(b) for b in batches], xlabel="batch",
+           ylabel="decode tokens/s (server log)", title="Served, 24 GDN layers, dummy weights (acceptance 1)")
+    bx.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(DOCS, "verify_forms_h200.png"), dpi=110)
+
+
 if __name__ == "__main__":
     gdn()
     select()
     split()
+    forms()

@@ -84,6 +84,44 @@ def _root_path(parents, last, i_b, NP, BN: tl.constexpr, HAS_PARENTS: tl.constex
 
 
 @triton.jit
+def _track_pos(track_rows, track_steps, i_b, anc, o_n, d, HAS_TRACK: tl.constexpr):
+    """``(t_row, t_pos)``: the prefix-cache snapshot row of request ``i_b`` and the position on its
+    accepted path (``anc[0..d]``) after which it is taken; ``t_pos = -1``: no snapshot."""
+    t_pos = -1
+    t_row = i_b.to(tl.int64) * 0 - 1
+    if HAS_TRACK:
+        t_row = tl.load(track_rows + i_b).to(tl.int64)
+        t_node = tl.load(track_steps + i_b).to(tl.int32)
+        on_path = (anc == t_node) & (o_n <= d)
+        if (t_row >= 0) & (t_node >= 0) & (tl.sum(on_path.to(tl.int32)) > 0):
+            t_pos = tl.sum(tl.where(on_path, o_n, 0))
+    return t_row, t_pos
+
+
+@triton.jit
+def _path_rows(k, v, g, beta, anc, m_n, i_hk, i_hv, o_k, o_v, mask_k, mask_v, HK: tl.constexpr, HV: tl.constexpr,
+               K: tl.constexpr, V: tl.constexpr, USE_QK_L2NORM: tl.constexpr, V_T: tl.constexpr):
+    """The accepted path's rows from one request's ring buffers (pointers at its row; ``anc[j]``
+    the node at depth ``j``, valid where ``m_n``), in one round of loads: keys `[BN, BK]`
+    (L2-normalised if asked), values `[BN, BV]` (``V_T``: transposed, `[BV, BN]`), log decays and
+    betas `[BN]` (0 off the path)."""
+    node = tl.where(m_n, anc, 0)
+    p_k = tl.load(k + (node[:, None] * HK + i_hk) * K + o_k[None, :], mask=m_n[:, None] & mask_k[None, :],
+                  other=0.0).to(tl.float32)
+    if V_T:
+        p_vT = tl.load(v + (node[None, :] * HV + i_hv) * V + o_v[:, None], mask=m_n[None, :] & mask_v[:, None],
+                       other=0.0).to(tl.float32)
+    else:
+        p_vT = tl.load(v + (node[:, None] * HV + i_hv) * V + o_v[None, :], mask=m_n[:, None] & mask_v[None, :],
+                       other=0.0).to(tl.float32)
+    p_g = tl.load(g + node * HV + i_hv, mask=m_n, other=0.0).to(tl.float32)
+    p_b = tl.load(beta + node * HV + i_hv, mask=m_n, other=0.0).to(tl.float32)
+    if USE_QK_L2NORM:
+        p_k = _l2norm_rows(p_k)
+    return p_k, p_vT, p_g, p_b
+
+
+@triton.jit
 def _replay_node(b_h, k, v, g, beta, i, i_hk, i_hv, o_k, o_v, mask_k, mask_v,
                  HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  USE_QK_L2NORM: tl.constexpr):
@@ -324,6 +362,24 @@ def gdn_tree_split_prep_fwd_kernel(
 
 
 @triton.jit
+def _state_tile(state, state_indices, stride_state, i_b, i_hv, i_v, K: tl.constexpr, V: tl.constexpr,
+                BK: tl.constexpr, BV: tl.constexpr, HAS_STATE_INDICES: tl.constexpr):
+    """``(row, o_k, o_v, m_k, m_v, h)``: request ``i_b``'s committed state tile `[BV, BK]` (fp32) of
+    value head ``i_hv``, V-block ``i_v``, read in place from its pool row (row -1: zeros)."""
+    if HAS_STATE_INDICES:
+        row = tl.load(state_indices + i_b).to(tl.int64)
+    else:
+        row = i_b.to(tl.int64)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < K
+    m_v = o_v < V
+    b_h = tl.load(state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
+                  mask=m_v[:, None] & m_k[None, :] & (row >= 0), other=0.0).to(tl.float32)
+    return row, o_k, o_v, m_k, m_v, b_h
+
+
+@triton.jit
 def gdn_tree_split_apply_fwd_kernel(
     qt, c, o, state, state_indices, num_nodes, stride_state, N,
     HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
@@ -339,16 +395,8 @@ def gdn_tree_split_apply_fwd_kernel(
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b = i_bh // HV
     i_hv = i_bh % HV
-    if HAS_STATE_INDICES:
-        row = tl.load(state_indices + i_b).to(tl.int64)
-    else:
-        row = i_b.to(tl.int64)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
-    b_h = tl.load(state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
-                  mask=m_v[:, None] & m_k[None, :] & (row >= 0), other=0.0).to(tl.float32)
+    row, o_k, o_v, m_k, m_v, b_h = _state_tile(state, state_indices, stride_state, i_b, i_hv, i_v, K, V, BK, BV,
+                                               HAS_STATE_INDICES)
     n = tl.load(num_nodes + i_b)
     o_t = tl.arange(0, BT)
     m_t = o_t < n
@@ -447,16 +495,8 @@ def _mix_apply_tile(
     i_b = i_bh // HV
     i_hv = i_bh % HV
     i_hk = i_hv // (HV // HK)
-    if HAS_STATE_INDICES:
-        row = tl.load(state_indices + i_b).to(tl.int64)
-    else:
-        row = i_b.to(tl.int64)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_k = o_k < K
-    m_v = o_v < V
-    b_h = tl.load(state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
-                  mask=m_v[:, None] & m_k[None, :] & (row >= 0), other=0.0).to(tl.float32)
+    row, o_k, o_v, m_k, m_v, b_h = _state_tile(state, state_indices, stride_state, i_b, i_hv, i_v, K, V, BK, BV,
+                                               HAS_STATE_INDICES)
     n = tl.load(num_nodes + i_b)
     o_t = tl.arange(0, BT)
     m_t = o_t < n
@@ -689,13 +729,7 @@ def gdn_tree_commit_layers_fwd_kernel(
     if (row >= 0) & (r_row >= 0) & (lst >= 0):
         o_n = tl.arange(0, BN)
         anc, d = _root_path(parents, lst, i_b, NP, BN, HAS_PARENTS)
-        t_pos = -1
-        if HAS_TRACK:
-            t_row = tl.load(track_rows + i_b).to(tl.int64)
-            t_node = tl.load(track_steps + i_b).to(tl.int32)
-            on_path = (anc == t_node) & (o_n <= d)
-            if (t_row >= 0) & (t_node >= 0) & (tl.sum(on_path.to(tl.int32)) > 0):
-                t_pos = tl.sum(tl.where(on_path, o_n, 0))
+        t_row, t_pos = _track_pos(track_rows, track_steps, i_b, anc, o_n, d, HAS_TRACK)
         o_k = tl.arange(0, BK)
         o_v = i_v * BV + tl.arange(0, BV)
         mask_k = o_k < K
@@ -704,19 +738,10 @@ def gdn_tree_commit_layers_fwd_kernel(
         p_h = state + i_l * stride_sl + row * stride_ss + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
         b_h = tl.load(p_h, mask=mask_h, other=0.0).to(tl.float32)
         if GATHER:
-            m_n = o_n <= d
-            node = tl.where(m_n, anc, 0)
-            kb = k + i_l * stride_kl + r_row * stride_ks
-            gb = g + i_l * stride_gl + r_row * stride_gs
-            bb = beta + i_l * stride_gl + r_row * stride_gs
-            p_k = tl.load(kb + (node[:, None] * HK + i_hk) * K + o_k[None, :], mask=m_n[:, None] & mask_k[None, :],
-                          other=0.0).to(tl.float32)  # [BN, BK]
-            p_v = tl.load(v + i_l * stride_vl + r_row * stride_vs + (node[:, None] * HV + i_hv) * V + o_v[None, :],
-                          mask=m_n[:, None] & mask_v[None, :], other=0.0).to(tl.float32)  # [BN, BV]
-            p_g = tl.load(gb + node * HV + i_hv, mask=m_n, other=0.0).to(tl.float32)
-            p_b = tl.load(bb + node * HV + i_hv, mask=m_n, other=0.0).to(tl.float32)
-            if USE_QK_L2NORM:
-                p_k = _l2norm_rows(p_k)
+            p_k, p_v, p_g, p_b = _path_rows(k + i_l * stride_kl + r_row * stride_ks,
+                                            v + i_l * stride_vl + r_row * stride_vs, g + i_l * stride_gl + r_row * stride_gs,
+                                            beta + i_l * stride_gl + r_row * stride_gs, anc, o_n <= d, i_hk, i_hv,
+                                            o_k, o_v, mask_k, mask_v, HK, HV, K, V, USE_QK_L2NORM, False)
         for j in range(0, d + 1):
             if GATHER:
                 sel = o_n == j
@@ -767,7 +792,6 @@ def gdn_tree_commit_layers_dot_fwd_kernel(
         o_p = tl.arange(0, BL)
         anc, d = _root_path(parents, lst, i_b, NP, BL, HAS_PARENTS)
         m_p = o_p <= d
-        node = tl.where(m_p, anc, 0)
         o_k = tl.arange(0, BK)
         o_v = i_v * BV + tl.arange(0, BV)
         mask_k = o_k < K
@@ -775,18 +799,11 @@ def gdn_tree_commit_layers_dot_fwd_kernel(
         mask_h = mask_v[:, None] & mask_k[None, :]
         p_h = state + i_l * stride_sl + row * stride_ss + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
         b_h = tl.load(p_h, mask=mask_h, other=0.0).to(tl.float32)
-        kb = k + i_l * stride_kl + r_row * stride_ks
-        vb = v + i_l * stride_vl + r_row * stride_vs
-        gb = g + i_l * stride_gl + r_row * stride_gs
-        bb = beta + i_l * stride_gl + r_row * stride_gs
-        b_k = tl.load(kb + (node[:, None] * HK + i_hk) * K + o_k[None, :], mask=m_p[:, None] & mask_k[None, :],
-                      other=0.0).to(tl.float32)  # [BL, BK]
-        b_vT = tl.load(vb + (node[None, :] * HV + i_hv) * V + o_v[:, None], mask=m_p[None, :] & mask_v[:, None],
-                       other=0.0).to(tl.float32)  # [BV, BL]
-        b_g = tl.load(gb + node * HV + i_hv, mask=m_p, other=0.0).to(tl.float32)
-        b_beta = tl.load(bb + node * HV + i_hv, mask=m_p, other=0.0).to(tl.float32)
-        if USE_QK_L2NORM:
-            b_k = _l2norm_rows(b_k)
+        b_k, b_vT, b_g, b_beta = _path_rows(k + i_l * stride_kl + r_row * stride_ks,
+                                            v + i_l * stride_vl + r_row * stride_vs,
+                                            g + i_l * stride_gl + r_row * stride_gs,
+                                            beta + i_l * stride_gl + r_row * stride_gs, anc, m_p, i_hk, i_hv, o_k,
+                                            o_v, mask_k, mask_v, HK, HV, K, V, USE_QK_L2NORM, True)
         m_c = (o_p[:, None] >= o_p[None, :]) & m_p[:, None] & m_p[None, :]  # the path is a chain
         b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
         b_G, _, b_T = _tree_T(b_kk, b_g, b_beta, m_c, o_p, PRECISION)
@@ -798,11 +815,8 @@ def gdn_tree_commit_layers_dot_fwd_kernel(
         b_Z = tl.dot(b_Y, b_Tt * b_c[None, :], input_precision=PRECISION)  # vn^T diag(c) [BV, BL]
         b_new = tl.exp(g_last) * b_h + tl.dot(b_Z, b_k, input_precision=PRECISION)
         if HAS_TRACK:
-            t_row = tl.load(track_rows + i_b).to(tl.int64)
-            t_node = tl.load(track_steps + i_b).to(tl.int32)
-            on_path = (anc == t_node) & m_p
-            if (t_row >= 0) & (t_node >= 0) & (tl.sum(on_path.to(tl.int32)) > 0):
-                t_pos = tl.sum(tl.where(on_path, o_p, 0))
+            t_row, t_pos = _track_pos(track_rows, track_steps, i_b, anc, o_p, d, HAS_TRACK)
+            if t_pos >= 0:
                 g_t = tl.sum(tl.where(o_p == t_pos, b_G, 0.0))
                 b_ct = tl.where(o_p <= t_pos, tl.exp(g_t - b_G), 0.0)
                 b_Zt = tl.dot(b_Y, b_Tt * b_ct[None, :], input_precision=PRECISION)

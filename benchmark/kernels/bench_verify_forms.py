@@ -120,7 +120,9 @@ def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None):
         # (pass 2 transposed needs BV >= 16 warps: BV=64 with 8 warps faulted on the H200)
         for name, kw in (("BV32-w2", dict(BV=32, num_warps=2)), ("BV128-w8", dict(BV=128, num_warps=8)),
                          ("BV128-w4", dict(BV=128, num_warps=4)), ("BV16-w1", dict(BV=16, num_warps=1)),
-                         ("prep-w2", dict(prep_warps=2)), ("prep-w8", dict(prep_warps=8)),
+                         ("prep-w2", dict(prep_warps=2)), ("prep-w4", dict(prep_warps=4)),
+                         ("prep-w8", dict(prep_warps=8)), ("prep-1head", dict(prep_heads=1)),
+                         ("prep-1head-w2", dict(prep_heads=1, prep_warps=2)),
                          ("low-tf32", dict(precision_low="tf32")), ("rows", dict(apply_t=False)),
                          ("fma", dict(apply_fma=True)), ("fma-BV32-w2", dict(apply_fma=True, BV=32, num_warps=2)),
                          ("persistent1", dict(apply_persistent=1)), ("persistent2", dict(apply_persistent=2)),

@@ -123,7 +123,8 @@ def gdn(kind, l2):
     for kw_ in (dict(A_log=A_log, a=a, dt_bias=dtb, b=bb), dict(g=gg, beta=be)):
         for prec, low, var in (("tf32x3", None, {}), ("tf32x3", "tf32", {}), ("ieee", None, {}),
                                ("tf32x3", None, dict(apply_fma=True)), ("tf32x3", None, dict(apply_persistent=1)),
-                               ("tf32x3", None, dict(apply_persistent=2, apply_t=False))):
+                               ("tf32x3", None, dict(apply_persistent=2, apply_t=False)),
+                               ("tf32x3", None, dict(prep_heads=1)), ("tf32x3", None, dict(prep_heads=2))):
             os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, use_qk_l2norm=l2, state_indices=si, BV=16,
                                                 out=torch.zeros(B, N, Hv, V), precision=prec, precision_low=low,
                                                 form="mix", **var, **kw_)
@@ -138,7 +139,7 @@ def gdn(kind, l2):
                                   scratch=mix, passes="apply", form="mix")
     assert_close(f"{kind} mix verify (passes apart)", ref, o_p, 1e-4)
     for bad in (dict(form="qr"), dict(form="mix", factored=True), dict(form="mix", prep_maxnreg=128),
-                dict(apply_fma=True), dict(form="mix", apply_fma=True, apply_t=False), dict(apply_persistent=2),
+                dict(apply_fma=True), dict(form="mix", apply_fma=True, apply_t=False), dict(apply_persistent=2), dict(form="mix", prep_heads=3),
                 dict(form="mix", scratch=(mix[0][:7],)), dict(form="mix", passes="apply")):
         try:
             tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si, **bad)
@@ -200,7 +201,7 @@ def gdn(kind, l2):
                                        ring_rows=torch.tensor([1, 0], dtype=torch.int32))
     assert torch.equal(o, o4) and not ring_b[0][2].any()
     for form, var in [(f, dict(apply_t=t)) for f in tri.SPLIT_FORMS for t in (True, False)] + [
-            ("mix", dict(apply_persistent=1))]:
+            ("mix", dict(apply_persistent=1)), ("mix", dict(prep_heads=1))]:
         ring_s = tuple(torch.zeros_like(t) for t in ring_b)
         os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb,
                                             use_qk_l2norm=l2, state_indices=si, out=torch.zeros(B, N, Hv, V),

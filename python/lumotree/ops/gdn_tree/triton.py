@@ -422,6 +422,7 @@ def gdn_tree_mix_prep_fwd_kernel(
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     PRECISION: tl.constexpr, PRECISION_LOW: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
     HAS_STATE_INDICES: tl.constexpr, FUSED_GATING: tl.constexpr, STORE_RING: tl.constexpr,
+    HEADS: tl.constexpr = 0,
 ):
     """Mix verify, pass 1 (one program per request and *key* head): the node-mixing matrices of
     the tree-masked WY chunk. The chunk's output ``o = scale (e^G q h^T + P T (beta v - beta e^G k
@@ -433,11 +434,20 @@ def gdn_tree_mix_prep_fwd_kernel(
     so this pass only needs the Gram matrices ``k k^T`` and ``q k^T`` (formed once per key head and
     shared by its ``Hv / Hk`` value heads) and ``[BT, BT]`` algebra per value head; no ``[BT, K]``
     or ``[BT, V]`` tile is formed or stored. Layout of ``mix`` per (request, value head):
-    ``Lk [BT, BT] | Lv [BT, BT] | Lq [BT]`` fp32. Ring stores: raw k and the gates (v: pass 2)."""
-    i_bk = tl.program_id(0)
+    ``Lk [BT, BT] | Lv [BT, BT] | Lq [BT]`` fp32. Ring stores: raw k and the gates (v: pass 2).
+
+    ``HEADS`` (a divisor of ``Hv / Hk``; 0 = all): value heads per program -- fewer spread one key
+    head's value heads over more programs (each forms the Gram matrices again), for batches too
+    small to fill the GPU with one program per key head."""
+    GROUP: tl.constexpr = HV // HK
+    if HEADS == 0 or HEADS == GROUP:
+        i_bk = tl.program_id(0)
+        j0 = 0
+    else:
+        i_bk = tl.program_id(0) // (GROUP // HEADS)
+        j0 = (tl.program_id(0) % (GROUP // HEADS)) * HEADS
     i_b = i_bk // HK
     i_hk = i_bk % HK
-    GROUP: tl.constexpr = HV // HK
     n = tl.load(num_nodes + i_b)
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -457,7 +467,7 @@ def gdn_tree_mix_prep_fwd_kernel(
             row = i_b.to(tl.int64)
         r_row = tl.load(ring_rows + i_b).to(tl.int64)
         store = (row >= 0) & (r_row >= 0)
-        if store:
+        if store & (j0 == 0):  # (raw k: once per key head)
             tl.store(ring_k + r_row * stride_rk + (o_t[:, None] * HK + i_hk) * K + o_k[None, :],
                      b_k.to(ring_k.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
     if USE_QK_L2NORM:
@@ -466,8 +476,8 @@ def gdn_tree_mix_prep_fwd_kernel(
     b_m = _anc_mask(anc_mask, i_b, N, o_t, m_t)
     b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION_LOW)
     b_qk = tl.where(b_m, tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION), 0.0)
-    for j in range(GROUP):
-        i_hv = i_hk * GROUP + j
+    for j in range(GROUP if HEADS == 0 else HEADS):
+        i_hv = i_hk * GROUP + j0 + j
         b_g, b_beta = _gdn_gate(g + tok * HV + i_hv, beta + tok * HV + i_hv, A_log + i_hv, dt_bias + i_hv,
                                 FUSED_GATING, m_t)
         b_beta = tl.where(m_t, b_beta, 0.0)
@@ -1050,7 +1060,8 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
                               ring: Optional[tuple] = None, ring_rows: Optional[torch.Tensor] = None,
                               factored: bool = False, prep_maxnreg: Optional[int] = None,
                               scratch: Optional[tuple] = None, passes: str = "both", form: str = "wy",
-                              apply_t: bool = True, apply_fma: bool = False, apply_persistent: int = 0):
+                              apply_t: bool = True, apply_fma: bool = False, apply_persistent: int = 0,
+                              prep_heads: Optional[int] = None):
     """Launcher of the split tree verify: the same outputs as :func:`gdn_tree_chunk_verify_fwd`
     (same arguments, same ring stores) in two passes. Pass 1 (one program per request and value
     head) does all the state-independent work of the tree-masked WY chunk and leaves
@@ -1077,15 +1088,16 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     on the MMA's M side); ``False``: ``o = Q h^T``, the orientation measured in session 5.
     ``apply_fma`` (``form="mix"``, transposed): the state product in fp32 FMAs, one node per step.
     ``apply_persistent=P`` (``form="mix"``): pass 2 as a persistent, software-pipelined grid of ``P``
-    programs per SM (:func:`gdn_tree_mix_apply_persistent_fwd_kernel`)."""
+    programs per SM (:func:`gdn_tree_mix_apply_persistent_fwd_kernel`). ``prep_heads`` (``form="mix"``):
+    value heads per pass-1 program (default all of a key head's; 1: one program per value head)."""
     if passes not in ("both", "prep", "apply"):
         raise ValueError(f"passes must be both, prep or apply, got {passes!r}")
     if form not in SPLIT_FORMS:
         raise ValueError(f"form must be one of {SPLIT_FORMS}, got {form!r}")
     if apply_fma and (form != "mix" or not apply_t):
         raise ValueError("apply_fma is a variant of form='mix' with apply_t=True")
-    if apply_persistent and form != "mix":
-        raise ValueError("apply_persistent is a variant of form='mix'")
+    if (apply_persistent or prep_heads) and form != "mix":
+        raise ValueError("apply_persistent / prep_heads are variants of form='mix'")
     if form == "mix" and (factored or prep_maxnreg):
         raise ValueError("factored / prep_maxnreg are variants of form='wy' (pass 1 of form='mix' has no [BT, K] tiles)")
     if passes == "apply" and scratch is None:
@@ -1116,7 +1128,7 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
         return _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, scratch, passes, fused,
                            g, beta, A_log, a, dt_bias, b, scale, use_qk_l2norm, state_indices is not None,
                            ring is not None, precision, precision_low, BT, BK, BV, num_warps,
-                           mix_prep_warps, apply_t, apply_fma, apply_persistent)
+                           mix_prep_warps, apply_t, apply_fma, apply_persistent, prep_heads)
     if scratch is None:
         qt = torch.empty(B * HV * BT * BK, dtype=torch.float32, device=q.device)
         c = torch.empty(B * HV * BT * BVF, dtype=torch.float32, device=q.device)
@@ -1151,7 +1163,7 @@ COMMIT_FORMS = ("replay", "gather", "dot")
 
 def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, scratch, passes, fused, g,
                 beta, A_log, a, dt_bias, b, scale, l2, has_si, store_ring, precision, precision_low, BT, BK, BV,
-                num_warps, prep_warps, apply_t, apply_fma=False, persistent=0):
+                num_warps, prep_warps, apply_t, apply_fma=False, persistent=0, prep_heads=None):
     """The two launches of :func:`gdn_tree_split_verify_fwd` with ``form="mix"``."""
     B, N, HK, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -1164,12 +1176,16 @@ def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_a
             raise ValueError(f"scratch must be (mix,): contiguous fp32 of >= {size} floats")
     ring_rows, rk, rv, rg, rb, srk, srv, srg = ring_args
     if passes != "apply":
-        gdn_tree_mix_prep_fwd_kernel[(B * HK,)](
+        heads = prep_heads or HV // HK
+        if (HV // HK) % heads:
+            raise ValueError(f"prep_heads must divide Hv / Hk = {HV // HK}, got {heads}")
+        gdn_tree_mix_prep_fwd_kernel[(B * HK * (HV // HK // heads),)](
             q, k, (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
             A_log if fused else state, dt_bias if fused else state, mix, si, anc_mask.contiguous(), num_nodes,
             ring_rows, rk, rv, rg, rb, srk, srv, srg, scale, N, sq, sk,
             HK=HK, HV=HV, K=K, BT=BT, BK=BK, PRECISION=precision, PRECISION_LOW=precision_low, USE_QK_L2NORM=l2,
-            HAS_STATE_INDICES=has_si, FUSED_GATING=fused, STORE_RING=store_ring, num_warps=prep_warps,
+            HAS_STATE_INDICES=has_si, FUSED_GATING=fused, STORE_RING=store_ring, HEADS=0 if heads == HV // HK else heads,
+            num_warps=prep_warps,
         )
     if passes != "prep":
         args = (q, k, v, mix, out, state, si, num_nodes, ring_rows, rv, srv, state.stride(0), N, sq, sk, sv)

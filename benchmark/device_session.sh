@@ -141,8 +141,10 @@ case $CALL in
     # then the GPU tests written in session 6 and not yet run; served at 24 GDN layers: the dot commit at
     # topk 4, then controlled acceptance (p 0.7) on LumoTree's path and SGLang's (GPU 1)
     BENCH32="python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-32l --log-dir $LOGS --output-len 256"
-    ( lane 0 300 python3 benchmark/kernels/bench_verify_forms.py --trees topk2-depth3,topk4-n8,eagle-16,eagle-64 \
-          --out "$OUT/verify_forms.json"
+    ( lane 0 150 python3 benchmark/kernels/bench_verify_forms.py --trees topk2-depth3,topk4-n8,eagle-16,eagle-64 \
+          --no-variants --out "$OUT/verify_forms.json"
+      lane 0 180 python3 benchmark/kernels/bench_verify_forms.py --trees topk2-depth3,eagle-16,eagle-64 --batches 32 \
+          --out "$OUT/verify_forms_variants.json"
       lane 0 $((LIMIT - 10 - SECONDS)) python3 -m pytest -q -rf -m gpu test/ops/test_gdn_tree_gpu.py \
           -k "dot_commit or (split_verify_matches and random and bfloat16)" ) &
     ( lane 1 $((LIMIT - 10)) $BENCH32 --configs lumotree-topk4-dot,lumotree-oracle,ngram-oracle --oracle-p 0.7 \

@@ -43,6 +43,7 @@ def _derived(r, B, Hv, V, K):
     r["best_total_us"] = best + min(r["commit_us"], r["dot_commit_us"], r["gather_commit_us"])
     r["speedup_vs_native"] = r["native_total_us"] / r["best_total_us"]
     r["mix_verify_over_read_floor"] = r["mix_verify_us"] / r["read_floor_us"]
+    r["fused_step_speedup_vs_native"] = r["native_total_us"] / r["mix_fused_step_us"]
 
 
 def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None):
@@ -97,6 +98,21 @@ def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None):
     p_gat = pool.clone()
     tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), p_gat[None], rows, ends, sg_parents, form="gather")
     errs["gather_commit_state"] = rel(p_nat, p_gat)
+    # the fused step in mix form: this commit (from `ring`) inside the next verify's pass 2, which keeps
+    # its own k/v/g/beta in a second ring (the two alternate between steps) == commit, then verify
+    ring2 = tuple(torch.zeros_like(t) for t in ring)
+    pre = dict(ring=ring, rows=rows, last=ends, parents=sg_parents)
+    out_f = torch.empty_like(outs["mix"])
+
+    def fused_step(pool_=pool_c):
+        tri.gdn_tree_split_verify_fwd(q, k, v, pool_, tree, out=out_f, form="mix", pre_commit=pre,
+                                      **dict(gate, ring=ring2))
+
+    p_f = pool.clone()
+    fused_step(p_f)
+    o_seq = tri.gdn_tree_split_verify_fwd(q, k, v, p_our, tree, form="mix", **dict(gate, ring=ring2))
+    errs["fused_step_state_vs_commit"] = rel(p_our, p_f)
+    errs["fused_step_o_vs_sequential"] = rel(o_seq, out_f)
     pool_n = pool.clone()
     r = dict(model=model, tree=tree_name, nodes=N, batch=B, rel_err=errs)
     r["native_verify_us"] = bench_graph(lambda: nat.verify(q, k, v, A_log, a, dt_bias, b, pool_n, rows, parents.int()))
@@ -112,6 +128,7 @@ def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None):
     r["commit_us"] = bench_graph(commit())
     r["dot_commit_us"] = bench_graph(commit(form="dot"))  # the accepted path in chunk form (tensor cores)
     r["gather_commit_us"] = bench_graph(commit(form="gather"))  # the replay, path rows loaded up front
+    r["mix_fused_step_us"] = bench_graph(fused_step)  # previous commit + this verify, one state read + write
     _derived(r, B, Hv, V, K)
     if on_core is not None:
         on_core(r)
@@ -151,14 +168,16 @@ def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None):
 
 def table(rows):
     out = ["| model | tree (nodes) | B | native verify + commit µs | chunk verify µs | split (wy) µs | mix µs "
-           "(pass 1 + pass 2) | commit µs: replay / gather / dot | best verify + commit µs | speedup | read floor µs | "
-           "mix / floor |", "|" + "---|" * 12]
+           "(pass 1 + pass 2) | commit µs: replay / gather / dot | best verify + commit µs | speedup | "
+           "mix fused step µs | speedup | read floor µs | mix / floor |", "|" + "---|" * 14]
     for r in rows:
         out.append(f"| {r['model']} | {r['tree']} ({r['nodes']}) | {r['batch']} | {r['native_verify_us']:.1f} + "
                    f"{r['native_commit_us']:.1f} | {r['chunk_verify_us']:.1f} | {r['split_verify_us']:.1f} | "
                    f"{r['mix_verify_us']:.1f} ({r['mix_prep_us']:.1f} + {r['mix_apply_us']:.1f}) | "
-                   f"{r['commit_us']:.1f} / {r['gather_commit_us']:.1f} / {r['dot_commit_us']:.1f} | {r['best_total_us']:.1f} | {r['speedup_vs_native']:.1f}x | "
-                   f"{r['read_floor_us']:.1f} | {r['mix_verify_over_read_floor']:.1f} |")
+                   f"{r['commit_us']:.1f} / {r['gather_commit_us']:.1f} / {r['dot_commit_us']:.1f} | "
+                   f"{r['best_total_us']:.1f} | {r['speedup_vs_native']:.1f}x | {r['mix_fused_step_us']:.1f} | "
+                   f"{r['fused_step_speedup_vs_native']:.1f}x | {r['read_floor_us']:.1f} | "
+                   f"{r['mix_verify_over_read_floor']:.1f} |")
     return "\n".join(out)
 
 

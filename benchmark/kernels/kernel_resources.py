@@ -31,6 +31,7 @@ TYPES = {  # pointer / scalar argument types by name (everything else: *fp32)
     "last": "*i32", "accept_nodes": "*i32", "accept_len": "*i32", "track_rows": "*i64", "track_len": "*i32",
     "track_steps": "*i32", "scale": "fp32", "N": "i32", "L": "i32", "NP": "i32", "NUM_TILES": "i32",
     "pc_rows": "*i32", "pc_last": "*i32", "pc_parents": "*i64", "pc_k": "*bf16", "pc_v": "*bf16", "PC_NP": "i32",
+    "pc_g": "*fp32", "pc_beta": "*fp32",
 }
 
 
@@ -99,6 +100,12 @@ def new_forms():
         r = resources(tri.gdn_tree_mix_apply_persistent_fwd_kernel, consts, 4, SMS * 2)
         rows.append(dict(kernel="mix verify, pass 2 (transposed, persistent, 2 stages)", BT=BT, BV=64, warps=4,
                          precision="tf32x3", **r))
+        print(json.dumps(rows[-1]), flush=True)
+        consts = dict(HK=16, HV=48, K=128, V=128, BT=BT, BK=128, BV=64, PRECISION="tf32x3", PRECISION_LOW="tf32x3",
+                      USE_QK_L2NORM=True, HAS_STATE_INDICES=True, STORE_RING=True, APPLY_T=True, APPLY_FMA=False,
+                      PC_HAS_PARENTS=True, PC_BN=BT)
+        r = resources(tri.gdn_tree_mix_step_fwd_kernel, consts, 4, BATCH * 48 * 2)
+        rows.append(dict(kernel="mix fused step: commit + pass 2", BT=BT, BV=64, warps=4, precision="tf32x3", **r))
         print(json.dumps(rows[-1]), flush=True)
         consts = dict(HV=48, K=128, V=128, BT=BT, BK=128, BVF=128, BV=64, PRECISION="tf32x3", HAS_STATE_INDICES=True,
                       APPLY_T=True)

@@ -212,6 +212,31 @@ def gdn(kind, l2):
             assert torch.equal(t, ts), f"split verify ({form}, {var}) ring stores != chunk verify ring stores"
     for t, tb in zip(ring, ring_b):
         assert torch.equal(tb[1], t[3]) and torch.equal(tb[0], t[1])
+    # the fused step in mix form: the previous step's accepted paths (kept in ring_b, rows [1, 0])
+    # committed inside this step's pass 2 == the all-layer commit, then the mix verify
+    sg_par = torch.where(tree.parents < 0, 0, tree.parents).int()
+    last_a, rr = torch.tensor([int(nums[0]) - 1, 2], dtype=torch.int32), torch.tensor([1, 0], dtype=torch.int32)
+    p_seq = pool.clone()
+    tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring_b), p_seq[None], si.int(), last_a, sg_par, BV=8,
+                                   use_qk_l2norm=l2, ring_rows=rr)
+    o_seq = tri.gdn_tree_split_verify_fwd(q, k, v, p_seq, tree, gg, be, use_qk_l2norm=l2, state_indices=si, BV=16,
+                                          out=torch.zeros(B, N, Hv, V), form="mix")
+    for par_ in (sg_par, None) if kind == "chain" else (sg_par,):
+        p_f = pool.clone()
+        ring_c = tuple(torch.zeros_like(t) for t in ring_b)
+        o_f = tri.gdn_tree_split_verify_fwd(q, k, v, p_f, tree, gg, be, use_qk_l2norm=l2, state_indices=si, BV=16,
+                                            out=torch.zeros(B, N, Hv, V), form="mix", ring=ring_c, ring_rows=rr,
+                                            pre_commit=dict(ring=ring_b, rows=rr, last=last_a, parents=par_))
+        assert_close(f"{kind} mix fused step: state", p_seq, p_f, 1e-5)
+        assert_close(f"{kind} mix fused step: outputs", o_seq, o_f, 1e-4)
+    for bad in (dict(form="mix", pre_commit=dict(ring=ring_b, rows=rr, last=last_a), ring=ring_b, ring_rows=rr),
+                dict(pre_commit=dict(ring=ring_b, rows=rr, last=last_a)),
+                dict(form="mix", apply_persistent=1, pre_commit=dict(ring=ring_b, rows=rr, last=last_a))):
+        try:
+            tri.gdn_tree_split_verify_fwd(q, k, v, pool.clone(), tree, gg, be, use_qk_l2norm=l2, state_indices=si, **bad)
+            raise AssertionError(f"accepted {sorted(bad)}")
+        except ValueError:
+            pass
     an = tree.root_path(nums - 1)
     al = (an >= 0).sum(-1)
     p1, p2 = pool.clone(), pool.clone()

@@ -23,9 +23,11 @@ def test_verify_forms_bench_runs_and_checks_outputs(tmp_path):
     assert "partial" not in data["meta"] and data["meta"]["command"].startswith("python3 ")
     assert [(r["tree"], r["nodes"]) for r in data["rows"]] == [("topk2-depth3", 6), ("eagle-16", 16)]
     for r in data["rows"]:
-        assert set(r["rel_err"]) == {"chunk", "wy", "mix", "commit_state", "dot_commit_state", "gather_commit_state"}
+        assert set(r["rel_err"]) == {"chunk", "wy", "mix", "commit_state", "dot_commit_state", "gather_commit_state",
+                                  "fused_step_state_vs_commit", "fused_step_o_vs_sequential"}
         assert max(r["rel_err"].values()) < 1e-4, r["rel_err"]
         assert max(r["mix_variants_rel_err"].values()) < 1e-4, r["mix_variants_rel_err"]
-        for key in ("native_verify_us", "mix_prep_us", "mix_apply_us", "commit_us", "dot_commit_us", "gather_commit_us", "best_total_us"):
+        for key in ("native_verify_us", "mix_prep_us", "mix_apply_us", "commit_us", "dot_commit_us", "gather_commit_us", "mix_fused_step_us",
+                    "best_total_us"):
             assert r[key] > 0
     assert "| tiny | eagle-16 (16) | 2 |" in res.stdout

@@ -376,3 +376,15 @@ def test_fused_step_equals_commit_then_verify(N):
     # rows past a request's node count are never written (torch.empty in both): compare real nodes
     assert_close("fused step outputs", o_seq[tree.valid].float(), o_fused[tree.valid].float(), 5e-3)
     assert torch.equal(ring2[0], ring[0])  # this step's buffers: the same inputs again
+    # the same in mix form (pass 2 commits the previous path on the tile, then verifies)
+    seq_m, fused_m = x["pool"].clone(), x["pool"].clone()
+    tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), seq_m[None], x["rows"], last, sg_par, ring_rows=ring_rows)
+    o_seq_m = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], seq_m, tree, form="mix", **kw)
+    ring3 = tuple(torch.zeros_like(t) for t in ring)
+    o_fused_m = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], fused_m, tree, form="mix", ring=ring3,
+                                              ring_rows=ring_rows, pre_commit=dict(ring=ring, rows=ring_rows, last=last,
+                                                                                   parents=sg_par), **kw)
+    assert_close("mix fused step state", seq_m, fused_m, 1e-5)
+    assert_close("mix fused step outputs", o_seq_m[tree.valid].float(), o_fused_m[tree.valid].float(), 5e-3)
+    for a_, b_ in zip(ring, ring3):
+        assert torch.equal(a_, b_)

@@ -497,16 +497,30 @@ def gdn_tree_mix_prep_fwd_kernel(
 @triton.jit
 def _mix_apply_tile(
     i_v, i_bh, q, k, v, mix, o, state, state_indices, num_nodes, ring_rows, ring_v, stride_rv, stride_state, N,
-    stride_qt, stride_kt, stride_vt, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, PRECISION: tl.constexpr, PRECISION_LOW: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
-    HAS_STATE_INDICES: tl.constexpr, STORE_RING: tl.constexpr, APPLY_T: tl.constexpr, APPLY_FMA: tl.constexpr,
+    stride_qt, stride_kt, stride_vt, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr, PRECISION_LOW: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr, HAS_STATE_INDICES: tl.constexpr, STORE_RING: tl.constexpr, APPLY_T: tl.constexpr,
+    APPLY_FMA: tl.constexpr,
 ):
     """One (V-block, request x value head) tile of the mix verify's pass 2 (see the kernels below)."""
     i_b = i_bh // HV
     i_hv = i_bh % HV
-    i_hk = i_hv // (HV // HK)
     row, o_k, o_v, m_k, m_v, b_h = _state_tile(state, state_indices, stride_state, i_b, i_hv, i_v, K, V, BK, BV,
                                                HAS_STATE_INDICES)
+    _mix_apply_core(b_h, row, o_k, o_v, m_k, m_v, i_b, i_hv, i_bh, q, k, v, mix, o, num_nodes, ring_rows, ring_v,
+                    stride_rv, N, stride_qt, stride_kt, stride_vt, HK, HV, K, V, BT, PRECISION, PRECISION_LOW,
+                    USE_QK_L2NORM, STORE_RING, APPLY_T, APPLY_FMA)
+
+
+@triton.jit
+def _mix_apply_core(
+    b_h, row, o_k, o_v, m_k, m_v, i_b, i_hv, i_bh, q, k, v, mix, o, num_nodes, ring_rows, ring_v, stride_rv, N,
+    stride_qt, stride_kt, stride_vt, HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BT: tl.constexpr, PRECISION: tl.constexpr, PRECISION_LOW: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+    STORE_RING: tl.constexpr, APPLY_T: tl.constexpr, APPLY_FMA: tl.constexpr,
+):
+    """Pass 2 of the mix verify on a state tile ``b_h`` already in registers (pool row ``row``)."""
+    i_hk = i_hv // (HV // HK)
     n = tl.load(num_nodes + i_b)
     o_t = tl.arange(0, BT)
     m_t = o_t < n
@@ -584,6 +598,47 @@ def gdn_tree_mix_apply_fwd_kernel(
     _mix_apply_tile(tl.program_id(0), tl.program_id(1), q, k, v, mix, o, state, state_indices, num_nodes, ring_rows,
                     ring_v, stride_rv, stride_state, N, stride_qt, stride_kt, stride_vt, HK, HV, K, V, BT, BK, BV,
                     PRECISION, PRECISION_LOW, USE_QK_L2NORM, HAS_STATE_INDICES, STORE_RING, APPLY_T, APPLY_FMA)
+
+
+@triton.jit
+def gdn_tree_mix_step_fwd_kernel(
+    q, k, v, mix, o, state, state_indices, num_nodes, ring_rows, ring_v, stride_rv, stride_state, N,
+    stride_qt, stride_kt, stride_vt,
+    pc_rows, pc_last, pc_parents, pc_k, pc_v, pc_g, pc_beta, stride_pk, stride_pv, stride_pg, PC_NP,
+    HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, PRECISION: tl.constexpr, PRECISION_LOW: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
+    HAS_STATE_INDICES: tl.constexpr, STORE_RING: tl.constexpr, APPLY_T: tl.constexpr, APPLY_FMA: tl.constexpr,
+    PC_HAS_PARENTS: tl.constexpr, PC_BN: tl.constexpr,
+):
+    """The fused step in mix form: pass 2 of this step's verify, with the previous step's replay
+    commit done on the tile first. The tile is read once, the previous accepted path (its k, v and
+    gates kept in a second ring, ``pc_*``, at ring row ``pc_rows[b]``; last node ``pc_last[b]``,
+    -1: nothing to commit) is replayed onto it in registers, the committed tile is written back to
+    the pool row, and this step's tree meets it -- one state read and one write per step for both
+    (separately: the commit reads and writes, the verify reads again)."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1)
+    i_b = i_bh // HV
+    i_hv = i_bh % HV
+    row, o_k, o_v, m_k, m_v, b_h = _state_tile(state, state_indices, stride_state, i_b, i_hv, i_v, K, V, BK, BV,
+                                               HAS_STATE_INDICES)
+    p_row = tl.load(pc_rows + i_b).to(tl.int64)
+    p_last = tl.load(pc_last + i_b).to(tl.int32)
+    if (row >= 0) & (p_row >= 0) & (p_last >= 0):
+        o_n = tl.arange(0, PC_BN)
+        anc, d = _root_path(pc_parents, p_last, i_b, PC_NP, PC_BN, PC_HAS_PARENTS)
+        p_k, p_v, p_g, p_b = _path_rows(pc_k + p_row * stride_pk, pc_v + p_row * stride_pv, pc_g + p_row * stride_pg,
+                                        pc_beta + p_row * stride_pg, anc, o_n <= d, i_hv // (HV // HK), i_hv, o_k,
+                                        o_v, m_k, m_v, HK, HV, K, V, USE_QK_L2NORM, False)
+        for j in range(0, d + 1):
+            sel = o_n == j
+            b_h = _delta_rule_step(b_h, tl.sum(tl.where(sel[:, None], p_k, 0.0), 0),
+                                   tl.sum(tl.where(sel[:, None], p_v, 0.0), 0), tl.sum(tl.where(sel, p_g, 0.0)),
+                                   tl.sum(tl.where(sel, p_b, 0.0)), False)
+        tl.store(state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
+                 b_h.to(state.dtype.element_ty), mask=m_v[:, None] & m_k[None, :])
+    _mix_apply_core(b_h, row, o_k, o_v, m_k, m_v, i_b, i_hv, i_bh, q, k, v, mix, o, num_nodes, ring_rows, ring_v,
+                    stride_rv, N, stride_qt, stride_kt, stride_vt, HK, HV, K, V, BT, PRECISION, PRECISION_LOW,
+                    USE_QK_L2NORM, STORE_RING, APPLY_T, APPLY_FMA)
 
 
 @triton.jit
@@ -1061,7 +1116,7 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
                               factored: bool = False, prep_maxnreg: Optional[int] = None,
                               scratch: Optional[tuple] = None, passes: str = "both", form: str = "wy",
                               apply_t: bool = True, apply_fma: bool = False, apply_persistent: int = 0,
-                              prep_heads: Optional[int] = None):
+                              prep_heads: Optional[int] = None, pre_commit: Optional[dict] = None):
     """Launcher of the split tree verify: the same outputs as :func:`gdn_tree_chunk_verify_fwd`
     (same arguments, same ring stores) in two passes. Pass 1 (one program per request and value
     head) does all the state-independent work of the tree-masked WY chunk and leaves
@@ -1089,15 +1144,20 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     ``apply_fma`` (``form="mix"``, transposed): the state product in fp32 FMAs, one node per step.
     ``apply_persistent=P`` (``form="mix"``): pass 2 as a persistent, software-pipelined grid of ``P``
     programs per SM (:func:`gdn_tree_mix_apply_persistent_fwd_kernel`). ``prep_heads`` (``form="mix"``):
-    value heads per pass-1 program (default all of a key head's; 1: one program per value head)."""
+    value heads per pass-1 program (default all of a key head's; 1: one program per value head).
+    ``pre_commit`` (``form="mix"``; as in :func:`gdn_tree_chunk_verify_fwd`): the fused step -- pass 2
+    first replays the previous step's accepted path onto each state tile and writes it back
+    (:func:`gdn_tree_mix_step_fwd_kernel`); the state is read once and written once for both."""
     if passes not in ("both", "prep", "apply"):
         raise ValueError(f"passes must be both, prep or apply, got {passes!r}")
     if form not in SPLIT_FORMS:
         raise ValueError(f"form must be one of {SPLIT_FORMS}, got {form!r}")
     if apply_fma and (form != "mix" or not apply_t):
         raise ValueError("apply_fma is a variant of form='mix' with apply_t=True")
-    if (apply_persistent or prep_heads) and form != "mix":
-        raise ValueError("apply_persistent / prep_heads are variants of form='mix'")
+    if (apply_persistent or prep_heads or pre_commit is not None) and form != "mix":
+        raise ValueError("apply_persistent / prep_heads / pre_commit are variants of form='mix'")
+    if pre_commit is not None and (apply_persistent or passes == "prep"):
+        raise ValueError("pre_commit runs in pass 2's one-tile grid (not with apply_persistent or passes='prep')")
     if form == "mix" and (factored or prep_maxnreg):
         raise ValueError("factored / prep_maxnreg are variants of form='wy' (pass 1 of form='mix' has no [BT, K] tiles)")
     if passes == "apply" and scratch is None:
@@ -1128,7 +1188,9 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
         return _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, scratch, passes, fused,
                            g, beta, A_log, a, dt_bias, b, scale, use_qk_l2norm, state_indices is not None,
                            ring is not None, precision, precision_low, BT, BK, BV, num_warps,
-                           mix_prep_warps, apply_t, apply_fma, apply_persistent, prep_heads)
+                           mix_prep_warps, apply_t, apply_fma, apply_persistent, prep_heads,
+                           _pre_commit_args(pre_commit, ring, state_indices, (B, HK, K, HV, V), dummy)
+                           if pre_commit is not None else None)
     if scratch is None:
         qt = torch.empty(B * HV * BT * BK, dtype=torch.float32, device=q.device)
         c = torch.empty(B * HV * BT * BVF, dtype=torch.float32, device=q.device)
@@ -1163,7 +1225,7 @@ COMMIT_FORMS = ("replay", "gather", "dot")
 
 def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, scratch, passes, fused, g,
                 beta, A_log, a, dt_bias, b, scale, l2, has_si, store_ring, precision, precision_low, BT, BK, BV,
-                num_warps, prep_warps, apply_t, apply_fma=False, persistent=0, prep_heads=None):
+                num_warps, prep_warps, apply_t, apply_fma=False, persistent=0, prep_heads=None, pre_commit=None):
     """The two launches of :func:`gdn_tree_split_verify_fwd` with ``form="mix"``."""
     B, N, HK, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -1193,13 +1255,48 @@ def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_a
                     USE_QK_L2NORM=l2, HAS_STATE_INDICES=has_si, STORE_RING=store_ring, APPLY_T=apply_t,
                     APPLY_FMA=apply_fma, num_warps=num_warps)
         NV = triton.cdiv(V, BV)
-        if persistent:
+        if pre_commit is not None:
+            pc_args, pc_bn = pre_commit
+            gdn_tree_mix_step_fwd_kernel[(NV, B * HV)](*args, *pc_args, PC_HAS_PARENTS=pc_args[2] is not state,
+                                                       PC_BN=pc_bn, **meta)
+        elif persistent:
             tiles = NV * B * HV
             gdn_tree_mix_apply_persistent_fwd_kernel[(min(tiles, persistent * _num_sms(q.device)),)](
                 *args, NUM_TILES=tiles, NV=NV, STAGES=2, **meta)
         else:
             gdn_tree_mix_apply_fwd_kernel[(NV, B * HV)](*args, **meta)
     return out
+
+
+def _pre_commit_args(pre_commit, ring, state_indices, dims, dummy):
+    """Kernel arguments of a fused step's previous-step commit (``pre_commit``: ``ring`` -- k, v, g,
+    beta of the previous step, not this step's --, ``rows``, ``last``, optional ``parents``), checked."""
+    B, HK, K, HV, V = dims
+    if pre_commit is not None:
+        pk, pv, pg, pb = pre_commit["ring"]
+        p_rows, p_last, p_par = pre_commit["rows"], pre_commit["last"], pre_commit.get("parents")
+        if state_indices is None:
+            raise ValueError("pre_commit needs state_indices")
+        if ring is not None and any(x.data_ptr() == y.data_ptr() for x, y in zip(ring, pre_commit["ring"])):
+            raise ValueError("pre_commit's buffers must not be the ones this verify writes (ring): "
+                             "alternate two sets between steps")
+        NPP = pk.shape[1]
+        if (tuple(pk.shape[2:]) != (HK, K) or tuple(pv.shape[1:]) != (NPP, HV, V) or tuple(pg.shape[1:]) != (NPP, HV)
+                or pb.shape != pg.shape or not all(t.is_contiguous() for t in (pk, pv, pg, pb))):
+            raise ValueError("pre_commit ring must be contiguous k [R, NP, Hk, K], v [R, NP, Hv, V], g/beta [R, NP, Hv]; "
+                             f"got {[tuple(t.shape) for t in pre_commit['ring']]}")
+        if p_rows.shape[0] < B or p_last.shape[0] < B:
+            raise ValueError(f"pre_commit rows/last must have >= {B} entries")
+        if p_par is not None and (p_par.dim() != 2 or p_par.shape[0] < B or p_par.shape[1] > NPP):
+            raise ValueError(f"pre_commit parents must be [>= {B}, <= {NPP}], got {tuple(p_par.shape)}")
+        pc_np = p_par.shape[1] if p_par is not None else NPP
+        pc_args = (p_rows, p_last, p_par.contiguous() if p_par is not None else dummy, pk, pv, pg, pb,
+                   pk.stride(0), pv.stride(0), pg.stride(0), pc_np)
+        pc_bn = triton.next_power_of_2(max(pc_np, 2))
+    else:
+        pc_args = (dummy, dummy, dummy, dummy, dummy, dummy, dummy, 0, 0, 0, 1)
+        pc_bn = 2
+    return pc_args, pc_bn
 
 
 def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=None, beta=None, *, A_log=None,
@@ -1244,30 +1341,7 @@ def gdn_tree_chunk_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     (q, sq), (k, sk), (v, sv), anc_mask, num_nodes, out = _chunk_inputs(q, k, v, tree, anc_mask, num_nodes, out)
     dummy = state
     ring_args = _ring_args(ring, ring_rows, state_indices, (B, N, HK, K, HV, V), dummy)
-    if pre_commit is not None:
-        pk, pv, pg, pb = pre_commit["ring"]
-        p_rows, p_last, p_par = pre_commit["rows"], pre_commit["last"], pre_commit.get("parents")
-        if state_indices is None:
-            raise ValueError("pre_commit needs state_indices")
-        if ring is not None and any(x.data_ptr() == y.data_ptr() for x, y in zip(ring, pre_commit["ring"])):
-            raise ValueError("pre_commit's buffers must not be the ones this verify writes (ring): "
-                             "alternate two sets between steps")
-        NPP = pk.shape[1]
-        if (tuple(pk.shape[2:]) != (HK, K) or tuple(pv.shape[1:]) != (NPP, HV, V) or tuple(pg.shape[1:]) != (NPP, HV)
-                or pb.shape != pg.shape or not all(t.is_contiguous() for t in (pk, pv, pg, pb))):
-            raise ValueError("pre_commit ring must be contiguous k [R, NP, Hk, K], v [R, NP, Hv, V], g/beta [R, NP, Hv]; "
-                             f"got {[tuple(t.shape) for t in pre_commit['ring']]}")
-        if p_rows.shape[0] < B or p_last.shape[0] < B:
-            raise ValueError(f"pre_commit rows/last must have >= {B} entries")
-        if p_par is not None and (p_par.dim() != 2 or p_par.shape[0] < B or p_par.shape[1] > NPP):
-            raise ValueError(f"pre_commit parents must be [>= {B}, <= {NPP}], got {tuple(p_par.shape)}")
-        pc_np = p_par.shape[1] if p_par is not None else NPP
-        pc_args = (p_rows, p_last, p_par.contiguous() if p_par is not None else dummy, pk, pv, pg, pb,
-                   pk.stride(0), pv.stride(0), pg.stride(0), pc_np)
-        pc_bn = triton.next_power_of_2(max(pc_np, 2))
-    else:
-        pc_args = (dummy, dummy, dummy, dummy, dummy, dummy, dummy, 0, 0, 0, 1)
-        pc_bn = 2
+    pc_args, pc_bn = _pre_commit_args(pre_commit, ring, state_indices, (B, HK, K, HV, V), dummy)
     gdn_tree_chunk_verify_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
         q, k, v, (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
         A_log if fused else dummy, dt_bias if fused else dummy, out, vnew_out if vnew_out is not None else dummy,

@@ -12,8 +12,18 @@ Environment variables:
     LUMOTREE_SGLANG_PRECISION  ``tf32x3`` (default), ``mixed`` or ``tf32``: tensor-core dot precision
                          of the served GDN tree verify (``mixed``: tf32x3 only for the dots the
                          outputs are sensitive to).
+    LUMOTREE_SGLANG_VERIFY  ``mix`` (default), ``split`` or ``chunk``: the served GDN tree verify
+                         (two passes -- node-mixing matrices per key head, then one transposed dot
+                         per state tile; two passes with the WY algebra per value head; one kernel).
+    LUMOTREE_SGLANG_COMMIT  ``replay`` (default), ``gather`` or ``dot``: the served all-layer replay
+                         commit (one step per accepted node; the same with the path's rows loaded
+                         in one round; the path in chunk form on tensor cores).
+    LUMOTREE_SGLANG_CHECK  ``1`` (diagnostics, with ``--disable-cuda-graph``): every served verify
+                         and commit is cross-checked against SGLang's own tree-verify kernel;
+                         ``LUMOTREE_SGLANG_CHECK_REPORT=FILE`` / ``LUMOTREE_SGLANG_CHECK_DUMP=DIR``
+                         write the report / the failing inputs.
     LUMOTREE_SUFFIX_MERGE  ``1``: a LUMOTREE server merges each request's suffix draft into the MTP
-                         draft tree (needs ``--disable-overlap-schedule``); not yet run on the GPU.
+                         draft tree (needs ``--disable-overlap-schedule``).
     LUMOTREE_SUFFIX_MERGE_SLOTS  draft nodes reserved for suffix branches (default half the tree).
     LUMOTREE_SGLANG_SELECT  ``0`` keeps SGLang's greedy tree verification in LUMOTREE servers
                          (default: LumoTree's fused selection op).

@@ -147,7 +147,7 @@ case $CALL in
           --out "$OUT/verify_forms_variants.json"
       lane 0 $((LIMIT - 10 - SECONDS)) python3 -m pytest -q -rf -m gpu test/ops/test_gdn_tree_gpu.py \
           -k "dot_commit or (fused_step and not 64) or (split_verify_matches and random and bfloat16)" ) &
-    ( lane 1 $((LIMIT - 10)) $BENCH32 --configs lumotree-topk4-dot,lumotree-oracle,ngram-oracle --oracle-p 0.7 \
+    ( lane 1 $((LIMIT - 10)) $BENCH32 --configs lumotree-oracle,ngram-oracle,lumotree-topk4-dot --oracle-p 0.7 \
           --batches 1,8,32 --out "$OUT/b32-dot-oracle.json" --port 30100 ) &
     wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;

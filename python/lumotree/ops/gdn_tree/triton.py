@@ -1125,10 +1125,10 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     The chunk kernel does both in one program per V-block, so its state read waits behind (and
     its registers are shared with) the WY algebra, repeated for every V-block.
 
-    Pass-1 variants, not yet timed on the GPU (``bench_gdn_tree.py`` has them): ``factored`` forms
-    ``M = P T`` first, so ``Q`` and ``C`` take one ``[BT, BT] x [BT, K|V]`` dot each instead of
-    two (no ``w``/``u`` tiles); ``prep_maxnreg`` caps pass 1's registers per thread (sm_90 static
-    profile at 16 nodes: 255 -> 128 doubles the resident blocks, at 584-616 B of spills).
+    Pass-1 variants of ``form="wy"`` (timed on the H200 in session 6: ``factored`` -21 % at 64
+    nodes, within 5 % elsewhere; ``prep_maxnreg`` slower): ``factored`` forms ``M = P T`` first, so
+    ``Q`` and ``C`` take one ``[BT, BT] x [BT, K|V]`` dot each instead of two (no ``w``/``u``
+    tiles); ``prep_maxnreg`` caps pass 1's registers per thread.
 
     ``scratch = (Q, C)`` preallocated fp32 buffers of at least ``B Hv BT K`` and ``B Hv BT V'``
     floats (``V'`` = V rounded up to a power of two); ``passes`` = ``"prep"`` / ``"apply"`` runs
@@ -1136,8 +1136,8 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
 
     ``form="mix"``: pass 1 runs once per request and *key* head and leaves only the `[BT, BT]`
     node-mixing matrices (:func:`gdn_tree_mix_prep_fwd_kernel`; ``scratch = (mix,)`` of
-    ``B Hv (2 BT^2 + BT)`` floats); pass 2 reads the state tile once and forms ``q h^T`` and
-    ``k h^T`` itself. Same outputs and ring stores as ``"wy"``.
+    ``B Hv (2 BT^2 + BT)`` floats); pass 2 rebuilds ``Q`` from them and the normalised q, k, and
+    meets the state tile once. Same outputs and ring stores as ``"wy"``; the served default.
 
     ``apply_t`` (default): pass 2 forms its state dot transposed, ``o^T = h Q^T`` (the state tile
     on the MMA's M side); ``False``: ``o = Q h^T``, the orientation measured in session 5.
@@ -1185,12 +1185,14 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     ring_args = _ring_args(ring, ring_rows, state_indices, (B, N, HK, K, HV, V), dummy)
     si = state_indices if state_indices is not None else dummy
     if form == "mix":
-        return _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, scratch, passes, fused,
-                           g, beta, A_log, a, dt_bias, b, scale, use_qk_l2norm, state_indices is not None,
-                           ring is not None, precision, precision_low, BT, BK, BV, num_warps,
-                           mix_prep_warps, apply_t, apply_fma, apply_persistent, prep_heads,
-                           _pre_commit_args(pre_commit, ring, state_indices, (B, HK, K, HV, V), dummy)
-                           if pre_commit is not None else None)
+        return _mix_verify(
+            q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, scratch=scratch, passes=passes,
+            fused=fused, g=g, beta=beta, A_log=A_log, a=a, dt_bias=dt_bias, b=b, scale=scale, l2=use_qk_l2norm,
+            has_si=state_indices is not None, store_ring=ring is not None, precision=precision,
+            precision_low=precision_low, BT=BT, BK=BK, BV=BV, num_warps=num_warps, prep_warps=mix_prep_warps,
+            apply_t=apply_t, apply_fma=apply_fma, persistent=apply_persistent, prep_heads=prep_heads,
+            pre_commit=(_pre_commit_args(pre_commit, ring, state_indices, (B, HK, K, HV, V), dummy)
+                        if pre_commit is not None else None))
     if scratch is None:
         qt = torch.empty(B * HV * BT * BK, dtype=torch.float32, device=q.device)
         c = torch.empty(B * HV * BT * BVF, dtype=torch.float32, device=q.device)
@@ -1223,10 +1225,11 @@ SPLIT_FORMS = ("wy", "mix")
 COMMIT_FORMS = ("replay", "gather", "dot")
 
 
-def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, scratch, passes, fused, g,
+def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, *, scratch, passes, fused, g,
                 beta, A_log, a, dt_bias, b, scale, l2, has_si, store_ring, precision, precision_low, BT, BK, BV,
-                num_warps, prep_warps, apply_t, apply_fma=False, persistent=0, prep_heads=None, pre_commit=None):
-    """The two launches of :func:`gdn_tree_split_verify_fwd` with ``form="mix"``."""
+                num_warps, prep_warps, apply_t, apply_fma, persistent, prep_heads, pre_commit):
+    """The two launches of :func:`gdn_tree_split_verify_fwd` with ``form="mix"`` (tensors as
+    prepared there; ``pre_commit``: the checked ``(pc_args, pc_bn)`` or None)."""
     B, N, HK, K = k.shape
     HV, V = v.shape[2], v.shape[3]
     size = B * HV * (2 * BT * BT + BT)

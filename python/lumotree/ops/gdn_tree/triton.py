@@ -1126,7 +1126,7 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     its registers are shared with) the WY algebra, repeated for every V-block.
 
     Pass-1 variants of ``form="wy"`` (timed on the H200 in session 6: ``factored`` -21 % at 64
-    nodes, within 5 % elsewhere; ``prep_maxnreg`` slower): ``factored`` forms ``M = P T`` first, so
+    nodes, up to -6 % elsewhere; ``prep_maxnreg`` slower): ``factored`` forms ``M = P T`` first, so
     ``Q`` and ``C`` take one ``[BT, BT] x [BT, K|V]`` dot each instead of two (no ``w``/``u``
     tiles); ``prep_maxnreg`` caps pass 1's registers per thread.
 
@@ -1171,7 +1171,7 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     BVF = triton.next_power_of_2(V)
     d_bv, d_warps, d_prep = split_config(BT, V)
     # mix pass 1 ([BT, BT] tiles, one program per request and key head): 2 warps once there are >= 2
-    # programs per SM at <= 32 nodes (H200, session 6: 9-16 % faster verify at bs 32, 6-14 % slower at
+    # programs per SM at <= 32 nodes (H200, session 6: 9-16 % faster verify at bs 32, 4-14 % slower at
     # bs 8), else 4 (2 warps: 2x slower at 64 nodes, bs 8)
     mix_prep_warps = prep_warps or (2 if BT <= 32 and B * HK >= 2 * _num_sms(q.device) else 4)
     BV, num_warps, prep_warps = BV or d_bv, num_warps or d_warps, prep_warps or d_prep

@@ -123,7 +123,7 @@ def served_settings(env=os.environ):
     (``tf32x3`` fp32-accurate dots, default; ``mixed``; ``tf32``) and ``LUMOTREE_SGLANG_VERIFY``
     (``mix``, default since session 6: pass 1 per request and key head leaves only the `[BT, BT]`
     node-mixing matrices, pass 2 forms ``Q`` and meets the state tile in one transposed dot --
-    1.1-1.8x faster than ``split`` per GDN layer at Qwen3.5-27B shapes on the H200; ``split``: the
+    1.2-1.8x faster than ``split`` per GDN layer at Qwen3.5-27B shapes on the H200; ``split``: the
     WY algebra once per request and value head, then one dot per state tile (session 5's default,
     1.3-1.9x faster than ``chunk``); ``chunk``: one kernel; same outputs). Unknown values fail
     when the backend starts."""

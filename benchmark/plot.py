@@ -50,6 +50,15 @@ def select():
     fig.savefig(os.path.join(DOCS, "select_h200.png"), dpi=110)
 
 
+def bars(ax, series, labels):
+    """Grouped bars: one group per label, one bar per ``(name, values, colour)`` series."""
+    w = 0.8 / len(series)
+    for i, (name, ys, c) in enumerate(series):
+        ax.bar([x + (i - len(series) / 2 + 0.5) * w for x in range(len(labels))], ys, w, label=name, color=c)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels, fontsize=8)
+
+
 def split():
     """The served verify forms, one GDN layer (Qwen3.5-27B heads), session 5's run."""
     rows = json.load(open(os.path.join(RES, "gdn_tree_split_h200.json")))["rows"]
@@ -60,11 +69,7 @@ def split():
               ("split, mixed precision", [r["split"]["mixed_verify_us"] for r in rows], "C3"),
               ("read-once floor", [r["floor_us"] for r in rows], "k")]
     fig, ax = plt.subplots(figsize=(12, 4.2))
-    w = 0.8 / len(series)
-    for i, (name, ys, c) in enumerate(series):
-        ax.bar([x + (i - len(series) / 2 + 0.5) * w for x in range(len(rows))], ys, w, label=name, color=c)
-    ax.set_xticks(range(len(rows)))
-    ax.set_xticklabels(labels, fontsize=8)
+    bars(ax, series, labels)
     ax.set(yscale="log", ylabel="µs per GDN layer (CUDA graph)",
            title="Tree verify, served forms vs SGLang 0.5.17's kernel, Qwen3.5-27B GDN layer, H200")
     ax.legend(fontsize=8, ncol=3)
@@ -85,11 +90,7 @@ def forms():
               ("split, pass 2 transposed", [q["wy_T"] for q in quick], "C8"),
               ("mix, untransposed", [q["mix_rows"] for q in quick], "C1"),
               ("mix, pass 2 transposed (served now)", [q["mix_T"] for q in quick], "C3")]
-    w = 0.8 / len(series)
-    for i, (name, ys, c) in enumerate(series):
-        ax.bar([x + (i - len(series) / 2 + 0.5) * w for x in range(len(quick))], ys, w, label=name, color=c)
-    ax.set_xticks(range(len(quick)))
-    ax.set_xticklabels(labels, fontsize=8)
+    bars(ax, series, labels)
     ax.set(yscale="log", ylabel="µs per GDN layer (CUDA graph)", title="Tree verify forms, Qwen3.5-27B heads, H200")
     ax.legend(fontsize=7)
     spec = json.load(open(os.path.join(RES, "bench_spec_27b_32l_h200.json")))["rows"]

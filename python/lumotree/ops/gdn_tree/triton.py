@@ -122,6 +122,28 @@ def _path_rows(k, v, g, beta, anc, m_n, i_hk, i_hv, o_k, o_v, mask_k, mask_v, HK
 
 
 @triton.jit
+def _gathered_step(b_h, p_k, p_v, p_g, p_b, sel):
+    """One replay step on a path gathered by :func:`_path_rows` (keys already normalised, values
+    `[BN, BV]`): the node where ``sel`` is picked in registers."""
+    return _delta_rule_step(b_h, tl.sum(tl.where(sel[:, None], p_k, 0.0), 0), tl.sum(tl.where(sel[:, None], p_v, 0.0), 0),
+                            tl.sum(tl.where(sel, p_g, 0.0)), tl.sum(tl.where(sel, p_b, 0.0)), False)
+
+
+@triton.jit
+def _layer_tile(state, row, stride_ss, i_hv, i_v, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+                BV: tl.constexpr):
+    """``(o_k, o_v, mask_k, mask_v, mask_h, p_h, h)``: the fp32 state tile `[BV, BK]` of value head
+    ``i_hv``, V-block ``i_v`` at pool row ``row`` of one layer's pool ``state``, and its pointers."""
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_h = mask_v[:, None] & mask_k[None, :]
+    p_h = state + row * stride_ss + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+    return o_k, o_v, mask_k, mask_v, mask_h, p_h, tl.load(p_h, mask=mask_h, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _replay_node(b_h, k, v, g, beta, i, i_hk, i_hv, o_k, o_v, mask_k, mask_v,
                  HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                  USE_QK_L2NORM: tl.constexpr):
@@ -630,10 +652,7 @@ def gdn_tree_mix_step_fwd_kernel(
                                         pc_beta + p_row * stride_pg, anc, o_n <= d, i_hv // (HV // HK), i_hv, o_k,
                                         o_v, m_k, m_v, HK, HV, K, V, USE_QK_L2NORM, False)
         for j in range(0, d + 1):
-            sel = o_n == j
-            b_h = _delta_rule_step(b_h, tl.sum(tl.where(sel[:, None], p_k, 0.0), 0),
-                                   tl.sum(tl.where(sel[:, None], p_v, 0.0), 0), tl.sum(tl.where(sel, p_g, 0.0)),
-                                   tl.sum(tl.where(sel, p_b, 0.0)), False)
+            b_h = _gathered_step(b_h, p_k, p_v, p_g, p_b, o_n == j)
         tl.store(state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
                  b_h.to(state.dtype.element_ty), mask=m_v[:, None] & m_k[None, :])
     _mix_apply_core(b_h, row, o_k, o_v, m_k, m_v, i_b, i_hv, i_bh, q, k, v, mix, o, num_nodes, ring_rows, ring_v,
@@ -795,29 +814,19 @@ def gdn_tree_commit_layers_fwd_kernel(
         o_n = tl.arange(0, BN)
         anc, d = _root_path(parents, lst, i_b, NP, BN, HAS_PARENTS)
         t_row, t_pos = _track_pos(track_rows, track_steps, i_b, anc, o_n, d, HAS_TRACK)
-        o_k = tl.arange(0, BK)
-        o_v = i_v * BV + tl.arange(0, BV)
-        mask_k = o_k < K
-        mask_v = o_v < V
-        mask_h = mask_v[:, None] & mask_k[None, :]
-        p_h = state + i_l * stride_sl + row * stride_ss + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
-        b_h = tl.load(p_h, mask=mask_h, other=0.0).to(tl.float32)
+        o_k, o_v, mask_k, mask_v, mask_h, p_h, b_h = _layer_tile(state + i_l * stride_sl, row, stride_ss, i_hv, i_v,
+                                                                 K, V, BK, BV)
+        kr, vr, gr, br = k + i_l * stride_kl + r_row * stride_ks, v + i_l * stride_vl + r_row * stride_vs, \
+            g + i_l * stride_gl + r_row * stride_gs, beta + i_l * stride_gl + r_row * stride_gs  # the request's ring row
         if GATHER:
-            p_k, p_v, p_g, p_b = _path_rows(k + i_l * stride_kl + r_row * stride_ks,
-                                            v + i_l * stride_vl + r_row * stride_vs, g + i_l * stride_gl + r_row * stride_gs,
-                                            beta + i_l * stride_gl + r_row * stride_gs, anc, o_n <= d, i_hk, i_hv,
-                                            o_k, o_v, mask_k, mask_v, HK, HV, K, V, USE_QK_L2NORM, False)
+            p_k, p_v, p_g, p_b = _path_rows(kr, vr, gr, br, anc, o_n <= d, i_hk, i_hv, o_k, o_v, mask_k, mask_v,
+                                            HK, HV, K, V, USE_QK_L2NORM, False)
         for j in range(0, d + 1):
             if GATHER:
-                sel = o_n == j
-                b_h = _delta_rule_step(b_h, tl.sum(tl.where(sel[:, None], p_k, 0.0), 0),
-                                       tl.sum(tl.where(sel[:, None], p_v, 0.0), 0), tl.sum(tl.where(sel, p_g, 0.0)),
-                                       tl.sum(tl.where(sel, p_b, 0.0)), False)
+                b_h = _gathered_step(b_h, p_k, p_v, p_g, p_b, o_n == j)
             else:
-                b_h = _replay_node(b_h, k + i_l * stride_kl + r_row * stride_ks,
-                                   v + i_l * stride_vl + r_row * stride_vs, g + i_l * stride_gl + r_row * stride_gs,
-                                   beta + i_l * stride_gl + r_row * stride_gs, tl.sum(tl.where(o_n == j, anc, 0)),
-                                   i_hk, i_hv, o_k, o_v, mask_k, mask_v, HK, HV, K, V, USE_QK_L2NORM)
+                b_h = _replay_node(b_h, kr, vr, gr, br, tl.sum(tl.where(o_n == j, anc, 0)), i_hk, i_hv, o_k, o_v,
+                                   mask_k, mask_v, HK, HV, K, V, USE_QK_L2NORM)
             if HAS_TRACK:
                 if j == t_pos:
                     tl.store(state + i_l * stride_sl + t_row * stride_ss + i_hv * V * K + o_v[:, None] * K
@@ -857,18 +866,12 @@ def gdn_tree_commit_layers_dot_fwd_kernel(
         o_p = tl.arange(0, BL)
         anc, d = _root_path(parents, lst, i_b, NP, BL, HAS_PARENTS)
         m_p = o_p <= d
-        o_k = tl.arange(0, BK)
-        o_v = i_v * BV + tl.arange(0, BV)
-        mask_k = o_k < K
-        mask_v = o_v < V
-        mask_h = mask_v[:, None] & mask_k[None, :]
-        p_h = state + i_l * stride_sl + row * stride_ss + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
-        b_h = tl.load(p_h, mask=mask_h, other=0.0).to(tl.float32)
-        b_k, b_vT, b_g, b_beta = _path_rows(k + i_l * stride_kl + r_row * stride_ks,
-                                            v + i_l * stride_vl + r_row * stride_vs,
-                                            g + i_l * stride_gl + r_row * stride_gs,
-                                            beta + i_l * stride_gl + r_row * stride_gs, anc, m_p, i_hk, i_hv, o_k,
-                                            o_v, mask_k, mask_v, HK, HV, K, V, USE_QK_L2NORM, True)
+        o_k, o_v, mask_k, mask_v, mask_h, p_h, b_h = _layer_tile(state + i_l * stride_sl, row, stride_ss, i_hv, i_v,
+                                                                 K, V, BK, BV)
+        kr, vr, gr, br = k + i_l * stride_kl + r_row * stride_ks, v + i_l * stride_vl + r_row * stride_vs, \
+            g + i_l * stride_gl + r_row * stride_gs, beta + i_l * stride_gl + r_row * stride_gs  # the request's ring row
+        b_k, b_vT, b_g, b_beta = _path_rows(kr, vr, gr, br, anc, m_p, i_hk, i_hv, o_k, o_v, mask_k, mask_v,
+                                            HK, HV, K, V, USE_QK_L2NORM, True)
         m_c = (o_p[:, None] >= o_p[None, :]) & m_p[:, None] & m_p[None, :]  # the path is a chain
         b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
         b_G, _, b_T = _tree_T(b_kk, b_g, b_beta, m_c, o_p, PRECISION)

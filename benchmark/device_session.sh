@@ -150,6 +150,21 @@ case $CALL in
     ( lane 1 $((LIMIT - 10)) $BENCH32 --configs lumotree-oracle,ngram-oracle,lumotree-topk4-dot --oracle-p 0.7 \
           --batches 1,8,32 --out "$OUT/b32-dot-oracle.json" --port 30100 ) &
     wait ;;
+16) # session 7: an Nsight Compute profile of the served GDN kernels beside SGLang's native ones (why the #7
+    # targets are missed), then the parity suites in fp32 (--dtype float32: no bf16 logit ties) -- GPU 0:
+    # ncu, NEXTN, MTP + suffix merged; GPU 1: no-spec reference, LUMOTREE, suffix only
+    NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+    FP32="--tag=-fp32 --extra=--dtype=float32"
+    ( lane 0 200 bash -c "$NCU --clock-control none --profile-from-start off --set full -f -o /tmp/gdn \
+          python3 benchmark/kernels/ncu_profile.py > $LOGS/ncu_stdout.txt 2>&1; \
+          grep '^{\"profiled' $LOGS/ncu_stdout.txt > $OUT/ncu_marks.json; \
+          $NCU --import /tmp/gdn.ncu-rep --csv --page raw > $OUT/ncu_raw.csv; \
+          $NCU --import /tmp/gdn.ncu-rep --csv --page details > $OUT/ncu_details.csv; ls -la /tmp/gdn.ncu-rep"
+      lane 0 $((LIMIT - 120 - SECONDS)) $SUITE --configs nextn-tree $FP32 --out "$OUT/s-fp32-0.json" --port 30000
+      lane 0 $((LIMIT - 10 - SECONDS)) $SUITE --configs lumotree --tag=-merge-fp32 --extra=--dtype=float32 \
+          --env LUMOTREE_SUFFIX_MERGE=1 --extra=--disable-overlap-schedule --out "$OUT/s-fp32-merge.json" --port 30000 ) &
+    ( lane 1 $((LIMIT - 10)) $SUITE --configs none,lumotree,lumotree-suffix $FP32 --out "$OUT/s-fp32-1.json" --port 30100 ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

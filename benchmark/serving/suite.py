@@ -106,7 +106,7 @@ def merge(files):
 
 
 def compare(res):
-    if "none" in res["parity"]["texts"]:
+    if any(n.split("/")[0].startswith("none") for n in res["parity"]["texts"]):  # "none" or a tagged "none-det"
         res["parity"]["greedy_vs_no_spec"] = parity.compare(res["parity"]["texts"])
     replay.identical_turns(res["replay"])
     agent_loop.transcripts_identical(res["agent"])
@@ -132,7 +132,8 @@ def main():
     ap.add_argument("--parity-only", action="store_true")
     ap.add_argument("--tag", default="", help="suffix of the run names (variants of one config)")
     ap.add_argument("--env", nargs="*", default=[], help="KEY=VALUE for the server process")
-    ap.add_argument("--extra", nargs="*", default=[], help="extra server flags (write --extra=--flag)")
+    ap.add_argument("--extra", nargs="*", action="extend", default=[],
+                    help="extra server flags (write --extra=--flag; repeat for more)")
     args = ap.parse_args()
     if args.merge:
         res = compare(merge(args.merge))

@@ -165,6 +165,12 @@ case $CALL in
           --env LUMOTREE_SUFFIX_MERGE=1 --extra=--disable-overlap-schedule --out "$OUT/s-fp32-merge.json" --port 30000 ) &
     ( lane 1 $((LIMIT - 10)) $SUITE --configs none,lumotree,lumotree-suffix $FP32 --out "$OUT/s-fp32-1.json" --port 30100 ) &
     wait ;;
+17) # session 7: the issue-7 table with the forms the server runs (mix verify + replay commit) vs SGLang's native
+    # path, both models, every tree, batch 1-64 (one model per GPU)
+    VF="python3 benchmark/kernels/bench_verify_forms.py --served-only --trees eagle-16,eagle-64,topk4-n8,topk2-depth3,eagle-32,chain-4 --batches 8,32,1,64"
+    ( lane 0 $((LIMIT - 10)) $VF --models qwen3.5-27b --out "$OUT/served_forms_27b.json" ) &
+    ( lane 1 $((LIMIT - 10)) $VF --models qwen3-next-80b --out "$OUT/served_forms_80b.json" ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

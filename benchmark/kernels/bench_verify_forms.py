@@ -34,21 +34,27 @@ def rel(a, b):
 
 
 def _derived(r, B, Hv, V, K):
-    """Floors, totals and ratios of a cell's core columns."""
+    """Floors, totals and ratios of a cell's core columns (``--served-only``: of the served forms)."""
     state_bytes = B * Hv * V * K * 4
     r["read_floor_us"] = state_bytes / COPY_BW * 1e6
     r["commit_floor_us"] = 2 * r["read_floor_us"]
     r["native_total_us"] = r["native_verify_us"] + r["native_commit_us"]
+    r["served_total_us"] = r["mix_verify_us"] + r["commit_us"]
+    r["served_speedup_vs_native"] = r["native_total_us"] / r["served_total_us"]
+    r["served_total_over_floor"] = r["served_total_us"] / (r["read_floor_us"] + r["commit_floor_us"])
+    r["mix_verify_over_read_floor"] = r["mix_verify_us"] / r["read_floor_us"]
+    if "chunk_verify_us" not in r:
+        return
     best = min(r["chunk_verify_us"], r["split_verify_us"], r["mix_verify_us"])
     r["best_total_us"] = best + min(r["commit_us"], r["dot_commit_us"], r["gather_commit_us"])
     r["speedup_vs_native"] = r["native_total_us"] / r["best_total_us"]
-    r["mix_verify_over_read_floor"] = r["mix_verify_us"] / r["read_floor_us"]
     r["fused_step_speedup_vs_native"] = r["native_total_us"] / r["mix_fused_step_us"]
 
 
-def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None):
+def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None, served_only=False):
     """One cell. ``on_core(row)`` is called once the core columns are timed, before the variants:
-    a variant that faults takes the CUDA context (and the process) with it (seen in session 6)."""
+    a variant that faults takes the CUDA context (and the process) with it (seen in session 6).
+    ``served_only``: SGLang's native path and the forms the server runs (mix verify, replay commit)."""
     from lumotree.ops.gdn_tree import triton as tri
     from lumotree.ops.gdn_tree.native import NativeTreeVerify
 
@@ -84,14 +90,29 @@ def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None):
                                                       BV=BV, num_warps=num_warps, form=form)
 
     o_nat = nat.verify(q, k, v, A_log, a, dt_bias, b, pool, rows, parents.int())
-    chunk()
-    split("wy")()
     split("mix")()
+    if served_only:
+        del outs["chunk"], outs["wy"]
+    else:
+        chunk()
+        split("wy")()
     errs = {f: rel(o_nat, o) for f, o in outs.items()}
     p_nat, p_our = pool.clone(), pool.clone()
     nat.commit(p_nat, rows, ends)
     tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), p_our[None], rows, ends, sg_parents)
     errs["commit_state"] = rel(p_nat, p_our)
+    if served_only:
+        pool_n = pool.clone()
+        r = dict(model=model, tree=tree_name, nodes=N, batch=B, rel_err=errs, served_only=True)
+        r["native_verify_us"] = bench_graph(lambda: nat.verify(q, k, v, A_log, a, dt_bias, b, pool_n, rows,
+                                                               parents.int()))
+        r["native_commit_us"] = bench_graph(lambda: nat.commit(pool_n, rows, ends))
+        r["mix_verify_us"] = bench_graph(split("mix", scratch=mix_scr))
+        r["mix_prep_us"] = bench_graph(split("mix", scratch=mix_scr, passes="prep"))
+        r["mix_apply_us"] = bench_graph(split("mix", scratch=mix_scr, passes="apply"))
+        r["commit_us"] = bench_graph(commit())
+        _derived(r, B, Hv, V, K)
+        return r
     p_dot = pool.clone()
     tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), p_dot[None], rows, ends, sg_parents, form="dot")
     errs["dot_commit_state"] = rel(p_nat, p_dot)
@@ -166,6 +187,19 @@ def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None):
     return r
 
 
+def served_table(rows):
+    out = ["| model | tree (nodes) | B | native verify | native commit | mix verify (pass 1 + pass 2) | replay commit | "
+           "verify + commit | speedup | read-once floor | (verify + commit) / (read + read-write floor) | "
+           "max rel. err vs SGLang |", "|" + "---|" * 12]
+    for r in rows:
+        out.append(f"| {r['model']} | {r['tree']} ({r['nodes']}) | {r['batch']} | {r['native_verify_us']:.1f} | "
+                   f"{r['native_commit_us']:.1f} | {r['mix_verify_us']:.1f} ({r['mix_prep_us']:.1f} + "
+                   f"{r['mix_apply_us']:.1f}) | {r['commit_us']:.1f} | {r['served_total_us']:.1f} | "
+                   f"**{r['served_speedup_vs_native']:.1f}x** | {r['read_floor_us']:.1f} | "
+                   f"{r['served_total_over_floor']:.1f} | {max(r['rel_err'].values()):.1e} |")
+    return "\n".join(out)
+
+
 def table(rows):
     out = ["| model | tree (nodes) | B | native verify + commit µs | chunk verify µs | split (wy) µs | mix µs "
            "(pass 1 + pass 2) | commit µs: replay / gather / dot | best verify + commit µs | speedup | "
@@ -188,6 +222,8 @@ def main():
     ap.add_argument("--trees", default="topk2-depth3,topk4-n8,eagle-16,eagle-32,eagle-64")
     ap.add_argument("--batches", default="8,32")
     ap.add_argument("--no-variants", action="store_true")
+    ap.add_argument("--served-only", action="store_true",
+                    help="only SGLang's native path and the served forms (mix verify + replay commit)")
     args = ap.parse_args()
     T = trees()
     rows, t0 = [], time.time()
@@ -198,7 +234,8 @@ def main():
                 def save(row):
                     json.dump(dict(meta=dict(meta, partial=True), rows=rows + [row]), open(args.out, "w"), indent=1)
 
-                r = run_cell(model, tree_name, T[tree_name], B, variants=not args.no_variants, on_core=save)
+                r = run_cell(model, tree_name, T[tree_name], B, variants=not (args.no_variants or args.served_only),
+                             on_core=save, served_only=args.served_only)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
                 json.dump(dict(meta=dict(meta, partial=True), rows=rows), open(args.out, "w"), indent=1)
@@ -210,7 +247,7 @@ def main():
                 triton=triton.__version__, sglang=sglang.__version__, python=platform.python_version(), seconds=time.time() - t0,
                 copy_bandwidth_Bps=COPY_BW)
     json.dump(dict(meta=meta, rows=rows), open(args.out, "w"), indent=1)
-    print(table(rows))
+    print(served_table(rows) if args.served_only else table(rows))
 
 
 if __name__ == "__main__":

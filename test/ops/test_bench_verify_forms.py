@@ -31,3 +31,20 @@ def test_verify_forms_bench_runs_and_checks_outputs(tmp_path):
                     "best_total_us"):
             assert r[key] > 0
     assert "| tiny | eagle-16 (16) | 2 |" in res.stdout
+
+
+def test_verify_forms_served_only(tmp_path):
+    """``--served-only``: SGLang's native path and the served forms (mix verify + replay commit) only,
+    outputs checked against SGLang's, with the served table."""
+    pytest.importorskip("sglang")
+    out = tmp_path / "vf.json"
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    res = subprocess.run([sys.executable, os.path.join(ROOT, "benchmark/kernels/bench_verify_forms.py"), "--models",
+                          "tiny", "--trees", "chain-4", "--batches", "2", "--served-only", "--out", str(out)],
+                         env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    (r,) = json.loads(out.read_text())["rows"]
+    assert set(r["rel_err"]) == {"mix", "commit_state"} and max(r["rel_err"].values()) < 1e-4
+    assert "chunk_verify_us" not in r and r["served_total_us"] == r["mix_verify_us"] + r["commit_us"]
+    assert r["served_speedup_vs_native"] == (r["native_verify_us"] + r["native_commit_us"]) / r["served_total_us"]
+    assert "| tiny | chain-4 (4) | 2 |" in res.stdout

@@ -109,8 +109,48 @@ def forms():
     fig.savefig(os.path.join(DOCS, "verify_forms_h200.png"), dpi=110)
 
 
+def served():
+    """Session 7: the served forms (mix verify + replay commit) vs SGLang's native tree path, every cell,
+    and where the served kernels' time goes against the floors (Nsight Compute)."""
+    rows = json.load(open(os.path.join(RES, "served_forms_h200.json")))["rows"]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4))
+    for ax, model in zip(axes[:2], ("qwen3.5-27b", "qwen3-next-80b")):
+        mr = [r for r in rows if r["model"] == model]
+        for tree in dict.fromkeys(r["tree"] for r in sorted(mr, key=lambda r: r["nodes"])):
+            rr = sorted((r for r in mr if r["tree"] == tree), key=lambda r: r["batch"])
+            ax.plot([r["batch"] for r in rr], [r["served_speedup_vs_native"] for r in rr], marker="o",
+                    label=f"{tree} ({rr[0]['nodes']})")
+        ax.axhline(10, color="grey", ls="--", lw=0.8)
+        ax.axhline(3, color="grey", ls=":", lw=0.8)
+        ax.set(xscale="log", xticks=[1, 8, 32, 64], xticklabels=["1", "8", "32", "64"], xlabel="batch",
+               ylabel="speedup, verify + commit", ylim=(0, 11),
+               title=f"served forms vs SGLang native, {model}\n(targets: 10x at 16-64 nodes, 3x at 4-8)")
+        ax.legend(fontsize=7)
+    r = next(r for r in rows if r["model"] == "qwen3.5-27b" and r["tree"] == "eagle-16" and r["batch"] == 32)
+    labels = ["SGLang native", "served", "floor:\nverify + commit", "floor:\nfused step"]
+    segs = [("SGLang verify (per-node snapshots)", [r["native_verify_us"], 0, 0, 0], "C0"),
+            ("SGLang commit (snapshot copy)", [r["native_commit_us"], 0, 0, 0], "C9"),
+            ("mix pass 1", [0, r["mix_prep_us"], 0, 0], "C1"),
+            ("mix pass 2", [0, r["mix_apply_us"], 0, 0], "C3"),
+            ("replay commit", [0, r["commit_us"], 0, 0], "C2"),
+            ("state read once (4.3 TB/s)", [0, 0, r["read_floor_us"], r["read_floor_us"]], "0.45"),
+            ("state read + write / write", [0, 0, r["commit_floor_us"], r["read_floor_us"]], "0.75")]
+    bottom = [0.0] * 4
+    for name, vals, c in segs:
+        axes[2].bar(range(4), vals, bottom=bottom, color=c, label=name)
+        bottom = [b_ + v for b_, v in zip(bottom, vals)]
+    for i, tot in enumerate(bottom):
+        axes[2].text(i, tot, f"{tot:.0f}", ha="center", va="bottom", fontsize=8)
+    axes[2].set(xticks=range(4), xticklabels=labels, ylabel="µs per GDN layer", ylim=(0, 1.12 * max(bottom)),
+                title="eagle-16, bs 32, Qwen3.5-27B heads (one layer)")
+    axes[2].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(DOCS, "served_forms_h200.png"), dpi=110)
+
+
 if __name__ == "__main__":
     gdn()
     select()
     split()
     forms()
+    served()

@@ -187,16 +187,30 @@ def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None, ser
     return r
 
 
+def scratch_bytes(model, nodes, batch):
+    """Speculative scratch per GDN layer: LumoTree's (the ring of raw k / v (bf16) and gates (fp32)
+    per request and node, plus the mix form's ``[BT, BT]`` matrices) vs SGLang's per-node fp32
+    state snapshots (``intermediate_ssm``)."""
+    Hk, Hv, K, V = MODELS[model]
+    BT = max(16, 1 << (nodes - 1).bit_length())
+    ours = batch * nodes * (Hk * K * 2 + Hv * V * 2 + 2 * Hv * 4) + batch * Hv * (2 * BT * BT + BT) * 4
+    return ours, batch * nodes * Hv * V * K * 4
+
+
 def served_table(rows):
     out = ["| model | tree (nodes) | B | native verify | native commit | mix verify (pass 1 + pass 2) | replay commit | "
            "verify + commit | speedup | read-once floor | (verify + commit) / (read + read-write floor) | "
-           "max rel. err vs SGLang |", "|" + "---|" * 12]
+           "effective GB/s (3 state passes) | scratch MiB: ours / native | max rel. err vs SGLang |",
+           "|" + "---|" * 14]
     for r in rows:
+        ours, native = scratch_bytes(r["model"], r["nodes"], r["batch"])
+        gbps = 3 * r["read_floor_us"] * COPY_BW / r["served_total_us"] / 1e9
         out.append(f"| {r['model']} | {r['tree']} ({r['nodes']}) | {r['batch']} | {r['native_verify_us']:.1f} | "
                    f"{r['native_commit_us']:.1f} | {r['mix_verify_us']:.1f} ({r['mix_prep_us']:.1f} + "
                    f"{r['mix_apply_us']:.1f}) | {r['commit_us']:.1f} | {r['served_total_us']:.1f} | "
                    f"**{r['served_speedup_vs_native']:.1f}x** | {r['read_floor_us']:.1f} | "
-                   f"{r['served_total_over_floor']:.1f} | {max(r['rel_err'].values()):.1e} |")
+                   f"{r['served_total_over_floor']:.1f} | {gbps:.0f} | {ours / 2**20:.1f} / {native / 2**20:.0f} | "
+                   f"{max(r['rel_err'].values()):.1e} |")
     return "\n".join(out)
 
 

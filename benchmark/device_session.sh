@@ -171,6 +171,17 @@ case $CALL in
     ( lane 0 $((LIMIT - 10)) $VF --models qwen3.5-27b --out "$OUT/served_forms_27b.json" ) &
     ( lane 1 $((LIMIT - 10)) $VF --models qwen3-next-80b --out "$OUT/served_forms_80b.json" ) &
     wait ;;
+18) # session 8 (staged in session 7), 24 GDN layers at 27B shapes. GPU 0: beyond NEXTN's state slots -- SGLang
+    # caps running requests at its GDN state slots / 2 (NEXTN topk 2: 147 slots, LUMOTREE 434), so at bs 128
+    # NEXTN runs ~73 at a time; GPU 1: controlled acceptance again, 512 tokens (more logged intervals), with a
+    # torch profile of one bs-32 pass each (where does LUMOTREE's client step lose 10 ms at bs 32?)
+    BENCH32="python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-32l --log-dir $LOGS"
+    ( lane 0 $((LIMIT - 10)) $BENCH32 --output-len 256 --configs lumotree-topk2,nextn-topk2 --batches 64,128 \
+          --out "$OUT/b32-bs128.json" --port 30000 ) &
+    ( lane 1 $((LIMIT - 40)) $BENCH32 --output-len 512 --configs lumotree-oracle,ngram-oracle --oracle-p 0.7 \
+          --batches 8,32 --profile-dir /tmp/prof --profile-batches 32 --out "$OUT/b32-oracle512.json" --port 30100
+      lane 1 30 python3 benchmark/serving/profile_summary.py /tmp/prof --out "$OUT/profile_oracle.json" ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

@@ -128,6 +128,24 @@ def logged_decode(log, batch, start=0):
     return max(vals), srt[len(srt) // 2], vals
 
 
+def logged_running(log, start=0):
+    """``(most requests seen running, best logged decode tokens/s at that count)`` from byte
+    ``start`` on: when the server caps the running requests below the batch (SGLang limits them to
+    the GDN state slots it could allocate -- the slots per-node snapshots take away), no interval
+    has ``batch`` running and :func:`logged_decode` finds none; this says what did run."""
+    try:
+        with open(log, errors="replace") as f:
+            f.seek(start)
+            text = f.read()
+    except OSError:
+        return None, None
+    seen = [(int(m.group(1)), float(m.group(3))) for m in DECODE_LINE.finditer(text)]
+    if not seen:
+        return None, None
+    most = max(n for n, _ in seen)
+    return most, max(v for n, v in seen if n == most)
+
+
 def log_size(log):
     try:
         return os.path.getsize(log)
@@ -252,8 +270,10 @@ def main():
                                accept_length=st["accept_length"])
                     res["rows"].append(row)
                     best, med, vals = logged_decode(log, bs, at)  # the measured pass only
+                    most, at_most = logged_running(log, at)
                     row.update(logged_decode_tokens_per_s=best, logged_decode_median_tokens_per_s=med,
-                               logged_decode_intervals=vals)
+                               logged_decode_intervals=vals, logged_max_running=most,
+                               logged_decode_at_max_running=at_most)
                     if args.profile_dir and bs in [int(x) for x in args.profile_batches.split(",")]:
                         row["profile"] = profile_pass(url, batch, args, key, f"{name}-bs{bs}")
                     print(json.dumps(row), flush=True)
@@ -275,6 +295,8 @@ def table(rows, memory=None):
     for r in rows:
         acc = f"{r['accept_length']:.2f}" if r["accept_length"] else "–"
         dec = f"{r['logged_decode_tokens_per_s']:.0f}" if r.get("logged_decode_tokens_per_s") else "–"
+        if not r.get("logged_decode_tokens_per_s") and r.get("logged_max_running"):  # capped below the batch
+            dec = f"{r['logged_decode_at_max_running']:.0f} ({r['logged_max_running']} running)"
         med = r.get("logged_decode_median_tokens_per_s")
         dec += f" | {med:.0f}" if med else " | –"
         mem = (memory or {}).get(r["config"], {}).get("speculative_bytes", {}).get("total")

@@ -210,6 +210,9 @@ def test_bench_spec_reads_the_servers_decode_throughput_and_merges_lanes(tmp_pat
     second = log.read_text().splitlines()[1] + "\n"
     assert bs.logged_decode(str(log), 8, start=len(log.read_text().splitlines()[0]) + 1) == (1071.0, 1071.0, [1071.0])
     assert second.startswith("[t] Decode batch, #running-req: 8")
+    assert bs.logged_running(str(log)) == (32, 11891.5)  # the most requests seen running, tokens/s then
+    assert bs.logged_running(str(log), start=len(log.read_text().splitlines()[0]) + 1) == (32, 11891.5)
+    assert bs.logged_running(str(tmp_path / "missing")) == (None, None)
     assert bs.CONFIGS["lumotree-topk2-split"] == bs.CONFIGS["lumotree-topk2"]
     assert bs.CONFIG_ENV["lumotree-topk2-split"][1] == {"LUMOTREE_SGLANG_VERIFY": "split"}
     parts = []

@@ -71,7 +71,8 @@ def run(args):
                     rp.update(summary=replay.summarize(rows) if rows else None, turns=rows)
                     print(json.dumps({name: "replay done"}), flush=True)
                     try:
-                        ag["sessions"] = agent_loop.workload(url, args.agent_turns, args.agent_tokens)
+                        ag["sessions"] = agent_loop.workload(url, args.agent_turns, args.agent_tokens,
+                                                             margins=config == "none")
                     except Exception as e:
                         ag["error"] = repr(e)[:2000]
                 try:

@@ -53,14 +53,32 @@ def tool(command: str, root: str) -> str:
     return "\n".join(f"{i + 1}: {ln}" for i, ln in enumerate(lines) if parts[1] in ln)[:4000] or "(no match)"
 
 
-def run_session(client, task: str, turns: int, max_tokens: int, root: str):
+def reply_margins(choice):
+    """``[[token text, top-1 minus top-2 logprob], ...]`` of one reply (``logprobs`` requested with
+    ``top_logprobs=2``), ``None`` when the server sent none."""
+    lp = getattr(choice, "logprobs", None)
+    content = getattr(lp, "content", None) if lp is not None else None
+    if not content:
+        return None
+    return [[t.token, (t.top_logprobs[0].logprob - t.top_logprobs[1].logprob) if len(t.top_logprobs or []) > 1
+             else None] for t in content]
+
+
+def run_session(client, task: str, turns: int, max_tokens: int, root: str, margins: bool = False):
+    """One agent session. ``margins``: also ask for the top-2 logprobs of every reply (the
+    no-speculation reference does, so that a speculative transcript that parts from it can be
+    told apart from a near-tie of the reference's own logits)."""
     msgs = [{"role": "system", "content": SYSTEM.format(root=root)}, {"role": "user", "content": task}]
     stats = []
+    extra = dict(logprobs=True, top_logprobs=2) if margins else {}
     for _ in range(turns):
-        r = client.chat.completions.create(model="default", messages=msgs, temperature=0, max_tokens=max_tokens)
+        r = client.chat.completions.create(model="default", messages=msgs, temperature=0, max_tokens=max_tokens,
+                                           **extra)
         reply = r.choices[0].message.content or ""
         msgs.append({"role": "assistant", "content": reply})
         stats.append(dict(prompt_tokens=r.usage.prompt_tokens, completion_tokens=r.usage.completion_tokens))
+        if margins:
+            stats[-1]["margins"] = reply_margins(r.choices[0])
         out = tool(reply.splitlines()[0] if reply.strip() else "", root)
         if out == "SUBMIT":
             break
@@ -68,17 +86,42 @@ def run_session(client, task: str, turns: int, max_tokens: int, root: str):
     return msgs, stats
 
 
-def workload(url, turns, max_tokens):
-    """Every task's agent session against a running server through the openai client."""
+def workload(url, turns, max_tokens, margins=False):
+    """Every task's agent session against a running server through the openai client
+    (``margins``: with the replies' top-2 logprob margins, for the no-speculation reference)."""
     import openai
 
     root = sysconfig.get_paths()["stdlib"]
     client = openai.OpenAI(base_url=url + "/v1", api_key="none")
     out = []
     for t in TASKS:
-        msgs, stats = run_session(client, t, turns, max_tokens, root)
+        msgs, stats = run_session(client, t, turns, max_tokens, root, margins=margins)
         out.append(dict(task=t, messages=msgs, stats=stats))
     return out
+
+
+def first_difference(session, ref):
+    """Where a transcript first parts from the reference's: ``(message index, character)`` in the
+    first differing message, plus the reference's top-2 margin at that character when it recorded
+    margins for that reply; ``None`` when identical."""
+    for i, (a, b) in enumerate(zip(session["messages"], ref["messages"])):
+        if a != b:
+            x, y = a.get("content") or "", b.get("content") or ""
+            c = next((j for j, (u, w) in enumerate(zip(x, y)) if u != w), min(len(x), len(y)))
+            d = dict(message=i, role=b.get("role"), char=c)
+            replies = [j for j, m in enumerate(ref["messages"]) if m.get("role") == "assistant"]
+            stats = ref.get("stats") or []
+            if b.get("role") == "assistant" and i in replies and replies.index(i) < len(stats):
+                pos = 0
+                for text, m in stats[replies.index(i)].get("margins") or []:
+                    pos += len(text or "")
+                    if pos > c:
+                        d["reference_margin"] = m
+                        break
+            return d
+    if len(session["messages"]) != len(ref["messages"]):
+        return dict(message=min(len(session["messages"]), len(ref["messages"])), role=None, char=0)
+    return None
 
 
 def transcripts_identical(res):
@@ -86,7 +129,8 @@ def transcripts_identical(res):
     if base:
         res["transcripts_identical_to_no_spec"] = {
             name: dict(identical=sum(a["messages"] == b["messages"] for a, b in zip(r["sessions"], base)),
-                       of=len(base))
+                       of=len(base),
+                       first_differences=[d for d in (first_difference(a, b) for a, b in zip(r["sessions"], base)) if d])
             for name, r in res["runs"].items() if name != "none" and r.get("sessions")}
         print(json.dumps(res["transcripts_identical_to_no_spec"]))
 
@@ -106,7 +150,7 @@ def main():
         try:
             with sglang_server(args.model, CONFIGS[name], log=os.path.join(args.log_dir, f"agent-{name}.log"),
                                timeout=300) as url:
-                r["sessions"] = workload(url, args.turns, args.max_tokens)
+                r["sessions"] = workload(url, args.turns, args.max_tokens, margins=name == "none")
         except Exception as e:
             r["error"] = repr(e)[:2000]
         res["runs"][name] = r

@@ -40,3 +40,38 @@ def test_agent_tools_and_loop_with_a_fake_client():
     msgs, stats = al.run_session(client, "task", 6, 32, root)
     assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
     assert "def dedent" in msgs[5]["content"] and len(stats) == 3
+
+
+def test_agent_loop_reference_margins_and_first_difference():
+    """The no-spec reference records each reply's top-2 logprob margins; a transcript that parts
+    from it reports where (message, character) and the reference's margin there."""
+    al = load("agent_loop")
+    root = sysconfig.get_paths()["stdlib"]
+    tok = lambda text, a, b: SimpleNamespace(token=text, top_logprobs=[SimpleNamespace(logprob=a),  # noqa: E731
+                                                                       SimpleNamespace(logprob=b)])
+    seen = []
+
+    def create(**kw):
+        seen.append({k: kw.get(k) for k in ("logprobs", "top_logprobs")})
+        lp = SimpleNamespace(content=[tok("sub", -0.1, -3.0), tok("mit", -0.2, -0.25)])
+        return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content="submit"), logprobs=lp)],
+                               usage=SimpleNamespace(prompt_tokens=5, completion_tokens=2))
+
+    client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
+    msgs, stats = al.run_session(client, "task", 3, 8, root, margins=True)
+    assert seen == [dict(logprobs=True, top_logprobs=2)]
+    assert [t for t, _ in stats[0]["margins"]] == ["sub", "mit"]
+    assert abs(stats[0]["margins"][0][1] - 2.9) < 1e-9 and abs(stats[0]["margins"][1][1] - 0.05) < 1e-9
+    _, plain = al.run_session(client, "task", 3, 8, root)
+    assert seen[-1] == dict(logprobs=None, top_logprobs=None) and "margins" not in plain[0]
+    ref = dict(messages=msgs, stats=stats)
+    assert al.first_difference(dict(messages=list(msgs)), ref) is None
+    other = [dict(m) for m in msgs]
+    other[2]["content"] = "subtle"  # parts at character 3, inside the reference's second token
+    assert al.first_difference(dict(messages=other), ref) == dict(message=2, role="assistant", char=3,
+                                                                  reference_margin=stats[0]["margins"][1][1])
+    assert al.first_difference(dict(messages=msgs[:2]), ref) == dict(message=2, role=None, char=0)
+    res = dict(runs=dict(none=dict(sessions=[ref]), spec=dict(sessions=[dict(messages=other)])))
+    al.transcripts_identical(res)
+    t = res["transcripts_identical_to_no_spec"]["spec"]
+    assert t["identical"] == 0 and t["of"] == 1 and t["first_differences"][0]["char"] == 3

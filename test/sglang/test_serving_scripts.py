@@ -77,15 +77,19 @@ def test_suite_merge_compares_across_gpu_lanes(tmp_path):
                     agent=dict(runs={name: dict(sessions=[dict(messages=m) for m in msgs])}))
 
     files = []
-    for i, p in enumerate([part("none", ["a", "b"], ["x", "y"], [[1], [2]]),
-                           part("lumotree", ["a", "c"], ["x", "y"], [[1], [3]])]):
+    def say(text):
+        return [dict(role="assistant", content=text)]
+
+    for i, p in enumerate([part("none", ["a", "b"], ["x", "y"], [say("ab"), say("cd")]),
+                           part("lumotree", ["a", "c"], ["x", "y"], [say("ab"), say("ce")])]):
         f = tmp_path / f"{i}.json"
         f.write_text(__import__("json").dumps(p))
         files.append(str(f))
     res = suite.compare(suite.merge(files))
     assert res["parity"]["greedy_vs_no_spec"]["lumotree"]["identical"] == 1
     assert res["replay"]["runs"]["lumotree"]["summary"]["greedy_identical_turns"] == 2
-    assert res["agent"]["transcripts_identical_to_no_spec"] == {"lumotree": dict(identical=1, of=2)}
+    assert res["agent"]["transcripts_identical_to_no_spec"] == {"lumotree": dict(
+        identical=1, of=2, first_differences=[dict(message=0, role="assistant", char=1)])}  # no margins recorded
     assert res["commands"] == ["suite none", "suite lumotree"]
 
 
@@ -298,14 +302,14 @@ def test_suite_runs_the_abort_step_last_and_keeps_texts_when_it_fails(tmp_path, 
     monkeypatch.setattr(suite.replay, "workload", lambda *a: order.append("replay") or a[-1].append(
         dict(session=0, turn=0, seconds=1.0, prompt_tokens=4, cached_tokens=2, completion_tokens=2, verify_steps=1,
              text="r")))
-    monkeypatch.setattr(suite.agent_loop, "workload", lambda *a: order.append("agent") or [])
+    monkeypatch.setattr(suite.agent_loop, "workload", lambda *a, **k: order.append(("agent", k)) or [])
     model = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "models", "tiny-hybrid")
     args = argparse.Namespace(model=model, configs="lumotree", tag="", extra=[], env=[], port=30000, prompts=2,
                               max_new_tokens=4, sessions_file=os.path.join(os.path.dirname(suite.__file__), "..", "workloads", "agent_sessions.json"), sessions=1,
                               max_turns=1, replay_new_tokens=2, agent_turns=1, agent_tokens=2, log_dir=str(tmp_path),
                               parity_only=False, out=str(tmp_path / "s.json"))
     res = suite.run(args)
-    assert order == ["start", ("parity", False), "replay", "agent", "abort", "stop"]
+    assert order == ["start", ("parity", False), "replay", ("agent", dict(margins=False)), "abort", "stop"]
     p = res["parity"]["runs"]["lumotree"]
     assert "no answer" in p["abort_error"] and "error" not in p
     assert res["parity"]["texts"]["lumotree"] == ["t", "t"]

@@ -182,6 +182,13 @@ case $CALL in
           --batches 8,32 --profile-dir /tmp/prof --profile-batches 32 --out "$OUT/b32-oracle512.json" --port 30100
       lane 1 30 python3 benchmark/serving/profile_summary.py /tmp/prof --out "$OUT/profile_oracle.json" ) &
     wait ;;
+19) # session 8 (staged in session 7): parity with an fp32 LM head (logits in fp32: the bf16 logit ties at which
+    # every speculative path parts from no-spec vanish); full suites, so the agent loop runs too (its no-spec
+    # reference now records the top-2 margins of every reply)
+    F32H="--tag=-fp32head --extra=--enable-fp32-lm-head"
+    ( lane 0 $((LIMIT - 10)) $SUITE --configs none,nextn-tree $F32H --out "$OUT/s-fp32head-0.json" --port 30000 ) &
+    ( lane 1 $((LIMIT - 10)) $SUITE --configs lumotree,lumotree-suffix $F32H --out "$OUT/s-fp32head-1.json" --port 30100 ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

@@ -21,7 +21,7 @@ import sysconfig
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "serving"))
 
-from parity import CONFIGS  # noqa: E402
+from parity import CONFIGS, reference_for  # noqa: E402
 from sglang_server import sglang_server  # noqa: E402
 
 SYSTEM = ("You are a coding agent working in the Python standard library ({root}). Reply with exactly one "
@@ -125,14 +125,20 @@ def first_difference(session, ref):
 
 
 def transcripts_identical(res):
-    base = res["runs"].get("none", {}).get("sessions")
-    if base:
-        res["transcripts_identical_to_no_spec"] = {
-            name: dict(identical=sum(a["messages"] == b["messages"] for a, b in zip(r["sessions"], base)),
-                       of=len(base),
-                       first_differences=[d for d in (first_difference(a, b) for a, b in zip(r["sessions"], base)) if d])
-            for name, r in res["runs"].items() if name != "none" and r.get("sessions")}
-        print(json.dumps(res["transcripts_identical_to_no_spec"]))
+    """Per speculative run: sessions whose transcript equals its no-spec reference's (``none``, or
+    ``none`` + the run's tag), and where the others part from it."""
+    runs, out = res["runs"], {}
+    for name, r in runs.items():
+        ref = reference_for(name, runs)
+        base = (runs.get(ref) or {}).get("sessions")
+        if name.startswith("none") or not base or not r.get("sessions"):
+            continue
+        out[name] = dict(reference=ref, identical=sum(a["messages"] == b["messages"] for a, b in zip(r["sessions"], base)),
+                         of=len(base),
+                         first_differences=[d for d in (first_difference(a, b) for a, b in zip(r["sessions"], base)) if d])
+    if out:
+        res["transcripts_identical_to_no_spec"] = out
+        print(json.dumps(out))
 
 
 def main():

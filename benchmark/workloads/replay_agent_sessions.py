@@ -21,7 +21,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "serving"))
 
-from parity import CONFIGS  # noqa: E402
+from parity import CONFIGS, reference_for  # noqa: E402
 from sglang_server import post, sglang_server  # noqa: E402
 
 
@@ -54,12 +54,14 @@ def workload(url, tok, sessions, max_turns, max_new_tokens, rows):
 
 
 def identical_turns(res):
-    base = res["runs"].get("none", {}).get("turns")
-    if base:
-        for name, r in res["runs"].items():
-            if name != "none" and r.get("turns") and r.get("summary"):
-                r["summary"]["greedy_identical_turns"] = sum(a["text"] == b["text"] for a, b in zip(r["turns"], base))
-                r["summary"]["turns_compared"] = min(len(base), len(r["turns"]))
+    """Per speculative run: turns whose greedy text equals its no-spec reference's (``none``, or
+    ``none`` + the run's tag, e.g. ``none-det`` for ``lumotree-det``)."""
+    runs = res["runs"]
+    for name, r in runs.items():
+        base = (runs.get(reference_for(name, runs)) or {}).get("turns")
+        if not name.startswith("none") and base and r.get("turns") and r.get("summary"):
+            r["summary"]["greedy_identical_turns"] = sum(a["text"] == b["text"] for a, b in zip(r["turns"], base))
+            r["summary"]["turns_compared"] = min(len(base), len(r["turns"]))
 
 
 def summarize(rows):

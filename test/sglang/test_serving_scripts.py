@@ -89,7 +89,16 @@ def test_suite_merge_compares_across_gpu_lanes(tmp_path):
     assert res["parity"]["greedy_vs_no_spec"]["lumotree"]["identical"] == 1
     assert res["replay"]["runs"]["lumotree"]["summary"]["greedy_identical_turns"] == 2
     assert res["agent"]["transcripts_identical_to_no_spec"] == {"lumotree": dict(
-        identical=1, of=2, first_differences=[dict(message=0, role="assistant", char=1)])}  # no margins recorded
+        reference="none", identical=1, of=2, first_differences=[dict(message=0, role="assistant", char=1)])}
+    # (no margins recorded in these parts); a tagged run is compared with the tagged reference
+    tagged = dict(runs={"none-x": dict(sessions=[dict(messages=say("ab"))]), "none": dict(sessions=[dict(messages=say("zz"))]),
+                        "lumotree-x": dict(sessions=[dict(messages=say("ab"))])})
+    suite.agent_loop.transcripts_identical(tagged)
+    assert tagged["transcripts_identical_to_no_spec"]["lumotree-x"]["identical"] == 1
+    assert tagged["transcripts_identical_to_no_spec"]["lumotree-x"]["reference"] == "none-x"
+    turns = dict(runs={"none-x": dict(turns=[dict(text="a")]), "lumotree-x": dict(turns=[dict(text="a")], summary=dict(turns=1))})
+    suite.replay.identical_turns(turns)
+    assert turns["runs"]["lumotree-x"]["summary"]["greedy_identical_turns"] == 1
     assert res["commands"] == ["suite none", "suite lumotree"]
 
 

@@ -20,7 +20,7 @@ from triton.compiler import ASTSource
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from kernel_resources import CUOBJDUMP, SHAPE, TARGET, signature, with_defaults  # noqa: E402
+from kernel_resources import CUOBJDUMP, SHAPE, TARGET, runtime_attrs, signature, with_defaults  # noqa: E402
 
 from lumotree.ops.gdn_tree import triton as current  # noqa: E402
 
@@ -29,8 +29,9 @@ SRC = "python/lumotree/ops/gdn_tree/triton.py"
 
 def sass(kernel, consts, warps=4):
     consts = with_defaults(kernel, consts)
-    c = triton.compile(ASTSource(fn=kernel, signature=signature(kernel, consts), constexprs=consts), target=TARGET,
-                       options={"num_warps": warps})
+    sig = signature(kernel, consts)
+    c = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs=consts, attrs=runtime_attrs(kernel, sig)),
+                       target=TARGET, options={"num_warps": warps})
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(c.asm["cubin"])
     out = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True).stdout

@@ -672,7 +672,7 @@ def gdn_tree_mix_apply_persistent_fwd_kernel(
     """Pass 2 of the mix verify as a persistent grid: each program walks tiles ``pid, pid + P, ...``
     (V-blocks of one head adjacent) in a software-pipelined loop (``STAGES``), so the next tile's
     state load can be in flight while this tile's dots run -- the one-tile-per-program grid only
-    overlaps tiles across its 2 resident programs per SM (255 registers at 4 warps)."""
+    overlaps tiles across its 3 resident programs per SM (166 registers at 4 warps, <= 16 nodes)."""
     for tile in tl.range(tl.program_id(0), NUM_TILES, tl.num_programs(0), num_stages=STAGES):
         # (tl.cast: the loop index is a plain int in the interpreter)
         _mix_apply_tile(tl.cast(tile % NV, tl.int32), tl.cast(tile // NV, tl.int32), q, k, v, mix, o, state,

@@ -185,8 +185,13 @@ case $CALL in
 19) # session 8 (staged in session 7): parity with an fp32 LM head (logits in fp32: the bf16 logit ties at which
     # every speculative path parts from no-spec vanish); full suites, so the agent loop runs too (its no-spec
     # reference now records the top-2 margins of every reply)
+    # GPU 0 first: the replay commit with the key norms the mix verify kept (LUMOTREE_SGLANG_COMMIT=knorm, new in
+    # session 7: 13 % fewer instructions per step in the sm_90 SASS) -- its GPU test, then timed beside the served pair
     F32H="--tag=-fp32head --extra=--enable-fp32-lm-head"
-    ( lane 0 $((LIMIT - 10)) $SUITE --configs none,nextn-tree $F32H --out "$OUT/s-fp32head-0.json" --port 30000 ) &
+    ( lane 0 90 python3 -m pytest -q -rf -m gpu test/ops/test_gdn_tree_gpu.py -k "key_norms"
+      lane 0 90 python3 benchmark/kernels/bench_verify_forms.py --served-only --trees topk2-depth3,eagle-16,eagle-64 \
+          --batches 8,32 --out "$OUT/served_forms_knorm.json"
+      lane 0 $((LIMIT - 10 - SECONDS)) $SUITE --configs none,nextn-tree $F32H --out "$OUT/s-fp32head-0.json" --port 30000 ) &
     ( lane 1 $((LIMIT - 10)) $SUITE --configs lumotree,lumotree-suffix $F32H --out "$OUT/s-fp32head-1.json" --port 30100 ) &
     wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;

@@ -198,6 +198,13 @@ def main():
                       bf16_gates=False)
         rows.append(dict(kernel="all-layer commit (per layer)", BV=BV, warps=warps, **r))
         print(json.dumps(rows[-1]), flush=True)
+    for knorm in (False, True):  # as served (no prefix-cache track rows in the step), and with the kept key norms
+        consts = dict(SHAPE, BN=16, BK=128, BV=16, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=False,
+                      HAS_KNORM=knorm)
+        r = resources(tri.gdn_tree_commit_layers_fwd_kernel, consts, 4, BATCH * 48 * 8, bf16_gates=False)
+        rows.append(dict(kernel="all-layer commit (per layer), no track rows" + (", kept key norms" if knorm else ""),
+                         BV=16, warps=4, **r))
+        print(json.dumps(rows[-1]), flush=True)
     from lumotree.drafters import tree_merge_triton as tm
 
     merge_types = dict(m_tok="*i64", m_nt="*i64", m_ns="*i64", keep_mtp="*i64", s_tok="*i64", s_par="*i64",

@@ -27,7 +27,8 @@ def rank(rows, max_rel_err=1e-3):
             verify.append(("mix fused step - replay commit", r["mix_fused_step_us"] - r["commit_us"]))
         commit = [("replay (served)", r["commit_us"])]
         for name, col, e in (("gather", "gather_commit_us", "gather_commit_state"),
-                             ("dot", "dot_commit_us", "dot_commit_state")):
+                             ("dot", "dot_commit_us", "dot_commit_state"),
+                             ("knorm (kept key norms)", "commit_knorm_us", "knorm_commit_state")):
             if col in r and err.get(e, 0.0) <= max_rel_err:
                 commit.append((name, r[col]))
         commit += list(r.get("commit_variants_us", {}).items())

@@ -15,9 +15,10 @@ Environment variables:
     LUMOTREE_SGLANG_VERIFY  ``mix`` (default), ``split`` or ``chunk``: the served GDN tree verify
                          (two passes -- node-mixing matrices per key head, then one transposed dot
                          per state tile; two passes with the WY algebra per value head; one kernel).
-    LUMOTREE_SGLANG_COMMIT  ``replay`` (default), ``gather`` or ``dot``: the served all-layer replay
-                         commit (one step per accepted node; the same with the path's rows loaded
-                         in one round; the path in chunk form on tensor cores).
+    LUMOTREE_SGLANG_COMMIT  ``replay`` (default), ``gather``, ``dot`` or ``knorm``: the served
+                         all-layer replay commit (one step per accepted node; the same with the
+                         path's rows loaded in one round; the path in chunk form on tensor cores;
+                         the replay dividing by the key norms the mix verify kept).
     LUMOTREE_SGLANG_CHECK  ``1`` (diagnostics, with ``--disable-cuda-graph``): every served verify
                          and commit is cross-checked against SGLang's own tree-verify kernel;
                          ``LUMOTREE_SGLANG_CHECK_REPORT=FILE`` / ``LUMOTREE_SGLANG_CHECK_DUMP=DIR``

@@ -355,6 +355,60 @@ def test_dot_commit_equals_replay_commit_and_reference(tree_kind, dtype):
 
 
 @pytest.mark.parametrize("N", [6, 16, 64])
+def test_mix_verify_key_norms_feed_the_replay_commit(N):
+    """The mix verify's pass 1 keeps each node's key norm (``ring_knorm``); the replay commit that
+    divides by them (``k_norm``) == the one that reduces every key again == the reference commit,
+    at Qwen3.5-27B GDN heads (GQA 3), EAGLE trees, bf16 inputs, per-request ring rows, a skipped
+    request; the verify's outputs and ring stores are unchanged by keeping the norms."""
+    from lumotree.ops.gdn_tree import triton as tri
+
+    Hk, Hv, K, V = (2, 6, 32, 32) if SMALL else (16, 48, 128, 128)
+    B = 4
+    x, parents, nums = make(B, N, Hk, Hv, K, V, torch.bfloat16, seed=7 * N, kinds=("eagle",))
+    N = parents.shape[1]
+    tree = TreeDescriptor.from_parents(parents, nums)
+    kw = dict(A_log=x["A_log"], a=x["a"], dt_bias=x["dt_bias"], b=x["b"], use_qk_l2norm=True,
+              state_indices=x["rows"], form="mix")
+    R = B + 1
+    ring_rows = torch.tensor([2, 0, 4, 1], dtype=torch.int32, device=DEV)
+    rings = [(torch.zeros(R, N, Hk, K, dtype=torch.bfloat16, device=DEV),
+              torch.zeros(R, N, Hv, V, dtype=torch.bfloat16, device=DEV),
+              torch.zeros(R, N, Hv, device=DEV), torch.zeros(R, N, Hv, device=DEV)) for _ in range(2)]
+    kn = torch.zeros(R, N, Hk, device=DEV)
+    o0 = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, ring=rings[0], ring_rows=ring_rows, **kw)
+    o1 = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, ring=rings[1], ring_rows=ring_rows,
+                                       ring_knorm=kn, **kw)
+    assert torch.equal(o0[tree.valid], o1[tree.valid]), "keeping the key norms changed the verify's outputs"
+    for a_, b_ in zip(*rings):
+        assert torch.equal(a_, b_), "keeping the key norms changed the ring stores"
+    want_n = torch.sqrt((x["k"].float() ** 2).sum(-1) + 1e-6)  # [B, N, Hk]
+    for i in range(B):
+        n = int(nums[i])
+        assert_close(f"key norms, request {i}", want_n[i, :n], kn[ring_rows[i].long(), :n], 1e-6)
+    rows = x["rows"].clone()
+    rows[2] = -1  # a padded request: nothing committed
+    last = (nums - 1).to(torch.int32)
+    sgp = torch.where(parents < 0, 0, parents).int()
+    pool = x["pool"][None]
+    want = pool.clone()
+    naive.gdn_tree_commit_layers(*(t_[None].float() for t_ in rings[0]), want, rows.long(), last, sgp,
+                                 ring_rows=ring_rows.long())
+    rep = pool.clone()
+    tri.gdn_tree_commit_layers_fwd(*(t_[None] for t_ in rings[0]), rep, rows, last, sgp, ring_rows=ring_rows)
+    got = pool.clone()
+    tri.gdn_tree_commit_layers_fwd(*(t_[None] for t_ in rings[0]), got, rows, last, sgp, ring_rows=ring_rows,
+                                   k_norm=kn[None])
+    assert_close("commit with kept key norms vs reference", want, got, 1e-5)
+    assert_close("commit with kept key norms vs replay", rep, got, 1e-6)
+    assert torch.equal(got[:, x["rows"][2].long()], pool[:, x["rows"][2].long()])
+    with pytest.raises(ValueError, match="k_norm is read by form='replay'"):
+        tri.gdn_tree_commit_layers_fwd(*(t_[None] for t_ in rings[0]), got, rows, last, sgp, ring_rows=ring_rows,
+                                       k_norm=kn[None], form="gather")
+    with pytest.raises(ValueError, match="ring_knorm"):
+        tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, ring_knorm=kn, **kw)
+
+
+@pytest.mark.parametrize("N", [6, 16, 64])
 def test_fused_step_equals_commit_then_verify(N):
     """The fused step (the previous step's replay commit inside this verify) == the all-layer commit
     followed by the served verify, at Qwen3.5-27B GDN head shapes, EAGLE trees, bf16 inputs."""

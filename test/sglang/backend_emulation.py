@@ -98,7 +98,7 @@ class Pool:  # SGLang's HybridReqToTokenPool, what the backend reads of it
 be = LumoTreeGDNBackend.__new__(LumoTreeGDNBackend)
 be.lumotree, be._first_gdn_layer, be._cur_tree = True, 1 << 30, None
 be.precision, be.verify_form = served_settings()  # LUMOTREE_SGLANG_PRECISION / LUMOTREE_SGLANG_VERIFY
-be.commit_form = served_commit_form()  # LUMOTREE_SGLANG_COMMIT
+be.commit_form = served_commit_form(verify_form=be.verify_form)  # LUMOTREE_SGLANG_COMMIT
 # the in-server cross-check runs too: SGLang's own tree-verify kernel (per-node snapshots) on the
 # same inputs, compared with our verify and our commit
 be.check = CrossCheck()

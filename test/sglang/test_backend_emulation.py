@@ -5,15 +5,16 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("shape,precision,form", [("tree", "tf32x3", "split"), ("chain", "tf32x3", "split"),
-                                                  ("tree", "tf32x3", "mix"), ("chain", "tf32x3", "mix"),
-                                                  ("tree", "mixed", "chunk"), ("tree", "tf32x3", "chunk")])
-def test_backend_verify_and_commit_plumbing_in_interpreter(shape, precision, form):
+@pytest.mark.parametrize("shape,precision,form,commit", [
+    ("tree", "tf32x3", "split", "replay"), ("chain", "tf32x3", "split", "replay"), ("tree", "tf32x3", "mix", "dot"),
+    ("chain", "tf32x3", "mix", "dot"), ("tree", "tf32x3", "mix", "knorm"), ("tree", "mixed", "chunk", "replay"),
+    ("tree", "tf32x3", "chunk", "replay")])
+def test_backend_verify_and_commit_plumbing_in_interpreter(shape, precision, form, commit):
     """LumoTree's SGLang backend on fake pools, real Triton kernels interpreted (see the script);
-    the mix rows also commit with the chunk-form (dot) commit."""
+    the mix rows commit with the chunk-form (dot) commit and with the kept key norms (knorm)."""
     pytest.importorskip("sglang")
     env = dict(os.environ, TRITON_INTERPRET="1", LUMOTREE_SGLANG_PRECISION=precision, LUMOTREE_SGLANG_VERIFY=form,
-               LUMOTREE_SGLANG_COMMIT="dot" if form == "mix" else "replay")
+               LUMOTREE_SGLANG_COMMIT=commit)
     script = os.path.join(os.path.dirname(__file__), "backend_emulation.py")
     out = subprocess.run([sys.executable, script, shape], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
@@ -25,7 +26,7 @@ def test_backend_verify_and_commit_on_gpu_at_qwen35_shapes():
     """The same flow on the GPU: Hk=16, Hv=48, K=V=128, bf16 activations, 16-node EAGLE trees."""
     pytest.importorskip("sglang")
     script = os.path.join(os.path.dirname(__file__), "backend_emulation.py")
-    for form, commit in (("chunk", "replay"), ("split", "replay"), ("mix", "replay"), ("mix", "dot")):
+    for form, commit in (("chunk", "replay"), ("split", "replay"), ("mix", "replay"), ("mix", "dot"), ("mix", "knorm")):
         env = dict(os.environ, LUMOTREE_SGLANG_VERIFY=form, LUMOTREE_SGLANG_COMMIT=commit)
         out = subprocess.run([sys.executable, script, "cuda"], env=env, capture_output=True, text=True, timeout=900)
         assert out.returncode == 0, form + "\n" + out.stdout[-3000:] + out.stderr[-6000:]

@@ -312,3 +312,6 @@ def test_served_settings_refuse_unknown_values():
     assert served_commit_form({}) == "replay" and served_commit_form({"LUMOTREE_SGLANG_COMMIT": "dot"}) == "dot"
     with pytest.raises(ValueError, match="LUMOTREE_SGLANG_COMMIT must be one of.*got 'vnew'"):
         served_commit_form({"LUMOTREE_SGLANG_COMMIT": "vnew"})
+    assert served_commit_form({"LUMOTREE_SGLANG_COMMIT": "knorm"}) == "knorm"
+    with pytest.raises(ValueError, match="knorm reads the key norms the mix verify keeps"):
+        served_commit_form({"LUMOTREE_SGLANG_COMMIT": "knorm"}, verify_form="split")

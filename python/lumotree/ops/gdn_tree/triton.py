@@ -444,7 +444,7 @@ def gdn_tree_mix_prep_fwd_kernel(
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     PRECISION: tl.constexpr, PRECISION_LOW: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
     HAS_STATE_INDICES: tl.constexpr, FUSED_GATING: tl.constexpr, STORE_RING: tl.constexpr,
-    HEADS: tl.constexpr = 0,
+    HEADS: tl.constexpr = 0, ring_knorm=None, stride_rn=0, STORE_KNORM: tl.constexpr = False,
 ):
     """Mix verify, pass 1 (one program per request and *key* head): the node-mixing matrices of
     the tree-masked WY chunk. The chunk's output ``o = scale (e^G q h^T + P T (beta v - beta e^G k
@@ -460,7 +460,9 @@ def gdn_tree_mix_prep_fwd_kernel(
 
     ``HEADS`` (a divisor of ``Hv / Hk``; 0 = all): value heads per program -- fewer spread one key
     head's value heads over more programs (each forms the Gram matrices again), for batches too
-    small to fill the GPU with one program per key head."""
+    small to fill the GPU with one program per key head. ``STORE_KNORM``: also keep each node's
+    key norm ``sqrt(|k|^2 + 1e-6)`` in ``ring_knorm`` `[R, NR, Hk]` fp32 (the replay commit's
+    ``HAS_KNORM``)."""
     GROUP: tl.constexpr = HV // HK
     if HEADS == 0 or HEADS == GROUP:
         i_bk = tl.program_id(0)
@@ -492,6 +494,9 @@ def gdn_tree_mix_prep_fwd_kernel(
         if store & (j0 == 0):  # (raw k: once per key head)
             tl.store(ring_k + r_row * stride_rk + (o_t[:, None] * HK + i_hk) * K + o_k[None, :],
                      b_k.to(ring_k.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+            if STORE_KNORM:  # the key's L2 norm as the commit divides by it (it need not reduce k again)
+                tl.store(ring_knorm + r_row * stride_rn + o_t * HK + i_hk, tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6),
+                         mask=m_t)
     if USE_QK_L2NORM:
         b_q = _l2norm_rows(b_q)
         b_k = _l2norm_rows(b_k)
@@ -792,14 +797,17 @@ def gdn_tree_commit_layers_fwd_kernel(
     stride_kl, stride_ks, stride_vl, stride_vs, stride_gl, stride_gs, stride_sl, stride_ss, NP,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_PARENTS: tl.constexpr,
-    HAS_TRACK: tl.constexpr, GATHER: tl.constexpr = False,
+    HAS_TRACK: tl.constexpr, GATHER: tl.constexpr = False, knorm=None, stride_nl=0, stride_ns=0,
+    HAS_KNORM: tl.constexpr = False,
 ):
     """Replay commit of every GDN layer in one launch, reading the verify's buffers in place:
     ``k[l, r, node]`` `[Hk, K]`, ``v[l, r, node]`` `[Hv, V]`, ``g/beta[l, r, node]`` `[Hv]` with
     ``r = ring_rows[b]``; the state is read and written at pool row ``rows[b]``. The accepted root
     path is found here by walking ``parents`` up from ``last[b]``. ``GATHER``: the whole path's k,
     v and gates are loaded in one round before the steps (each step then picks its row in
-    registers), instead of one dependent round of loads per step."""
+    registers), instead of one dependent round of loads per step. ``HAS_KNORM``: each node's key
+    norm is read from ``knorm[l, r, node]`` `[Hk]` (kept by the mix verify's pass 1) instead of
+    reduced across the program's warps again at every step (a fifth of a step's instructions)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     # 64-bit layer offsets: a served pool is [L, slots, Hv, V, K] with ~10^5 slots, so layer
     # i_l * stride_sl passes 2^31 elements from the third layer on (int32 would wrap)
@@ -824,6 +832,14 @@ def gdn_tree_commit_layers_fwd_kernel(
         for j in range(0, d + 1):
             if GATHER:
                 b_h = _gathered_step(b_h, p_k, p_v, p_g, p_b, o_n == j)
+            elif HAS_KNORM:
+                node = tl.sum(tl.where(o_n == j, anc, 0))
+                nr = tl.load(knorm + i_l * stride_nl + r_row * stride_ns + node * HK + i_hk)
+                b_k = tl.load(kr + (node * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32) * (1.0 / nr)
+                b_h = _delta_rule_step(b_h, b_k, tl.load(vr + (node * HV + i_hv) * V + o_v, mask=mask_v,
+                                                         other=0.0).to(tl.float32),
+                                       tl.load(gr + node * HV + i_hv).to(tl.float32),
+                                       tl.load(br + node * HV + i_hv).to(tl.float32), False)
             else:
                 b_h = _replay_node(b_h, kr, vr, gr, br, tl.sum(tl.where(o_n == j, anc, 0)), i_hk, i_hv, o_k, o_v,
                                    mask_k, mask_v, HK, HV, K, V, USE_QK_L2NORM)
@@ -1119,7 +1135,8 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
                               factored: bool = False, prep_maxnreg: Optional[int] = None,
                               scratch: Optional[tuple] = None, passes: str = "both", form: str = "wy",
                               apply_t: bool = True, apply_fma: bool = False, apply_persistent: int = 0,
-                              prep_heads: Optional[int] = None, pre_commit: Optional[dict] = None):
+                              prep_heads: Optional[int] = None, pre_commit: Optional[dict] = None,
+                              ring_knorm: Optional[torch.Tensor] = None):
     """Launcher of the split tree verify: the same outputs as :func:`gdn_tree_chunk_verify_fwd`
     (same arguments, same ring stores) in two passes. Pass 1 (one program per request and value
     head) does all the state-independent work of the tree-masked WY chunk and leaves
@@ -1150,7 +1167,9 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     value heads per pass-1 program (default all of a key head's; 1: one program per value head).
     ``pre_commit`` (``form="mix"``; as in :func:`gdn_tree_chunk_verify_fwd`): the fused step -- pass 2
     first replays the previous step's accepted path onto each state tile and writes it back
-    (:func:`gdn_tree_mix_step_fwd_kernel`); the state is read once and written once for both."""
+    (:func:`gdn_tree_mix_step_fwd_kernel`); the state is read once and written once for both.
+    ``ring_knorm`` (``form="mix"`` with ``ring``): `[R, NR, Hk]` fp32, pass 1 also keeps each node's
+    key norm there, for :func:`gdn_tree_commit_layers_fwd`'s ``k_norm``."""
     if passes not in ("both", "prep", "apply"):
         raise ValueError(f"passes must be both, prep or apply, got {passes!r}")
     if form not in SPLIT_FORMS:
@@ -1165,6 +1184,14 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
         raise ValueError("factored / prep_maxnreg are variants of form='wy' (pass 1 of form='mix' has no [BT, K] tiles)")
     if passes == "apply" and scratch is None:
         raise ValueError("passes='apply' reads Q and C from the scratch a 'prep' call filled: pass scratch")
+    if ring_knorm is not None:
+        if form != "mix" or ring is None:
+            raise ValueError("ring_knorm is kept by form='mix' beside its ring stores: pass ring too")
+        NR = ring[0].shape[1]
+        if (ring_knorm.dtype != torch.float32 or not ring_knorm.is_contiguous()
+                or tuple(ring_knorm.shape) != (ring[0].shape[0], NR, k.shape[2])):
+            raise ValueError(f"ring_knorm must be contiguous fp32 [R, NR, Hk] = {(ring[0].shape[0], NR, k.shape[2])}, "
+                             f"got {tuple(ring_knorm.shape)} {ring_knorm.dtype}")
     fused = g is None
     B, N, HK, K = k.shape
     HV, V = v.shape[2], v.shape[3]
@@ -1195,7 +1222,7 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
             precision_low=precision_low, BT=BT, BK=BK, BV=BV, num_warps=num_warps, prep_warps=mix_prep_warps,
             apply_t=apply_t, apply_fma=apply_fma, persistent=apply_persistent, prep_heads=prep_heads,
             pre_commit=(_pre_commit_args(pre_commit, ring, state_indices, (B, HK, K, HV, V), dummy)
-                        if pre_commit is not None else None))
+                        if pre_commit is not None else None), knorm=ring_knorm)
     if scratch is None:
         qt = torch.empty(B * HV * BT * BK, dtype=torch.float32, device=q.device)
         c = torch.empty(B * HV * BT * BVF, dtype=torch.float32, device=q.device)
@@ -1230,7 +1257,7 @@ COMMIT_FORMS = ("replay", "gather", "dot")
 
 def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, *, scratch, passes, fused, g,
                 beta, A_log, a, dt_bias, b, scale, l2, has_si, store_ring, precision, precision_low, BT, BK, BV,
-                num_warps, prep_warps, apply_t, apply_fma, persistent, prep_heads, pre_commit):
+                num_warps, prep_warps, apply_t, apply_fma, persistent, prep_heads, pre_commit, knorm=None):
     """The two launches of :func:`gdn_tree_split_verify_fwd` with ``form="mix"`` (tensors as
     prepared there; ``pre_commit``: the checked ``(pc_args, pc_bn)`` or None)."""
     B, N, HK, K = k.shape
@@ -1254,6 +1281,7 @@ def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_a
             HK=HK, HV=HV, K=K, BT=BT, BK=BK, PRECISION=precision, PRECISION_LOW=precision_low, USE_QK_L2NORM=l2,
             HAS_STATE_INDICES=has_si, FUSED_GATING=fused, STORE_RING=store_ring, HEADS=0 if heads == HV // HK else heads,
             num_warps=prep_warps,
+            **(dict(ring_knorm=knorm, stride_rn=knorm.stride(0), STORE_KNORM=True) if knorm is not None else {}),
         )
     if passes != "prep":
         args = (q, k, v, mix, out, state, si, num_nodes, ring_rows, rv, srv, state.stride(0), N, sq, sk, sv)
@@ -1400,7 +1428,7 @@ def gdn_tree_commit_fwd(k, v, state, accept_nodes, accept_len, g=None, beta=None
 def gdn_tree_commit_layers_fwd(k, v, g, beta, state, rows, last, parents=None, track_rows=None,
                                track_steps=None, use_qk_l2norm: bool = True, BV: Optional[int] = None,
                                num_warps: int = 4, ring_rows: Optional[torch.Tensor] = None, form: str = "replay",
-                               precision: str = "tf32x3"):
+                               precision: str = "tf32x3", k_norm: Optional[torch.Tensor] = None):
     """Launcher of the all-layer replay commit on the verify's k/v/g/beta buffers (what the SGLang backend calls).
 
     Args:
@@ -1419,9 +1447,14 @@ def gdn_tree_commit_layers_fwd(k, v, g, beta, state, rows, last, parents=None, t
             (the same steps, the path's rows loaded in one round first) or ``"dot"``
             (the path in chunk form on tensor cores, :func:`gdn_tree_commit_layers_dot_fwd_kernel`;
             ``precision`` its dots; default tile BV = 64; needs ``BV >= 16 * num_warps``).
+        k_norm (torch.Tensor): optional `[L, R, NR, Hk]` fp32, the keys' norms the mix verify kept
+            (``ring_knorm``; ``use_qk_l2norm`` and ``form="replay"`` only): the replay divides by
+            them instead of reducing each key again in every program and step.
     """
     if form not in COMMIT_FORMS:
         raise ValueError(f"form must be one of {COMMIT_FORMS}, got {form!r}")
+    if k_norm is not None and (form != "replay" or not use_qk_l2norm):
+        raise ValueError("k_norm is read by form='replay' with use_qk_l2norm=True only")
     L, S, NR, HK, K = k.shape
     HV, V = v.shape[3], v.shape[4]
     B = rows.shape[0]
@@ -1460,6 +1493,12 @@ def gdn_tree_commit_layers_fwd(k, v, g, beta, state, rows, last, parents=None, t
         )
         return state
     BV = BV or _default_bv(V)
+    kn = {}
+    if k_norm is not None:
+        if k_norm.dtype != torch.float32 or not k_norm.is_contiguous() or tuple(k_norm.shape) != (L, S, NR, HK):
+            raise ValueError(f"k_norm must be contiguous fp32 [L, R, NR, Hk] = {(L, S, NR, HK)}, "
+                             f"got {tuple(k_norm.shape)} {k_norm.dtype}")
+        kn = dict(knorm=k_norm, stride_nl=k_norm.stride(0), stride_ns=k_norm.stride(1), HAS_KNORM=True)
     gdn_tree_commit_layers_fwd_kernel[(triton.cdiv(V, BV), B * HV, L)](
         k, v, g, beta, state, rows, ring_rows, parents.contiguous() if parents is not None else dummy, last,
         track_rows if track_rows is not None else dummy, track_steps if track_steps is not None else dummy,
@@ -1467,7 +1506,7 @@ def gdn_tree_commit_layers_fwd(k, v, g, beta, state, rows, last, parents=None, t
         state.stride(1), NP,
         HK=HK, HV=HV, K=K, V=V, BN=BN, BK=BK, BV=BV, USE_QK_L2NORM=use_qk_l2norm,
         HAS_PARENTS=parents is not None, HAS_TRACK=track_rows is not None, GATHER=form == "gather",
-        num_warps=num_warps,
+        num_warps=num_warps, **kn,
     )
     return state
 

@@ -315,3 +315,22 @@ def test_served_settings_refuse_unknown_values():
     assert served_commit_form({"LUMOTREE_SGLANG_COMMIT": "knorm"}) == "knorm"
     with pytest.raises(ValueError, match="knorm reads the key norms the mix verify keeps"):
         served_commit_form({"LUMOTREE_SGLANG_COMMIT": "knorm"}, verify_form="split")
+
+
+def test_suffix_tree_size_follows_the_batch_the_server_is_sized_for():
+    """LUMOTREE_SUFFIX without --speculative-num-draft-tokens sizes its draft tree from
+    --max-running-requests (large trees for small-batch servers); an explicit flag is kept."""
+    from types import SimpleNamespace
+
+    from lumotree.sglang.plugin import default_suffix_budget
+
+    def sized(running, tokens=None, env=None):
+        sa = SimpleNamespace(speculative_num_draft_tokens=tokens, max_running_requests=running)
+        default_suffix_budget(sa, env or {})
+        return sa.speculative_num_draft_tokens
+
+    assert [sized(r) for r in (1, 8, 16, 32, None, 64, 128, 512)] == [64, 64, 32, 16, 8, 8, 4, 4]
+    assert sized(8, tokens=6) == 6  # given: kept
+    assert sized(32, env={"LUMOTREE_SUFFIX_TOKENS_PER_STEP": "256"}) == 8
+    with pytest.raises(ValueError, match="LUMOTREE_SUFFIX_TOKENS_PER_STEP must be a positive integer"):
+        sized(32, env={"LUMOTREE_SUFFIX_TOKENS_PER_STEP": "lots"})

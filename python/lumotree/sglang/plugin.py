@@ -196,13 +196,43 @@ def validate_suffix_server_args(server_args) -> None:
     validate_server_args(server_args, SUFFIX_ALGORITHM)
 
 
+SUFFIX_TOKENS_ENV = "LUMOTREE_SUFFIX_TOKENS_PER_STEP"
+NGRAM_DEFAULT_RUNNING = 48  # what SGLang's NGRAM argument handling sets when --max-running-requests is absent
+
+
+def default_suffix_budget(server_args, env=os.environ) -> None:
+    """``LUMOTREE_SUFFIX`` without ``--speculative-num-draft-tokens``: the draft-tree size from the
+    batch the server is sized for, :func:`lumotree.drafters.suffix.adaptive_budget` of
+    ``--max-running-requests`` with ``LUMOTREE_SUFFIX_TOKENS_PER_STEP`` (default 512) verify tokens
+    per step -- large trees for small-batch servers, small ones for large-batch servers (64 nodes at
+    <= 8 requests, 8 at SGLang's NGRAM default of 48, 4 from 128 on). Per server, not per step: the
+    verify's CUDA graphs have one tree size per server. An explicit flag is kept as given."""
+    if server_args.speculative_num_draft_tokens is not None:
+        return
+    from lumotree.drafters.suffix import adaptive_budget
+
+    raw = env.get(SUFFIX_TOKENS_ENV, "512")
+    try:
+        tokens = int(raw)
+    except ValueError:
+        tokens = 0
+    if tokens < 1:
+        raise ValueError(f"{SUFFIX_TOKENS_ENV} must be a positive integer (verify tokens per step), got {raw!r}")
+    running = server_args.max_running_requests or NGRAM_DEFAULT_RUNNING
+    server_args.speculative_num_draft_tokens = adaptive_budget(running, tokens_per_step=tokens,
+                                                               max_nodes=MAX_DRAFT_TOKENS, min_nodes=4)
+    logger.info("LUMOTREE_SUFFIX: %d draft nodes per request (%d verify tokens per step over up to %d running "
+                "requests; set --speculative-num-draft-tokens to override)",
+                server_args.speculative_num_draft_tokens, tokens, running)
+
+
 def _suffix_worker_factory(server_args):
     from lumotree.sglang.suffix import worker_class
 
     return worker_class()
 
 
-def _suffix_spec_class(lumotree_backend: bool = True):
+def _suffix_spec_class(lumotree_backend: bool = True, size_tree: bool = True):
     from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
     class LumoTreeSuffixSpecAlgo(CustomSpecAlgo):
@@ -225,6 +255,8 @@ def _suffix_spec_class(lumotree_backend: bool = True):
 
             if server_args.speculative_ngram_max_trie_depth == 18:  # SGLang's default: too short a context
                 server_args.speculative_ngram_max_trie_depth = DEFAULT_CONTEXT
+            if size_tree:  # LUMOTREE_SUFFIX (the benchmark oracles keep SGLang's NGRAM defaults)
+                default_suffix_budget(server_args)
             _handle_ngram(server_args)
             if lumotree_backend:
                 configure_server_args(server_args)
@@ -243,7 +275,7 @@ def _register_oracle(SpeculativeAlgorithm, get_spec, p: float) -> None:
             SpeculativeAlgorithm.register(
                 name, supports_overlap=True,
                 validate_server_args=(lambda sa, n=name: validate_server_args(sa, n)) if ours else None,
-                spec_class=_suffix_spec_class(lumotree_backend=ours))(lambda sa: oracle.worker_class(p))
+                spec_class=_suffix_spec_class(lumotree_backend=ours, size_tree=False))(lambda sa: oracle.worker_class(p))
 
 
 def register() -> None:

@@ -162,6 +162,9 @@ def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None, ser
     r["dot_commit_us"] = bench_graph(commit(form="dot"))  # the accepted path in chunk form (tensor cores)
     r["gather_commit_us"] = bench_graph(commit(form="gather"))  # the replay, path rows loaded up front
     r["mix_fused_step_us"] = bench_graph(fused_step)  # previous commit + this verify, one state read + write
+    pre_r = dict(pre, gather=False)  # the previous path's rows loaded per step (the served commit's way)
+    r["mix_fused_step_replay_us"] = bench_graph(lambda: tri.gdn_tree_split_verify_fwd(
+        q, k, v, pool_c, tree, out=out_f, form="mix", pre_commit=pre_r, **dict(gate, ring=ring2)))
     _derived(r, B, Hv, V, K)
     if on_core is not None:
         on_core(r)

@@ -25,6 +25,9 @@ def rank(rows, max_rel_err=1e-3):
                    if r.get("mix_variants_rel_err", {}).get(n, 0.0) <= max_rel_err]
         if "mix_fused_step_us" in r and "commit_us" in r and err.get("fused_step_state_vs_commit", 0.0) <= max_rel_err:
             verify.append(("mix fused step - replay commit", r["mix_fused_step_us"] - r["commit_us"]))
+            if "mix_fused_step_replay_us" in r:
+                verify.append(("mix fused step, per-step loads - replay commit",
+                               r["mix_fused_step_replay_us"] - r["commit_us"]))
         commit = [("replay (served)", r["commit_us"])]
         for name, col, e in (("gather", "gather_commit_us", "gather_commit_state"),
                              ("dot", "dot_commit_us", "dot_commit_state"),

@@ -28,7 +28,7 @@ def test_verify_forms_bench_runs_and_checks_outputs(tmp_path):
         assert max(r["rel_err"].values()) < 1e-4, r["rel_err"]
         assert max(r["mix_variants_rel_err"].values()) < 1e-4, r["mix_variants_rel_err"]
         for key in ("native_verify_us", "mix_prep_us", "mix_apply_us", "commit_us", "commit_knorm_us", "dot_commit_us",
-                    "gather_commit_us", "mix_fused_step_us",
+                    "gather_commit_us", "mix_fused_step_us", "mix_fused_step_replay_us",
                     "best_total_us"):
             assert r[key] > 0
     assert "| tiny | eagle-16 (16) | 2 |" in res.stdout

@@ -450,3 +450,12 @@ def test_fused_step_equals_commit_then_verify(N):
     assert_close("mix fused step outputs", o_seq_m[tree.valid].float(), o_fused_m[tree.valid].float(), 5e-3)
     for a_, b_ in zip(ring, ring3):
         assert torch.equal(a_, b_)
+    # the same with the previous path's rows loaded per step (pre_commit["gather"] = False)
+    fused_r = x["pool"].clone()
+    o_fused_r = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], fused_r, tree, form="mix",
+                                              ring=tuple(torch.zeros_like(t) for t in ring), ring_rows=ring_rows,
+                                              pre_commit=dict(ring=ring, rows=ring_rows, last=last, parents=sg_par,
+                                                              gather=False), **kw)
+    assert_close("mix fused step (per-step loads) state", seq_m, fused_r, 1e-5)
+    assert_close("mix fused step (per-step loads) outputs", o_seq_m[tree.valid].float(),
+                 o_fused_r[tree.valid].float(), 5e-3)

@@ -635,14 +635,16 @@ def gdn_tree_mix_step_fwd_kernel(
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     BV: tl.constexpr, PRECISION: tl.constexpr, PRECISION_LOW: tl.constexpr, USE_QK_L2NORM: tl.constexpr,
     HAS_STATE_INDICES: tl.constexpr, STORE_RING: tl.constexpr, APPLY_T: tl.constexpr, APPLY_FMA: tl.constexpr,
-    PC_HAS_PARENTS: tl.constexpr, PC_BN: tl.constexpr,
+    PC_HAS_PARENTS: tl.constexpr, PC_BN: tl.constexpr, PC_GATHER: tl.constexpr = True,
 ):
     """The fused step in mix form: pass 2 of this step's verify, with the previous step's replay
     commit done on the tile first. The tile is read once, the previous accepted path (its k, v and
     gates kept in a second ring, ``pc_*``, at ring row ``pc_rows[b]``; last node ``pc_last[b]``,
     -1: nothing to commit) is replayed onto it in registers, the committed tile is written back to
     the pool row, and this step's tree meets it -- one state read and one write per step for both
-    (separately: the commit reads and writes, the verify reads again)."""
+    (separately: the commit reads and writes, the verify reads again). ``PC_GATHER`` (default): the
+    path's rows are loaded in one round first; ``False``: one round of loads per step, as the
+    served replay commit (the gathered form is the slower commit, session 7)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b = i_bh // HV
     i_hv = i_bh % HV
@@ -653,11 +655,18 @@ def gdn_tree_mix_step_fwd_kernel(
     if (row >= 0) & (p_row >= 0) & (p_last >= 0):
         o_n = tl.arange(0, PC_BN)
         anc, d = _root_path(pc_parents, p_last, i_b, PC_NP, PC_BN, PC_HAS_PARENTS)
-        p_k, p_v, p_g, p_b = _path_rows(pc_k + p_row * stride_pk, pc_v + p_row * stride_pv, pc_g + p_row * stride_pg,
-                                        pc_beta + p_row * stride_pg, anc, o_n <= d, i_hv // (HV // HK), i_hv, o_k,
-                                        o_v, m_k, m_v, HK, HV, K, V, USE_QK_L2NORM, False)
+        if PC_GATHER:
+            p_k, p_v, p_g, p_b = _path_rows(pc_k + p_row * stride_pk, pc_v + p_row * stride_pv,
+                                            pc_g + p_row * stride_pg, pc_beta + p_row * stride_pg, anc, o_n <= d,
+                                            i_hv // (HV // HK), i_hv, o_k, o_v, m_k, m_v, HK, HV, K, V,
+                                            USE_QK_L2NORM, False)
         for j in range(0, d + 1):
-            b_h = _gathered_step(b_h, p_k, p_v, p_g, p_b, o_n == j)
+            if PC_GATHER:
+                b_h = _gathered_step(b_h, p_k, p_v, p_g, p_b, o_n == j)
+            else:
+                b_h = _replay_node(b_h, pc_k + p_row * stride_pk, pc_v + p_row * stride_pv, pc_g + p_row * stride_pg,
+                                   pc_beta + p_row * stride_pg, tl.sum(tl.where(o_n == j, anc, 0)),
+                                   i_hv // (HV // HK), i_hv, o_k, o_v, m_k, m_v, HK, HV, K, V, USE_QK_L2NORM)
         tl.store(state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
                  b_h.to(state.dtype.element_ty), mask=m_v[:, None] & m_k[None, :])
     _mix_apply_core(b_h, row, o_k, o_v, m_k, m_v, i_b, i_hv, i_bh, q, k, v, mix, o, num_nodes, ring_rows, ring_v,
@@ -1168,6 +1177,8 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     ``pre_commit`` (``form="mix"``; as in :func:`gdn_tree_chunk_verify_fwd`): the fused step -- pass 2
     first replays the previous step's accepted path onto each state tile and writes it back
     (:func:`gdn_tree_mix_step_fwd_kernel`); the state is read once and written once for both.
+    ``pre_commit["gather"] = False``: the replay loads each path node's row per step (the served
+    commit's way) instead of the whole path first.
     ``ring_knorm`` (``form="mix"`` with ``ring``): `[R, NR, Hk]` fp32, pass 1 also keeps each node's
     key norm there, for :func:`gdn_tree_commit_layers_fwd`'s ``k_norm``."""
     if passes not in ("both", "prep", "apply"):
@@ -1221,8 +1232,9 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
             has_si=state_indices is not None, store_ring=ring is not None, precision=precision,
             precision_low=precision_low, BT=BT, BK=BK, BV=BV, num_warps=num_warps, prep_warps=mix_prep_warps,
             apply_t=apply_t, apply_fma=apply_fma, persistent=apply_persistent, prep_heads=prep_heads,
-            pre_commit=(_pre_commit_args(pre_commit, ring, state_indices, (B, HK, K, HV, V), dummy)
-                        if pre_commit is not None else None), knorm=ring_knorm)
+            pre_commit=((*_pre_commit_args(pre_commit, ring, state_indices, (B, HK, K, HV, V), dummy),
+                         bool(pre_commit.get("gather", True))) if pre_commit is not None else None),
+            knorm=ring_knorm)
     if scratch is None:
         qt = torch.empty(B * HV * BT * BK, dtype=torch.float32, device=q.device)
         c = torch.empty(B * HV * BT * BVF, dtype=torch.float32, device=q.device)
@@ -1290,9 +1302,9 @@ def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_a
                     APPLY_FMA=apply_fma, num_warps=num_warps)
         NV = triton.cdiv(V, BV)
         if pre_commit is not None:
-            pc_args, pc_bn = pre_commit
+            pc_args, pc_bn, pc_gather = pre_commit
             gdn_tree_mix_step_fwd_kernel[(NV, B * HV)](*args, *pc_args, PC_HAS_PARENTS=pc_args[2] is not state,
-                                                       PC_BN=pc_bn, **meta)
+                                                       PC_BN=pc_bn, PC_GATHER=pc_gather, **meta)
         elif persistent:
             tiles = NV * B * HV
             gdn_tree_mix_apply_persistent_fwd_kernel[(min(tiles, persistent * _num_sms(q.device)),)](

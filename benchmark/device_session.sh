@@ -189,12 +189,13 @@ case $CALL in
     # session 7: 13 % fewer instructions per step in the sm_90 SASS) -- its GPU test, then timed beside the served pair
     F32H="--tag=-fp32head --extra=--enable-fp32-lm-head"
     # and the mix fused step with the previous path loaded per step (pre_commit gather=False: the gathered form had
-    # 24.6 M shared-memory bank conflicts; per-step loads need 3 instead of 24 shared stores per step in the SASS)
+    # 24.6 M shared-memory bank conflicts; per-step loads need 3 instead of 24 shared stores per step in the SASS),
+    # and mix pass 2 capped at 128 registers (4 programs per SM instead of 3; Nsight: too few loads in flight)
     ( lane 0 120 python3 -m pytest -q -rf -m gpu test/ops/test_gdn_tree_gpu.py -k "key_norms or (fused_step and not 64)"
       lane 0 90 python3 benchmark/kernels/bench_verify_forms.py --served-only --trees topk2-depth3,eagle-16,eagle-64 \
           --batches 8,32 --out "$OUT/served_forms_knorm.json"
-      lane 0 80 python3 benchmark/kernels/bench_verify_forms.py --no-variants --trees topk2-depth3,eagle-16 --batches 32 \
-          --out "$OUT/verify_forms_fused_replay.json"
+      lane 0 100 python3 benchmark/kernels/bench_verify_forms.py --variants maxnreg128,maxnreg128-BV32-w2 \
+          --trees topk2-depth3,eagle-16 --batches 32 --out "$OUT/verify_forms_fused_replay.json"
       lane 0 $((LIMIT - 10 - SECONDS)) $SUITE --configs none,nextn-tree $F32H --out "$OUT/s-fp32head-0.json" --port 30000 ) &
     ( lane 1 $((LIMIT - 10)) $SUITE --configs lumotree,lumotree-suffix $F32H --out "$OUT/s-fp32head-1.json" --port 30100 ) &
     wait ;;

@@ -51,7 +51,7 @@ def _derived(r, B, Hv, V, K):
     r["fused_step_speedup_vs_native"] = r["native_total_us"] / r["mix_fused_step_us"]
 
 
-def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None, served_only=False):
+def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None, served_only=False, only_variants=None):
     """One cell. ``on_core(row)`` is called once the core columns are timed, before the variants:
     a variant that faults takes the CUDA context (and the process) with it (seen in session 6).
     ``served_only``: SGLang's native path and the forms the server runs (mix verify, replay commit)."""
@@ -179,7 +179,11 @@ def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None, ser
                          ("low-tf32", dict(precision_low="tf32")), ("rows", dict(apply_t=False)),
                          ("fma", dict(apply_fma=True)), ("fma-BV32-w2", dict(apply_fma=True, BV=32, num_warps=2)),
                          ("persistent1", dict(apply_persistent=1)), ("persistent2", dict(apply_persistent=2)),
-                         ("persistent2-fma", dict(apply_persistent=2, apply_fma=True))):
+                         ("persistent2-fma", dict(apply_persistent=2, apply_fma=True)),
+                         ("maxnreg128", dict(apply_maxnreg=128)),
+                         ("maxnreg128-BV32-w2", dict(apply_maxnreg=128, BV=32, num_warps=2))):
+            if only_variants and name not in only_variants:
+                continue
             kw_ = dict(kw)
             if "precision_low" in kw_:
                 g_ = dict(gate, precision_low=kw_.pop("precision_low"))
@@ -193,7 +197,7 @@ def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None, ser
                 r.setdefault("mix_variants_rel_err", {})[name] = rel(o_nat, outs["mix"])
             except Exception as e:  # noqa: BLE001  (a config that does not compile)
                 print(f"mix variant {name}: {type(e).__name__}: {str(e)[:200]}", flush=True)
-    if variants:
+    if variants and not only_variants:
         r["commit_variants_us"] = {f"BV{bv}-w{w}": bench_graph(commit(bv, w)) for bv, w in ((32, 4), (8, 2), (16, 2))}
         r["commit_variants_us"].update({f"dot-BV{bv}-w{w}": bench_graph(commit(bv, w, "dot"))
                                         for bv, w in ((128, 8), (128, 4), (32, 2))})
@@ -252,6 +256,7 @@ def main():
     ap.add_argument("--trees", default="topk2-depth3,topk4-n8,eagle-16,eagle-32,eagle-64")
     ap.add_argument("--batches", default="8,32")
     ap.add_argument("--no-variants", action="store_true")
+    ap.add_argument("--variants", default=None, help="only these mix variants (comma-separated names), no commit variants")
     ap.add_argument("--served-only", action="store_true",
                     help="only SGLang's native path and the served forms (mix verify + replay commit)")
     args = ap.parse_args()
@@ -265,7 +270,8 @@ def main():
                     json.dump(dict(meta=dict(meta, partial=True), rows=rows + [row]), open(args.out, "w"), indent=1)
 
                 r = run_cell(model, tree_name, T[tree_name], B, variants=not (args.no_variants or args.served_only),
-                             on_core=save, served_only=args.served_only)
+                             on_core=save, served_only=args.served_only,
+                             only_variants=set(args.variants.split(",")) if args.variants else None)
                 rows.append(r)
                 print(json.dumps(r), flush=True)
                 json.dump(dict(meta=dict(meta, partial=True), rows=rows), open(args.out, "w"), indent=1)

@@ -140,7 +140,8 @@ def test_split_verify_matches_reference_and_chunk(kind, B, N, Hk, Hv, K, V, dtyp
         assert torch.equal(a_, b_), "mix ring stores differ"
     for var in (dict(precision_low="tf32"), dict(BV=128, num_warps=8), dict(BV=32, num_warps=2, prep_warps=8),
                 dict(apply_t=False), dict(apply_t=False, BV=64, num_warps=8), dict(apply_fma=True),
-                dict(apply_persistent=1), dict(apply_persistent=2, apply_fma=True), dict(prep_heads=1)):
+                dict(apply_persistent=1), dict(apply_persistent=2, apply_fma=True), dict(prep_heads=1),
+                dict(apply_maxnreg=128)):
         o_v = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, form="mix", **var, **kw)
         assert_close(f"mix verify ({var})", ref[tree.valid], o_v[tree.valid].float(), tol)
     for form in tri.SPLIT_FORMS if DEV == "cuda" else ():  # the tiling that faulted transposed (session 6)

@@ -1145,7 +1145,7 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
                               scratch: Optional[tuple] = None, passes: str = "both", form: str = "wy",
                               apply_t: bool = True, apply_fma: bool = False, apply_persistent: int = 0,
                               prep_heads: Optional[int] = None, pre_commit: Optional[dict] = None,
-                              ring_knorm: Optional[torch.Tensor] = None):
+                              ring_knorm: Optional[torch.Tensor] = None, apply_maxnreg: Optional[int] = None):
     """Launcher of the split tree verify: the same outputs as :func:`gdn_tree_chunk_verify_fwd`
     (same arguments, same ring stores) in two passes. Pass 1 (one program per request and value
     head) does all the state-independent work of the tree-masked WY chunk and leaves
@@ -1180,15 +1180,18 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     ``pre_commit["gather"] = False``: the replay loads each path node's row per step (the served
     commit's way) instead of the whole path first.
     ``ring_knorm`` (``form="mix"`` with ``ring``): `[R, NR, Hk]` fp32, pass 1 also keeps each node's
-    key norm there, for :func:`gdn_tree_commit_layers_fwd`'s ``k_norm``."""
+    key norm there, for :func:`gdn_tree_commit_layers_fwd`'s ``k_norm``. ``apply_maxnreg``
+    (``form="mix"``): caps pass 2's registers per thread (128: 4 instead of 3 programs per SM at
+    <= 16 nodes, 184 B of spills per thread in the sm_90 build; the Nsight profile found pass 2 short
+    of loads in flight at 18 % occupancy)."""
     if passes not in ("both", "prep", "apply"):
         raise ValueError(f"passes must be both, prep or apply, got {passes!r}")
     if form not in SPLIT_FORMS:
         raise ValueError(f"form must be one of {SPLIT_FORMS}, got {form!r}")
     if apply_fma and (form != "mix" or not apply_t):
         raise ValueError("apply_fma is a variant of form='mix' with apply_t=True")
-    if (apply_persistent or prep_heads or pre_commit is not None) and form != "mix":
-        raise ValueError("apply_persistent / prep_heads / pre_commit are variants of form='mix'")
+    if (apply_persistent or prep_heads or pre_commit is not None or apply_maxnreg) and form != "mix":
+        raise ValueError("apply_persistent / prep_heads / pre_commit / apply_maxnreg are variants of form='mix'")
     if pre_commit is not None and (apply_persistent or passes == "prep"):
         raise ValueError("pre_commit runs in pass 2's one-tile grid (not with apply_persistent or passes='prep')")
     if form == "mix" and (factored or prep_maxnreg):
@@ -1234,7 +1237,7 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
             apply_t=apply_t, apply_fma=apply_fma, persistent=apply_persistent, prep_heads=prep_heads,
             pre_commit=((*_pre_commit_args(pre_commit, ring, state_indices, (B, HK, K, HV, V), dummy),
                          bool(pre_commit.get("gather", True))) if pre_commit is not None else None),
-            knorm=ring_knorm)
+            knorm=ring_knorm, apply_maxnreg=apply_maxnreg)
     if scratch is None:
         qt = torch.empty(B * HV * BT * BK, dtype=torch.float32, device=q.device)
         c = torch.empty(B * HV * BT * BVF, dtype=torch.float32, device=q.device)
@@ -1269,7 +1272,8 @@ COMMIT_FORMS = ("replay", "gather", "dot")
 
 def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_args, *, scratch, passes, fused, g,
                 beta, A_log, a, dt_bias, b, scale, l2, has_si, store_ring, precision, precision_low, BT, BK, BV,
-                num_warps, prep_warps, apply_t, apply_fma, persistent, prep_heads, pre_commit, knorm=None):
+                num_warps, prep_warps, apply_t, apply_fma, persistent, prep_heads, pre_commit, knorm=None,
+                apply_maxnreg=None):
     """The two launches of :func:`gdn_tree_split_verify_fwd` with ``form="mix"`` (tensors as
     prepared there; ``pre_commit``: the checked ``(pc_args, pc_bn)`` or None)."""
     B, N, HK, K = k.shape
@@ -1299,7 +1303,7 @@ def _mix_verify(q, k, v, sq, sk, sv, state, si, anc_mask, num_nodes, out, ring_a
         args = (q, k, v, mix, out, state, si, num_nodes, ring_rows, rv, srv, state.stride(0), N, sq, sk, sv)
         meta = dict(HK=HK, HV=HV, K=K, V=V, BT=BT, BK=BK, BV=BV, PRECISION=precision, PRECISION_LOW=precision_low,
                     USE_QK_L2NORM=l2, HAS_STATE_INDICES=has_si, STORE_RING=store_ring, APPLY_T=apply_t,
-                    APPLY_FMA=apply_fma, num_warps=num_warps)
+                    APPLY_FMA=apply_fma, num_warps=num_warps, **({"maxnreg": apply_maxnreg} if apply_maxnreg else {}))
         NV = triton.cdiv(V, BV)
         if pre_commit is not None:
             pc_args, pc_bn, pc_gather = pre_commit

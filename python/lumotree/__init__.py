@@ -28,7 +28,7 @@ Environment variables:
     LUMOTREE_SUFFIX_MERGE_SLOTS  draft nodes reserved for suffix branches (default half the tree).
     LUMOTREE_SUFFIX_TOKENS_PER_STEP  verify tokens per step a LUMOTREE_SUFFIX server sizes its draft
                          tree for when ``--speculative-num-draft-tokens`` is not given (default 512:
-                         tree = 512 / --max-running-requests nodes, a power of two in [4, 64]).
+                         tree = 512 / --max-running-requests nodes, a power of two in [4, 32]).
     LUMOTREE_SGLANG_SELECT  ``0`` keeps SGLang's greedy tree verification in LUMOTREE servers
                          (default: LumoTree's fused selection op).
     LUMOTREE_SGLANG_ACTIVE  (set by the plugin, not by users) ``1`` while a LUMOTREE /

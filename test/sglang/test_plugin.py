@@ -329,7 +329,7 @@ def test_suffix_tree_size_follows_the_batch_the_server_is_sized_for():
         default_suffix_budget(sa, env or {})
         return sa.speculative_num_draft_tokens
 
-    assert [sized(r) for r in (1, 8, 16, 32, None, 64, 128, 512)] == [64, 64, 32, 16, 8, 8, 4, 4]
+    assert [sized(r) for r in (1, 8, 16, 32, None, 64, 128, 512)] == [32, 32, 32, 16, 8, 8, 4, 4]
     assert sized(8, tokens=6) == 6  # given: kept
     assert sized(32, env={"LUMOTREE_SUFFIX_TOKENS_PER_STEP": "256"}) == 8
     with pytest.raises(ValueError, match="LUMOTREE_SUFFIX_TOKENS_PER_STEP must be a positive integer"):

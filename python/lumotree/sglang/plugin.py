@@ -198,15 +198,19 @@ def validate_suffix_server_args(server_args) -> None:
 
 SUFFIX_TOKENS_ENV = "LUMOTREE_SUFFIX_TOKENS_PER_STEP"
 NGRAM_DEFAULT_RUNNING = 48  # what SGLang's NGRAM argument handling sets when --max-running-requests is absent
+SUFFIX_MAX_NODES = 32
 
 
 def default_suffix_budget(server_args, env=os.environ) -> None:
     """``LUMOTREE_SUFFIX`` without ``--speculative-num-draft-tokens``: the draft-tree size from the
     batch the server is sized for, :func:`lumotree.drafters.suffix.adaptive_budget` of
     ``--max-running-requests`` with ``LUMOTREE_SUFFIX_TOKENS_PER_STEP`` (default 512) verify tokens
-    per step -- large trees for small-batch servers, small ones for large-batch servers (64 nodes at
-    <= 8 requests, 8 at SGLang's NGRAM default of 48, 4 from 128 on). Per server, not per step: the
-    verify's CUDA graphs have one tree size per server. An explicit flag is kept as given."""
+    per step, at most ``SUFFIX_MAX_NODES`` (32) -- large trees for small-batch servers, small ones
+    for large-batch servers (32 nodes at <= 16 requests, 8 at SGLang's NGRAM default of 48, 4 from
+    128 on). The cap: the suffix drafter's simulated gain from 32 to 64 nodes is ~3 % more tokens
+    per step (``agent_draft_acceptance_cpu.json``) while the served verify at 64 nodes costs 4-6x
+    that at 16 (``served_forms_h200.json``). Per server, not per step: the verify's CUDA graphs have
+    one tree size per server. An explicit flag is kept as given."""
     if server_args.speculative_num_draft_tokens is not None:
         return
     from lumotree.drafters.suffix import adaptive_budget
@@ -220,7 +224,7 @@ def default_suffix_budget(server_args, env=os.environ) -> None:
         raise ValueError(f"{SUFFIX_TOKENS_ENV} must be a positive integer (verify tokens per step), got {raw!r}")
     running = server_args.max_running_requests or NGRAM_DEFAULT_RUNNING
     server_args.speculative_num_draft_tokens = adaptive_budget(running, tokens_per_step=tokens,
-                                                               max_nodes=MAX_DRAFT_TOKENS, min_nodes=4)
+                                                               max_nodes=SUFFIX_MAX_NODES, min_nodes=4)
     logger.info("LUMOTREE_SUFFIX: %d draft nodes per request (%d verify tokens per step over up to %d running "
                 "requests; set --speculative-num-draft-tokens to override)",
                 server_args.speculative_num_draft_tokens, tokens, running)

@@ -146,10 +146,14 @@ def _layer_tile(state, row, stride_ss, i_hv, i_v, K: tl.constexpr, V: tl.constex
 @triton.jit
 def _replay_node(b_h, k, v, g, beta, i, i_hk, i_hv, o_k, o_v, mask_k, mask_v,
                  HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                 USE_QK_L2NORM: tl.constexpr):
+                 USE_QK_L2NORM: tl.constexpr, knorm=None):
     """Apply node ``i`` kept node-major in one request's buffers (``k`` `[NR, Hk, K]`, ``v``
-    `[NR, Hv, V]`, ``g``/``beta`` `[NR, Hv]`, pointers at the request's row) to the state tile."""
+    `[NR, Hv, V]`, ``g``/``beta`` `[NR, Hv]`, pointers at the request's row) to the state tile.
+    ``knorm`` (``[NR, Hk]`` at the request's row, with ``USE_QK_L2NORM=False``): the keys' norms
+    the verify kept, divided out instead of reducing the key again."""
     b_k = tl.load(k + (i * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
+    if knorm is not None:
+        b_k = b_k * (1.0 / tl.load(knorm + i * HK + i_hk))
     b_v = tl.load(v + (i * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
     b_g = tl.load(g + i * HV + i_hv).to(tl.float32)
     b_beta = tl.load(beta + i * HV + i_hv).to(tl.float32)
@@ -772,13 +776,7 @@ def gdn_tree_commit_fwd_kernel(
     else:
         row = i_b.to(tl.int64)
     if (n > 0) & (row >= 0):
-        o_k = tl.arange(0, BK)
-        o_v = i_v * BV + tl.arange(0, BV)
-        mask_k = o_k < K
-        mask_v = o_v < V
-        mask_h = mask_v[:, None] & mask_k[None, :]
-        p_h = state + row * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
-        b_h = tl.load(p_h, mask=mask_h, other=0.0).to(tl.float32)
+        o_k, o_v, mask_k, mask_v, mask_h, p_h, b_h = _layer_tile(state, row, stride_state, i_hv, i_v, K, V, BK, BV)
         if HAS_TRACK:  # also store the state after the first track_len accepted nodes to track_rows[b]
             t_row = tl.load(track_rows + i_b).to(tl.int64)
             t_len = tl.load(track_len + i_b)
@@ -842,13 +840,8 @@ def gdn_tree_commit_layers_fwd_kernel(
             if GATHER:
                 b_h = _gathered_step(b_h, p_k, p_v, p_g, p_b, o_n == j)
             elif HAS_KNORM:
-                node = tl.sum(tl.where(o_n == j, anc, 0))
-                nr = tl.load(knorm + i_l * stride_nl + r_row * stride_ns + node * HK + i_hk)
-                b_k = tl.load(kr + (node * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32) * (1.0 / nr)
-                b_h = _delta_rule_step(b_h, b_k, tl.load(vr + (node * HV + i_hv) * V + o_v, mask=mask_v,
-                                                         other=0.0).to(tl.float32),
-                                       tl.load(gr + node * HV + i_hv).to(tl.float32),
-                                       tl.load(br + node * HV + i_hv).to(tl.float32), False)
+                b_h = _replay_node(b_h, kr, vr, gr, br, tl.sum(tl.where(o_n == j, anc, 0)), i_hk, i_hv, o_k, o_v,
+                                   mask_k, mask_v, HK, HV, K, V, False, knorm + i_l * stride_nl + r_row * stride_ns)
             else:
                 b_h = _replay_node(b_h, kr, vr, gr, br, tl.sum(tl.where(o_n == j, anc, 0)), i_hk, i_hv, o_k, o_v,
                                    mask_k, mask_v, HK, HV, K, V, USE_QK_L2NORM)

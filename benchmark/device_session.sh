@@ -199,6 +199,19 @@ case $CALL in
       lane 0 $((LIMIT - 10 - SECONDS)) $SUITE --configs none,nextn-tree $F32H --out "$OUT/s-fp32head-0.json" --port 30000 ) &
     ( lane 1 $((LIMIT - 10)) $SUITE --configs lumotree,lumotree-suffix $F32H --out "$OUT/s-fp32head-1.json" --port 30100 ) &
     wait ;;
+20) # session 8. GPU 0: LUMOTREE_SUFFIX parity again after the host-context fix (call 19 found 19 of 32 texts parting
+    # from no-spec within 10 characters, at margins up to 3.6: the draft root was the drafter's stale last token
+    # when SGLang's overlap splice handed a round's tokens twice), then the chain rows at 24 GDN layers (NEXTN
+    # chain vs LUMOTREE chain). GPU 1: controlled acceptance at bs 64 / 128, where SGLang's path runs out of
+    # state slots (per-node snapshots) and caps its running requests
+    F32H="--tag=-fp32head --extra=--enable-fp32-lm-head"
+    BENCH32="python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-32l --log-dir $LOGS"
+    ( lane 0 240 $SUITE --configs lumotree-suffix $F32H --out "$OUT/s-suffix-fixed.json" --port 30000
+      lane 0 $((LIMIT - 10 - SECONDS)) $BENCH32 --output-len 256 --configs nextn-chain,lumotree-chain --batches 1,8,32 \
+          --out "$OUT/b32-chain.json" --port 30000 ) &
+    ( lane 1 $((LIMIT - 10)) $BENCH32 --output-len 384 --configs lumotree-oracle,ngram-oracle --oracle-p 0.7 \
+          --batches 64,128 --out "$OUT/b32-oracle-bs128.json" --port 30100 ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

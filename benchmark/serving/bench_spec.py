@@ -62,6 +62,7 @@ CONFIGS = {
     "lumotree-oracle": ["--speculative-algorithm", "LUMOTREE_ORACLE", *ORACLE_TREE],
     "none": [],
     "nextn-chain": spec("NEXTN", 3, 1, 4),
+    "lumotree-chain": spec("LUMOTREE", 3, 1, 4),
     "nextn-topk2": spec("NEXTN", 3, 2, 6),
     "lumotree-topk2": spec("LUMOTREE", 3, 2, 6),
     "nextn-topk4": spec("NEXTN", 3, 4, 8),

@@ -151,12 +151,18 @@ def token_margins(url, P, max_new_tokens):
 
 
 def margin_at(margins, char):
-    """The reference's margin at the token covering character ``char`` of its text."""
-    pos = 0
+    """The reference's margin where its text and another part at character ``char``: at the token
+    covering it, or -- when ``char`` is that token's first character -- the smaller of that and the
+    previous token's (a different token there that extends the reference's, ``atures`` for
+    ``ature``, shows up as a difference at the next token's first character)."""
+    pos, prev = 0, None
     for text, m in margins:
-        pos += len(text or "")
+        start, pos = pos, pos + len(text or "")
         if pos > char:
+            if start == char and prev is not None and m is not None:
+                return min(m, prev)
             return m
+        prev = m
     return None
 
 

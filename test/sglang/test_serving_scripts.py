@@ -140,6 +140,8 @@ def test_compare_reports_the_reference_margin_where_texts_part():
     margins = [[["ab", 3.0], ["c", 0.001], ["d", 5.0]], [["x", 1.0], ["yz", 2.0]]]
     assert parity.margin_at(margins[0], 0) == 3.0 and parity.margin_at(margins[0], 2) == 0.001
     assert parity.margin_at(margins[0], 9) is None
+    # at a token's first character the previous token may be the one that differs ("ab" vs "abc")
+    assert parity.margin_at(margins[0], 3) == 0.001 and parity.margin_at([["x", 0.2], ["y", 4.0]], 1) == 0.2
     texts = {"none": ["abcd", "xyz"], "lumotree": ["abXd", "xyz"], "none/margins": margins}
     cmp = parity.compare(texts)["lumotree"]
     assert cmp["identical"] == 1 and cmp["first_diff_char"] == [2]

@@ -88,6 +88,17 @@ class SuffixTrie:
         self._active[seq] = nxt[: self.depth - 1]
         self.num_tokens += 1
 
+    def set_cursor(self, seq: int, context: Sequence[int]) -> None:
+        """Continue sequence ``seq`` after ``context`` (tokens already indexed): its cursor becomes the
+        nodes of ``context``'s suffixes shorter than ``depth`` (those that occur)."""
+        active = []
+        for m in range(1, min(self.depth - 1, len(context)) + 1):
+            node = self.find(context[len(context) - m:])
+            if node is None:  # longer suffixes cannot occur either
+                break
+            active.append(node)
+        self._active[seq] = active
+
     def extend(self, seq: int, tokens: Sequence[int]) -> None:
         for t in tokens:
             self.append(seq, t)
@@ -213,6 +224,21 @@ class SuffixDrafter:
         trie, seq, ctx = self._request(rid)
         trie.extend(seq, tokens)
         ctx.extend(tokens)
+
+    def rewind(self, rid, drop: int) -> None:
+        """Forget the last ``drop`` tokens of request ``rid``'s context (they were not its tokens:
+        the server's view of the context moved under the drafter, see
+        :class:`lumotree.sglang.suffix.HostCorpus`). The trie keeps their counts (they only weigh
+        drafts, never decide them); the request's cursor -- the trie nodes of its context's
+        suffixes -- is rebuilt from the remaining context, so what is appended next is indexed after
+        the right tokens."""
+        trie, seq, ctx = self._request(rid)
+        if drop < 0 or drop > len(ctx):
+            raise ValueError(f"cannot rewind {drop} of the {len(ctx)} context tokens of request {rid!r}")
+        if drop == 0:
+            return
+        del ctx[len(ctx) - drop:]
+        trie.set_cursor(seq, ctx)
 
     def finish(self, rid, output: Sequence[int]) -> None:
         """Retire a request; its output joins the global cache (oldest outputs evicted), and its

@@ -13,11 +13,14 @@ with every accepted token; when the request leaves the batch its output joins th
 """
 from __future__ import annotations
 
+import logging
 from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
 from lumotree.drafters.suffix import SuffixDrafter
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_CONTEXT = 4096
 
@@ -48,18 +51,35 @@ class HostCorpus:
     """SGLang's ``NgramCorpus`` interface (``batch_get``, ``batch_put``, ``synchronize``,
     ``erase_match_state``, ``reset``, the external-corpus calls) for host-side drafters: tracks each
     request's context from what the NGRAM worker hands over (``_start`` at first sight or after a
-    gap, ``_append`` of the new tokens, ``_finish`` with the request's output when it leaves) and
-    lays the drafts out as SGLang expects. Subclasses supply those hooks and ``_draft``."""
+    gap, ``_append`` of the new tokens, ``_rewind`` of tokens that turn out not to be the request's,
+    ``_finish`` with the request's output when it leaves) and lays the drafts out as SGLang expects.
+    Subclasses supply those hooks and ``_draft``.
+
+    The draft's root is always the last token SGLang hands over: the verify feeds it to the model at
+    the request's next position, so a wrong root is a wrong output, not a missed draft. The context
+    SGLang hands over can move under us: in overlap mode its NGRAM worker splices the last round's
+    accepted tokens onto ``req.output_ids``, and when a prefill batch ran in between, those tokens
+    are already in ``output_ids`` -- they appear twice, and the next round they are gone again.
+    ``_observe`` therefore checks the last ``TAIL`` tokens it believes against the tokens handed over
+    (same absolute positions), rewinds to where they part and appends from there; a context that
+    parts before that window starts over."""
+
+    TAIL = 64
 
     def __init__(self, draft_token_num: int):
         self.n = draft_token_num
         self._seen: Dict[object, int] = {}  # tokens of the request's context already observed
         self._outputs: Dict[object, List[int]] = {}  # tokens appended after admission (its output)
+        self._tail: Dict[object, List[int]] = {}  # the last <= TAIL of those context tokens
+        self.stats = dict(starts=0, rewinds=0, rewound_tokens=0, restarts=0)
 
     def _start(self, rid, tokens: List[int]) -> None:
         pass
 
     def _append(self, rid, tokens: List[int]) -> None:
+        pass
+
+    def _rewind(self, rid, drop: int) -> None:
         pass
 
     def _finish(self, rid, output: List[int]) -> None:
@@ -75,20 +95,44 @@ class HostCorpus:
         pass
 
     def reset(self) -> None:
-        self._seen.clear()
-        self._outputs.clear()
+        for d in (self._seen, self._outputs, self._tail):
+            d.clear()
         self._reset()
 
     def _observe(self, rid, tokens: Sequence[int], total_len: int) -> None:
+        """Bring request ``rid``'s context up to ``tokens`` (its last ``len(tokens)`` tokens, ending
+        at absolute position ``total_len``)."""
+        tokens = list(tokens)
         seen = self._seen.get(rid)
-        if seen is None or total_len - seen > len(tokens) or total_len < seen:
-            # first sight (or a gap we cannot fill): start from the context we are given
-            self._start(rid, list(tokens))
+        off = total_len - len(tokens)  # absolute position of tokens[0]
+        restart = seen is None or off > seen  # first sight, or new tokens we are not given
+        if not restart:
+            tail = self._tail[rid]
+            start = seen - len(tail)  # absolute position of tail[0]
+            lo, hi = max(start, off), min(seen, total_len)
+            cut = next((p for p in range(lo, hi) if tail[p - start] != tokens[p - off]), hi)
+            restart = cut == lo < hi  # they part at the first position both hold: maybe earlier
+        if restart:
+            self.stats["starts" if seen is None else "restarts"] += 1
+            self._start(rid, tokens)
             self._outputs[rid] = []
-        elif total_len > seen:
-            new = list(tokens[len(tokens) - (total_len - seen):])
-            self._append(rid, new)
-            self._outputs[rid].extend(new)
+            self._tail[rid] = tokens[-self.TAIL:]
+        else:
+            drop = seen - cut
+            if drop:
+                self.stats["rewinds"] += 1
+                self.stats["rewound_tokens"] += drop
+                if self.stats["rewinds"] <= 3:
+                    logger.info("LumoTree host drafter: request %r's context moved under it (%d of its last tokens "
+                                "are not the server's); rewound (%s)", rid, drop, self.stats)
+                self._rewind(rid, drop)
+                out = self._outputs[rid]
+                del out[max(0, len(out) - drop):]
+            new = tokens[cut - off:]
+            if new:
+                self._append(rid, new)
+                self._outputs[rid].extend(new)
+            self._tail[rid] = (tail[:cut - start] + new)[-self.TAIL:]
         self._seen[rid] = total_len
 
     def batch_get(self, req_ids: List[str], batch_tokens: List[List[int]],
@@ -96,7 +140,12 @@ class HostCorpus:
         toks, masks = [], []
         for rid, ctx, total in zip(req_ids, batch_tokens, total_lens):
             self._observe(rid, ctx, total)
-            t, m = tree_arrays(*self._draft(rid, ctx[-1]), self.n)
+            root = int(ctx[-1])
+            tokens, parents = self._draft(rid, root)
+            if int(tokens[0]) != root:  # never with the tail check above; a draft is only a guess, the root is not
+                raise RuntimeError(f"LumoTree host drafter: the draft of request {rid!r} starts at token {tokens[0]}, "
+                                   f"the server's last token is {root}")
+            t, m = tree_arrays(tokens, parents, self.n)
             toks.append(t)
             masks.append(m.reshape(-1))
         return np.concatenate(toks), np.concatenate(masks)
@@ -107,6 +156,7 @@ class HostCorpus:
     def erase_match_state(self, req_ids: List[str]) -> None:
         for rid in req_ids:
             out = self._outputs.pop(rid, None)
+            self._tail.pop(rid, None)
             if self._seen.pop(rid, None) is not None:
                 self._finish(rid, out or [])
 
@@ -136,6 +186,9 @@ class SuffixCorpus(HostCorpus):
 
     def _append(self, rid, tokens):
         self.drafter.append(rid, tokens)
+
+    def _rewind(self, rid, drop):
+        self.drafter.rewind(rid, drop)
 
     def _finish(self, rid, output):
         self.drafter.finish(rid, output)

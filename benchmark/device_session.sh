@@ -212,6 +212,13 @@ case $CALL in
     ( lane 1 $((LIMIT - 10)) $BENCH32 --output-len 384 --configs lumotree-oracle,ngram-oracle --oracle-p 0.7 \
           --batches 64,128 --out "$OUT/b32-oracle-bs128.json" --port 30100 ) &
     wait ;;
+21) # session 8: is only committed state ever cached? Turn 1 with odd max_new_tokens (speculative overshoot), turn 2
+    # from the radix cache vs the same turn 2 after /flush_cache; no-spec is the control (agent-loop transcripts of
+    # every speculative config part from no-spec at the first token of a turn, never mid-reply)
+    CC="python3 benchmark/serving/cache_consistency.py --model $M --log-dir $LOGS"
+    ( lane 0 $((LIMIT - 10)) $CC --configs none,lumotree-suffix --out "$OUT/cc-0.json" --port 30000 ) &
+    ( lane 1 $((LIMIT - 10)) $CC --configs lumotree,nextn-tree --out "$OUT/cc-1.json" --port 30100 ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

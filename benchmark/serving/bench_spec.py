@@ -186,7 +186,8 @@ def merge(files, out):
             res["commands"] += part["commands"]
         for key in ("model", "shape", "input_len", "output_len"):
             res.setdefault(key, part.get(key))
-        res["rows"] += [dict(r, command=r.get("command", part.get("command"))) for r in part["rows"]]
+        res["rows"] += [dict(r, command=r.get("command", part.get("command")),
+                             output_len=r.get("output_len", part.get("output_len"))) for r in part["rows"]]
         res["servers"].update(part["servers"])
     json.dump(res, open(out, "w"), indent=1)
     return res
@@ -291,8 +292,8 @@ def main():
 
 def table(rows, memory=None):
     """Markdown table; ``memory``: the servers' entries, for the speculative-memory column."""
-    out = ["| config | batch | tokens/s (client) | ms per step (client) | decode tokens/s (server log, best) | "
-           "median | accept length | spec. memory |", "|---|---|---|---|---|---|---|---|"]
+    out = ["| config | batch | new tokens | tokens/s (client) | ms per step (client) | decode tokens/s (server log, best) | "
+           "median | accept length | spec. memory |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         acc = f"{r['accept_length']:.2f}" if r["accept_length"] else "–"
         dec = f"{r['logged_decode_tokens_per_s']:.0f}" if r.get("logged_decode_tokens_per_s") else "–"
@@ -302,7 +303,7 @@ def table(rows, memory=None):
         dec += f" | {med:.0f}" if med else " | –"
         mem = (memory or {}).get(r["config"], {}).get("speculative_bytes", {}).get("total")
         mem = f"{mem / 2**20:.0f} MiB" if mem is not None else "–"
-        out.append(f"| {r['config']} | {r['batch']} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {dec} | {acc} | {mem} |")
+        out.append(f"| {r['config']} | {r['batch']} | {r.get('output_len') or '–'} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {dec} | {acc} | {mem} |")
     return "\n".join(out)
 
 

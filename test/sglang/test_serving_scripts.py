@@ -246,7 +246,7 @@ def test_bench_spec_reads_the_servers_decode_throughput_and_merges_lanes(tmp_pat
     assert res2["commands"] == ["cmd0", "cmd1", "cmd0"]
     assert [r["command"] for r in res2["rows"]] == ["cmd0", "cmd1", "cmd0"]
     t = bs.table(res["rows"], memory=res["servers"])
-    assert "| lumotree-topk2 | 8 | 101 | 5.00 | 1000 | – | 1.00 | 1 MiB |" in t and "| 10 MiB |" in t
+    assert "| lumotree-topk2 | 8 | 128 | 101 | 5.00 | 1000 | – | 1.00 | 1 MiB |" in t and "| 10 MiB |" in t
 
 
 def test_tagged_runs_are_compared_with_the_reference_of_the_same_tag():
@@ -369,3 +369,18 @@ def test_bench_spec_main_warms_each_batch_times_prefill_and_profiles_chosen_batc
     assert "profile" in rows[1] and "profile" not in rows[0]
     assert all(r["decode_step_ms"] <= r["step_ms"] for r in rows)
     assert res["servers"]["lumotree-topk2"]["state_slots"] is None  # no log lines from a fake server
+
+
+def test_cache_consistency_compares_first_tokens():
+    cc = load("cache_consistency")
+
+    out = {"output_ids": [7], "meta_info": {"output_top_logprobs": [[[-0.1, 7, "a"], [-2.5, 3, "b"]]]}}
+    assert cc.first_token(out) == (7, {7: -0.1, 3: -2.5})
+    cached = [(7, {7: -0.1, 3: -2.5}), (7, {7: -0.1, 3: -2.5}), (4, {4: -0.3})]
+    fresh = [(7, {7: -0.12, 3: -2.5}), (3, {3: -0.2, 7: -1.9}), (4, {4: -0.3, 9: -4.0})]
+    res = cc.compare(cached, fresh)
+    assert res["same_first_token"] == 2 and res["of"] == 3
+    assert abs(res["rows"][0]["max_logprob_gap"] - 0.02) < 1e-9
+    assert abs(res["rows"][1]["max_logprob_gap"] - 2.3) < 1e-9
+    assert res["rows"][2]["max_logprob_gap"] == float("inf") and abs(res["max_logprob_gap"] - 2.3) < 1e-9
+    assert res["gaps_over_0_1"] == 2

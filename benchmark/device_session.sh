@@ -215,9 +215,18 @@ case $CALL in
 21) # session 8: is only committed state ever cached? Turn 1 with odd max_new_tokens (speculative overshoot), turn 2
     # from the radix cache vs the same turn 2 after /flush_cache; no-spec is the control (agent-loop transcripts of
     # every speculative config part from no-spec at the first token of a turn, never mid-reply)
-    CC="python3 benchmark/serving/cache_consistency.py --model $M --log-dir $LOGS"
-    ( lane 0 $((LIMIT - 10)) $CC --configs none,lumotree-suffix --out "$OUT/cc-0.json" --port 30000 ) &
-    ( lane 1 $((LIMIT - 10)) $CC --configs lumotree,nextn-tree --out "$OUT/cc-1.json" --port 30100 ) &
+    CHK="python3 benchmark/serving/cache_consistency.py --model $M --log-dir $LOGS"  # not CC: Triton compiles with $CC
+    ( lane 0 $((LIMIT - 10)) $CHK --configs ${CHK0:-none,lumotree-suffix} --out "$OUT/cc-0.json" --port 30000 ) &
+    ( lane 1 $((LIMIT - 10)) $CHK --configs ${CHK1:-lumotree,nextn-tree} --out "$OUT/cc-1.json" --port 30100 ) &
+    wait ;;
+22) # session 8 (staged): call 21 found LUMOTREE_SUFFIX's cached end-of-turn states inconsistent with their keys (no-spec
+    # clean). Does SGLang's NEXTN share it (lane 1), and does it vanish without the overlap scheduler (lane 0: the
+    # suspected cause -- a request that finished in step N still runs in the already launched step N+1, whose
+    # verify + commit advance the state slot SGLang has just donated to the radix tree)?
+    CHK="python3 benchmark/serving/cache_consistency.py --model $M --log-dir $LOGS"
+    ( lane 0 $((LIMIT - 10)) $CHK --configs lumotree-suffix,lumotree --extra=--disable-overlap-schedule --tag=-nooverlap \
+          --out "$OUT/cc-nooverlap.json" --port 30000 ) &
+    ( lane 1 $((LIMIT - 10)) $CHK --configs nextn-tree,lumotree --out "$OUT/cc-nextn.json" --port 30100 ) &
     wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac

@@ -90,18 +90,23 @@ def main():
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--log-dir", default=".")
     ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--extra", action="append", default=[],
+                    help="more server flags for every configuration (repeatable), e.g. --extra=--disable-overlap-schedule")
+    ap.add_argument("--tag", default="", help="suffix of the run names (runs with --extra)")
     args = ap.parse_args()
     tok = AutoTokenizer.from_pretrained(args.model)
     texts = prompts(args.prompts)
     res = dict(model=args.model, command=" ".join(sys.argv), lengths=LENGTHS, runs={})
-    for name in args.configs.split(","):
+    for config in args.configs.split(","):
+        name = config + args.tag
         log = os.path.join(args.log_dir, f"cache-{name}.log")
         try:
-            with sglang_server(args.model, CONFIGS[name] + ["--log-level", "info"], port=args.port, log=log,
-                               timeout=240) as url:
+            with sglang_server(args.model, CONFIGS[config] + args.extra + ["--log-level", "info"], port=args.port,
+                               log=log, timeout=240) as url:
                 res["runs"][name] = run(url, tok, texts)
         except Exception as e:  # keep what was measured; the log says the rest
             res["runs"][name] = dict(error=repr(e)[:2000])
+        res["runs"][name]["extra_args"] = args.extra
         r = res["runs"][name]
         print(json.dumps({name: {k: v for k, v in r.items() if k != "rows"}}), flush=True)
         json.dump(res, open(args.out, "w"), indent=1)

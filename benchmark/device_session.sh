@@ -219,14 +219,16 @@ case $CALL in
     ( lane 0 $((LIMIT - 10)) $CHK --configs ${CHK0:-none,lumotree-suffix} --out "$OUT/cc-0.json" --port 30000 ) &
     ( lane 1 $((LIMIT - 10)) $CHK --configs ${CHK1:-lumotree,nextn-tree} --out "$OUT/cc-1.json" --port 30100 ) &
     wait ;;
-22) # session 8 (staged): call 21 found LUMOTREE_SUFFIX's cached end-of-turn states inconsistent with their keys (no-spec
-    # clean). Does SGLang's NEXTN share it (lane 1), and does it vanish without the overlap scheduler (lane 0: the
-    # suspected cause -- a request that finished in step N still runs in the already launched step N+1, whose
-    # verify + commit advance the state slot SGLang has just donated to the radix tree)?
+22) # session 8 (staged): call 21 found LUMOTREE_SUFFIX's cached end-of-turn states inconsistent with their keys
+    # (no-spec clean): under overlap scheduling a request that finished in step N still runs in the already
+    # launched step N+1, whose commit advanced the slot SGLang had just donated to the radix cache. GPU 0: the same
+    # check with lumotree.sglang.finish_guard (the commit skips requests whose output was complete); GPU 1: does
+    # SGLang's own NEXTN path share it, and NEXTN without the overlap scheduler
     CHK="python3 benchmark/serving/cache_consistency.py --model $M --log-dir $LOGS"
-    ( lane 0 $((LIMIT - 10)) $CHK --configs lumotree-suffix,lumotree --extra=--disable-overlap-schedule --tag=-nooverlap \
-          --out "$OUT/cc-nooverlap.json" --port 30000 ) &
-    ( lane 1 $((LIMIT - 10)) $CHK --configs nextn-tree,lumotree --out "$OUT/cc-nextn.json" --port 30100 ) &
+    ( lane 0 $((LIMIT - 10)) $CHK --configs lumotree-suffix,lumotree --out "$OUT/cc-guard.json" --port 30000 ) &
+    ( lane 1 $((LIMIT / 2)) $CHK --configs nextn-tree --out "$OUT/cc-nextn.json" --port 30100
+      lane 1 $((LIMIT - 10 - SECONDS)) $CHK --configs nextn-tree --extra=--disable-overlap-schedule --tag=-nooverlap \
+          --out "$OUT/cc-nextn-nooverlap.json" --port 30100 ) &
     wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac

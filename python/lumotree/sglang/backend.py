@@ -168,6 +168,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         self.lumotree = lumotree_active(model_runner.server_args) and not model_runner.is_draft_worker
         self._first_gdn_layer = 1 << 30
         self._cur_tree = None
+        self.finish_limits = None  # (batch, per-request length limits), set per step by lumotree.sglang.finish_guard
         self.precision, self.verify_form = served_settings()
         self.commit_form = served_commit_form(verify_form=self.verify_form)
         if not self.lumotree:
@@ -267,6 +268,15 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         bs = last_step.shape[0]
         md = self.forward_metadata
         rows = md.mamba_cache_indices[:bs]
+        guard = getattr(self, "finish_limits", None)
+        if guard is not None:  # requests whose output was complete before this step keep their state
+            from lumotree.sglang.finish_guard import unfinished_steps
+
+            batch, limits = guard
+            if limits.shape[0] >= bs and batch.seq_lens.shape[0] >= bs:
+                last_step = unfinished_steps(last_step, batch.seq_lens, limits)
+                if track_steps is not None:
+                    track_steps = unfinished_steps(track_steps, batch.seq_lens, limits)
         caches = self.req_to_token_pool.get_speculative_mamba2_params_all_layers()
         sc = self.scratch
         par = md.retrieve_parent_token

@@ -145,13 +145,15 @@ def configure_server_args(server_args) -> None:
 def _worker_factory(server_args):
     """The worker: SGLang's EAGLE V2 worker (MTP drafting, tree building, selection, KV bookkeeping),
     with LumoTree's backend doing the GDN verify and commit underneath."""
+    from lumotree.sglang.finish_guard import guarded
+
     if getattr(server_args, "enable_multi_layer_eagle", False):
         from sglang.srt.speculative.multi_layer_eagle_worker_v2 import MultiLayerEagleWorkerV2
 
-        return MultiLayerEagleWorkerV2
+        return guarded(MultiLayerEagleWorkerV2)
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-    return EAGLEWorkerV2
+    return guarded(EAGLEWorkerV2)
 
 
 def _answer_as(builtin: str):

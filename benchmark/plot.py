@@ -148,9 +148,53 @@ def served():
     fig.savefig(os.path.join(DOCS, "served_forms_h200.png"), dpi=110)
 
 
+def served24():
+    """Session 8: LUMOTREE vs SGLang's own hybrid path served at 24 GDN layers (Qwen3.5-27B shapes,
+    dummy weights): client tokens/s per batch at controlled acceptance (~2.2) and at acceptance 1."""
+    rows = json.load(open(os.path.join(RES, "bench_spec_27b_32l_h200.json")))["rows"]
+
+    def pick(config, output_lens):  # {batch: row}, the longest run per batch among output_lens
+        out = {}
+        for r in rows:
+            if r["config"] == config and r.get("output_len") in output_lens:
+                if r["batch"] not in out or r["output_len"] > out[r["batch"]]["output_len"]:
+                    out[r["batch"]] = r
+        return out
+
+    pairs = [("controlled acceptance ~2.2 (oracle trees, 6 nodes)", pick("lumotree-oracle", (384, 512)),
+              pick("ngram-oracle", (384, 512))),
+             ("acceptance 1, topk 2 (6 nodes)", {**pick("lumotree-topk2-mix-rows", (256,)), **pick("lumotree-topk2", (256,))},
+              pick("nextn-topk2", (256,))),
+             ("acceptance 1, chain (4 nodes)", pick("lumotree-chain", (256,)), pick("nextn-chain", (256,)))]
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
+    for i, (name, ours, theirs) in enumerate(pairs):
+        bs = sorted(set(ours) & set(theirs))
+        c = f"C{i}"
+        axes[0].plot(bs, [ours[b]["tokens_per_s"] for b in bs], marker="o", color=c, label=f"LUMOTREE, {name}")
+        axes[0].plot(bs, [theirs[b]["tokens_per_s"] for b in bs], marker="s", ls="--", color=c,
+                     label=f"SGLang (NGRAM oracle / NEXTN), {name}")
+        ratio = [ours[b]["tokens_per_s"] / theirs[b]["tokens_per_s"] for b in bs]
+        axes[1].plot(bs, ratio, marker="o", color=c, label=name)
+        for b, x in zip(bs, ratio):
+            capped = theirs[b].get("logged_max_running") and theirs[b]["logged_max_running"] < b
+            axes[1].annotate(f"{x:.2f}" + ("*" if capped else ""), (b, x), textcoords="offset points", xytext=(0, 6),
+                             ha="center", fontsize=7, color=c)
+    for ax in axes:
+        ax.set(xscale="log", xticks=[1, 8, 32, 64, 128], xticklabels=["1", "8", "32", "64", "128"], xlabel="batch")
+    axes[0].set(yscale="log", ylabel="tokens/s (client)", title="24 GDN layers, Qwen3.5-27B shapes, dummy weights, H200")
+    axes[0].legend(fontsize=6)
+    axes[1].axhline(1, color="grey", lw=0.8)
+    axes[1].set(ylabel="LUMOTREE / SGLang (client tokens/s)",
+                title="* SGLang runs only 49-51 requests at a time there\n(its per-node snapshots use up the state slots)")
+    axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(DOCS, "served_24l_h200.png"), dpi=110)
+
+
 if __name__ == "__main__":
     gdn()
     select()
     split()
     forms()
     served()
+    served24()

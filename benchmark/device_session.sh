@@ -222,8 +222,9 @@ case $CALL in
 22) # session 8 (staged): call 21 found LUMOTREE_SUFFIX's cached end-of-turn states inconsistent with their keys
     # (no-spec clean): under overlap scheduling a request that finished in step N still runs in the already
     # launched step N+1, whose commit advanced the slot SGLang had just donated to the radix cache. GPU 0: the same
-    # check with lumotree.sglang.finish_guard (the commit skips requests whose output was complete); GPU 1: does
-    # SGLang's own NEXTN path share it, and NEXTN without the overlap scheduler
+    # check with lumotree.sglang.finish_guard (the commit skips requests that had ended by length or stop token;
+    # cache_consistency now also ends turn 1 by a stop token); GPU 1: does SGLang's own NEXTN path share it, and
+    # NEXTN without the overlap scheduler
     CHK="python3 benchmark/serving/cache_consistency.py --model $M --log-dir $LOGS"
     ( lane 0 $((LIMIT - 10)) $CHK --configs lumotree-suffix,lumotree --out "$OUT/cc-guard.json" --port 30000 ) &
     ( lane 1 $((LIMIT / 2)) $CHK --configs nextn-tree --out "$OUT/cc-nextn.json" --port 30100

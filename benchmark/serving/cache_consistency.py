@@ -12,6 +12,8 @@ For each configuration (``parity.CONFIGS``), one server:
    with its top-5 logprobs (``cached_tokens`` recorded);
 3. the same turn 2 after ``/flush_cache``, computed from scratch;
 
+then the same with turn 1 ended by a stop token (``"\n"``, ``stop_token_ids``) instead of a length,
+
 and compares 2 with 3 per request: the first token and the logprob gap of the fresh run's top
 tokens. A cached GDN state that held tokens past its key (the overshoot, or a rejected draft) shows
 as a different first token or a large gap; the no-speculation server is the control for how far a
@@ -55,11 +57,25 @@ def compare(cached, fresh):
                 gaps_over_0_1=sum(r["max_logprob_gap"] > 0.1 for r in rows), rows=rows)
 
 
-def run(url, tok, texts):
+def turn1_by_stop_token(url, ids, stop_id, max_new_tokens=96):
+    """Turn 1 ended by a stop token (``stop_token_ids``, EOS handling on) instead of a length."""
+    res = post(url + "/generate", {"input_ids": ids, "sampling_params": dict(
+        temperature=0.0, max_new_tokens=max_new_tokens, stop_token_ids=[stop_id], ignore_eos=False)})
+    return res if isinstance(res, list) else [res]
+
+
+def run(url, tok, texts, stop=None):
+    """One check; ``stop``: end turn 1 at this token (text) instead of at the LENGTHS."""
+    post(url + "/flush_cache", {})
+    time.sleep(1.0)
     ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
     follow = tok(FOLLOW_UP, add_special_tokens=False)["input_ids"]
     turn1 = []
-    for i, m in enumerate(LENGTHS):  # one batch per length
+    if stop is not None:
+        stop_id = tok(stop, add_special_tokens=False)["input_ids"][-1]
+        outs = turn1_by_stop_token(url, ids, stop_id)
+        turn1 = [(p, o["output_ids"], o["meta_info"]) for p, o in zip(ids, outs)]
+    for i, m in enumerate(LENGTHS if stop is None else ()):  # one batch per length
         group = ids[i::len(LENGTHS)]
         outs = generate(url, group, m, key="input_ids")
         turn1 += [(p, o["output_ids"], o["meta_info"]) for p, o in zip(group, outs)]
@@ -75,6 +91,7 @@ def run(url, tok, texts):
     res["turn2_tokens"] = [len(t) for t in turn2]
     res["turn1_verify_steps"] = [m.get("spec_verify_ct", 0) for _, _, m in turn1]
     res["turn1_tokens"] = [m["completion_tokens"] for _, _, m in turn1]
+    res["turn1_finish"] = [str((m.get("finish_reason") or {}).get("type")) for _, _, m in turn1]
     return res
 
 
@@ -103,12 +120,14 @@ def main():
         try:
             with sglang_server(args.model, CONFIGS[config] + args.extra + ["--log-level", "info"], port=args.port,
                                log=log, timeout=240) as url:
-                res["runs"][name] = run(url, tok, texts)
+                res["runs"][name] = run(url, tok, texts)  # turn 1 ended by its length
+                res["runs"][name + "/stop-token"] = run(url, tok, texts, stop="\n")  # ended by a stop token
         except Exception as e:  # keep what was measured; the log says the rest
             res["runs"][name] = dict(error=repr(e)[:2000])
         res["runs"][name]["extra_args"] = args.extra
-        r = res["runs"][name]
-        print(json.dumps({name: {k: v for k, v in r.items() if k != "rows"}}), flush=True)
+        for key in (name, name + "/stop-token"):
+            r = res["runs"].get(key, {})
+            print(json.dumps({key: {k: v for k, v in r.items() if k != "rows"}}), flush=True)
         json.dump(res, open(args.out, "w"), indent=1)
 
 

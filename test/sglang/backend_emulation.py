@@ -154,10 +154,20 @@ track_rows[0], track_steps[0] = 0, paths[0][1]
 # LUMOTREE_EMULATE_FINISHED=1: request 1's output was complete before this step (overlap scheduling
 # still verifies it; lumotree.sglang.finish_guard): its state and conv window must not move
 FINISHED = {1} if os.environ.get("LUMOTREE_EMULATE_FINISHED") == "1" else set()
-if FINISHED:
+if FINISHED:  # CPU: request 1 by a stop token as its tree root (the last step's bonus token);
+    # CUDA shapes: request 1 by its length, request 3 by the stop-token root
+    from lumotree.sglang.finish_guard import FinishInfo
+
+    by_stop = 1 if not CUDA else 3
+    FINISHED = {1, by_stop}
     seq_lens = torch.full((B,), 100, dtype=torch.long, device=DEV)
-    limits = torch.tensor([100 + (0 if b in FINISHED else 7) for b in range(B)], device=DEV)  # pre-verify length >= limit: done
-    be.finish_limits = (SimpleNamespace(seq_lens=seq_lens), limits)
+    limits = torch.tensor([100 if (b == 1 and CUDA) else 107 for b in range(B)], device=DEV)  # length >= limit: done
+    stops = torch.full((B, 1), 77, dtype=torch.long, device=DEV)
+    draft = torch.zeros(B, N, dtype=torch.long, device=DEV)
+    draft[by_stop, 0] = 77
+    be.req_to_token_pool.size = SLOTS + 1
+    be.finish_limits = FinishInfo(SimpleNamespace(seq_lens=seq_lens, spec_info=SimpleNamespace(draft_token=draft.reshape(-1)),
+                                                  req_pool_indices=torch.arange(B, device=DEV)), limits, stops)
 be.commit_after_verify(last, track_rows, track_steps)
 be.finish_limits = None
 for li, (k, v, g, beta) in enumerate(inputs):

@@ -384,3 +384,37 @@ def test_cache_consistency_compares_first_tokens():
     assert abs(res["rows"][1]["max_logprob_gap"] - 2.3) < 1e-9
     assert res["rows"][2]["max_logprob_gap"] == float("inf") and abs(res["max_logprob_gap"] - 2.3) < 1e-9
     assert res["gaps_over_0_1"] == 2
+
+
+def test_cache_consistency_run_with_fake_server(monkeypatch):
+    cc = load("cache_consistency")
+    calls = []
+
+    def reply(prompt, n, cached):
+        return {"output_ids": [len(prompt) % 50 + i for i in range(n)], "meta_info": {
+            "completion_tokens": n, "spec_verify_ct": 1, "cached_tokens": cached, "finish_reason": {"type": "length"},
+            "output_top_logprobs": [[[-0.5, len(prompt) % 50, "x"], [-1.5, 1, "y"]]]}}
+
+    def fake_post(url, payload, timeout=600):
+        calls.append((url.rsplit("/", 1)[-1], payload))
+        if url.endswith("/flush_cache"):
+            return {}
+        return [reply(p, 3, 0) for p in payload["input_ids"]]  # turn 1 ended by the stop token
+
+    def fake_generate(url, prompts, max_new_tokens, temperature=0.0, key="text", extra=None):
+        calls.append(("generate", max_new_tokens))
+        return [reply(p, max_new_tokens, 7 if extra else 0) for p in prompts]
+
+    monkeypatch.setattr(cc, "post", fake_post)
+    monkeypatch.setattr(cc, "generate", fake_generate)
+    monkeypatch.setattr(cc.time, "sleep", lambda s: None)
+    tok = lambda text, add_special_tokens=False: {"input_ids": [ord(c) for c in text]}  # noqa: E731
+    res = cc.run("http://x", tok, ["abc", "defg", "hi", "jklmn", "op"])
+    assert res["of"] == 5 and res["same_first_token"] == 5 and res["max_logprob_gap"] == 0.0
+    assert sorted(res["turn1_tokens"]) == sorted([37, 50, 23, 64, 37]) and res["cached_tokens"] == [7] * 5
+    res = cc.run("http://x", tok, ["abc", "defg"], stop="\n")
+    posted = [p for _, p in calls if isinstance(p, dict) and "sampling_params" in p]
+    assert res["turn1_tokens"] == [3, 3] and res["of"] == 2
+    assert [p["sampling_params"]["stop_token_ids"] for p in posted] == [[10]]  # "\n", EOS handling on
+    assert posted[0]["sampling_params"]["ignore_eos"] is False
+    assert sum(1 for name, _ in calls if name == "flush_cache") == 4  # before each check, before each fresh turn 2

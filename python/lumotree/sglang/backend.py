@@ -168,7 +168,8 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         self.lumotree = lumotree_active(model_runner.server_args) and not model_runner.is_draft_worker
         self._first_gdn_layer = 1 << 30
         self._cur_tree = None
-        self.finish_limits = None  # (batch, per-request length limits), set per step by lumotree.sglang.finish_guard
+        self.finish_limits = None  # a lumotree.sglang.finish_guard.FinishInfo, set per decode step by the worker
+        self.finished_slots = None  # [request-pool rows] bool: ended by a stop token (finish_guard)
         self.precision, self.verify_form = served_settings()
         self.commit_form = served_commit_form(verify_form=self.verify_form)
         if not self.lumotree:
@@ -268,18 +269,16 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         bs = last_step.shape[0]
         md = self.forward_metadata
         rows = md.mamba_cache_indices[:bs]
+        par = md.retrieve_parent_token
         guard = getattr(self, "finish_limits", None)
-        if guard is not None:  # requests whose output was complete before this step keep their state
-            from lumotree.sglang.finish_guard import unfinished_steps
-
-            batch, limits = guard
-            if limits.shape[0] >= bs and batch.seq_lens.shape[0] >= bs:
-                last_step = unfinished_steps(last_step, batch.seq_lens, limits)
-                if track_steps is not None:
-                    track_steps = unfinished_steps(track_steps, batch.seq_lens, limits)
+        if guard is not None:  # requests that had ended before this step keep their state (finish_guard)
+            size = getattr(self.req_to_token_pool, "size", None)
+            if getattr(self, "finished_slots", None) is None and size is not None:
+                self.finished_slots = torch.zeros(size + 1, dtype=torch.bool, device=last_step.device)
+            last_step, track_steps = guard.filter(last_step, track_steps, par[:bs] if par is not None else None,
+                                                  getattr(self, "finished_slots", None))
         caches = self.req_to_token_pool.get_speculative_mamba2_params_all_layers()
         sc = self.scratch
-        par = md.retrieve_parent_token
         check = self.check is not None and not _capturing()
         if check:
             expected = self.check.expected_commit(rows, last_step)

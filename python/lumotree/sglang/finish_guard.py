@@ -14,13 +14,19 @@ request's length limit (prompt + ``max_new_tokens`` - 1 tokens in the KV cache: 
 all its output once the pre-verify length reaches it) and the batch; the commit
 (:meth:`lumotree.sglang.backend.LumoTreeGDNBackend.commit_after_verify`) then skips every request
 whose pre-verify length has reached its limit (last step -1: neither the GDN state nor the conv
-window is written). Host sync-free: the limits go to the device without blocking, the test runs on
-the device. Not covered: requests ended by a stop token or string (their end is known on the host
-only, one step late).
+window is written).
+
+Stop tokens (the request's ``stop_token_ids``, EOS ids and the tokenizer's EOS / extra stop ids, as
+SGLang's ``Req._check_token_based_finish``; none with ``ignore_eos``) are told on the device from the
+verify's tree tokens: a request whose tree root -- the previous step's bonus token -- is a stop token
+ended in the previous step; one that accepts a stop token inside this step's path is marked in
+``finished_slots`` (per request-pool row, cleared when a prefill takes the row) and skipped from the
+next step on. Host sync-free: the limits and stop tables go to the device without blocking, every
+test runs there. Not covered: stop strings / regexes (matched on the host's text, one step late).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -37,12 +43,86 @@ def length_limits(reqs: Sequence) -> List[int]:
     return out
 
 
-def unfinished_steps(steps: torch.Tensor, seq_lens: torch.Tensor, limits: torch.Tensor) -> torch.Tensor:
-    """``steps`` with ``-1`` (skip) for the requests whose pre-verify length ``seq_lens`` has
-    reached their limit."""
-    bs = steps.shape[0]
-    done = seq_lens[:bs].to(torch.long) >= limits[:bs].to(device=seq_lens.device, dtype=torch.long)
-    return torch.where(done, torch.full_like(steps, -1), steps)
+def stop_ids(req) -> List[int]:
+    """The token ids that end ``req`` (SGLang's ``Req._check_token_based_finish``); [] with ``ignore_eos``."""
+    sp = getattr(req, "sampling_params", None)
+    if sp is None or getattr(sp, "ignore_eos", False):
+        return []
+    ids = set(getattr(sp, "stop_token_ids", None) or ())
+    ids |= set(getattr(req, "eos_token_ids", None) or ())
+    tok = getattr(req, "tokenizer", None)
+    if tok is not None:
+        if getattr(tok, "eos_token_id", None) is not None:
+            ids.add(tok.eos_token_id)
+        ids |= set(getattr(tok, "additional_stop_token_ids", None) or ())
+    return sorted(int(i) for i in ids)
+
+
+def stop_table(reqs: Sequence) -> torch.Tensor:
+    """`[B, S]` stop token ids per request, ``-1`` padded (S >= 1)."""
+    rows = [stop_ids(r) for r in reqs]
+    width = max([1] + [len(r) for r in rows])
+    return torch.tensor([r + [-1] * (width - len(r)) for r in rows], dtype=torch.long).reshape(len(rows), width)
+
+
+def path_mask(parents: Optional[torch.Tensor], last: torch.Tensor, n: int) -> torch.Tensor:
+    """`[B, n]` bool: the nodes on the root path of node ``last[b]`` (root and ``last`` included;
+    none where ``last < 0``). ``parents`` `[B, n]` (None: a chain)."""
+    from lumotree.tree import ancestor_mask
+
+    B = last.shape[0]
+    idx = torch.arange(n, device=last.device)
+    safe = last.clamp(min=0).long()
+    if parents is None:
+        on = idx[None, :] <= safe[:, None]
+    else:
+        anc = ancestor_mask(parents[:B])  # [B, n, n]: anc[b, i, j]: j is i or an ancestor of i
+        on = anc[torch.arange(B, device=last.device), safe]
+    return on & (last[:, None] >= 0)
+
+
+def is_stop(tokens: torch.Tensor, stops: torch.Tensor) -> torch.Tensor:
+    """``tokens`` `[B, n]` that are one of their row's ``stops`` `[B, S]` (``-1`` padding)."""
+    return ((tokens[:, :, None] == stops[:, None, :]) & (stops[:, None, :] >= 0)).any(-1)
+
+
+class FinishInfo:
+    """What the guard hands the backend for one decode step (see the module docstring)."""
+
+    def __init__(self, batch, limits: torch.Tensor, stops: torch.Tensor):
+        self.batch, self.limits, self.stops = batch, limits, stops
+
+    def filter(self, last_step: torch.Tensor, track_steps: Optional[torch.Tensor], parents: Optional[torch.Tensor],
+               finished_slots: Optional[torch.Tensor]):
+        """``(last_step, track_steps)`` with ``-1`` for the requests that had ended before this step;
+        marks in ``finished_slots`` the requests whose committed path holds a stop token."""
+        bs = last_step.shape[0]
+        batch = self.batch
+        if self.limits.shape[0] < bs or batch.seq_lens.shape[0] < bs:
+            return last_step, track_steps
+        dev = last_step.device
+        done = batch.seq_lens[:bs].to(torch.long) >= self.limits[:bs].to(device=dev, dtype=torch.long)
+        tokens = getattr(getattr(batch, "spec_info", None), "draft_token", None)
+        pool_rows = getattr(batch, "req_pool_indices", None)
+        has_stops = self.stops.shape[0] >= bs and bool(self.stops.numel()) and tokens is not None
+        n = parents.shape[1] if parents is not None else tokens.numel() // max(1, batch.seq_lens.shape[0]) \
+            if tokens is not None else 0
+        if has_stops and n > 0 and tokens.numel() % n == 0 and tokens.numel() // n >= bs:
+            tok = tokens.reshape(-1, n)[:bs].to(dev).long()
+            stops = self.stops[:bs].to(dev)
+            stop_node = is_stop(tok, stops)
+            done = done | stop_node[:, 0]  # the root is the previous step's bonus token
+            if finished_slots is not None and pool_rows is not None:
+                rows = pool_rows[:bs].to(dev).long()
+                done = done | finished_slots[rows]
+                on_path = path_mask(parents, last_step, n)
+                hit = (stop_node & on_path)[:, 1:].any(-1) & ~done
+                finished_slots[rows] = finished_slots[rows] | hit
+        skip = torch.full_like(last_step, -1)
+        last_step = torch.where(done, skip, last_step)
+        if track_steps is not None:
+            track_steps = torch.where(done, torch.full_like(track_steps, -1), track_steps)
+        return last_step, track_steps
 
 
 def linear_backend(worker):
@@ -58,12 +138,20 @@ class FinishGuard:
     def forward_batch_generation(self, batch, *args, **kwargs):
         lin = linear_backend(self)
         mode = getattr(batch, "forward_mode", None)
-        if lin is None or mode is None or not mode.is_decode() or not getattr(batch, "reqs", None):
+        if lin is None or mode is None or not getattr(batch, "reqs", None):
+            return super().forward_batch_generation(batch, *args, **kwargs)
+        if not mode.is_decode():  # a prefill takes these request-pool rows: forget their old requests
+            slots = getattr(lin, "finished_slots", None)
+            if slots is not None and getattr(batch, "req_pool_indices", None) is not None:
+                slots[batch.req_pool_indices.to(slots.device).long()] = False
             return super().forward_batch_generation(batch, *args, **kwargs)
         limits = torch.tensor(length_limits(batch.reqs), dtype=torch.long)
+        stops = stop_table(batch.reqs)
         if torch.cuda.is_available() and batch.seq_lens.is_cuda:
-            limits = limits.pin_memory().to(batch.seq_lens.device, non_blocking=True)
-        lin.finish_limits = (batch, limits)
+            dev = batch.seq_lens.device
+            limits = limits.pin_memory().to(dev, non_blocking=True)
+            stops = stops.pin_memory().to(dev, non_blocking=True)
+        lin.finish_limits = FinishInfo(batch, limits, stops)
         try:
             return super().forward_batch_generation(batch, *args, **kwargs)
         finally:

@@ -40,7 +40,6 @@ def test_length_finished_requests_are_skipped():
 
 
 def test_stop_tokens_end_a_request_for_the_following_steps():
-    n = 4
     parents = torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 2]])  # request 0: a tree (path to node 3: 0 1 3); 1: a chain
     reqs = [req(5, 100, stops=[9]), req(5, 100, stops=[9])]
     slots = torch.zeros(8, dtype=torch.bool)
@@ -111,3 +110,13 @@ def test_the_worker_hands_the_limits_to_lumotree_backend_per_decode_step():
     w2 = cls(other)
     w2.forward_batch_generation(b)
     assert w2.seen[-1] is None
+
+
+def test_a_broken_batch_turns_the_guard_off_with_a_warning(caplog):
+    cls = fg.guarded(FakeWorker)
+    lin = SimpleNamespace(lumotree=True, finish_limits=None, finished_slots=None)
+    b = batch()
+    b.reqs = [SimpleNamespace(sampling_params=SimpleNamespace(max_new_tokens=4))]  # no prompt: not SGLang's Req
+    with caplog.at_level("WARNING"):
+        assert cls(lin).forward_batch_generation(b) == "result"
+    assert "finish guard off" in caplog.text and lin.finish_limits is None

@@ -275,8 +275,14 @@ class LumoTreeGDNBackend(GDNAttnBackend):
             size = getattr(self.req_to_token_pool, "size", None)
             if getattr(self, "finished_slots", None) is None and size is not None:
                 self.finished_slots = torch.zeros(size + 1, dtype=torch.bool, device=last_step.device)
-            last_step, track_steps = guard.filter(last_step, track_steps, par[:bs] if par is not None else None,
-                                                  getattr(self, "finished_slots", None))
+            try:
+                last_step, track_steps = guard.filter(last_step, track_steps, par[:bs] if par is not None else None,
+                                                      getattr(self, "finished_slots", None))
+            except Exception as e:  # never take the server down; say so (once)
+                from lumotree.sglang.finish_guard import _warn_once
+
+                _warn_once(f"LumoTree finish guard off for this step ({e!r}): a request that ended in the last "
+                           "step may still advance its cached state")
         caches = self.req_to_token_pool.get_speculative_mamba2_params_all_layers()
         sc = self.scratch
         check = self.check is not None and not _capturing()

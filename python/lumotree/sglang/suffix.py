@@ -102,7 +102,6 @@ class HostCorpus:
     def _observe(self, rid, tokens: Sequence[int], total_len: int) -> None:
         """Bring request ``rid``'s context up to ``tokens`` (its last ``len(tokens)`` tokens, ending
         at absolute position ``total_len``)."""
-        tokens = list(tokens)
         seen = self._seen.get(rid)
         off = total_len - len(tokens)  # absolute position of tokens[0]
         restart = seen is None or off > seen  # first sight, or new tokens we are not given
@@ -110,10 +109,13 @@ class HostCorpus:
             tail = self._tail[rid]
             start = seen - len(tail)  # absolute position of tail[0]
             lo, hi = max(start, off), min(seen, total_len)
-            cut = next((p for p in range(lo, hi) if tail[p - start] != tokens[p - off]), hi)
+            cut = hi
+            if tail[lo - start:hi - start] != list(tokens[lo - off:hi - off]):  # one C-level compare, commonly
+                cut = next(p for p in range(lo, hi) if tail[p - start] != tokens[p - off])
             restart = cut == lo < hi  # they part at the first position both hold: maybe earlier
         if restart:
             self.stats["starts" if seen is None else "restarts"] += 1
+            tokens = list(tokens)
             self._start(rid, tokens)
             self._outputs[rid] = []
             self._tail[rid] = tokens[-self.TAIL:]
@@ -128,7 +130,7 @@ class HostCorpus:
                 self._rewind(rid, drop)
                 out = self._outputs[rid]
                 del out[max(0, len(out) - drop):]
-            new = tokens[cut - off:]
+            new = list(tokens[cut - off:])
             if new:
                 self._append(rid, new)
                 self._outputs[rid].extend(new)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from typing import Optional
 
 import torch
@@ -168,6 +169,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         self.lumotree = lumotree_active(model_runner.server_args) and not model_runner.is_draft_worker
         self._first_gdn_layer = 1 << 30
         self._cur_tree = None
+        self._first_verify_done = False
         self.finish_limits = None  # a lumotree.sglang.finish_guard.FinishInfo, set per decode step by the worker
         self.finished_slots = None  # [request-pool rows] bool: ended by a stop token (finish_guard)
         self.precision, self.verify_form = served_settings()
@@ -202,7 +204,16 @@ class LumoTreeGDNBackend(GDNAttnBackend):
     def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
         if not (self.lumotree and forward_batch.forward_mode.is_target_verify()):
             return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
-        return self._verify(layer, forward_batch, mixed_qkv, a, b)
+        if getattr(self, "_first_verify_done", True):
+            return self._verify(layer, forward_batch, mixed_qkv, a, b)
+        # the first verify of the process: how long the host spends in it (Triton compiles our kernels on
+        # first use, synchronously) -- server start-up with LUMOTREE is ~60 s longer at 27B shapes (session 8)
+        t0 = time.perf_counter()
+        o = self._verify(layer, forward_batch, mixed_qkv, a, b)
+        self._first_verify_done = True
+        logger.info("LumoTree: first GDN verify call (layer %d, %d tokens) took %.1f s on the host", layer.layer_id,
+                    mixed_qkv.shape[0], time.perf_counter() - t0)
+        return o
 
     def _verify(self, layer, forward_batch, mixed_qkv, a, b):
         import triton

@@ -231,6 +231,17 @@ case $CALL in
       lane 1 $((LIMIT - 10 - SECONDS)) $CHK --configs nextn-tree --extra=--disable-overlap-schedule --tag=-nooverlap \
           --out "$OUT/cc-nextn-nooverlap.json" --port 30100 ) &
     wait ;;
+23) # session 8 (staged): the bs-8 gap at controlled acceptance (client 0.85x SGLang's path, server log 1.02x): rows now
+    # carry each request's verify steps and e2e latency (ms_per_batch_step: wall / the longest request's steps), and a
+    # torch profile of one bs-8 pass each; GPU 1: the same at bs 1 (LUMOTREE 0.95x there in session 7)
+    BENCH32="python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-32l --log-dir $LOGS"
+    ( lane 0 $((LIMIT - 40)) $BENCH32 --output-len 512 --configs lumotree-oracle,ngram-oracle --oracle-p 0.7 --batches 8 \
+          --profile-dir /tmp/prof0 --profile-batches 8 --out "$OUT/b32-oracle-bs8.json" --port 30000
+      lane 0 30 python3 benchmark/serving/profile_summary.py /tmp/prof0 --out "$OUT/profile_oracle_bs8.json" ) &
+    ( lane 1 $((LIMIT - 40)) $BENCH32 --output-len 512 --configs lumotree-oracle,ngram-oracle --oracle-p 0.7 --batches 1 \
+          --profile-dir /tmp/prof1 --profile-batches 1 --out "$OUT/b32-oracle-bs1.json" --port 30100
+      lane 1 30 python3 benchmark/serving/profile_summary.py /tmp/prof1 --out "$OUT/profile_oracle_bs1.json" ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

@@ -270,6 +270,7 @@ def main():
                                step_ms=1000 * wall / steps, decode_step_ms=1000 * max(wall - prefill, 0.0) / steps,
                                decode_tokens_per_s=st["completion_tokens"] / max(wall - prefill, 1e-9),
                                accept_length=st["accept_length"])
+                    row.update(request_spread(outs, wall))
                     res["rows"].append(row)
                     best, med, vals = logged_decode(log, bs, at)  # the measured pass only
                     most, at_most = logged_running(log, at)
@@ -288,6 +289,20 @@ def main():
         print(json.dumps({name: srv})[:2000], flush=True)
         json.dump(res, open(args.out, "w"), indent=1)
     print(table(res["rows"], memory=res["servers"]))
+
+
+def request_spread(outs, wall):
+    """How the measured pass's requests spread out: each request's verify steps and end-to-end latency
+    (SGLang's ``meta_info``): the batch runs ``max_verify_steps`` steps, the last ones with fewer requests;
+    ``wall / max_verify_steps`` is the mean step time of the whole pass, tail included."""
+    steps = sorted(int(o["meta_info"].get("spec_verify_ct", 0) or 0) for o in outs)
+    e2e = sorted(float(o["meta_info"]["e2e_latency"]) for o in outs if o["meta_info"].get("e2e_latency") is not None)
+    out = dict(max_verify_steps=steps[-1] if steps else 0, min_verify_steps=steps[0] if steps else 0)
+    if steps and steps[-1]:
+        out["ms_per_batch_step"] = 1000 * wall / steps[-1]
+    if e2e:
+        out.update(e2e_min_s=round(e2e[0], 3), e2e_max_s=round(e2e[-1], 3))
+    return out
 
 
 def table(rows, memory=None):

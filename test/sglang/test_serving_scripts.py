@@ -418,3 +418,12 @@ def test_cache_consistency_run_with_fake_server(monkeypatch):
     assert [p["sampling_params"]["stop_token_ids"] for p in posted] == [[10]]  # "\n", EOS handling on
     assert posted[0]["sampling_params"]["ignore_eos"] is False
     assert sum(1 for name, _ in calls if name == "flush_cache") == 4  # before each check, before each fresh turn 2
+
+
+def test_bench_spec_request_spread():
+    bs = load("bench_spec")
+    outs = [{"meta_info": {"spec_verify_ct": 100, "e2e_latency": 2.0}},
+            {"meta_info": {"spec_verify_ct": 120, "e2e_latency": 2.5}}]
+    r = bs.request_spread(outs, 3.0)
+    assert r == dict(max_verify_steps=120, min_verify_steps=100, ms_per_batch_step=25.0, e2e_min_s=2.0, e2e_max_s=2.5)
+    assert bs.request_spread([{"meta_info": {}}], 1.0) == dict(max_verify_steps=0, min_verify_steps=0)

@@ -61,6 +61,11 @@ def test_stop_tokens_end_a_request_for_the_following_steps():
     slots2 = torch.zeros(8, dtype=torch.bool)
     last, _ = info(free, [20, 20], tokens, pool).filter(torch.tensor([3, 3]), None, None, slots2)
     assert last.tolist() == [3, 3] and not slots2.any()
+    # a batch without any stop token skips the tree work, with the same answer
+    quiet = fg.FinishInfo(SimpleNamespace(seq_lens=torch.tensor([20, 20]), req_pool_indices=pool,
+                                          spec_info=SimpleNamespace(draft_token=tokens)),
+                          torch.tensor([99, 99]), fg.stop_table(free), any_stop=False)
+    assert quiet.filter(torch.tensor([3, 3]), None, None, slots2)[0].tolist() == [3, 3]
 
 
 def test_path_mask():
@@ -97,7 +102,7 @@ def test_the_worker_hands_the_limits_to_lumotree_backend_per_decode_step():
     b = batch()
     assert w.forward_batch_generation(b) == "result"
     got = w.seen[-1]
-    assert got.batch is b and got.limits.tolist() == [6, 12] and got.stops.tolist() == [[-1], [3]]
+    assert got.batch is b and got.limits.tolist() == [6, 12] and got.stops.tolist() == [[-1], [3]] and got.any_stop
     assert lin.finish_limits is None
     w.forward_batch_generation(batch(decode=False))  # prefill: nothing to guard; its pool rows start clean
     assert w.seen[-1] is None and lin.finished_slots.tolist() == [True, False, True, False, True]

@@ -99,8 +99,9 @@ def is_stop(tokens: torch.Tensor, stops: torch.Tensor) -> torch.Tensor:
 class FinishInfo:
     """What the guard hands the backend for one decode step (see the module docstring)."""
 
-    def __init__(self, batch, limits: torch.Tensor, stops: torch.Tensor):
+    def __init__(self, batch, limits: torch.Tensor, stops: torch.Tensor, any_stop: bool = True):
         self.batch, self.limits, self.stops = batch, limits, stops
+        self.any_stop = any_stop  # False: no request of the batch ends on a token (all ignore_eos)
 
     def filter(self, last_step: torch.Tensor, track_steps: Optional[torch.Tensor], parents: Optional[torch.Tensor],
                finished_slots: Optional[torch.Tensor]):
@@ -114,7 +115,7 @@ class FinishInfo:
         done = batch.seq_lens[:bs].to(torch.long) >= self.limits[:bs].to(device=dev, dtype=torch.long)
         tokens = getattr(getattr(batch, "spec_info", None), "draft_token", None)
         pool_rows = getattr(batch, "req_pool_indices", None)
-        has_stops = self.stops.shape[0] >= bs and bool(self.stops.numel()) and tokens is not None
+        has_stops = self.any_stop and self.stops.shape[0] >= bs and tokens is not None
         n = parents.shape[1] if parents is not None else tokens.numel() // max(1, batch.seq_lens.shape[0]) \
             if tokens is not None else 0
         if has_stops and n > 0 and tokens.numel() % n == 0 and tokens.numel() // n >= bs:
@@ -158,11 +159,12 @@ class FinishGuard:
         try:
             limits = torch.tensor(length_limits(batch.reqs), dtype=torch.long)
             stops = stop_table(batch.reqs)
+            any_stop = bool((stops >= 0).any())  # host tensor: no sync
             if torch.cuda.is_available() and batch.seq_lens.is_cuda:
                 dev = batch.seq_lens.device
                 limits = limits.pin_memory().to(dev, non_blocking=True)
                 stops = stops.pin_memory().to(dev, non_blocking=True)
-            lin.finish_limits = FinishInfo(batch, limits, stops)
+            lin.finish_limits = FinishInfo(batch, limits, stops, any_stop)
         except Exception as e:  # never take the server down; say so (once)
             _warn_once(f"LumoTree finish guard off for this step ({e!r}): a request that ended in the last step "
                        "may still advance its cached state")

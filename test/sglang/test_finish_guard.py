@@ -122,6 +122,20 @@ def test_a_broken_batch_turns_the_guard_off_with_a_warning(caplog):
     lin = SimpleNamespace(lumotree=True, finish_limits=None, finished_slots=None)
     b = batch()
     b.reqs = [SimpleNamespace(sampling_params=SimpleNamespace(max_new_tokens=4))]  # no prompt: not SGLang's Req
+    fg._warned.clear()  # warned once per process; another test may have warned already
     with caplog.at_level("WARNING"):
         assert cls(lin).forward_batch_generation(b) == "result"
     assert "finish guard off" in caplog.text and lin.finish_limits is None
+
+
+def test_guard_steps_on_the_backend(caplog):
+    steps = torch.tensor([5, 2])
+    be = SimpleNamespace(finish_limits=None, finished_slots=None, req_to_token_pool=SimpleNamespace(size=7))
+    assert fg.guard_steps(be, steps, None, None)[0] is steps and be.finished_slots is None  # no guard this step
+    be.finish_limits = info([req(5, 100), req(5, 1)], [20, 20])
+    assert fg.guard_steps(be, steps, None, None)[0].tolist() == [5, -1] and be.finished_slots.shape == (8,)
+    be.finish_limits = SimpleNamespace(filter=lambda *a: 1 / 0)  # a broken step: off, with a warning
+    fg._warned.clear()  # warned once per process; another test may have warned already
+    with caplog.at_level("WARNING"):
+        assert fg.guard_steps(be, steps, None, None)[0] is steps
+    assert "finish guard off" in caplog.text

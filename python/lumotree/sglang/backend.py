@@ -275,25 +275,15 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         up the verify tree's parents inside the kernel; the prefix-cache snapshot comes from the same
         replay."""
         from lumotree.ops.gdn_tree.triton import gdn_tree_commit_layers_fwd
+        from lumotree.sglang.finish_guard import guard_steps
         from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_conv_window_scatter_with_mask
 
         bs = last_step.shape[0]
         md = self.forward_metadata
         rows = md.mamba_cache_indices[:bs]
         par = md.retrieve_parent_token
-        guard = getattr(self, "finish_limits", None)
-        if guard is not None:  # requests that had ended before this step keep their state (finish_guard)
-            size = getattr(self.req_to_token_pool, "size", None)
-            if getattr(self, "finished_slots", None) is None and size is not None:
-                self.finished_slots = torch.zeros(size + 1, dtype=torch.bool, device=last_step.device)
-            try:
-                last_step, track_steps = guard.filter(last_step, track_steps, par[:bs] if par is not None else None,
-                                                      getattr(self, "finished_slots", None))
-            except Exception as e:  # never take the server down; say so (once)
-                from lumotree.sglang.finish_guard import _warn_once
-
-                _warn_once(f"LumoTree finish guard off for this step ({e!r}): a request that ended in the last "
-                           "step may still advance its cached state")
+        # requests that had ended before this step keep their state (finish_guard)
+        last_step, track_steps = guard_steps(self, last_step, track_steps, par[:bs] if par is not None else None)
         caches = self.req_to_token_pool.get_speculative_mamba2_params_all_layers()
         sc = self.scratch
         check = self.check is not None and not _capturing()

@@ -108,31 +108,53 @@ class FinishInfo:
         """``(last_step, track_steps)`` with ``-1`` for the requests that had ended before this step;
         marks in ``finished_slots`` the requests whose committed path holds a stop token."""
         bs = last_step.shape[0]
-        batch = self.batch
-        if self.limits.shape[0] < bs or batch.seq_lens.shape[0] < bs:
+        seq_lens = self.batch.seq_lens
+        if self.limits.shape[0] < bs or seq_lens.shape[0] < bs:
             return last_step, track_steps
         dev = last_step.device
-        done = batch.seq_lens[:bs].to(torch.long) >= self.limits[:bs].to(device=dev, dtype=torch.long)
-        tokens = getattr(getattr(batch, "spec_info", None), "draft_token", None)
-        pool_rows = getattr(batch, "req_pool_indices", None)
-        has_stops = self.any_stop and self.stops.shape[0] >= bs and tokens is not None
-        n = parents.shape[1] if parents is not None else tokens.numel() // max(1, batch.seq_lens.shape[0]) \
-            if tokens is not None else 0
-        if has_stops and n > 0 and tokens.numel() % n == 0 and tokens.numel() // n >= bs:
-            tok = tokens.reshape(-1, n)[:bs].to(dev).long()
-            stops = self.stops[:bs].to(dev)
-            stop_node = is_stop(tok, stops)
-            done = done | stop_node[:, 0]  # the root is the previous step's bonus token
-            if finished_slots is not None and pool_rows is not None:
-                rows = pool_rows[:bs].to(dev).long()
-                done = done | finished_slots[rows]
-                on_path = path_mask(parents, last_step, n)
-                hit = (stop_node & on_path)[:, 1:].any(-1) & ~done
-                finished_slots[rows] = finished_slots[rows] | hit
-        skip = torch.full_like(last_step, -1)
-        last_step = torch.where(done, skip, last_step)
+        done = seq_lens[:bs].to(torch.long) >= self.limits[:bs].to(device=dev, dtype=torch.long)
+        tokens = getattr(getattr(self.batch, "spec_info", None), "draft_token", None)
+        if self.any_stop and tokens is not None and self.stops.shape[0] >= bs:
+            n = parents.shape[1] if parents is not None else tokens.numel() // max(1, seq_lens.shape[0])
+            if n > 0 and tokens.numel() % n == 0 and tokens.numel() // n >= bs:
+                done = self._ended_by_stop(done, tokens.reshape(-1, n)[:bs].to(dev).long(), parents, last_step,
+                                           finished_slots)
+        last_step = last_step.masked_fill(done, -1)
         if track_steps is not None:
-            track_steps = torch.where(done, torch.full_like(track_steps, -1), track_steps)
+            track_steps = track_steps.masked_fill(done, -1)
+        return last_step, track_steps
+
+    def _ended_by_stop(self, done, tokens, parents, last_step, finished_slots):
+        """``done`` or'ed with the requests whose tree root (the previous bonus token) is a stop token
+        or whose request-pool row is marked; marks the rows whose path this step holds one."""
+        bs, n = tokens.shape
+        stop_node = is_stop(tokens, self.stops[:bs].to(tokens.device))
+        done = done | stop_node[:, 0]
+        pool_rows = getattr(self.batch, "req_pool_indices", None)
+        if finished_slots is not None and pool_rows is not None:
+            rows = pool_rows[:bs].to(tokens.device).long()
+            done = done | finished_slots[rows]
+            hit = (stop_node & path_mask(parents, last_step, n))[:, 1:].any(-1) & ~done
+            finished_slots[rows] = finished_slots[rows] | hit
+        return done
+
+
+def guard_steps(backend, last_step: torch.Tensor, track_steps: Optional[torch.Tensor],
+                parents: Optional[torch.Tensor]):
+    """The commit's ``(last_step, track_steps)`` under this step's guard (``backend.finish_limits``, set
+    by :class:`FinishGuard`; unchanged without one). Allocates the backend's ``finished_slots`` on first
+    use; an unexpected batch turns the guard off for the step with a warning, never fails it."""
+    info = getattr(backend, "finish_limits", None)
+    if info is None:
+        return last_step, track_steps
+    size = getattr(backend.req_to_token_pool, "size", None)
+    if getattr(backend, "finished_slots", None) is None and size is not None:
+        backend.finished_slots = torch.zeros(size + 1, dtype=torch.bool, device=last_step.device)
+    try:
+        return info.filter(last_step, track_steps, parents, getattr(backend, "finished_slots", None))
+    except Exception as e:
+        _warn_once(f"LumoTree finish guard off for this step ({e!r}): a request that ended in the last step may "
+                   "still advance its cached state")
         return last_step, track_steps
 
 

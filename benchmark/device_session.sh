@@ -242,6 +242,31 @@ case $CALL in
           --profile-dir /tmp/prof1 --profile-batches 1 --out "$OUT/b32-oracle-bs1.json" --port 30100
       lane 1 30 python3 benchmark/serving/profile_summary.py /tmp/prof1 --out "$OUT/profile_oracle_bs1.json" ) &
     wait ;;
+24) # session 9: call 22 found LUMOTREE (tree) with the guard 13/16 on its cached prompt states (hits at the prompt
+    # length, the state the overlap scheduler's extra_buffer strategy tracked at prefill), even for turns of one token
+    # (no verify step). Controls: SGLang's NEXTN under the same overlap / extra_buffer setting (GPU 0, then no-spec),
+    # LUMOTREE and LUMOTREE_SUFFIX without the overlap scheduler (no_buffer strategy; GPU 1)
+    CHK="python3 benchmark/serving/cache_consistency.py --model $M --log-dir $LOGS"
+    ( lane 0 $((LIMIT * 6 / 10)) $CHK --configs nextn-tree --out "$OUT/cc-nextn.json" --port 30000
+      lane 0 $((LIMIT - 10 - SECONDS)) $CHK --configs none --out "$OUT/cc-none.json" --port 30000 ) &
+    ( lane 1 $((LIMIT / 2)) $CHK --configs lumotree --extra=--disable-overlap-schedule --tag=-nooverlap \
+          --out "$OUT/cc-lumotree-nooverlap.json" --port 30100
+      lane 1 $((LIMIT - 10 - SECONDS)) $CHK --configs lumotree-suffix --extra=--disable-overlap-schedule --tag=-nooverlap \
+          --out "$OUT/cc-suffix-nooverlap.json" --port 30100 ) &
+    wait ;;
+25) # session 9: LumoTree servers now default to SGLang's synchronous scheduler while the radix cache is on
+    # (call 24: SGLang's overlap path -- NEXTN too -- served inconsistent cached states; without it 16/16). The fp32-head
+    # suites (parity, agent replay, agent loop) under that default; then what the default costs (tiny model, real
+    # acceptance: lumotree-topk2 with and without overlap) on GPU 0, and the GPU tests owed on GPU 1
+    F32H="--tag=-fp32head --extra=--enable-fp32-lm-head"
+    BT="python3 benchmark/serving/bench_spec.py --model $M --log-dir $LOGS --configs lumotree-topk2,nextn-topk2 --batches 1,8,32 --mem-fraction-static 0.3"
+    ( lane 0 300 $SUITE --configs lumotree $F32H --out "$OUT/s-sync-0.json" --port 30000
+      lane 0 $(( (LIMIT - 10 - SECONDS) / 2 )) $BT --scheduler sync --out "$OUT/b-tiny-sync.json" --port 30000
+      lane 0 $((LIMIT - 10 - SECONDS)) $BT --scheduler overlap --out "$OUT/b-tiny-overlap.json" --port 30000 ) &
+    ( lane 1 300 $SUITE --configs lumotree-suffix $F32H --out "$OUT/s-sync-1.json" --port 30100
+      lane 1 $((LIMIT - 10 - SECONDS)) python3 -m pytest -q -rA -m gpu test/sglang/test_backend_emulation.py \
+          test/sglang/test_select_adapter.py test/sglang/test_served_crosscheck_gpu.py --basetemp=$LOGS/pt ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

@@ -18,6 +18,12 @@ controlled-acceptance mode (``lumotree.sglang.oracle``, benchmark only): configu
 fixed trees whose first branch carries the target's recorded greedy continuation token by token with
 probability P; each batch is sent twice and the second pass is measured (the first records the
 continuation).
+
+Scheduler: ``--scheduler overlap`` (default) runs every configuration with SGLang's overlap scheduler --
+LumoTree servers get ``LUMOTREE_OVERLAP=1``, since by default they turn it off while the radix cache is on
+(``lumotree.sglang.plugin.consistent_prefix_cache``) -- so the rows compare like with like and with the
+rows of earlier sessions; ``--scheduler sync`` adds ``--disable-overlap-schedule`` to every configuration
+(LumoTree's default serving mode).
 """
 from __future__ import annotations
 
@@ -213,6 +219,9 @@ def main():
     ap.add_argument("--profile-dir", default=None,
                     help="after the measured pass, profile --profile-steps steps (torch profiler, CPU+GPU) at the "
                          "batch sizes in --profile-batches; summarise with profile_summary.py")
+    ap.add_argument("--scheduler", choices=("overlap", "sync"), default="overlap",
+                    help="overlap: SGLang's overlap scheduler for every configuration (LumoTree with LUMOTREE_OVERLAP=1); "
+                         "sync: --disable-overlap-schedule for every configuration (LumoTree's default with the radix cache)")
     ap.add_argument("--profile-batches", default="1,8")
     ap.add_argument("--profile-steps", type=int, default=30)
     args = ap.parse_args()
@@ -232,7 +241,9 @@ def main():
     rng = random.Random(0)
     prompts = [[rng.randrange(1000, 100000) for _ in range(args.input_len)] for _ in range(max(batches))]
     res = dict(command="python3 " + " ".join(sys.argv), model=model, shape=None if args.model else SHAPES[args.shape],
-               input_len=args.input_len, output_len=args.output_len, rows=[], servers={})
+               input_len=args.input_len, output_len=args.output_len, scheduler=args.scheduler, rows=[], servers={})
+    if args.scheduler == "sync":
+        base.append("--disable-overlap-schedule")
     for name in args.configs.split(","):
         log = os.path.join(args.log_dir, f"bench-{name}.log")
         t0 = time.time()
@@ -242,6 +253,8 @@ def main():
             raise SystemExit(f"{name} needs --oracle-p")
         env = {"LUMOTREE_BENCH_ORACLE_P": str(args.oracle_p)} if oracle else {}
         env.update(CONFIG_ENV.get(name, (None, {}))[1])
+        if args.scheduler == "overlap":
+            env["LUMOTREE_OVERLAP"] = "1"
         srv["env"] = env
         try:
             with sglang_server(model, CONFIGS[name] + extra, port=args.port, log=log, timeout=args.server_timeout,
@@ -269,7 +282,7 @@ def main():
                                prefill_seconds=round(prefill, 3), tokens_per_s=st["completion_tokens"] / wall,
                                step_ms=1000 * wall / steps, decode_step_ms=1000 * max(wall - prefill, 0.0) / steps,
                                decode_tokens_per_s=st["completion_tokens"] / max(wall - prefill, 1e-9),
-                               accept_length=st["accept_length"])
+                               accept_length=st["accept_length"], scheduler=args.scheduler)
                     row.update(request_spread(outs, wall))
                     res["rows"].append(row)
                     best, med, vals = logged_decode(log, bs, at)  # the measured pass only
@@ -285,7 +298,7 @@ def main():
             srv["error"] = repr(e)[:2000]
         srv.update(memory_report(log))
         srv["state_slots"] = state_slots(srv.get("memory_log", []))
-        res["servers"][name] = srv
+        res["servers"][label(name, args.scheduler)] = srv
         print(json.dumps({name: srv})[:2000], flush=True)
         json.dump(res, open(args.out, "w"), indent=1)
     print(table(res["rows"], memory=res["servers"]))
@@ -305,6 +318,12 @@ def request_spread(outs, wall):
     return out
 
 
+def label(config, scheduler):
+    """A configuration's name in tables and the servers map: rows without the scheduler field ran with
+    SGLang's overlap scheduler (every session before 9)."""
+    return config if scheduler in (None, "overlap") else f"{config} [{scheduler}]"
+
+
 def table(rows, memory=None):
     """Markdown table; ``memory``: the servers' entries, for the speculative-memory column."""
     out = ["| config | batch | new tokens | tokens/s (client) | ms per step (client) | decode tokens/s (server log, best) | "
@@ -316,9 +335,10 @@ def table(rows, memory=None):
             dec = f"{r['logged_decode_at_max_running']:.0f} ({r['logged_max_running']} running)"
         med = r.get("logged_decode_median_tokens_per_s")
         dec += f" | {med:.0f}" if med else " | –"
-        mem = (memory or {}).get(r["config"], {}).get("speculative_bytes", {}).get("total")
+        cfg = label(r["config"], r.get("scheduler"))
+        mem = (memory or {}).get(cfg, {}).get("speculative_bytes", {}).get("total")
         mem = f"{mem / 2**20:.0f} MiB" if mem is not None else "–"
-        out.append(f"| {r['config']} | {r['batch']} | {r.get('output_len') or '–'} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {dec} | {acc} | {mem} |")
+        out.append(f"| {cfg} | {r['batch']} | {r.get('output_len') or '–'} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {dec} | {acc} | {mem} |")
     return "\n".join(out)
 
 

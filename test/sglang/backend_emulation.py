@@ -151,31 +151,10 @@ paths = [[int(x) for x in p if x >= 0] for p in paths]
 track_rows = torch.full((REAL,), -1, dtype=torch.long, device=DEV)
 track_steps = torch.full((REAL,), -1, dtype=torch.long, device=DEV)
 track_rows[0], track_steps[0] = 0, paths[0][1]
-# LUMOTREE_EMULATE_FINISHED=1: request 1's output was complete before this step (overlap scheduling
-# still verifies it; lumotree.sglang.finish_guard): its state and conv window must not move
-FINISHED = {1} if os.environ.get("LUMOTREE_EMULATE_FINISHED") == "1" else set()
-if FINISHED:  # CPU: request 1 by a stop token as its tree root (the last step's bonus token);
-    # CUDA shapes: request 1 by its length, request 3 by the stop-token root
-    from lumotree.sglang.finish_guard import FinishInfo
-
-    by_stop = 1 if not CUDA else 3
-    FINISHED = {1, by_stop}
-    seq_lens = torch.full((B,), 100, dtype=torch.long, device=DEV)
-    limits = torch.tensor([100 if (b == 1 and CUDA) else 107 for b in range(B)], device=DEV)  # length >= limit: done
-    stops = torch.full((B, 1), 77, dtype=torch.long, device=DEV)
-    draft = torch.zeros(B, N, dtype=torch.long, device=DEV)
-    draft[by_stop, 0] = 77
-    be.req_to_token_pool.size = SLOTS + 1
-    be.finish_limits = FinishInfo(SimpleNamespace(seq_lens=seq_lens, spec_info=SimpleNamespace(draft_token=draft.reshape(-1)),
-                                                  req_pool_indices=torch.arange(B, device=DEV)), limits, stops)
 be.commit_after_verify(last, track_rows, track_steps)
-be.finish_limits = None
 for li, (k, v, g, beta) in enumerate(inputs):
     for b in range(REAL):
         row, path = int(ROWS[b]), paths[b]
-        if b in FINISHED:
-            assert torch.equal(temporal[li, row], start[li, row]), f"finished request {b}'s row {row} must stay"
-            continue
         S = start[li, row].double()
         for j, i in enumerate(path):
             kk = k[b, i].double()
@@ -202,16 +181,10 @@ replayed = check_dump.analyse(os.path.join(be.check.dump_dir, "step0.pt"))
 shutil.rmtree(be.check.dump_dir)
 assert len(replayed) == LAYERS * REAL, len(replayed)
 for r in replayed:  # the dump replays to the same verdict offline
-    if r["request"] in FINISHED:  # skipped by the commit: nothing written, nothing to replay
-        assert r["accepted_path"] == [-1] and not r["served_commit_wrote_the_row"], r
-        continue
     assert r["scratch_k_is_verify_k"] and r["scratch_v_is_verify_v"] and r["served_commit_wrote_the_row"], r
     assert r["replay_rel_err_vs_sglang_snapshot"] < 1e-5 and r["served_commit_rel_err_vs_replay"] < 1e-5, r
 assert worst["verify"] < (1e-2 if CUDA else 1e-4) and worst["commit"] < 1e-5, worst  # == SGLang's kernel
-want_last = last.clone()
-for b in FINISHED:
-    want_last[b] = -1
-assert len(scattered) == 2 and torch.equal(scattered[0][3], want_last)  # conv windows: last step, then track
+assert len(scattered) == 2 and torch.equal(scattered[0][3], last)  # conv windows: last step, then track
 if not CUDA:
     assert paths == ([[0, 1, 2, 3, 4, 5], [0, 1, 2]] if CHAIN else [[0, 1, 3, 5], [0, 1, 2]])
 print("backend emulation == references", DEV, "chain" if CHAIN else "tree")

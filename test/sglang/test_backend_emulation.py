@@ -8,16 +8,13 @@ import pytest
 @pytest.mark.parametrize("shape,precision,form,commit", [
     ("tree", "tf32x3", "split", "replay"), ("chain", "tf32x3", "split", "replay"), ("tree", "tf32x3", "mix", "dot"),
     ("chain", "tf32x3", "mix", "dot"), ("tree", "tf32x3", "mix", "knorm"), ("tree", "mixed", "chunk", "replay"),
-    ("tree", "tf32x3", "chunk", "replay"), ("tree-finished", "tf32x3", "mix", "replay")])
+    ("tree", "tf32x3", "chunk", "replay")])
 def test_backend_verify_and_commit_plumbing_in_interpreter(shape, precision, form, commit):
     """LumoTree's SGLang backend on fake pools, real Triton kernels interpreted (see the script);
-    the mix rows commit with the chunk-form (dot) commit and with the kept key norms (knorm);
-    ``tree-finished``: a request whose output was complete before the step keeps its state."""
+    the mix rows commit with the chunk-form (dot) commit and with the kept key norms (knorm)."""
     pytest.importorskip("sglang")
-    finished = shape.endswith("-finished")
-    shape = shape.removesuffix("-finished")
     env = dict(os.environ, TRITON_INTERPRET="1", LUMOTREE_SGLANG_PRECISION=precision, LUMOTREE_SGLANG_VERIFY=form,
-               LUMOTREE_SGLANG_COMMIT=commit, LUMOTREE_EMULATE_FINISHED="1" if finished else "0")
+               LUMOTREE_SGLANG_COMMIT=commit)
     script = os.path.join(os.path.dirname(__file__), "backend_emulation.py")
     out = subprocess.run([sys.executable, script, shape], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]

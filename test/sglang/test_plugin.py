@@ -334,3 +334,58 @@ def test_suffix_tree_size_follows_the_batch_the_server_is_sized_for():
     assert sized(32, env={"LUMOTREE_SUFFIX_TOKENS_PER_STEP": "256"}) == 8
     with pytest.raises(ValueError, match="LUMOTREE_SUFFIX_TOKENS_PER_STEP must be a positive integer"):
         sized(32, env={"LUMOTREE_SUFFIX_TOKENS_PER_STEP": "lots"})
+
+
+def test_consistent_prefix_cache_turns_overlap_off_unless_asked(monkeypatch, caplog):
+    """With the radix cache on, LumoTree servers run SGLang's synchronous scheduler (no_buffer state
+    cache): SGLang 0.5.17's overlap path served speculative requests inconsistent cached states
+    (device call 24). LUMOTREE_OVERLAP=1 keeps overlap (with a warning); page size > 1 keeps it too."""
+    from lumotree.sglang.plugin import consistent_prefix_cache
+
+    def args(**kw):
+        base = dict(disable_radix_cache=False, disable_overlap_schedule=False, page_size=None,
+                    mamba_radix_cache_strategy="auto")
+        base.update(kw)
+        return SimpleNamespace(**base)
+
+    sa = args()
+    assert consistent_prefix_cache(sa, env={})
+    assert sa.disable_overlap_schedule and sa.mamba_radix_cache_strategy == "no_buffer"
+    for kw in (dict(disable_radix_cache=True), dict(disable_overlap_schedule=True)):
+        sa = args(**kw)
+        assert not consistent_prefix_cache(sa, env={}) and sa.mamba_radix_cache_strategy == "auto"
+    caplog.set_level("WARNING")
+    sa = args()
+    assert not consistent_prefix_cache(sa, env={"LUMOTREE_OVERLAP": "1"}) and not sa.disable_overlap_schedule
+    assert "LUMOTREE_OVERLAP=1 keeps the overlap scheduler" in caplog.text
+    sa = args(page_size=16)
+    assert not consistent_prefix_cache(sa, env={}) and not sa.disable_overlap_schedule
+    assert "--page-size 16 needs SGLang's extra_buffer" in caplog.text
+
+
+SCHED_SCRIPT = r"""
+import sys
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import prepare_server_args
+base = ["--model-path", sys.argv[1], "--device", "cuda"]  # parsing only: nothing touches a GPU
+for extra in (["--speculative-algorithm", "LUMOTREE"], ["--speculative-algorithm", "LUMOTREE_SUFFIX"],
+              ["--speculative-algorithm", "LUMOTREE", "--disable-radix-cache"], []):
+    sa = prepare_server_args(base + extra)
+    print("RESULT", sa.disable_overlap_schedule, sa.mamba_radix_cache_strategy)
+"""
+
+
+def test_lumotree_servers_resolve_to_the_synchronous_scheduler():
+    """Through SGLang's own argument resolution (its declaration pipeline, materialized after the
+    speculative hook): LUMOTREE and LUMOTREE_SUFFIX end with overlap off and the no_buffer strategy;
+    with --disable-radix-cache, and without speculation, nothing changes."""
+    if not os.path.isfile(os.path.join(CKPT, "config.json")):
+        pytest.skip("tiny checkpoint not in this checkout")
+    env = {k: v for k, v in os.environ.items() if k != "LUMOTREE_OVERLAP"}
+    out = subprocess.run([sys.executable, "-c", SCHED_SCRIPT, CKPT], capture_output=True, text=True, timeout=600,
+                         cwd=ROOT, env=env)
+    lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert len(lines) == 4, out.stdout[-2000:] + out.stderr[-4000:]
+    assert lines[0] == lines[1] == "True no_buffer"
+    assert lines[2].startswith("False") and lines[3].startswith("False")

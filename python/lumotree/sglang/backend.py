@@ -170,8 +170,6 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         self._first_gdn_layer = 1 << 30
         self._cur_tree = None
         self._first_verify_done = False
-        self.finish_limits = None  # a lumotree.sglang.finish_guard.FinishInfo, set per decode step by the worker
-        self.finished_slots = None  # [request-pool rows] bool: ended by a stop token (finish_guard)
         self.precision, self.verify_form = served_settings()
         self.commit_form = served_commit_form(verify_form=self.verify_form)
         if not self.lumotree:
@@ -275,15 +273,12 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         up the verify tree's parents inside the kernel; the prefix-cache snapshot comes from the same
         replay."""
         from lumotree.ops.gdn_tree.triton import gdn_tree_commit_layers_fwd
-        from lumotree.sglang.finish_guard import guard_steps
         from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_conv_window_scatter_with_mask
 
         bs = last_step.shape[0]
         md = self.forward_metadata
         rows = md.mamba_cache_indices[:bs]
         par = md.retrieve_parent_token
-        # requests that had ended before this step keep their state (finish_guard)
-        last_step, track_steps = guard_steps(self, last_step, track_steps, par[:bs] if par is not None else None)
         caches = self.req_to_token_pool.get_speculative_mamba2_params_all_layers()
         sc = self.scratch
         check = self.check is not None and not _capturing()

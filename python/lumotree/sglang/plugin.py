@@ -132,28 +132,73 @@ def configure_server_args(server_args) -> None:
       to LumoTree's tree verify.
     * ``mamba_ssm_dtype = float32`` (state math in fp32).
     * ``LUMOTREE_SGLANG_ACTIVE=1`` so the scheduler processes install the backend classes.
+    * :func:`consistent_prefix_cache`: SGLang's synchronous scheduler when the radix cache is on.
     """
     server_args.enable_linear_replayssm_spec = True
     if server_args.mamba_ssm_dtype is None:
         server_args.mamba_ssm_dtype = "float32"
     os.environ[ENV_ACTIVE] = "1"
+    consistent_prefix_cache(server_args)
     logger.info("LumoTree: tree verify with boundary-free chunk kernel + accepted-path replay commit; "
                 "no per-node SSM snapshots (num_draft_tokens=%s, topk=%s)",
                 server_args.speculative_num_draft_tokens, server_args.speculative_eagle_topk)
 
 
+OVERLAP_ENV = "LUMOTREE_OVERLAP"
+
+
+def consistent_prefix_cache(server_args, env=os.environ) -> bool:
+    """Only committed GDN state is cached: with the radix cache on, a LumoTree server runs SGLang's
+    synchronous scheduler with the ``no_buffer`` state-cache strategy (what SGLang's own ``auto``
+    resolves to with ``--disable-overlap-schedule``). Returns whether it changed the arguments.
+
+    Why: with the overlap scheduler SGLang 0.5.17 caches hybrid-model states through its
+    ``extra_buffer`` strategy, and under speculative decoding the states it serves back from the
+    cache differ from a fresh prefill of the same key -- SGLang's own NEXTN too (device call 24,
+    ``benchmark/results/cache_consistency_h200.json``: NEXTN tree with overlap 15/16 and 11/16 first tokens,
+    logprob gaps up to 1.59; NEXTN, LUMOTREE and LUMOTREE_SUFFIX without it 16/16, gaps <= 0.073, the
+    no-speculation server's own spread is 0.091). ``LUMOTREE_OVERLAP=1`` keeps the overlap scheduler
+    (faster at small batches, with SGLang's cache inconsistency); ``--disable-radix-cache`` needs
+    neither. ``--page-size`` > 1 needs SGLang's ``extra_buffer`` strategy: kept, with a warning."""
+    if getattr(server_args, "disable_radix_cache", False) or getattr(server_args, "disable_overlap_schedule", False):
+        return False
+    why = ("SGLang 0.5.17's overlap scheduler (its extra_buffer state cache) serves speculative requests cached "
+           "hybrid states that differ from a fresh prefill (SGLang's NEXTN too)")
+    if env.get(OVERLAP_ENV) == "1":
+        logger.warning("LumoTree: %s=1 keeps the overlap scheduler: %s.", OVERLAP_ENV, why)
+        return False
+    if (getattr(server_args, "page_size", None) or 1) > 1:
+        logger.warning("LumoTree: --page-size %s needs SGLang's extra_buffer state cache and its overlap scheduler: %s. "
+                       "Use --page-size 1 (or --disable-radix-cache) for consistent prefix caching.",
+                       server_args.page_size, why)
+        return False
+    fields = dict(disable_overlap_schedule=True, mamba_radix_cache_strategy="no_buffer")
+    try:  # SGLang resolves these in a declaration pipeline (last writer wins), materialized after this hook
+        from sglang.srt.arg_groups.overrides import run_post_process_pass
+
+        def _lumotree_consistent_prefix_cache(view) -> dict:
+            return dict(fields)
+
+        run_post_process_pass(server_args, _lumotree_consistent_prefix_cache)
+    except ImportError:  # an SGLang without the pipeline: plain fields
+        pass
+    for k, v in fields.items():
+        object.__setattr__(server_args, k, v)
+    logger.info("LumoTree: radix cache on, so the synchronous scheduler (--disable-overlap-schedule) with the "
+                "no_buffer state cache: %s. %s=1 keeps the overlap scheduler.", why, OVERLAP_ENV)
+    return True
+
+
 def _worker_factory(server_args):
     """The worker: SGLang's EAGLE V2 worker (MTP drafting, tree building, selection, KV bookkeeping),
     with LumoTree's backend doing the GDN verify and commit underneath."""
-    from lumotree.sglang.finish_guard import guarded
-
     if getattr(server_args, "enable_multi_layer_eagle", False):
         from sglang.srt.speculative.multi_layer_eagle_worker_v2 import MultiLayerEagleWorkerV2
 
-        return guarded(MultiLayerEagleWorkerV2)
+        return MultiLayerEagleWorkerV2
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-    return guarded(EAGLEWorkerV2)
+    return EAGLEWorkerV2
 
 
 def _answer_as(builtin: str):

@@ -204,9 +204,7 @@ def ngram_worker(make_corpus):
     """SGLang's NGRAM worker with ``make_corpus(server_args)`` as its draft source."""
     from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
-    from lumotree.sglang.finish_guard import FinishGuard
-
-    class HostCorpusWorker(FinishGuard, NGRAMWorker):
+    class HostCorpusWorker(NGRAMWorker):
         def __init__(self, server_args, *args, **kwargs):
             super().__init__(server_args, *args, **kwargs)
             self.ngram_corpus = make_corpus(server_args)

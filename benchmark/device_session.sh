@@ -267,6 +267,14 @@ case $CALL in
       lane 1 $((LIMIT - 10 - SECONDS)) python3 -m pytest -q -rA -m gpu test/sglang/test_backend_emulation.py \
           test/sglang/test_select_adapter.py test/sglang/test_served_crosscheck_gpu.py --basetemp=$LOGS/pt ) &
     wait ;;
+26) # session 9: call 25's agent loop under LumoTree's synchronous default parted from no-spec at a turn's first token
+    # (margins <= 0.086); SGLang's NEXTN under the same scheduler, for the like-for-like count (GPU 0); the cross-check
+    # GPU test's other tree (GPU 1)
+    F32H="--tag=-sync-fp32head --extra=--enable-fp32-lm-head --extra=--disable-overlap-schedule"
+    ( lane 0 $((LIMIT - 10)) $SUITE --configs nextn-tree $F32H --out "$OUT/s-nextn-sync.json" --port 30000 ) &
+    ( lane 1 $((LIMIT - 10)) python3 -m pytest -q -rA -m gpu test/sglang/test_served_crosscheck_gpu.py -k "not tree6" \
+          --basetemp=$LOGS/pt ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

@@ -231,16 +231,16 @@ case $CALL in
       lane 1 $((LIMIT - 10 - SECONDS)) $CHK --configs nextn-tree --extra=--disable-overlap-schedule --tag=-nooverlap \
           --out "$OUT/cc-nextn-nooverlap.json" --port 30100 ) &
     wait ;;
-23) # session 8 (staged): the bs-8 gap at controlled acceptance (client 0.85x SGLang's path, server log 1.02x): rows now
-    # carry each request's verify steps and e2e latency (ms_per_batch_step: wall / the longest request's steps), and a
-    # torch profile of one bs-8 pass each; GPU 1: the same at bs 1 (LUMOTREE 0.95x there in session 7)
+23) # session 8 (staged), lane 1 changed in session 9: the bs-8 gap at controlled acceptance (client 0.85x SGLang's path,
+    # server log 1.02x): rows carry each request's verify steps and e2e latency (ms_per_batch_step: wall / the longest
+    # request's steps), and a torch profile of one bs-8 pass each (overlap on both, as every earlier row); GPU 1: what
+    # LumoTree's synchronous default (radix cache on) costs at 27B shapes, both paths without overlap at bs 8 / 32
     BENCH32="python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-32l --log-dir $LOGS"
     ( lane 0 $((LIMIT - 40)) $BENCH32 --output-len 512 --configs lumotree-oracle,ngram-oracle --oracle-p 0.7 --batches 8 \
           --profile-dir /tmp/prof0 --profile-batches 8 --out "$OUT/b32-oracle-bs8.json" --port 30000
       lane 0 30 python3 benchmark/serving/profile_summary.py /tmp/prof0 --out "$OUT/profile_oracle_bs8.json" ) &
-    ( lane 1 $((LIMIT - 40)) $BENCH32 --output-len 512 --configs lumotree-oracle,ngram-oracle --oracle-p 0.7 --batches 1 \
-          --profile-dir /tmp/prof1 --profile-batches 1 --out "$OUT/b32-oracle-bs1.json" --port 30100
-      lane 1 30 python3 benchmark/serving/profile_summary.py /tmp/prof1 --out "$OUT/profile_oracle_bs1.json" ) &
+    ( lane 1 $((LIMIT - 10)) $BENCH32 --output-len 512 --configs lumotree-oracle,ngram-oracle --oracle-p 0.7 --batches 8,32 \
+          --scheduler sync --out "$OUT/b32-oracle-sync.json" --port 30100 ) &
     wait ;;
 24) # session 9: call 22 found LUMOTREE (tree) with the guard 13/16 on its cached prompt states (hits at the prompt
     # length, the state the overlap scheduler's extra_buffer strategy tracked at prefill), even for turns of one token
@@ -274,6 +274,16 @@ case $CALL in
     ( lane 0 $((LIMIT - 10)) $SUITE --configs nextn-tree $F32H --out "$OUT/s-nextn-sync.json" --port 30000 ) &
     ( lane 1 $((LIMIT - 10)) python3 -m pytest -q -rA -m gpu test/sglang/test_served_crosscheck_gpu.py -k "not tree6" \
           --basetemp=$LOGS/pt ) &
+    wait ;;
+27) # session 9 (staged): where SGLang's overlap path caches inconsistent states (call 24: NEXTN 15/16 and 11/16 with
+    # overlap, 16/16 without). GPU 0: NEXTN with overlap under SGLang's KV-cache canary (a full-attention KV slot owned
+    # twice would show here); GPU 1: NEXTN with the extra_buffer state cache but without overlap (scheduler vs strategy)
+    CHK="python3 benchmark/serving/cache_consistency.py --model $M --log-dir $LOGS"
+    ( lane 0 $((LIMIT - 10)) $CHK --configs nextn-tree --extra=--kv-canary=log --extra=--kv-canary-sweep-interval=1 \
+          --tag=-canary --out "$OUT/cc-nextn-canary.json" --port 30000 ) &
+    ( lane 1 $((LIMIT - 10)) $CHK --configs nextn-tree --extra=--disable-overlap-schedule \
+          --extra=--mamba-radix-cache-strategy=extra_buffer --tag=-sync-extra-buffer --out "$OUT/cc-nextn-sync-eb.json" \
+          --port 30100 ) &
     wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac

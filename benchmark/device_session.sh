@@ -285,6 +285,14 @@ case $CALL in
           --extra=--mamba-radix-cache-strategy=extra_buffer --tag=-sync-extra-buffer --out "$OUT/cc-nextn-sync-eb.json" \
           --port 30100 ) &
     wait ;;
+28) # session 9 (staged): how reproducible is the no-speculation reference itself? Every speculative path parts from it
+    # only at near-ties (parity margins <= 0.0512, agent-loop turn starts <= 0.086; no-spec's own cached-vs-fresh spread
+    # is 0.091): the same fp32-head suites for no-spec without the radix cache (GPU 0) and without overlap (GPU 1)
+    ( lane 0 $((LIMIT - 10)) $SUITE --configs none --tag=-nocache-fp32head --extra=--enable-fp32-lm-head \
+          --extra=--disable-radix-cache --out "$OUT/s-none-nocache.json" --port 30000 ) &
+    ( lane 1 $((LIMIT - 10)) $SUITE --configs none --tag=-sync-fp32head --extra=--enable-fp32-lm-head \
+          --extra=--disable-overlap-schedule --out "$OUT/s-none-sync.json" --port 30100 ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

@@ -168,16 +168,26 @@ def margin_at(margins, char):
 
 def reference_for(name, texts):
     """The no-speculation run a run is compared with: ``none`` + the run's tag when that exists
-    (``lumotree-det`` -> ``none-det``: same server flags), else ``none``."""
-    refs = [r for r in texts if r.startswith("none") and "/" not in r and len(r) > 4 and name.endswith(r[4:])]
+    (``lumotree-det`` -> ``none-det``: same server flags), else ``none``; never the run itself."""
+    refs = [r for r in texts if r != name and r.startswith("none") and "/" not in r and len(r) > 4
+            and name.endswith(r[4:])]
     return max(refs, key=len) if refs else "none"
+
+
+def is_compared(name, runs) -> bool:
+    """Whether a run is compared with a reference: every speculative run, and a no-speculation variant
+    whose tag extends a reference's (``none-nocache-fp32head`` vs ``none-fp32head``: how reproducible
+    the reference itself is under a change that should not matter)."""
+    if "/" in name:
+        return False
+    return not name.startswith("none") or reference_for(name, runs) != "none"
 
 
 def compare(texts):
     """Per speculative configuration: how many greedy texts equal the no-speculation server's."""
     cmp = {}
     for name in texts:
-        if name.startswith("none") or "/" in name:
+        if not is_compared(name, texts):
             continue
         ref = reference_for(name, texts)
         if ref not in texts:

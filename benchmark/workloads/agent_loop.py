@@ -21,7 +21,7 @@ import sysconfig
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "serving"))
 
-from parity import CONFIGS, reference_for  # noqa: E402
+from parity import CONFIGS, is_compared, reference_for  # noqa: E402
 from sglang_server import sglang_server  # noqa: E402
 
 SYSTEM = ("You are a coding agent working in the Python standard library ({root}). Reply with exactly one "
@@ -131,7 +131,7 @@ def transcripts_identical(res):
     for name, r in runs.items():
         ref = reference_for(name, runs)
         base = (runs.get(ref) or {}).get("sessions")
-        if name.startswith("none") or not base or not r.get("sessions"):
+        if not is_compared(name, runs) or not base or not r.get("sessions"):
             continue
         out[name] = dict(reference=ref, identical=sum(a["messages"] == b["messages"] for a, b in zip(r["sessions"], base)),
                          of=len(base),

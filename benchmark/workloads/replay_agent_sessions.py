@@ -21,7 +21,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "serving"))
 
-from parity import CONFIGS, reference_for  # noqa: E402
+from parity import CONFIGS, is_compared, reference_for  # noqa: E402
 from sglang_server import post, sglang_server  # noqa: E402
 
 
@@ -59,7 +59,7 @@ def identical_turns(res):
     runs = res["runs"]
     for name, r in runs.items():
         base = (runs.get(reference_for(name, runs)) or {}).get("turns")
-        if not name.startswith("none") and base and r.get("turns") and r.get("summary"):
+        if is_compared(name, runs) and base and r.get("turns") and r.get("summary"):
             r["summary"]["greedy_identical_turns"] = sum(a["text"] == b["text"] for a, b in zip(r["turns"], base))
             r["summary"]["turns_compared"] = min(len(base), len(r["turns"]))
 

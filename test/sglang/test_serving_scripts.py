@@ -257,6 +257,20 @@ def test_tagged_runs_are_compared_with_the_reference_of_the_same_tag():
     assert cmp["lumotree-det"]["reference"] == "none-det" and cmp["lumotree-det"]["identical"] == 2
     assert cmp["lumotree"]["reference"] == "none" and cmp["lumotree"]["identical"] == 1
     assert cmp["lumotree-chain-det"]["reference"] == "none-det" and cmp["lumotree-chain-det"]["identical"] == 1
+    assert "none" not in cmp and "none-det" not in cmp  # the references themselves
+
+
+def test_a_no_spec_variant_is_compared_with_the_reference_of_its_tag():
+    """``none-nocache-fp32head`` (no radix cache) vs ``none-fp32head``: the reference's own reproducibility;
+    ``none-fp32head`` itself has no reference of its tag and is not compared (not with bf16 ``none``)."""
+    parity = load("parity")
+    texts = {"none": ["a", "b"], "none-fp32head": ["a", "c"], "none-nocache-fp32head": ["a", "d"],
+             "lumotree-fp32head": ["a", "c"]}
+    cmp = parity.compare(texts)
+    assert cmp["none-nocache-fp32head"]["reference"] == "none-fp32head"
+    assert cmp["none-nocache-fp32head"]["identical"] == 1
+    assert "none-fp32head" not in cmp and "none" not in cmp
+    assert cmp["lumotree-fp32head"]["reference"] == "none-fp32head" and cmp["lumotree-fp32head"]["identical"] == 2
 
 
 def test_state_slots_from_the_memory_log():

@@ -276,12 +276,15 @@ case $CALL in
           --basetemp=$LOGS/pt ) &
     wait ;;
 27) # session 9 (staged): where SGLang's overlap path caches inconsistent states (call 24: NEXTN 15/16 and 11/16 with
-    # overlap, 16/16 without). GPU 0: NEXTN with overlap under SGLang's KV-cache canary (a full-attention KV slot owned
-    # twice would show here); GPU 1: NEXTN with the extra_buffer state cache but without overlap (scheduler vs strategy)
+    # overlap, 16/16 without). GPU 0: no-spec and NEXTN with overlap in one file, so versus_none tells which side of
+    # NEXTN's cached-vs-fresh disagreement is off (the cached state or the fresh prefill); GPU 1: NEXTN with overlap under
+    # SGLang's KV-cache canary (a full-attention KV slot owned twice would show), then NEXTN with the extra_buffer state
+    # cache but without overlap (scheduler vs strategy)
     CHK="python3 benchmark/serving/cache_consistency.py --model $M --log-dir $LOGS"
-    ( lane 0 $((LIMIT - 10)) $CHK --configs nextn-tree --extra=--kv-canary=log --extra=--kv-canary-sweep-interval=1 \
-          --tag=-canary --out "$OUT/cc-nextn-canary.json" --port 30000 ) &
-    ( lane 1 $((LIMIT - 10)) $CHK --configs nextn-tree --extra=--disable-overlap-schedule \
+    ( lane 0 $((LIMIT - 10)) $CHK --configs none,nextn-tree --out "$OUT/cc-none-nextn.json" --port 30000 ) &
+    ( lane 1 $((LIMIT / 2)) $CHK --configs nextn-tree --extra=--kv-canary=log --extra=--kv-canary-sweep-interval=1 \
+          --tag=-canary --out "$OUT/cc-nextn-canary.json" --port 30100
+      lane 1 $((LIMIT - 10 - SECONDS)) $CHK --configs nextn-tree --extra=--disable-overlap-schedule \
           --extra=--mamba-radix-cache-strategy=extra_buffer --tag=-sync-extra-buffer --out "$OUT/cc-nextn-sync-eb.json" \
           --port 30100 ) &
     wait ;;

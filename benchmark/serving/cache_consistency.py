@@ -15,7 +15,9 @@ For each configuration (``parity.CONFIGS``), one server:
 then the same with turn 1 ended by a stop token (``"\n"``, ``stop_token_ids``) instead of a length,
 
 and compares 2 with 3 per request: the first token and the logprob gap of the fresh run's top
-tokens. A cached GDN state that held tokens past its key (the overshoot, or a rejected draft) shows
+tokens. Both first tokens' top logprobs are kept (``cached_first`` / ``fresh_first``), so that each can also be
+compared with the no-speculation server's fresh run (``versus_none``: within one result, or with ``--reference``
+a result file holding the ``none`` runs) -- the cached-vs-fresh check alone cannot tell which of the two is off. A cached GDN state that held tokens past its key (the overshoot, or a rejected draft) shows
 as a different first token or a large gap; the no-speculation server is the control for how far a
 state accumulated in decode steps and one computed by a fresh prefill differ numerically.
 """
@@ -57,6 +59,35 @@ def compare(cached, fresh):
                 gaps_over_0_1=sum(r["max_logprob_gap"] > 0.1 for r in rows), rows=rows)
 
 
+def _plain(firsts):
+    """``[(token, {token: logprob})]`` as JSON keeps it: ``[[token, [[token, logprob], ...]], ...]``."""
+    return [[t, sorted(lps.items())] for t, lps in firsts]
+
+
+def _firsts(plain):
+    return [(int(t), {int(k): float(v) for k, v in lps}) for t, lps in plain]
+
+
+def versus(reference, run):
+    """A run's cached and fresh first tokens, each against the reference run's fresh ones (the
+    no-speculation server computing the same turn 2 from scratch)."""
+    ref = _firsts(reference["fresh_first"])
+    return {side: {k: v for k, v in compare(_firsts(run[f"{side}_first"]), ref).items() if k != "rows"}
+            for side in ("cached", "fresh")}
+
+
+def versus_none(runs, reference_runs=None):
+    """``versus`` for every run with kept first tokens, against ``none`` (``none/stop-token`` for the
+    stop-token mode) from ``reference_runs`` (default: the same runs)."""
+    refs = reference_runs if reference_runs is not None else runs
+    out = {}
+    for name, r in runs.items():
+        ref = refs.get("none/stop-token" if name.endswith("/stop-token") else "none")
+        if name.split("/")[0] != "none" and ref and "fresh_first" in ref and "cached_first" in r:
+            out[name] = versus(ref, r)
+    return out
+
+
 def turn1_by_stop_token(url, ids, stop_id, max_new_tokens=96):
     """Turn 1 ended by a stop token (``stop_token_ids``, EOS handling on) instead of a length."""
     res = post(url + "/generate", {"input_ids": ids, "sampling_params": dict(
@@ -85,7 +116,9 @@ def run(url, tok, texts, stop=None):
     post(url + "/flush_cache", {})
     time.sleep(1.0)
     fresh_outs = generate(url, turn2, 1, key="input_ids", extra=top)
-    res = compare([first_token(o) for o in cached_outs], [first_token(o) for o in fresh_outs])
+    cached_first, fresh_first = [first_token(o) for o in cached_outs], [first_token(o) for o in fresh_outs]
+    res = compare(cached_first, fresh_first)
+    res["cached_first"], res["fresh_first"] = _plain(cached_first), _plain(fresh_first)
     res["cached_tokens"] = [o["meta_info"].get("cached_tokens", 0) for o in cached_outs]
     res["fresh_cached_tokens"] = [o["meta_info"].get("cached_tokens", 0) for o in fresh_outs]
     res["turn2_tokens"] = [len(t) for t in turn2]
@@ -110,6 +143,8 @@ def main():
     ap.add_argument("--extra", action="append", default=[],
                     help="more server flags for every configuration (repeatable), e.g. --extra=--disable-overlap-schedule")
     ap.add_argument("--tag", default="", help="suffix of the run names (runs with --extra)")
+    ap.add_argument("--reference", default=None,
+                    help="a result file holding the no-speculation runs (none, none/stop-token) for versus_none")
     args = ap.parse_args()
     tok = AutoTokenizer.from_pretrained(args.model)
     texts = prompts(args.prompts)
@@ -128,7 +163,10 @@ def main():
         for key in (name, name + "/stop-token"):
             r = res["runs"].get(key, {})
             print(json.dumps({key: {k: v for k, v in r.items() if k != "rows"}}), flush=True)
+        refs = json.load(open(args.reference))["runs"] if args.reference else None
+        res["versus_none"] = versus_none(res["runs"], refs)
         json.dump(res, open(args.out, "w"), indent=1)
+    print(json.dumps({"versus_none": res.get("versus_none")}), flush=True)
 
 
 if __name__ == "__main__":

@@ -383,6 +383,36 @@ def test_bench_spec_main_warms_each_batch_times_prefill_and_profiles_chosen_batc
     assert "profile" in rows[1] and "profile" not in rows[0]
     assert all(r["decode_step_ms"] <= r["step_ms"] for r in rows)
     assert res["servers"]["lumotree-topk2"]["state_slots"] is None  # no log lines from a fake server
+    # the default scheduler: SGLang's overlap for every configuration (LumoTree servers opt in with LUMOTREE_OVERLAP=1)
+    assert res["scheduler"] == "overlap" and all(r["scheduler"] == "overlap" for r in rows)
+    assert res["servers"]["lumotree-topk2"]["env"] == {"LUMOTREE_OVERLAP": "1"}
+
+
+def test_bench_spec_sync_scheduler_disables_overlap_for_every_configuration(tmp_path, monkeypatch):
+    import contextlib
+    import json
+    import sys
+
+    bs = load("bench_spec")
+    seen = []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, base_args=(), env=None, **kw):
+        seen.append((list(base_args), dict(env or {})))
+        yield "http://x"
+
+    monkeypatch.setattr(bs, "sglang_server", fake_server)
+    monkeypatch.setattr(bs, "generate", lambda url, batch, n, key="text": [
+        dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2))) for _ in batch])
+    out = tmp_path / "b.json"
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs", "lumotree-topk2,nextn-topk2",
+                                      "--batches", "1", "--output-len", "4", "--out", str(out), "--log-dir",
+                                      str(tmp_path), "--scheduler", "sync"])
+    bs.main()
+    assert [("--disable-overlap-schedule" in b, "LUMOTREE_OVERLAP" in e) for b, e in seen] == [(True, False)] * 2
+    res = json.load(open(out))
+    assert sorted(res["servers"]) == ["lumotree-topk2 [sync]", "nextn-topk2 [sync]"]
+    assert "| lumotree-topk2 [sync] | 1 |" in bs.table(res["rows"], memory=res["servers"])
 
 
 def test_cache_consistency_compares_first_tokens():
@@ -432,6 +462,23 @@ def test_cache_consistency_run_with_fake_server(monkeypatch):
     assert [p["sampling_params"]["stop_token_ids"] for p in posted] == [[10]]  # "\n", EOS handling on
     assert posted[0]["sampling_params"]["ignore_eos"] is False
     assert sum(1 for name, _ in calls if name == "flush_cache") == 4  # before each check, before each fresh turn 2
+    assert res["cached_first"][0][0] == res["fresh_first"][0][0] and res["fresh_first"][0][1][0][1] in (-0.5, -1.5)
+
+
+def test_cache_consistency_tells_which_side_is_off():
+    """Cached vs fresh alone cannot say which is wrong; against no-spec's fresh turn 2 it can."""
+    cc = load("cache_consistency")
+    none = {"fresh_first": cc._plain([(7, {7: -0.1, 3: -2.5}), (4, {4: -0.3, 9: -4.0})])}
+    spec = {"cached_first": cc._plain([(3, {3: -0.2, 7: -1.9}), (4, {4: -0.3, 9: -4.0})]),
+            "fresh_first": cc._plain([(7, {7: -0.1, 3: -2.5}), (4, {4: -0.31, 9: -4.0})])}
+    v = cc.versus(none, spec)
+    assert v["cached"]["same_first_token"] == 1 and v["cached"]["gaps_over_0_1"] == 1  # the cached side is off
+    assert v["fresh"]["same_first_token"] == 2 and v["fresh"]["gaps_over_0_1"] == 0
+    runs = {"none": none, "spec": spec, "spec/stop-token": spec}
+    out = cc.versus_none(runs)
+    assert sorted(out) == ["spec"]  # no none/stop-token run to compare the stop-token mode with
+    out = cc.versus_none({"spec/stop-token": spec}, reference_runs={"none/stop-token": none})
+    assert out["spec/stop-token"]["fresh"]["same_first_token"] == 2
 
 
 def test_bench_spec_request_spread():

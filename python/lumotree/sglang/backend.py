@@ -205,7 +205,9 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         if getattr(self, "_first_verify_done", True):
             return self._verify(layer, forward_batch, mixed_qkv, a, b)
         # the first verify of the process: how long the host spends in it (Triton compiles our kernels on
-        # first use, synchronously) -- server start-up with LUMOTREE is ~60 s longer at 27B shapes (session 8)
+        # first use, synchronously). Session 8 read LUMOTREE servers as ~60 s slower to start at 27B shapes; session 9
+        # found that an order effect: they ran first in their lanes, on a cold Triton cache (the draft-decode capture,
+        # the same code on both paths, took 18.6 vs 6.9 s too)
         t0 = time.perf_counter()
         o = self._verify(layer, forward_batch, mixed_qkv, a, b)
         self._first_verify_done = True

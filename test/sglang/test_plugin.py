@@ -222,11 +222,16 @@ from sglang.srt.server_args import prepare_server_args
 base = ["--model-path", sys.argv[1], "--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3",
         "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6", "--device", "cpu"]
 os.environ["LUMOTREE_SUFFIX_MERGE"] = "1"
-for slots, extra in ((None, []), (None, ["--disable-overlap-schedule"]), ("6", ["--disable-overlap-schedule"]),
-                     (None, ["--disable-overlap-schedule", "--speculative-algorithm", "LUMOTREE_SUFFIX"])):
+for slots, extra, overlap in ((None, [], None), (None, ["--disable-overlap-schedule"], None),
+                              ("6", ["--disable-overlap-schedule"], None),
+                              (None, ["--disable-overlap-schedule", "--speculative-algorithm", "LUMOTREE_SUFFIX"], None),
+                              (None, ["--disable-radix-cache"], None), (None, [], "1")):
     os.environ.pop("LUMOTREE_SUFFIX_MERGE_SLOTS", None)
+    os.environ.pop("LUMOTREE_OVERLAP", None)
     if slots:
         os.environ["LUMOTREE_SUFFIX_MERGE_SLOTS"] = slots
+    if overlap:
+        os.environ["LUMOTREE_OVERLAP"] = overlap
     try:
         prepare_server_args(base + extra)
         print("RESULT ok")
@@ -236,16 +241,20 @@ for slots, extra in ((None, []), (None, ["--disable-overlap-schedule"]), ("6", [
 
 
 def test_suffix_merge_flag_validation():
+    env = {k: v for k, v in os.environ.items() if k != "LUMOTREE_OVERLAP"}
     if not os.path.isfile(os.path.join(CKPT, "config.json")):
         pytest.skip("tiny checkpoint not in this checkout")
     out = subprocess.run([sys.executable, "-c", MERGE_SCRIPT, CKPT], capture_output=True, text=True, timeout=600,
-                         cwd=ROOT)
+                         cwd=ROOT, env=env)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert len(lines) == 4, out.stdout[-2000:] + out.stderr[-4000:]
-    assert "needs --disable-overlap-schedule" in lines[0]
+    assert len(lines) == 6, out.stdout[-2000:] + out.stderr[-4000:]
+    # with the radix cache on the plugin turns overlap off itself (consistent_prefix_cache): no flag needed
+    assert "runs its GDN kernels on CUDA" in lines[0]
     assert "runs its GDN kernels on CUDA" in lines[1]  # a valid merged configuration reaches the device check
     assert "LUMOTREE_SUFFIX_MERGE_SLOTS must be an integer in [1, 5]" in lines[2]
     assert "has no MTP tree" in lines[3]
+    # overlap kept (no radix cache, or LUMOTREE_OVERLAP=1): the merge needs the flag
+    assert "needs --disable-overlap-schedule" in lines[4] and "needs --disable-overlap-schedule" in lines[5]
 
 
 def test_hook_registers_the_merged_verify_input(monkeypatch):

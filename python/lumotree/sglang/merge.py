@@ -46,7 +46,10 @@ def validate(server_args) -> None:
     """Clear errors for flag combinations the merged tree cannot serve."""
     if not enabled():
         return
-    if not getattr(server_args, "disable_overlap_schedule", False):
+    from lumotree.sglang.plugin import turns_overlap_off
+
+    # the plugin turns overlap off itself with the radix cache on (consistent_prefix_cache, applied after this check)
+    if not getattr(server_args, "disable_overlap_schedule", False) and not turns_overlap_off(server_args):
         raise ValueError(f"{ENV_FLAG}=1 needs --disable-overlap-schedule: the suffix drafts are made on the "
                          "host and must see the tokens the last verify accepted")
     if getattr(server_args, "speculative_use_rejection_sampling", False):

@@ -147,6 +147,28 @@ def configure_server_args(server_args) -> None:
 OVERLAP_ENV = "LUMOTREE_OVERLAP"
 
 
+_OVERLAP_WHY = ("SGLang 0.5.17's overlap scheduler (its extra_buffer state cache) serves speculative requests cached "
+                "hybrid states that differ from a fresh prefill (SGLang's NEXTN too)")
+
+
+def turns_overlap_off(server_args, env=os.environ, warn: bool = False) -> bool:
+    """Whether :func:`consistent_prefix_cache` turns the overlap scheduler off for these arguments (radix
+    cache on, overlap on, no ``LUMOTREE_OVERLAP=1``, page size 1); ``warn``: say why not where it keeps it."""
+    if getattr(server_args, "disable_radix_cache", False) or getattr(server_args, "disable_overlap_schedule", False):
+        return False
+    if env.get(OVERLAP_ENV) == "1":
+        if warn:
+            logger.warning("LumoTree: %s=1 keeps the overlap scheduler: %s.", OVERLAP_ENV, _OVERLAP_WHY)
+        return False
+    if (getattr(server_args, "page_size", None) or 1) > 1:
+        if warn:
+            logger.warning("LumoTree: --page-size %s needs SGLang's extra_buffer state cache and its overlap scheduler: "
+                           "%s. Use --page-size 1 (or --disable-radix-cache) for consistent prefix caching.",
+                           server_args.page_size, _OVERLAP_WHY)
+        return False
+    return True
+
+
 def consistent_prefix_cache(server_args, env=os.environ) -> bool:
     """Only committed GDN state is cached: with the radix cache on, a LumoTree server runs SGLang's
     synchronous scheduler with the ``no_buffer`` state-cache strategy (what SGLang's own ``auto``
@@ -160,17 +182,7 @@ def consistent_prefix_cache(server_args, env=os.environ) -> bool:
     no-speculation server's own spread is 0.091). ``LUMOTREE_OVERLAP=1`` keeps the overlap scheduler
     (faster at small batches, with SGLang's cache inconsistency); ``--disable-radix-cache`` needs
     neither. ``--page-size`` > 1 needs SGLang's ``extra_buffer`` strategy: kept, with a warning."""
-    if getattr(server_args, "disable_radix_cache", False) or getattr(server_args, "disable_overlap_schedule", False):
-        return False
-    why = ("SGLang 0.5.17's overlap scheduler (its extra_buffer state cache) serves speculative requests cached "
-           "hybrid states that differ from a fresh prefill (SGLang's NEXTN too)")
-    if env.get(OVERLAP_ENV) == "1":
-        logger.warning("LumoTree: %s=1 keeps the overlap scheduler: %s.", OVERLAP_ENV, why)
-        return False
-    if (getattr(server_args, "page_size", None) or 1) > 1:
-        logger.warning("LumoTree: --page-size %s needs SGLang's extra_buffer state cache and its overlap scheduler: %s. "
-                       "Use --page-size 1 (or --disable-radix-cache) for consistent prefix caching.",
-                       server_args.page_size, why)
+    if not turns_overlap_off(server_args, env, warn=True):
         return False
     fields = dict(disable_overlap_schedule=True, mamba_radix_cache_strategy="no_buffer")
     try:  # SGLang resolves these in a declaration pipeline (last writer wins), materialized after this hook
@@ -185,7 +197,7 @@ def consistent_prefix_cache(server_args, env=os.environ) -> bool:
     for k, v in fields.items():
         object.__setattr__(server_args, k, v)
     logger.info("LumoTree: radix cache on, so the synchronous scheduler (--disable-overlap-schedule) with the "
-                "no_buffer state cache: %s. %s=1 keeps the overlap scheduler.", why, OVERLAP_ENV)
+                "no_buffer state cache: %s. %s=1 keeps the overlap scheduler.", _OVERLAP_WHY, OVERLAP_ENV)
     return True
 
 

@@ -181,7 +181,8 @@ def consistent_prefix_cache(server_args, env=os.environ) -> bool:
     logprob gaps up to 1.59; NEXTN, LUMOTREE and LUMOTREE_SUFFIX without it 16/16, gaps <= 0.073, the
     no-speculation server's own spread is 0.091). ``LUMOTREE_OVERLAP=1`` keeps the overlap scheduler
     (SGLang's default scheduling, with its cache inconsistency; what the synchronous scheduler costs at
-    27B shapes is not measured yet); ``--disable-radix-cache`` needs neither. ``--page-size`` > 1 needs SGLang's ``extra_buffer`` strategy: kept, with a warning."""
+    27B shapes is not measured yet); ``--disable-radix-cache`` needs neither. ``--page-size`` > 1 needs
+    SGLang's ``extra_buffer`` strategy: kept, with a warning."""
     if not turns_overlap_off(server_args, env, warn=True):
         return False
     fields = dict(disable_overlap_schedule=True, mamba_radix_cache_strategy="no_buffer")

@@ -297,6 +297,15 @@ case $CALL in
           --extra=--disable-overlap-schedule --out "$OUT/s-none-sync.json" --port 30100 ) &
     wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
+29) # session 10: the decode-exact verify (LUMOTREE + --enable-deterministic-inference: every node computed as the
+    # one-token decode at its position -- GDN by the decode recurrence along the root path, SGLang's decode conv,
+    # per-node split-KV decode attention). GPU 0: its bitwise GPU tests against SGLang's decode kernels, then the
+    # no-spec reference with the same flags; GPU 1: LUMOTREE and LUMOTREE_SUFFIX. Full suites (parity, replay, agent loop)
+    EXACT="--tag=-exact --extra=--enable-deterministic-inference --extra=--disable-overlap-schedule"
+    ( lane 0 150 python3 -m pytest -q -rf -m gpu test/ops/test_exact_gpu.py
+      lane 0 $((LIMIT - 10 - SECONDS)) $SUITE --configs none $EXACT --out "$OUT/s-exact-0.json" --port 30000 ) &
+    ( lane 1 $((LIMIT - 10)) $SUITE --configs lumotree,lumotree-suffix $EXACT --out "$OUT/s-exact-1.json" --port 30100 ) &
+    wait ;;
 esac
 tail -n 5 "$LOGS"/lane*.out
 tar -C /tmp -czf "$OUT/logs-call$CALL.tgz" logs

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 CUDA = "cuda" in sys.argv[1:]
 CHAIN = "chain" in sys.argv[1:]  # topk 1: SGLang passes no tree links, the drafts are chains
+EXACT = "exact" in sys.argv[1:]  # the decode-exact verify (--enable-deterministic-inference)
 assert CUDA or os.environ.get("TRITON_INTERPRET") == "1"
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
@@ -105,6 +106,9 @@ be.check = CrossCheck()
 report = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"lumotree-emulation-check-{os.getpid()}.json")
 be.check.report = report
 be.check.dump_dir = report[:-5] + "-dump"  # and the tensor dump that benchmark/serving/check_dump.py replays
+be.exact = EXACT
+if EXACT:  # the cross-check compares with SGLang's tree kernel, which the exact verify does not mirror
+    be.check = None
 be.req_to_token_pool = Pool()
 be.scratch = adopt_pool(mamba_pool)
 assert adopt_pool(mamba_pool) is be.scratch  # one scratch per pool, shared by every backend on it
@@ -133,6 +137,8 @@ for li in range(LAYERS):
     q, k, v = torch.split(mixed, [Hk * K, Hk * K, Hv * V], -1)
     q, k, v = q.reshape(B, N, Hk, K), k.reshape(B, N, Hk, K), v.reshape(B, N, Hv, V)
     g, beta = (t[0].reshape(B, N, Hv) for t in gating(layer.A_log, a, b, layer.dt_bias))
+    if EXACT:  # the decode kernel rounds beta to the activations' dtype
+        beta = beta.to(ACT).float()
     ref = naive.gdn_tree_verify(q[:REAL], k[:REAL], v[:REAL], g[:REAL], beta[:REAL], start[li], real_tree,
                                 use_qk_l2norm=True, state_indices=ROWS[:REAL].long())
     assert_close(f"layer {li} verify", ref, o.view(B, N, Hv, V)[:REAL], 5e-3 if CUDA else 1e-4)
@@ -168,6 +174,10 @@ for li, (k, v, g, beta) in enumerate(inputs):
     untouched = sorted(set(range(1, SLOTS + 1)) - {int(r) for r in ROWS[:REAL]})
     for row in untouched:
         assert torch.equal(temporal[li, row], start[li, row]), f"row {row} must stay untouched"
+if EXACT:
+    assert len(scattered) == 2 and torch.equal(scattered[0][3], last)
+    print("backend emulation == references", DEV, "chain" if CHAIN else "tree", "exact")
+    sys.exit(0)
 import json  # noqa: E402
 
 import shutil  # noqa: E402

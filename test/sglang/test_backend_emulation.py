@@ -21,6 +21,18 @@ def test_backend_verify_and_commit_plumbing_in_interpreter(shape, precision, for
     assert f"backend emulation == references cpu {shape}" in out.stdout
 
 
+@pytest.mark.parametrize("shape", ["tree", "chain"])
+def test_backend_decode_exact_verify_and_commit_plumbing_in_interpreter(shape):
+    """The same flow in the decode-exact mode (--enable-deterministic-inference): per-node conv states,
+    the path-recurrent verify, its ring, the decode-tile commit, against the same fp32 references."""
+    pytest.importorskip("sglang")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    script = os.path.join(os.path.dirname(__file__), "backend_emulation.py")
+    out = subprocess.run([sys.executable, script, shape, "exact"], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    assert f"backend emulation == references cpu {shape} exact" in out.stdout
+
+
 @pytest.mark.gpu
 def test_backend_verify_and_commit_on_gpu_at_qwen35_shapes():
     """The same flow on the GPU: Hk=16, Hv=48, K=V=128, bf16 activations, 16-node EAGLE trees."""
@@ -31,3 +43,6 @@ def test_backend_verify_and_commit_on_gpu_at_qwen35_shapes():
         out = subprocess.run([sys.executable, script, "cuda"], env=env, capture_output=True, text=True, timeout=900)
         assert out.returncode == 0, form + "\n" + out.stdout[-3000:] + out.stderr[-6000:]
         assert "backend emulation == references cuda tree" in out.stdout
+    out = subprocess.run([sys.executable, script, "cuda", "exact"], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, "exact\n" + out.stdout[-3000:] + out.stderr[-6000:]
+    assert "backend emulation == references cuda tree exact" in out.stdout

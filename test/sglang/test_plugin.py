@@ -398,3 +398,35 @@ def test_lumotree_servers_resolve_to_the_synchronous_scheduler():
     assert len(lines) == 4, out.stdout[-2000:] + out.stderr[-4000:]
     assert lines[0] == lines[1] == "True no_buffer"
     assert lines[2].startswith("False") and lines[3].startswith("False")
+
+
+EXACT_SCRIPT = r"""
+import sys
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import prepare_server_args
+base = ["--model-path", sys.argv[1], "--device", "cuda", "--speculative-algorithm", "LUMOTREE",
+        "--enable-deterministic-inference"]  # parsing only: nothing touches a GPU
+for extra in ([], ["--attention-backend", "triton"], ["--attention-backend", "flashinfer"],
+              ["--attention-backend", "triton", "--page-size", "16"]):
+    try:
+        sa = prepare_server_args(base + extra)
+        print("RESULT ok", sa.attention_backend, sa.enable_deterministic_inference)
+    except Exception as e:
+        print("RESULT", type(e).__name__, str(e).replace("\n", " "))
+"""
+
+
+def test_deterministic_inference_selects_the_decode_exact_verify_and_checks_its_needs():
+    """LUMOTREE + --enable-deterministic-inference (the decode-exact verify) resolves with SGLang's
+    Triton attention backend and refuses, early and by name, what it cannot serve."""
+    if not os.path.isfile(os.path.join(CKPT, "config.json")):
+        pytest.skip("tiny checkpoint not in this checkout")
+    out = subprocess.run([sys.executable, "-c", EXACT_SCRIPT, CKPT], capture_output=True, text=True, timeout=600,
+                         cwd=ROOT)
+    lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert len(lines) == 4, out.stdout[-2000:] + out.stderr[-4000:]
+    assert "pass --attention-backend triton (none given" in lines[0], lines[0]
+    assert lines[1] == "ok triton True", lines[1]
+    assert "pass --attention-backend triton" in lines[2] and "flashinfer" in lines[2], lines[2]
+    assert "--page-size 1" in lines[3], lines[3]

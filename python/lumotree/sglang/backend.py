@@ -41,6 +41,7 @@ from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearA
 from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 
 from lumotree.sglang.crosscheck import CrossCheck
+from lumotree.sglang.exact import ExactAttention, exact_mode
 from lumotree.tree import ancestor_mask
 
 logger = logging.getLogger(__name__)
@@ -170,11 +171,18 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         self._first_gdn_layer = 1 << 30
         self._cur_tree = None
         self._first_verify_done = False
+        self.exact = False
         self.precision, self.verify_form = served_settings()
         self.commit_form = served_commit_form(verify_form=self.verify_form)
         if not self.lumotree:
             return
         self.scratch = adopt_pool(self.req_to_token_pool.mamba_pool)
+        # --enable-deterministic-inference: every node computed as the one-token decode at its position
+        # (lumotree.sglang.exact); greedy outputs then equal a non-speculative server's, token for token
+        self.exact = exact_mode(model_runner.server_args)
+        if self.exact:
+            logger.info("LumoTree: decode-exact verify (--enable-deterministic-inference): GDN by the decode "
+                        "recurrence along each node's root path, decode conv, per-node decode attention")
         # LUMOTREE_SGLANG_CHECK=1 (diagnostics; eager steps only, i.e. with --disable-cuda-graph):
         # every verify is also run through SGLang's own tree-verify kernel on the same inputs with
         # per-node snapshots, and every commit is compared with the snapshot of the accepted node
@@ -229,6 +237,8 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         bs = T // n
         cache = self.req_to_token_pool.mamba2_layer_cache(layer.layer_id)
         rows = md.mamba_cache_indices[:bs]
+        if self.exact:
+            return self._verify_exact(layer, mixed_qkv, a, b, cache, rows, bs, n)
         x = sg.causal_conv1d_update(
             mixed_qkv.view(bs, n, -1).transpose(1, 2), cache.conv[0], layer.conv_weights, layer.bias,
             layer.activation, conv_state_indices=rows,
@@ -267,6 +277,37 @@ class LumoTreeGDNBackend(GDNAttnBackend):
                               cache.temporal, rows, md, o)
         return o.view(T, Hv, V)
 
+    def _verify_exact(self, layer, mixed_qkv, a, b, cache, rows, bs: int, n: int):
+        """Decode-exact verify of one GDN layer (see :mod:`lumotree.sglang.exact`)."""
+        from lumotree.ops.exact.triton import conv_tree_exact_states, gdn_tree_exact_verify_fwd
+        from sglang.srt.layers.attention.linear import gdn_backend as sg
+
+        md = self.forward_metadata
+        T = bs * n
+        conv = cache.conv[0]
+        inter_rows = self.verify_intermediate_state_indices[:bs]
+        root = conv[rows.clamp(min=0).long()]  # the committed windows, before the tree conv shifts the rows
+        # SGLang's tree conv only for what the commit scatters: every node's window
+        sg.causal_conv1d_update(
+            mixed_qkv.view(bs, n, -1).transpose(1, 2), conv, layer.conv_weights, layer.bias, layer.activation,
+            conv_state_indices=rows, intermediate_conv_window=cache.intermediate_conv_window[0],
+            intermediate_state_indices=inter_rows, retrieve_next_token=md.retrieve_next_token,
+            retrieve_next_sibling=md.retrieve_next_sibling, retrieve_parent_token=md.retrieve_parent_token)
+        parents = md.retrieve_parent_token
+        par = parents[:bs] if parents is not None else chain_parents(bs, n, mixed_qkv.device)
+        states = torch.empty((T, conv.shape[2], conv.shape[1]), dtype=conv.dtype,
+                             device=conv.device).transpose(1, 2)  # feature-contiguous, as the pool
+        conv_tree_exact_states(root, cache.intermediate_conv_window[0][inter_rows.long(), :n], par, out=states)
+        x = sg.causal_conv1d_update(mixed_qkv.reshape(T, -1), states, layer.conv_weights, layer.bias,
+                                    layer.activation,
+                                    conv_state_indices=torch.arange(T, dtype=torch.int32, device=conv.device))
+        sc = self.scratch.layer(self.req_to_token_pool.mamba_map[layer.layer_id])
+        o = gdn_tree_exact_verify_fwd(
+            x, a.reshape(T, -1), b.reshape(T, -1), layer.A_log, layer.dt_bias, cache.temporal, rows,
+            parents[:bs].contiguous() if parents is not None else None, layer.num_k_heads, layer.head_k_dim ** -0.5,
+            ring=sc, ring_rows=inter_rows)
+        return o.view(T, layer.num_v_heads, layer.head_v_dim)
+
     # ------------------------------------------------------------------ commit
     def commit_after_verify(self, last_step: torch.Tensor, track_rows: Optional[torch.Tensor],
                             track_steps: Optional[torch.Tensor]) -> None:
@@ -291,12 +332,20 @@ class LumoTreeGDNBackend(GDNAttnBackend):
                           before=caches.temporal[:, rows.clamp(min=0).long()].clone(),
                           parents=par[:bs] if par is not None else None, track_rows=track_rows,
                           track_steps=track_steps)
-        gdn_tree_commit_layers_fwd(
-            sc.k, sc.v, sc.g, sc.beta, caches.temporal, rows, last_step, par[:bs] if par is not None else None,
-            track_rows[:bs] if track_rows is not None else None, track_steps, use_qk_l2norm=True,
-            ring_rows=self.verify_intermediate_state_indices[:bs],
-            form="replay" if self.commit_form == "knorm" else self.commit_form,
-            k_norm=sc.knorm if self.commit_form == "knorm" else None)
+        if self.exact:  # the decode kernel's tile and warp count: the decode's state, bit for bit
+            from lumotree.ops.exact.triton import gdn_tree_exact_commit_layers_fwd
+
+            gdn_tree_exact_commit_layers_fwd(
+                sc.k, sc.v, sc.g, sc.beta, caches.temporal, rows, last_step, par[:bs] if par is not None else None,
+                track_rows[:bs] if track_rows is not None else None, track_steps,
+                ring_rows=self.verify_intermediate_state_indices[:bs])
+        else:
+            gdn_tree_commit_layers_fwd(
+                sc.k, sc.v, sc.g, sc.beta, caches.temporal, rows, last_step, par[:bs] if par is not None else None,
+                track_rows[:bs] if track_rows is not None else None, track_steps, use_qk_l2norm=True,
+                ring_rows=self.verify_intermediate_state_indices[:bs],
+                form="replay" if self.commit_form == "knorm" else self.commit_form,
+                k_norm=sc.knorm if self.commit_form == "knorm" else None)
         if check:
             self.check.commit(expected, caches.temporal, rows, last_step, **before)
         for conv, window in zip(caches.conv, caches.intermediate_conv_window):
@@ -306,7 +355,20 @@ class LumoTreeGDNBackend(GDNAttnBackend):
 
 
 class LumoTreeHybridBackend(HybridLinearAttnBackend):
-    """``HybridLinearAttnBackend`` whose post-verify state update is LumoTree's replay commit."""
+    """``HybridLinearAttnBackend`` whose post-verify state update is LumoTree's replay commit (and, in
+    the decode-exact mode, whose full-attention verify is one decode query per node)."""
+
+    def forward_extend(self, layer, forward_batch, save_kv_cache: bool = True, q=None, k=None, v=None,
+                       mixed_qkv=None, a=None, b=None, **kwargs):
+        lin = self.linear_attn_backend
+        if (getattr(lin, "exact", False) and forward_batch.forward_mode.is_target_verify()
+                and self._is_full_attn(layer, kwargs.get("layer_id"))):
+            exact = getattr(self, "_exact_attention", None)
+            if exact is None:
+                exact = self._exact_attention = ExactAttention(self.full_attn_backend)
+            return exact.forward(q, k, v, layer, forward_batch, lin.forward_metadata.retrieve_parent_token,
+                                 forward_batch.spec_info.draft_token_num, save_kv_cache)
+        return super().forward_extend(layer, forward_batch, save_kv_cache, q, k, v, mixed_qkv, a, b, **kwargs)
 
     def update_mamba_state_after_mtp_verify(self, last_correct_step_indices, mamba_track_indices,
                                             mamba_steps_to_track, model, req_pool_indices=None):

@@ -118,6 +118,10 @@ def validate_server_args(server_args, algorithm: str = ALGORITHM) -> None:
         merge.validate(sa)
     if sa.device not in ("cuda", None):
         raise ValueError(f"--speculative-algorithm {algorithm} runs its GDN kernels on CUDA (got --device {sa.device}).")
+    from lumotree.sglang import exact
+
+    if exact.exact_mode(sa):
+        exact.validate(sa, algorithm)
 
 
 def configure_server_args(server_args) -> None:

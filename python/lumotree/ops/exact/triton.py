@@ -212,20 +212,20 @@ def tree_decode_kv_fwd_kernel(req_to_token, req_pool_indices, seq_lens, parents,
     for s in range(0, L, BLOCK):
         offs = s + tl.arange(0, BLOCK)
         m = offs < L
-        tl.store(kv_indices + start + offs, tl.load(req_to_token + req * stride_r2t + offs, mask=m).to(tl.int32),
-                 mask=m)
+        tl.store(kv_indices + start + offs,
+                 tl.load(req_to_token + req * stride_r2t + offs, mask=m).to(kv_indices.dtype.element_ty), mask=m)
     anc, d = _root_path(parents, i_t, i_b, NP, BN, HAS_PARENTS)
     o_n = tl.arange(0, BN)
     m = o_n <= d
     locs = tl.load(out_cache_loc + i_b * N + tl.where(m, anc, 0), mask=m)
-    tl.store(kv_indices + start + L + o_n, locs.to(tl.int32), mask=m)
+    tl.store(kv_indices + start + L + o_n, locs.to(kv_indices.dtype.element_ty), mask=m)
 
 
 def tree_decode_kv_fwd(req_to_token, req_pool_indices, seq_lens, parents, out_cache_loc, N: int, depth,
                        kv_indptr=None, kv_indices=None):
     """Device twin of ``naive.tree_decode_kv``; ``depth`` `[B, N]` the nodes' depths (root 0).
-    ``kv_indices`` must hold ``sum(seq_lens) * N + sum(depth + 1)`` entries (no host sync here:
-    size it for the worst case). Returns ``(kv_indptr, kv_indices, kv_lens)``."""
+    ``kv_indices`` (int32 or int64, as SGLang's decode uses) must hold ``sum(seq_lens) * N + sum(depth + 1)``
+    entries (no host sync here: size it for the worst case). Returns ``(kv_indptr, kv_indices, kv_lens)``."""
     B = seq_lens.shape[0]
     lens = (seq_lens.to(torch.int32)[:, None] + depth.to(torch.int32) + 1).reshape(-1)
     if kv_indptr is None:

@@ -296,7 +296,6 @@ case $CALL in
     ( lane 1 $((LIMIT - 10)) $SUITE --configs none --tag=-sync-fp32head --extra=--enable-fp32-lm-head \
           --extra=--disable-overlap-schedule --out "$OUT/s-none-sync.json" --port 30100 ) &
     wait ;;
-*)  echo "unknown call $CALL" >&2; exit 2 ;;
 29) # session 10: the decode-exact verify (LUMOTREE + --enable-deterministic-inference: every node computed as the
     # one-token decode at its position -- GDN by the decode recurrence along the root path, SGLang's decode conv,
     # per-node split-KV decode attention). GPU 0: its bitwise GPU tests against SGLang's decode kernels, then the
@@ -306,6 +305,7 @@ case $CALL in
       lane 0 $((LIMIT - 10 - SECONDS)) $SUITE --configs none $EXACT --out "$OUT/s-exact-0.json" --port 30000 ) &
     ( lane 1 $((LIMIT - 10)) $SUITE --configs lumotree,lumotree-suffix $EXACT --out "$OUT/s-exact-1.json" --port 30100 ) &
     wait ;;
+*)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out
 tar -C /tmp -czf "$OUT/logs-call$CALL.tgz" logs

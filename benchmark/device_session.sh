@@ -300,7 +300,10 @@ case $CALL in
     # one-token decode at its position -- GDN by the decode recurrence along the root path, SGLang's decode conv,
     # per-node split-KV decode attention). GPU 0: its bitwise GPU tests against SGLang's decode kernels, then the
     # no-spec reference with the same flags; GPU 1: LUMOTREE and LUMOTREE_SUFFIX. Full suites (parity, replay, agent loop)
-    EXACT="--tag=-exact --extra=--enable-deterministic-inference --extra=--disable-overlap-schedule"
+    # (SGLang's batch-invariant matmul JIT-compiles DeepGEMM, whose headers the bundle leaves out: its Triton
+    # persistent matmul instead, on both servers)
+    EXACT="--tag=-exact --extra=--enable-deterministic-inference --extra=--disable-overlap-schedule \
+           --env SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_DEEPGEMM=0"
     ( lane 0 150 python3 -m pytest -q -rf -m gpu test/ops/test_exact_gpu.py
       lane 0 $((LIMIT - 10 - SECONDS)) $SUITE --configs none $EXACT --out "$OUT/s-exact-0.json" --port 30000 ) &
     ( lane 1 $((LIMIT - 10)) $SUITE --configs lumotree,lumotree-suffix $EXACT --out "$OUT/s-exact-1.json" --port 30100 ) &

@@ -122,7 +122,7 @@ def test_tree_decode_attention_equals_sglang_decode_bitwise():
     B, N, Hq, Hkv, D, tile = 3, 8, 4, 2, 64, 256
     par = torch.tensor(PARENTS, device="cuda")
     ctx = 1200
-    slots = 4096
+    slots = 8192
     kbuf = torch.randn(slots, Hkv, D, generator=g).to(torch.bfloat16).cuda()
     vbuf = torch.randn(slots, Hkv, D, generator=g).to(torch.bfloat16).cuda()
     r2t = torch.randperm(slots - 100, generator=g)[: 4 * ctx].reshape(4, ctx).int().cuda()

@@ -230,7 +230,7 @@ def tree_decode_kv_fwd(req_to_token, req_pool_indices, seq_lens, parents, out_ca
     lens = (seq_lens.to(torch.int32)[:, None] + depth.to(torch.int32) + 1).reshape(-1)
     if kv_indptr is None:
         kv_indptr = torch.zeros(B * N + 1, dtype=torch.int32, device=seq_lens.device)
-    kv_indptr[0] = 0
+    kv_indptr[:1].zero_()  # (no host-to-device copy: runs inside CUDA graph capture)
     torch.cumsum(lens, 0, out=kv_indptr[1: B * N + 1])
     if parents is not None and not parents.is_contiguous():
         parents = parents.contiguous()

@@ -308,6 +308,13 @@ case $CALL in
       lane 0 $((LIMIT - 10 - SECONDS)) $SUITE --configs none $EXACT --out "$OUT/s-exact-0.json" --port 30000 ) &
     ( lane 1 $((LIMIT - 10)) $SUITE --configs lumotree,lumotree-suffix $EXACT --out "$OUT/s-exact-1.json" --port 30100 ) &
     wait ;;
+30) # session 10: call 29's speculative servers, one per GPU (call 29 ran the reference; its LUMOTREE servers failed
+    # to capture: a host-to-device copy in the KV layout, fixed)
+    EXACT="--tag=-exact --extra=--enable-deterministic-inference --extra=--disable-overlap-schedule \
+           --env SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_DEEPGEMM=0"
+    ( lane 0 $((LIMIT - 10)) $SUITE --configs lumotree $EXACT --out "$OUT/s-exact-1.json" --port 30000 ) &
+    ( lane 1 $((LIMIT - 10)) $SUITE --configs lumotree-suffix $EXACT --out "$OUT/s-exact-2.json" --port 30100 ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

@@ -315,6 +315,14 @@ case $CALL in
     ( lane 0 $((LIMIT - 10)) $SUITE --configs lumotree $EXACT --out "$OUT/s-exact-1.json" --port 30000 ) &
     ( lane 1 $((LIMIT - 10)) $SUITE --configs lumotree-suffix $EXACT --out "$OUT/s-exact-2.json" --port 30100 ) &
     wait ;;
+31) # session 10: call 30 found LUMOTREE's exact-mode agent loop 4/5 (one reply parted at an exact tie, margin 0.0),
+    # but only the reference had asked for logprobs; now every configuration sends the same requests (with logprobs)
+    # and the turns record cached tokens. GPU 0: the reference, then SGLang's NEXTN under the same flags; GPU 1: LumoTree
+    EXACT="--tag=-exact --extra=--enable-deterministic-inference --extra=--disable-overlap-schedule \
+           --env SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_DEEPGEMM=0"
+    ( lane 0 $((LIMIT - 10)) $SUITE --configs none,nextn-tree $EXACT --out "$OUT/s-exact-0.json" --port 30000 ) &
+    ( lane 1 $((LIMIT - 10)) $SUITE --configs lumotree,lumotree-suffix $EXACT --out "$OUT/s-exact-1.json" --port 30100 ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

@@ -71,8 +71,9 @@ def run(args):
                     rp.update(summary=replay.summarize(rows) if rows else None, turns=rows)
                     print(json.dumps({name: "replay done"}), flush=True)
                     try:
-                        ag["sessions"] = agent_loop.workload(url, args.agent_turns, args.agent_tokens,
-                                                             margins=config == "none")
+                        # every configuration sends the same requests (with the top-2 logprobs the comparison
+                        # reads): until session 10 only the no-spec reference asked for logprobs
+                        ag["sessions"] = agent_loop.workload(url, args.agent_turns, args.agent_tokens, margins=True)
                     except Exception as e:
                         ag["error"] = repr(e)[:2000]
                 try:

@@ -76,7 +76,9 @@ def run_session(client, task: str, turns: int, max_tokens: int, root: str, margi
                                            **extra)
         reply = r.choices[0].message.content or ""
         msgs.append({"role": "assistant", "content": reply})
-        stats.append(dict(prompt_tokens=r.usage.prompt_tokens, completion_tokens=r.usage.completion_tokens))
+        details = getattr(r.usage, "prompt_tokens_details", None)
+        stats.append(dict(prompt_tokens=r.usage.prompt_tokens, completion_tokens=r.usage.completion_tokens,
+                          cached_tokens=getattr(details, "cached_tokens", None) if details is not None else None))
         if margins:
             stats[-1]["margins"] = reply_margins(r.choices[0])
         out = tool(reply.splitlines()[0] if reply.strip() else "", root)

@@ -334,7 +334,7 @@ def test_suite_runs_the_abort_step_last_and_keeps_texts_when_it_fails(tmp_path, 
                               max_turns=1, replay_new_tokens=2, agent_turns=1, agent_tokens=2, log_dir=str(tmp_path),
                               parity_only=False, out=str(tmp_path / "s.json"))
     res = suite.run(args)
-    assert order == ["start", ("parity", False), "replay", ("agent", dict(margins=False)), "abort", "stop"]
+    assert order == ["start", ("parity", False), "replay", ("agent", dict(margins=True)), "abort", "stop"]  # every config: same requests
     p = res["parity"]["runs"]["lumotree"]
     assert "no answer" in p["abort_error"] and "error" not in p
     assert res["parity"]["texts"]["lumotree"] == ["t", "t"]

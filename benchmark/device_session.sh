@@ -323,6 +323,19 @@ case $CALL in
     ( lane 0 $((LIMIT - 10)) $SUITE --configs none,nextn-tree $EXACT --out "$OUT/s-exact-0.json" --port 30000 ) &
     ( lane 1 $((LIMIT - 10)) $SUITE --configs lumotree,lumotree-suffix $EXACT --out "$OUT/s-exact-1.json" --port 30100 ) &
     wait ;;
+32) # session 10: LUMOTREE's exact-mode agent loop parts from no-spec once (4/5, at an exact tie, the last turn of
+    # session 0; LUMOTREE_SUFFIX 5/5): are the turns' cached prefixes the same on both servers (--enable-cache-report:
+    # cached tokens per turn)? GPU 0 then: the MTP + suffix merged tree (LUMOTREE_SUFFIX_MERGE=1) in exact mode
+    EXACT="--extra=--enable-deterministic-inference --extra=--disable-overlap-schedule"
+    NODG="SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_DEEPGEMM=0"
+    ( lane 0 200 $SUITE --configs none --agent-only --tag=-exact-cr $EXACT --extra=--enable-cache-report --env $NODG \
+          --out "$OUT/s-cr-0.json" --port 30000
+      lane 0 $((LIMIT - 10 - SECONDS)) $SUITE --configs lumotree --tag=-merge-exact $EXACT \
+          --env $NODG LUMOTREE_SUFFIX_MERGE=1 --out "$OUT/s-merge-exact.json" --port 30000 ) &
+    ( lane 1 200 $SUITE --configs lumotree --agent-only --tag=-exact-cr $EXACT --extra=--enable-cache-report --env $NODG \
+          --out "$OUT/s-cr-1.json" --port 30100
+      lane 1 $((LIMIT - 10 - SECONDS)) python3 test/sglang/backend_emulation.py cuda exact ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

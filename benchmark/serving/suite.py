@@ -59,10 +59,13 @@ def run(args):
                 p["ready_s"] = round(time.time() - t0, 1)
                 # the abort step runs last: a server that hangs after an abort (seen once, no
                 # speculation) then costs only that step's measurement
-                p.update(parity.workload(url, P, args.max_new_tokens, res["parity"]["texts"], name, abort=False))
-                json.dump(res, open(args.out, "w"), indent=1)
-                print(json.dumps({name: "parity done"}), flush=True)
-                if not args.parity_only:
+                if not args.agent_only:
+                    p.update(parity.workload(url, P, args.max_new_tokens, res["parity"]["texts"], name, abort=False))
+                    json.dump(res, open(args.out, "w"), indent=1)
+                    print(json.dumps({name: "parity done"}), flush=True)
+                if args.agent_only:
+                    ag["sessions"] = agent_loop.workload(url, args.agent_turns, args.agent_tokens, margins=True)
+                elif not args.parity_only:
                     rows = []
                     try:
                         replay.workload(url, tok, sessions, args.max_turns, args.replay_new_tokens, rows)
@@ -77,7 +80,8 @@ def run(args):
                     except Exception as e:
                         ag["error"] = repr(e)[:2000]
                 try:
-                    p.update(parity.abort_and_sample(url, P, res["parity"]["texts"], name))
+                    if not args.agent_only:
+                        p.update(parity.abort_and_sample(url, P, res["parity"]["texts"], name))
                 except Exception as e:
                     p["abort_error"] = repr(e)[:2000]
         except Exception as e:  # keep what was measured; the log says the rest
@@ -132,6 +136,7 @@ def main():
     ap.add_argument("--agent-tokens", type=int, default=96)
     ap.add_argument("--log-dir", default=".")
     ap.add_argument("--parity-only", action="store_true")
+    ap.add_argument("--agent-only", action="store_true", help="only the agent loop (diagnostics)")
     ap.add_argument("--tag", default="", help="suffix of the run names (variants of one config)")
     ap.add_argument("--env", nargs="*", default=[], help="KEY=VALUE for the server process")
     ap.add_argument("--extra", nargs="*", action="extend", default=[],

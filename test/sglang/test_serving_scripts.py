@@ -332,7 +332,7 @@ def test_suite_runs_the_abort_step_last_and_keeps_texts_when_it_fails(tmp_path, 
     args = argparse.Namespace(model=model, configs="lumotree", tag="", extra=[], env=[], port=30000, prompts=2,
                               max_new_tokens=4, sessions_file=os.path.join(os.path.dirname(suite.__file__), "..", "workloads", "agent_sessions.json"), sessions=1,
                               max_turns=1, replay_new_tokens=2, agent_turns=1, agent_tokens=2, log_dir=str(tmp_path),
-                              parity_only=False, out=str(tmp_path / "s.json"))
+                              parity_only=False, agent_only=False, out=str(tmp_path / "s.json"))
     res = suite.run(args)
     assert order == ["start", ("parity", False), "replay", ("agent", dict(margins=True)), "abort", "stop"]  # every config: same requests
     p = res["parity"]["runs"]["lumotree"]

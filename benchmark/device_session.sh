@@ -336,6 +336,16 @@ case $CALL in
           --out "$OUT/s-cr-1.json" --port 30100
       lane 1 $((LIMIT - 10 - SECONDS)) python3 test/sglang/backend_emulation.py cuda exact ) &
     wait ;;
+33) # session 10 (staged): the cached prefix of each agent turn on LUMOTREE's and NEXTN's exact-mode servers (the reference's
+    # is in call 32: session 0's last turn matched 583 of 709 tokens); where they differ from the reference's, the
+    # single agent-loop difference (an exact tie) is the prefill's start, not the verify
+    EXACT="--extra=--enable-deterministic-inference --extra=--disable-overlap-schedule --extra=--enable-cache-report"
+    NODG="SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_DEEPGEMM=0"
+    ( lane 0 $((LIMIT - 10)) $SUITE --configs lumotree --agent-only --tag=-exact-cr $EXACT --env $NODG \
+          --out "$OUT/s-cr-1.json" --port 30000 ) &
+    ( lane 1 $((LIMIT - 10)) $SUITE --configs nextn-tree,lumotree-suffix --agent-only --tag=-exact-cr $EXACT --env $NODG \
+          --out "$OUT/s-cr-2.json" --port 30100 ) &
+    wait ;;
 *)  echo "unknown call $CALL" >&2; exit 2 ;;
 esac
 tail -n 5 "$LOGS"/lane*.out

@@ -83,10 +83,15 @@ def serve(args, rest) -> int:
     unknown flag) is passed through to SGLang unchanged."""
     import os
 
+    exact = []
+    if args.exact:  # the decode-exact verify (lumotree.sglang.exact) runs on SGLang's Triton attention backend
+        exact = ["--enable-deterministic-inference"]
+        if not any(r == "--attention-backend" or r.startswith("--attention-backend=") for r in rest):
+            exact += ["--attention-backend", "triton"]
     cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model_path,
            "--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", str(args.steps),
            "--speculative-eagle-topk", str(args.topk), "--speculative-num-draft-tokens", str(args.draft_tokens),
-           *rest]
+           *exact, *rest]
     print(" ".join(cmd), flush=True)
     if args.dry_run:
         return 0
@@ -111,6 +116,9 @@ def main(argv=None) -> int:
     s.add_argument("--steps", type=int, default=3, help="--speculative-num-steps (tree depth)")
     s.add_argument("--topk", type=int, default=2, help="--speculative-eagle-topk (branching)")
     s.add_argument("--draft-tokens", type=int, default=6, help="--speculative-num-draft-tokens (tree nodes)")
+    s.add_argument("--exact", action="store_true", help="greedy outputs token-identical to the server without "
+                   "speculation (--enable-deterministic-inference: every draft node computed as the one-token decode "
+                   "at its position; slower); run the reference with the same SGLang flags")
     s.add_argument("--dry-run", action="store_true", help="print the SGLang command and exit")
     args, rest = ap.parse_known_args(argv)
     if rest and rest[0] == "--":

@@ -17,9 +17,13 @@ process):
 ``LUMOTREE_SUFFIX`` (:mod:`lumotree.sglang.suffix`) is the model-free variant: SGLang's NGRAM loop
 with LumoTree's suffix-tree drafter, for agent workloads and for models without an MTP layer.
 
+With ``--enable-deterministic-inference`` a LUMOTREE / LUMOTREE_SUFFIX server verifies
+*decode-exactly* (:mod:`lumotree.sglang.exact`): every draft node is computed as the one-token decode
+at its position, so greedy outputs equal the server without speculation (same flags) token for token.
+
 Validation (:func:`validate_server_args`) fails at argument parsing, before any weights load:
 non-hybrid models, unsupported layer types (named), a model without an MTP layer, and flags
-LUMOTREE cannot honour.
+LUMOTREE cannot honour (also those the decode-exact mode cannot: :func:`lumotree.sglang.exact.validate`).
 """
 from __future__ import annotations
 

@@ -71,3 +71,15 @@ def test_exact_attention_refuses_what_it_cannot_mirror():
     with pytest.raises(RuntimeError, match="no decode context parallelism, MLA or sliding window"):
         ExactAttention(fa)
     ExactAttention(TritonAttnBackend())
+
+
+def test_exact_attention_names_the_flags_when_the_kv_lists_would_not_fit():
+    import torch
+
+    from lumotree.sglang.exact import ExactAttention
+
+    fa = TritonAttnBackend()
+    fa.max_context_len = 262144
+    fb = SimpleNamespace(seq_lens=torch.zeros(256, dtype=torch.int32))  # 256 x 16 x 262k x 8 B = 8 GiB
+    with pytest.raises(RuntimeError, match="lower --context-length, --cuda-graph-max-bs"):
+        ExactAttention(fa)._layout(3, fb, None, 16)

@@ -28,6 +28,7 @@ import torch
 from lumotree.tree import ancestor_mask
 
 EXACT_ATTENTION_BACKENDS = ("triton",)
+KV_LIST_LIMIT_BYTES = 4 << 30
 
 
 def exact_mode(server_args) -> bool:
@@ -86,6 +87,13 @@ class ExactAttention:
             else:
                 depth = torch.arange(n, device=dev)[None].expand(bs, n)
             T = bs * n
+            need = T * (fa.max_context_len + n) * 8  # every node's list may span the whole context
+            if need > KV_LIST_LIMIT_BYTES:
+                raise RuntimeError(
+                    f"LumoTree's decode-exact verify lays out one KV slot list per draft node: {bs} requests x {n} nodes x "
+                    f"{fa.max_context_len} context tokens needs {need / 2**30:.1f} GiB of indices (limit "
+                    f"{KV_LIST_LIMIT_BYTES / 2**30:.0f} GiB); lower --context-length, --cuda-graph-max-bs or "
+                    f"--speculative-num-draft-tokens")
             kv_indices = torch.empty(T * (fa.max_context_len + n), dtype=torch.int64, device=dev)
             kv_indptr, kv_indices, lens = tree_decode_kv_fwd(
                 fa.req_to_token, forward_batch.req_pool_indices, forward_batch.seq_lens, par,

@@ -191,7 +191,7 @@ def conv_tree_exact_states(root_state, windows, parents, out=None):
     par = parents.long().clamp(min=0)
     par = torch.where(torch.arange(N, device=par.device)[None] > 0, par, 0)
     idx = par[:, :, None, None].expand(B, N, windows.shape[2], windows.shape[3])
-    st = torch.gather(windows[:, :N] if windows.shape[1] != N else windows, 1, idx)
+    st = torch.gather(windows[:, :N], 1, idx)
     st[:, 0] = root_state
     if out is None:
         return st

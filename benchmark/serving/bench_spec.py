@@ -19,11 +19,10 @@ fixed trees whose first branch carries the target's recorded greedy continuation
 probability P; each batch is sent twice and the second pass is measured (the first records the
 continuation).
 
-Scheduler: ``--scheduler overlap`` (default) runs every configuration with SGLang's overlap scheduler --
-LumoTree servers get ``LUMOTREE_OVERLAP=1``, since by default they turn it off while the radix cache is on
-(``lumotree.sglang.plugin.consistent_prefix_cache``) -- so the rows compare like with like and with the
-rows of earlier sessions; ``--scheduler sync`` adds ``--disable-overlap-schedule`` to every configuration
-(LumoTree's default serving mode).
+Scheduler: ``--scheduler default`` runs every server as its flags alone make it (SGLang's servers with its
+overlap scheduler; LumoTree's with the synchronous one while the radix cache is on,
+``lumotree.sglang.plugin.consistent_prefix_cache``); ``overlap`` forces SGLang's overlap scheduler on every
+configuration (LumoTree with ``LUMOTREE_OVERLAP=1``), ``sync`` adds ``--disable-overlap-schedule`` to every one.
 """
 from __future__ import annotations
 
@@ -73,6 +72,14 @@ CONFIGS = {
     "lumotree-topk2": spec("LUMOTREE", 3, 2, 6),
     "nextn-topk4": spec("NEXTN", 3, 4, 8),
     "lumotree-topk4": spec("LUMOTREE", 3, 4, 8),
+    # SGLang's other speculative paths for hybrid models: its replay commit for chains, its adaptive chain
+    # (steps 0-7 per batch, from its default per-batch config), its model-free n-gram drafter
+    "nextn-chain-replayssm": spec("NEXTN", 3, 1, 4) + ["--enable-linear-replayssm-spec"],
+    "nextn-chain-adaptive": spec("NEXTN", 3, 1, 4) + ["--speculative-adaptive"],
+    "ngram": ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"],
+    # LUMOTREE is adaptive by default (the tree or no draft, per step); this serves the tree on every step
+    "lumotree-topk2-fixed": spec("LUMOTREE", 3, 2, 6) + [
+        "--speculative-adaptive-config", os.path.join(HERE, "fixed_tree.json")],
 }
 
 
@@ -219,9 +226,10 @@ def main():
     ap.add_argument("--profile-dir", default=None,
                     help="after the measured pass, profile --profile-steps steps (torch profiler, CPU+GPU) at the "
                          "batch sizes in --profile-batches; summarise with profile_summary.py")
-    ap.add_argument("--scheduler", choices=("overlap", "sync"), default="overlap",
-                    help="overlap: SGLang's overlap scheduler for every configuration (LumoTree with LUMOTREE_OVERLAP=1); "
-                         "sync: --disable-overlap-schedule for every configuration (LumoTree's default with the radix cache)")
+    ap.add_argument("--scheduler", choices=("default", "overlap", "sync"), default="default",
+                    help="default: each server as its flags alone make it (what a user gets); overlap: SGLang's overlap "
+                         "scheduler for every configuration (LumoTree with LUMOTREE_OVERLAP=1); sync: "
+                         "--disable-overlap-schedule for every configuration")
     ap.add_argument("--profile-batches", default="1,8")
     ap.add_argument("--profile-steps", type=int, default=30)
     args = ap.parse_args()
@@ -321,7 +329,7 @@ def request_spread(outs, wall):
 def label(config, scheduler):
     """A configuration's name in tables and the servers map: rows without the scheduler field ran with
     SGLang's overlap scheduler (every session before 9)."""
-    return config if scheduler in (None, "overlap") else f"{config} [{scheduler}]"
+    return config if scheduler in (None, "default") else f"{config} [{scheduler}]"
 
 
 def table(rows, memory=None):

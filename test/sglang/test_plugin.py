@@ -438,3 +438,40 @@ def test_deterministic_inference_selects_the_decode_exact_verify_and_checks_its_
     assert lines[1] == "ok triton True", lines[1]
     assert "pass --attention-backend triton" in lines[2] and "flashinfer" in lines[2], lines[2]
     assert "--page-size 1" in lines[3], lines[3]
+
+
+ADAPTIVE_SCRIPT = r"""
+import json, sys
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import prepare_server_args
+from lumotree.sglang.plugin import adaptive_tree_size
+base = ["--model-path", sys.argv[1], "--device", "cuda", "--attention-backend", "triton",
+        "--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+        "--speculative-num-draft-tokens", "6"]  # parsing only: nothing touches a GPU
+bad = sys.argv[2] + "/bad.json"
+json.dump({"candidate_steps": [0, 2]}, open(bad, "w"))
+for extra in ([], ["--speculative-adaptive"], ["--speculative-adaptive-config", bad],
+              ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive"]):
+    try:
+        sa = prepare_server_args(base + extra)
+        print("RESULT ok", adaptive_tree_size(sa), sa.speculative_adaptive, sa.speculative_num_draft_tokens)
+    except Exception as e:
+        print("RESULT", type(e).__name__, str(e).replace("\n", " "))
+"""
+
+
+def test_lumotree_is_adaptive_by_default_and_checks_the_adaptive_flags(tmp_path):
+    """A LUMOTREE server chooses its tree size per step by default; ``--speculative-adaptive`` is
+    accepted (and SGLang's chain-only controller kept off, so its draft-token sizing does not apply to
+    the tree); a config naming a tree it cannot serve, and the flag on LUMOTREE_SUFFIX, fail at parsing."""
+    if not os.path.isfile(os.path.join(CKPT, "config.json")):
+        pytest.skip("tiny checkpoint not in this checkout")
+    out = subprocess.run([sys.executable, "-c", ADAPTIVE_SCRIPT, CKPT, str(tmp_path)], capture_output=True,
+                         text=True, timeout=600, cwd=ROOT)
+    lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert len(lines) == 4, out.stdout[-2000:] + out.stderr[-4000:]
+    assert lines[0] == "ok True False 6", lines[0]
+    assert lines[1] == "ok True False 6", lines[1]
+    assert "--speculative-adaptive-config" in lines[2] and "candidate_steps [2] cannot be served" in lines[2], lines[2]
+    assert "--speculative-adaptive" in lines[3] and "LUMOTREE_SUFFIX drafts a fixed tree size" in lines[3], lines[3]

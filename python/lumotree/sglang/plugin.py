@@ -92,7 +92,12 @@ def validate_server_args(server_args, algorithm: str = ALGORITHM) -> None:
         raise ValueError(f"--speculative-algorithm {algorithm} is incompatible with --enable-linear-replayssm "
                          "(the decode ring owns the same state storage with another protocol).")
     if getattr(sa, "speculative_adaptive", False):
-        raise ValueError(f"--speculative-algorithm {algorithm} does not support --speculative-adaptive yet.")
+        if algorithm != ALGORITHM:
+            raise ValueError(f"--speculative-adaptive: the adaptive tree size serves the MTP tree of "
+                             f"--speculative-algorithm {ALGORITHM}; {algorithm} drafts a fixed tree size.")
+        # LUMOTREE's tree size is adaptive by default (lumotree.sglang.adaptive); SGLang's own controller
+        # (EAGLE chains) must not run as well
+        object.__setattr__(sa, "speculative_adaptive", False)
     if getattr(sa, "disaggregation_mode", "null") not in (None, "null"):
         raise ValueError(f"--speculative-algorithm {algorithm} does not support PD disaggregation "
                          f"(--disaggregation-mode {sa.disaggregation_mode}).")
@@ -210,13 +215,28 @@ def consistent_prefix_cache(server_args, env=os.environ) -> bool:
     return True
 
 
+def adaptive_tree_size(server_args) -> bool:
+    """Whether a LUMOTREE server chooses its tree size per step (:mod:`lumotree.sglang.adaptive`): by
+    default, except with ``--enable-multi-layer-eagle``, the merged MTP + suffix tree
+    (``LUMOTREE_SUFFIX_MERGE=1``) and the decode-exact mode, which serve the configured tree."""
+    from lumotree.sglang import exact, merge
+
+    return not (getattr(server_args, "enable_multi_layer_eagle", False) or merge.enabled()
+                or exact.exact_mode(server_args))
+
+
 def _worker_factory(server_args):
     """The worker: SGLang's EAGLE V2 worker (MTP drafting, tree building, selection, KV bookkeeping),
-    with LumoTree's backend doing the GDN verify and commit underneath."""
+    with LumoTree's backend doing the GDN verify and commit underneath, and the adaptive tree size
+    (:mod:`lumotree.sglang.worker`)."""
     if getattr(server_args, "enable_multi_layer_eagle", False):
         from sglang.srt.speculative.multi_layer_eagle_worker_v2 import MultiLayerEagleWorkerV2
 
         return MultiLayerEagleWorkerV2
+    if adaptive_tree_size(server_args):
+        from lumotree.sglang.worker import worker_class
+
+        return worker_class()
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
     return EAGLEWorkerV2
@@ -256,6 +276,11 @@ def _spec_class():
 
             _handle_eagle_family(server_args)
             configure_server_args(server_args)
+            if adaptive_tree_size(server_args):
+                from lumotree.sglang.adaptive import candidate_steps
+
+                logger.info("LumoTree: adaptive tree size over %s draft steps (0 = no draft)",
+                            candidate_steps(server_args))  # a bad --speculative-adaptive-config fails here
 
     return LumoTreeSpecAlgo
 

@@ -1,0 +1,165 @@
+"""Adaptive tree size: each decode step of a LUMOTREE server picks its draft tree -- the configured
+tree or none (a one-token verify, i.e. a plain decode step) -- from the running batch and the
+measured acceptance, with a cost model of step time per (batch, tree size) measured while serving.
+
+Why: a speculative step costs more than a decode step, and the gap grows with the batch (the
+verify's tokens scale with ``batch x tree`` while a decode step is weight-bound). At acceptance
+``a`` (accepted draft tokens per step) a tree pays only while
+``(1 + a) / T_tree(batch) > 1 / T_none(batch)``; SGLang 0.5.17's ``--speculative-adaptive`` makes a
+similar choice for EAGLE chains from a hand-written per-batch config. This policy needs no config:
+
+* the **cost model** ``T[c][bucket]`` is an exponential moving average of the wall time of decode
+  steps served with tree size ``c`` at that batch bucket (batches padded to powers of two, as CUDA
+  graphs are). Wall time between consecutive decode steps is what a user waits for: the target
+  forward, drafting, selection, commit and the scheduler's host work of the step;
+* the **acceptance** ``a`` is an moving average of the accepted drafts per request over the steps that drafted;
+* a bucket first **explores** (every candidate ``MIN_SAMPLES`` times), then serves the candidate
+  of most tokens per second, switching only past a ``MARGIN`` (hysteresis), and every
+  ``PROBE_EVERY`` steps serves the other candidate once so that both estimates stay current.
+
+Pure Python and host-only (the step times and accept lengths it reads are on the host already): the
+worker (:mod:`lumotree.sglang.worker`) calls :meth:`TreeSizePolicy.choose` before a decode step,
+:meth:`~TreeSizePolicy.observe_time` with the previous step's wall time and
+:meth:`~TreeSizePolicy.observe_accept` when SGLang has the accept lengths on the host.
+
+Candidates are tree sizes named by their draft steps (SGLang's runtime states are keyed by steps):
+``0`` = no draft, and the server's ``--speculative-num-steps`` tree. ``--speculative-adaptive-config
+FILE`` (JSON ``{"candidate_steps": [...]}``, a subset of those two) restricts them; one candidate
+serves a fixed tree.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from typing import Dict, List, Optional, Sequence
+
+logger = logging.getLogger(__name__)
+
+EMA = 0.2  # weight of a new sample in the step-time and acceptance averages
+MIN_SAMPLES = 3  # step-time samples per candidate and bucket before the policy trusts the bucket
+MARGIN = 0.03  # switch only when the other candidate is this much faster (tokens per second)
+PROBE_EVERY = 64  # steps of a bucket between probes of the candidate not chosen
+
+
+def bucket(batch: int) -> int:
+    """The batch bucket a step's time is kept under: the next power of two (CUDA-graph padding)."""
+    return 1 << max(0, int(batch) - 1).bit_length()
+
+
+def _ema(old: Optional[float], new: float) -> float:
+    return new if old is None else (1 - EMA) * old + EMA * new
+
+
+@dataclasses.dataclass
+class _Bucket:
+    time: Dict[int, Optional[float]]
+    samples: Dict[int, int]
+    chosen: Optional[int] = None
+    since_probe: int = 0
+
+
+class TreeSizePolicy:
+    """Chooses the draft steps of each decode step; see the module docstring.
+
+    Args:
+        candidates (Sequence[int]): draft steps the server can serve (``0`` = no draft).
+        prior_accept (float): accepted drafts per request assumed before any drafted step.
+    """
+
+    def __init__(self, candidates: Sequence[int], prior_accept: Optional[float] = None):
+        cands = sorted(set(int(c) for c in candidates))
+        if not cands or cands[0] < 0:
+            raise ValueError(f"candidate draft steps must be non-negative integers, got {list(candidates)}")
+        self.candidates: List[int] = cands
+        self.accept: Optional[float] = prior_accept
+        self.buckets: Dict[int, _Bucket] = {}
+
+    # ------------------------------------------------------------------ estimates
+    def tokens_per_step(self, steps: int) -> float:
+        """Expected tokens a request gains per step with ``steps`` draft steps."""
+        if steps == 0:
+            return 1.0
+        return 1.0 + (self.accept if self.accept is not None else 0.0)
+
+    def _bucket(self, batch: int) -> _Bucket:
+        b = bucket(batch)
+        if b not in self.buckets:
+            self.buckets[b] = _Bucket({c: None for c in self.candidates}, {c: 0 for c in self.candidates})
+        return self.buckets[b]
+
+    def observe_time(self, batch: int, steps: int, seconds: float) -> None:
+        """Wall time of one decode step of ``batch`` requests served with ``steps`` draft steps."""
+        if steps not in self.candidates or not seconds > 0:
+            return
+        st = self._bucket(batch)
+        st.time[steps] = _ema(st.time[steps], seconds)
+        st.samples[steps] += 1
+
+    def observe_accept(self, steps: int, accepted_drafts: Sequence[int]) -> None:
+        """Accepted draft tokens per request of one step served with ``steps`` draft steps."""
+        if steps == 0 or not accepted_drafts:
+            return
+        self.accept = _ema(self.accept, sum(accepted_drafts) / len(accepted_drafts))
+
+    def rate(self, batch: int, steps: int) -> Optional[float]:
+        """Estimated tokens per second of the batch with ``steps``; ``None`` before a time sample."""
+        t = self._bucket(batch).time[steps]
+        return None if t is None else bucket(batch) * self.tokens_per_step(steps) / t
+
+    # ------------------------------------------------------------------ decision
+    def choose(self, batch: int) -> int:
+        """The draft steps of the next decode step of ``batch`` requests."""
+        if len(self.candidates) == 1:
+            return self.candidates[0]
+        st = self._bucket(batch)
+        unexplored = [c for c in self.candidates if st.samples[c] < MIN_SAMPLES]
+        if unexplored:  # fewest samples first; drafting first, which also measures the acceptance
+            return min(unexplored, key=lambda c: (st.samples[c], -c))
+        best = max(self.candidates, key=lambda c: self.rate(batch, c))
+        if st.chosen is not None and st.chosen != best and \
+                self.rate(batch, best) < (1 + MARGIN) * self.rate(batch, st.chosen):
+            best = st.chosen  # hysteresis
+        if best != st.chosen:
+            logger.info("LumoTree adaptive: batch bucket %d -> %s (%s; accept %.2f)", bucket(batch),
+                        "no draft" if best == 0 else f"{best}-step tree",
+                        ", ".join(f"{c}: {self.rate(batch, c):.0f} tok/s" for c in self.candidates),
+                        self.accept or 0.0)
+            st.chosen = best
+        st.since_probe += 1
+        if st.since_probe >= PROBE_EVERY:
+            st.since_probe = 0
+            others = [c for c in self.candidates if c != best]
+            return min(others, key=lambda c: st.samples[c])
+        return best
+
+    def table(self) -> dict:
+        """The model as it stands: per bucket, the step-time estimates (ms) and the choice."""
+        return {"accept": self.accept, "buckets": {
+            b: {"chosen": st.chosen, "step_ms": {c: None if t is None else round(t * 1e3, 3) for c, t in st.time.items()},
+                "samples": dict(st.samples)} for b, st in sorted(self.buckets.items())}}
+
+
+def candidate_steps(server_args) -> List[int]:
+    """The draft steps a LUMOTREE server may serve: ``[0, --speculative-num-steps]``, or those of
+    ``--speculative-adaptive-config`` (``{"candidate_steps": [...]}``). Raises ``ValueError`` naming
+    the flag for a config that cannot be served."""
+    steps = int(server_args.speculative_num_steps or 0)
+    full = [0, steps] if steps > 0 else [0]
+    path = getattr(server_args, "speculative_adaptive_config", None)
+    if not path:
+        return full
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--speculative-adaptive-config {path}: cannot read it as JSON ({e})") from None
+    got = cfg.get("candidate_steps") if isinstance(cfg, dict) else None
+    if not isinstance(got, list) or not got or not all(isinstance(s, int) and not isinstance(s, bool) for s in got):
+        raise ValueError(f"--speculative-adaptive-config {path}: a LUMOTREE server reads "
+                         f'{{"candidate_steps": [...]}} with draft steps from {full}; got {cfg!r}')
+    bad = sorted(set(got) - set(full))
+    if bad:
+        raise ValueError(f"--speculative-adaptive-config {path}: candidate_steps {bad} cannot be served; a LUMOTREE "
+                         f"server drafts its --speculative-num-steps {steps} tree or none (0): use a subset of {full}")
+    return sorted(set(got))

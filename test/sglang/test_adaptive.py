@@ -1,0 +1,136 @@
+"""The adaptive tree size: the policy against a simulated server (step times per batch and tree size,
+acceptance), the config flag, and the worker's bookkeeping (step-time attribution, state switches,
+acceptance in launch order) on a worker object without a GPU."""
+import json
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from lumotree.sglang import adaptive
+from lumotree.sglang.adaptive import TreeSizePolicy, bucket
+
+
+def test_bucket_is_the_cuda_graph_padding():
+    assert [bucket(b) for b in (1, 2, 3, 5, 8, 9, 33, 64, 65)] == [1, 2, 4, 8, 8, 16, 64, 64, 128]
+
+
+def simulate(policy, batch, t_none, t_tree, accept, steps=400, tree=3, seed=0):
+    """Serve ``steps`` decode steps; returns how often each candidate ran after exploration."""
+    rng = random.Random(seed)
+    counts = {0: 0, tree: 0}
+    for i in range(steps):
+        s = policy.choose(batch)
+        t = (t_tree if s else t_none) * (1 + 0.02 * rng.random())
+        policy.observe_time(batch, s, t)
+        policy.observe_accept(s, [accept] * batch)
+        if i >= 2 * adaptive.MIN_SAMPLES:
+            counts[s] += 1
+    return counts
+
+
+@pytest.mark.parametrize("batch,t_none,t_tree,accept,want", [
+    pytest.param(1, 10.0, 12.0, 1.4, 3, id="bs1-tree-pays"),           # 2.4 tokens for 1.2x the time
+    pytest.param(32, 10.7, 33.0, 1.4, 0, id="bs32-tree-3x-decode"),    # 2.4 tokens for 3.1x: none
+    pytest.param(8, 10.0, 14.0, 0.0, 0, id="bs8-nothing-accepted"),    # dummy weights: never pays
+    pytest.param(64, 20.0, 21.0, 0.1, 3, id="bs64-cheap-tree"),        # 1.1 tokens for 1.05x: tree
+])
+def test_policy_serves_the_faster_candidate(batch, t_none, t_tree, accept, want):
+    p = TreeSizePolicy([0, 3])
+    counts = simulate(p, batch, t_none / 1e3, t_tree / 1e3, accept)
+    other = 3 - want
+    # after exploring it serves the faster candidate, probing the other once per PROBE_EVERY steps
+    assert counts[want] > 0.95 * sum(counts.values()), counts
+    assert 0 < counts[other] <= sum(counts.values()) // adaptive.PROBE_EVERY + 1, counts
+    assert p.table()["buckets"][bucket(batch)]["chosen"] == want
+
+
+def test_policy_follows_a_change_of_acceptance():
+    p = TreeSizePolicy([0, 3])
+    simulate(p, 8, 0.010, 0.014, 2.0, steps=200)          # accepted drafts: the tree pays
+    assert p.table()["buckets"][8]["chosen"] == 3
+    simulate(p, 8, 0.010, 0.014, 0.0, steps=200, seed=1)  # the workload stops accepting: none
+    assert p.table()["buckets"][8]["chosen"] == 0
+    simulate(p, 8, 0.010, 0.014, 2.0, steps=400, seed=2)  # probes see the acceptance come back
+    assert p.table()["buckets"][8]["chosen"] == 3
+
+
+def test_buckets_are_independent_and_explored_drafting_first():
+    p = TreeSizePolicy([0, 3])
+    assert p.choose(1) == 3  # no samples yet: draft first (it also measures the acceptance)
+    p.observe_time(1, 3, 0.01)
+    assert p.choose(1) == 0
+    assert p.choose(100) == 3 and set(p.buckets) == {1, 128}
+
+
+def test_one_candidate_is_a_fixed_tree():
+    p = TreeSizePolicy([3])
+    assert {p.choose(b) for b in (1, 8, 64, 128)} == {3}
+
+
+def test_policy_ignores_unknown_candidates_and_bad_times():
+    p = TreeSizePolicy([0, 3])
+    p.observe_time(4, 5, 0.01)
+    p.observe_time(4, 3, 0.0)
+    p.observe_time(4, 3, float("nan"))
+    assert 4 not in p.buckets
+    p.observe_accept(0, [5, 5])  # a no-draft step accepts nothing by construction: not an observation
+    assert p.accept is None
+    with pytest.raises(ValueError, match="non-negative"):
+        TreeSizePolicy([-1, 3])
+
+
+def test_candidate_steps_from_the_flags(tmp_path):
+    sa = SimpleNamespace(speculative_num_steps=3, speculative_adaptive_config=None)
+    assert adaptive.candidate_steps(sa) == [0, 3]
+    cfg = tmp_path / "fixed.json"
+    cfg.write_text(json.dumps({"candidate_steps": [3]}))
+    sa.speculative_adaptive_config = str(cfg)
+    assert adaptive.candidate_steps(sa) == [3]
+    cfg.write_text(json.dumps({"candidate_steps": [0, 5]}))
+    with pytest.raises(ValueError, match=r"--speculative-adaptive-config .*candidate_steps \[5\] cannot be served"):
+        adaptive.candidate_steps(sa)
+    cfg.write_text(json.dumps({"1": {"candidate_steps": [1, 3]}}))  # SGLang's per-batch format
+    with pytest.raises(ValueError, match="--speculative-adaptive-config"):
+        adaptive.candidate_steps(sa)
+    cfg.write_text("{not json")
+    with pytest.raises(ValueError, match="cannot read it as JSON"):
+        adaptive.candidate_steps(sa)
+    sa.speculative_adaptive_config = str(tmp_path / "missing.json")
+    with pytest.raises(ValueError, match="cannot read it"):
+        adaptive.candidate_steps(sa)
+
+
+def test_worker_attributes_step_times_and_switches_states(monkeypatch):
+    pytest.importorskip("sglang")
+    from lumotree.sglang.worker import worker_class
+
+    cls = worker_class()
+    w = object.__new__(cls)  # no GPU: only the adaptive bookkeeping is exercised
+    switched = []
+
+    def apply_runtime_state(state):
+        switched.append(state)
+        w.speculative_num_steps = state
+
+    w.apply_runtime_state = apply_runtime_state
+    w.speculative_num_steps = 3
+    w.tree_policy = TreeSizePolicy([0, 3])
+    w._tree_states = {0: 0, 3: 3}
+    w._last_decode = None
+    import collections
+    w._pending_steps = collections.deque(maxlen=8)
+    clock = iter([1.0, 1.5, 1.6, 3.0])
+    monkeypatch.setattr("lumotree.sglang.worker.time.perf_counter", lambda: next(clock))
+    w.activate_step_by_batch(8)   # explores the tree first: no switch
+    w.activate_step_by_batch(8)   # 0.5 s attributed to the 3-step tree at bucket 8, then no draft
+    assert switched == [0] and w.tree_policy.buckets[8].samples == {0: 0, 3: 1}
+    w.activate_step_by_batch(0)   # idle: 0.1 s attributed to no draft, nothing chosen
+    assert w.tree_policy.buckets[8].samples == {0: 1, 3: 1}
+    w.activate_step_by_batch(8)   # after an idle step: no time attributed
+    assert w.tree_policy.buckets[8].samples == {0: 1, 3: 1}
+    # acceptance arrives in launch order: the first result is the tree's, the second the no-draft step's
+    w.on_verify_complete_cpu([2, 2])
+    assert w.tree_policy.accept == 2.0
+    w.on_verify_complete_cpu([0, 0])
+    assert w.tree_policy.accept == 2.0

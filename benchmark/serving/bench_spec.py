@@ -78,6 +78,7 @@ CONFIGS = {
     "nextn-chain-adaptive": spec("NEXTN", 3, 1, 4) + ["--speculative-adaptive"],
     "ngram": ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"],
     # LUMOTREE is adaptive by default (the tree or no draft, per step); this serves the tree on every step
+    "none-sync": ["--disable-overlap-schedule"],  # no speculation under LumoTree's default (synchronous) scheduler
     "lumotree-topk2-fixed": spec("LUMOTREE", 3, 2, 6) + [
         "--speculative-adaptive-config", os.path.join(HERE, "fixed_tree.json")],
 }
@@ -95,6 +96,7 @@ CONFIG_ENV = {  # (served default: chunk until session 4, split in session 5, mi
     "lumotree-topk4-gather": ("lumotree-topk4", {"LUMOTREE_SGLANG_COMMIT": "gather"}),
     "lumotree-topk4-mix": ("lumotree-topk4", {"LUMOTREE_SGLANG_VERIFY": "mix"}),
     "lumotree-topk2-mixed": ("lumotree-topk2", {"LUMOTREE_SGLANG_PRECISION": "mixed"}),
+    "lumotree-topk2-overlap": ("lumotree-topk2", {"LUMOTREE_OVERLAP": "1"}),  # what the synchronous default costs
     # SGLang's own greedy acceptance instead of LumoTree's selection op (what the selection costs a step)
     "lumotree-topk2-sgselect": ("lumotree-topk2", {"LUMOTREE_SGLANG_SELECT": "0"}),
 }

@@ -134,3 +134,14 @@ def test_worker_attributes_step_times_and_switches_states(monkeypatch):
     assert w.tree_policy.accept == 2.0
     w.on_verify_complete_cpu([0, 0])
     assert w.tree_policy.accept == 2.0
+
+
+def test_a_slow_outlier_does_not_decide_a_bucket():
+    """Single steps far slower than the rest (a first compile at a new shape) must not make the
+    bucket serve its slower candidate: the no-draft step is 2x faster here, one sample of it 100x slower."""
+    p = TreeSizePolicy([0, 3])
+    p.observe_accept(3, [0] * 32)
+    for i in range(adaptive.MIN_SAMPLES):
+        p.observe_time(32, 0, 1.2 if i == 0 else 0.012)
+        p.observe_time(32, 3, 0.024)
+    assert p.choose(32) == 0

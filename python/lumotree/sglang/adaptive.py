@@ -8,11 +8,13 @@ verify's tokens scale with ``batch x tree`` while a decode step is weight-bound)
 ``(1 + a) / T_tree(batch) > 1 / T_none(batch)``; SGLang 0.5.17's ``--speculative-adaptive`` makes a
 similar choice for EAGLE chains from a hand-written per-batch config. This policy needs no config:
 
-* the **cost model** ``T[c][bucket]`` is an exponential moving average of the wall time of decode
-  steps served with tree size ``c`` at that batch bucket (batches padded to powers of two, as CUDA
-  graphs are). Wall time between consecutive decode steps is what a user waits for: the target
-  forward, drafting, selection, commit and the scheduler's host work of the step;
-* the **acceptance** ``a`` is an moving average of the accepted drafts per request over the steps that drafted;
+* the **cost model** ``T[c][bucket]`` is the median wall time of the last ``WINDOW`` decode steps
+  served with tree size ``c`` at that batch bucket (batches padded to powers of two, as CUDA graphs
+  are). Wall time between consecutive decode steps is what a user waits for: the target forward,
+  drafting, selection, commit and the scheduler's host work of the step. A median, because single
+  steps can take 100x the usual (a first compile at a new shape, a profiler starting): on the H200
+  an average of such samples made a bucket serve its slower candidate;
+* the **acceptance** ``a`` is a moving average of the accepted drafts per request over the steps that drafted;
 * a bucket first **explores** (every candidate ``MIN_SAMPLES`` times), then serves the candidate
   of most tokens per second, switching only past a ``MARGIN`` (hysteresis), and every
   ``PROBE_EVERY`` steps serves the other candidate once so that both estimates stay current.
@@ -29,14 +31,17 @@ serves a fixed tree.
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import logging
+import statistics
 from typing import Dict, List, Optional, Sequence
 
 logger = logging.getLogger(__name__)
 
-EMA = 0.2  # weight of a new sample in the step-time and acceptance averages
+EMA = 0.2  # weight of a new sample in the acceptance average
+WINDOW = 9  # step-time samples per candidate and bucket the median is taken over
 MIN_SAMPLES = 3  # step-time samples per candidate and bucket before the policy trusts the bucket
 MARGIN = 0.03  # switch only when the other candidate is this much faster (tokens per second)
 PROBE_EVERY = 64  # steps of a bucket between probes of the candidate not chosen
@@ -53,7 +58,7 @@ def _ema(old: Optional[float], new: float) -> float:
 
 @dataclasses.dataclass
 class _Bucket:
-    time: Dict[int, Optional[float]]
+    times: Dict[int, collections.deque]
     samples: Dict[int, int]
     chosen: Optional[int] = None
     since_probe: int = 0
@@ -85,7 +90,8 @@ class TreeSizePolicy:
     def _bucket(self, batch: int) -> _Bucket:
         b = bucket(batch)
         if b not in self.buckets:
-            self.buckets[b] = _Bucket({c: None for c in self.candidates}, {c: 0 for c in self.candidates})
+            self.buckets[b] = _Bucket({c: collections.deque(maxlen=WINDOW) for c in self.candidates},
+                                      {c: 0 for c in self.candidates})
         return self.buckets[b]
 
     def observe_time(self, batch: int, steps: int, seconds: float) -> None:
@@ -93,7 +99,7 @@ class TreeSizePolicy:
         if steps not in self.candidates or not seconds > 0:
             return
         st = self._bucket(batch)
-        st.time[steps] = _ema(st.time[steps], seconds)
+        st.times[steps].append(seconds)
         st.samples[steps] += 1
 
     def observe_accept(self, steps: int, accepted_drafts: Sequence[int]) -> None:
@@ -102,9 +108,14 @@ class TreeSizePolicy:
             return
         self.accept = _ema(self.accept, sum(accepted_drafts) / len(accepted_drafts))
 
+    def step_time(self, batch: int, steps: int) -> Optional[float]:
+        """Estimated seconds of a step of ``batch`` with ``steps``; ``None`` before a time sample."""
+        times = self._bucket(batch).times[steps]
+        return statistics.median(times) if times else None
+
     def rate(self, batch: int, steps: int) -> Optional[float]:
         """Estimated tokens per second of the batch with ``steps``; ``None`` before a time sample."""
-        t = self._bucket(batch).time[steps]
+        t = self.step_time(batch, steps)
         return None if t is None else bucket(batch) * self.tokens_per_step(steps) / t
 
     # ------------------------------------------------------------------ decision
@@ -136,8 +147,9 @@ class TreeSizePolicy:
     def table(self) -> dict:
         """The model as it stands: per bucket, the step-time estimates (ms) and the choice."""
         return {"accept": self.accept, "buckets": {
-            b: {"chosen": st.chosen, "step_ms": {c: None if t is None else round(t * 1e3, 3) for c, t in st.time.items()},
-                "samples": dict(st.samples)} for b, st in sorted(self.buckets.items())}}
+            b: {"chosen": st.chosen, "samples": dict(st.samples),
+                "step_ms": {c: None if not t else round(statistics.median(t) * 1e3, 3) for c, t in st.times.items()}}
+            for b, st in sorted(self.buckets.items())}}
 
 
 def candidate_steps(server_args) -> List[int]:

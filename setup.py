@@ -1,17 +1,38 @@
 """LumoTree: pip-installable package (python/lumotree) + optional CUDA extension (csrc/).
 
 The extension is built when nvcc is found (CUDA_HOME or PATH) and LUMOTREE_NO_EXTENSION is unset;
-build with ``pip install --no-build-isolation`` so the installed torch is used.
+build with ``pip install --no-build-isolation`` so the installed torch is used. GPU architectures:
+``TORCH_CUDA_ARCH_LIST`` when set (e.g. ``"9.0"`` for an H100/H200 only, faster to build), else
+:data:`DEFAULT_ARCHS` -- A100 (sm_80), H100/H200 (sm_90), B200 (sm_100), RTX 50xx/RTX PRO (sm_120),
+DGX Spark GB10 (sm_121) -- as far as the installed nvcc supports them, plus PTX of the newest.
 """
 import glob
 import os
 import shutil
+import subprocess
 
 from setuptools import find_packages, setup
 
 ext_modules, cmdclass = [], {}
 if not os.environ.get("CUDA_HOME") and os.path.isdir("/usr/local/cuda/include"):
     os.environ["CUDA_HOME"] = "/usr/local/cuda"  # nvcc is on PATH but torch would guess its parent
+DEFAULT_ARCHS = ("80", "90", "100", "120", "121")
+
+
+def nvcc_arch_flags(nvcc: str = "nvcc", env=os.environ) -> list:
+    """``-gencode`` flags for :data:`DEFAULT_ARCHS` that ``nvcc`` supports; ``[]`` when
+    ``TORCH_CUDA_ARCH_LIST`` is set (torch's BuildExtension turns that into flags itself)."""
+    if env.get("TORCH_CUDA_ARCH_LIST"):
+        return []
+    try:
+        listed = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True, timeout=60).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        listed = []
+    archs = [a for a in DEFAULT_ARCHS if f"compute_{a}" in listed] or ["90"]  # an nvcc without the listing
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    return flags + [f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
+
+
 sources = sorted(glob.glob("csrc/**/*.cu", recursive=True) + glob.glob("csrc/**/*.cc", recursive=True))
 if sources and not os.environ.get("LUMOTREE_NO_EXTENSION") and (
         os.environ.get("CUDA_HOME") or shutil.which("nvcc")):
@@ -20,13 +41,16 @@ if sources and not os.environ.get("LUMOTREE_NO_EXTENSION") and (
     except ImportError:  # torch not installed yet (build isolation): package only, CPU fallbacks
         CUDAExtension = None
     if CUDAExtension is not None:
+        cuda_home = os.environ.get("CUDA_HOME")
+        nvcc = os.path.join(cuda_home, "bin", "nvcc") if cuda_home and os.path.exists(
+            os.path.join(cuda_home, "bin", "nvcc")) else "nvcc"
         ext_modules.append(CUDAExtension(
             name="lumotree._C",
             sources=sources,
             py_limited_api=True,
             extra_compile_args={
                 "cxx": ["-O3"],
-                "nvcc": ["-O3", "-gencode=arch=compute_90,code=sm_90"],
+                "nvcc": ["-O3", *nvcc_arch_flags(nvcc)],
             },
         ))
         cmdclass["build_ext"] = BuildExtension

@@ -21,7 +21,7 @@ continuation).
 
 Scheduler: ``--scheduler default`` runs every server as its flags alone make it (SGLang's servers with its
 overlap scheduler; LumoTree's with the synchronous one while the radix cache is on,
-``lumotree.sglang.plugin.consistent_prefix_cache``); ``overlap`` forces SGLang's overlap scheduler on every
+``lumotree.sglang.scheduling.consistent_prefix_cache``); ``overlap`` forces SGLang's overlap scheduler on every
 configuration (LumoTree with ``LUMOTREE_OVERLAP=1``), ``sync`` adds ``--disable-overlap-schedule`` to every one.
 """
 from __future__ import annotations

@@ -35,7 +35,7 @@ Environment variables:
     LUMOTREE_OVERLAP  ``1`` keeps SGLang's overlap scheduler on a LUMOTREE / LUMOTREE_SUFFIX server with
                          the radix cache (default: the synchronous scheduler with the ``no_buffer`` state
                          cache -- SGLang 0.5.17's overlap path caches speculative requests' hybrid states
-                         unlike a fresh prefill; ``lumotree.sglang.plugin.consistent_prefix_cache``).
+                         unlike a fresh prefill; ``lumotree.sglang.scheduling.consistent_prefix_cache``).
     LUMOTREE_SGLANG_ACTIVE  (set by the plugin, not by users) ``1`` while a LUMOTREE /
                          LUMOTREE_SUFFIX server starts: its scheduler processes install the backend.
 """

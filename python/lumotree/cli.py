@@ -1,9 +1,41 @@
-"""``lumotree demo | serve``: command-line entry points."""
+"""``lumotree demo | serve``: command-line entry points.
+
+Input errors end with one line on stderr that names the problem and the fix, and exit status 2
+(:class:`UsageError`); nothing is loaded or launched before the inputs are checked.
+"""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+
+MAX_DEMO_TOKENS = 100_000
+
+
+class UsageError(Exception):
+    """A bad command-line input: reported as ``lumotree <cmd>: error: <message>``, exit status 2."""
+
+
+def _positive(name: str, value: int, upper: int = None) -> None:
+    if value < 1:
+        raise UsageError(f"{name} must be a positive integer (got {value})")
+    if upper is not None and value > upper:
+        raise UsageError(f"{name} must be at most {upper} (got {value})")
+
+
+def check_demo_model(path: str) -> None:
+    """A directory holding a Qwen3.5 text checkpoint: config.json, model.safetensors, tokenizer.json."""
+    if not os.path.exists(path):
+        raise UsageError(f"--model {path}: no such directory (give a Qwen3.5 text checkpoint directory, or leave "
+                         f"--model out for the bundled tiny model)")
+    if not os.path.isdir(path):
+        raise UsageError(f"--model {path}: is a file; give the checkpoint's directory (config.json, "
+                         f"model.safetensors, tokenizer.json)")
+    missing = [f for f in ("config.json", "model.safetensors", "tokenizer.json") if not os.path.isfile(os.path.join(path, f))]
+    if missing:
+        raise UsageError(f"--model {path}: missing {', '.join(missing)}; the demo reads a Qwen3.5 text checkpoint "
+                         f"with its tokenizer (config.json, model.safetensors, tokenizer.json)")
 
 
 def default_model():
@@ -26,6 +58,13 @@ def demo(args) -> int:
     from lumotree.models.generate import generate_plain, generate_tree
     from lumotree.models.tiny_hybrid import TinyHybridConfig, TinyHybridLM
 
+    _positive("--tokens", args.tokens, MAX_DEMO_TOKENS)
+    _positive("--budget", args.budget)
+    _positive("--depth", args.depth)
+    if args.model is not None and args.random:
+        raise UsageError("--model and --random exclude each other (a checkpoint, or random weights)")
+    if args.model is not None:
+        check_demo_model(args.model)
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     tok = None
     if args.model is None and not args.random:
@@ -33,12 +72,15 @@ def demo(args) -> int:
     if args.model:  # a Qwen3.5 checkpoint (e.g. benchmark/models/train_tiny_hybrid.py's) and real code
         import copy
         import inspect
-        import os
 
         from tokenizers import Tokenizer
 
-        model = TinyHybridLM.from_hf(args.model)
-        tok = Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
+        try:
+            model = TinyHybridLM.from_hf(args.model)
+            tok = Tokenizer.from_file(os.path.join(args.model, "tokenizer.json"))
+        except Exception as e:  # the checkpoint's own errors (tokenizers raises plain Exception)
+            raise UsageError(f"--model {args.model}: cannot load it as a Qwen3.5 text checkpoint "
+                             f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'})") from None
         # copy.py is in the training recipe's held-out split (CRC32 of its path % 20 == 0)
         prompt = tok.encode(inspect.getsource(copy)[:2000]).ids
         what = f"checkpoint {args.model}, prompt: the first 2000 characters of copy.py ({len(prompt)} tokens)"
@@ -78,20 +120,58 @@ def demo(args) -> int:
     return 0
 
 
+def check_serve(args, rest, cuda_available=None) -> None:
+    """What ``serve`` checks before launching SGLang: the flags it sets itself are not given twice, the
+    tree flags are in range, the model is a directory with config.json (or a Hugging Face repo id), and
+    a CUDA GPU is present (``cuda_available``: for tests)."""
+    for flag in ("--speculative-algorithm", "--model-path", "--speculative-num-steps", "--speculative-eagle-topk",
+                 "--speculative-num-draft-tokens"):
+        if any(r == flag or r.startswith(flag + "=") for r in rest):
+            own = {"--speculative-algorithm": "--suffix", "--model-path": "--model-path",
+                   "--speculative-num-steps": "--steps", "--speculative-eagle-topk": "--topk",
+                   "--speculative-num-draft-tokens": "--draft-tokens"}[flag]
+            raise UsageError(f"{flag} is set by lumotree serve; use its {own} option (or run "
+                             f"python -m sglang.launch_server yourself)")
+    if not args.suffix:
+        _positive("--steps", args.steps, 16)
+        _positive("--topk", args.topk, 8)
+        if not 2 <= args.draft_tokens <= min(64, args.steps * args.topk + 1):
+            raise UsageError(f"--draft-tokens must be in [2, {min(64, args.steps * args.topk + 1)}] for --steps "
+                             f"{args.steps} --topk {args.topk} (a tree of at most steps x topk + 1 nodes, at most 64; "
+                             f"got {args.draft_tokens})")
+    path = args.model_path
+    if os.path.exists(path):
+        if not os.path.isdir(path) or not os.path.isfile(os.path.join(path, "config.json")):
+            raise UsageError(f"--model-path {path}: not a checkpoint directory with a config.json")
+    elif path.startswith((".", "/", "~")) or path.count("/") != 1:
+        raise UsageError(f"--model-path {path}: no such directory, and not a Hugging Face repo id (org/name)")
+    if cuda_available is None:
+        try:
+            import torch
+
+            cuda_available = torch.cuda.is_available()
+        except ImportError:
+            cuda_available = False
+    if not cuda_available:
+        raise UsageError("no CUDA GPU visible: a LumoTree server runs on an NVIDIA GPU (SGLang's CPU path is not "
+                         "supported); on this machine run `lumotree demo` instead, or add --dry-run to print the command")
+
+
 def serve(args, rest) -> int:
     """``python -m sglang.launch_server`` with LUMOTREE's flags; everything after ``--`` (or any
     unknown flag) is passed through to SGLang unchanged."""
-    import os
-
+    check_serve(args, rest, cuda_available=True if args.dry_run else None)
     exact = []
     if args.exact:  # the decode-exact verify (lumotree.sglang.exact) runs on SGLang's Triton attention backend
         exact = ["--enable-deterministic-inference"]
         if not any(r == "--attention-backend" or r.startswith("--attention-backend=") for r in rest):
             exact += ["--attention-backend", "triton"]
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model_path,
-           "--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", str(args.steps),
-           "--speculative-eagle-topk", str(args.topk), "--speculative-num-draft-tokens", str(args.draft_tokens),
-           *exact, *rest]
+    if args.suffix:  # model-free suffix drafting; the tree size follows --max-running-requests unless given
+        tree = ["--speculative-algorithm", "LUMOTREE_SUFFIX"]
+    else:
+        tree = ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", str(args.steps),
+                "--speculative-eagle-topk", str(args.topk), "--speculative-num-draft-tokens", str(args.draft_tokens)]
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model_path, *tree, *exact, *rest]
     print(" ".join(cmd), flush=True)
     if args.dry_run:
         return 0
@@ -103,19 +183,22 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="lumotree", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("demo", help="lossless tree speculation with a tiny hybrid model, on CPU, in seconds")
-    d.add_argument("--tokens", type=int, default=160)
+    d.add_argument("--tokens", type=int, default=160, help="greedy tokens to generate, plainly and speculatively")
     d.add_argument("--budget", type=int, default=16, help="draft tree nodes per step")
-    d.add_argument("--depth", type=int, default=6)
-    d.add_argument("--seed", type=int, default=1)
+    d.add_argument("--depth", type=int, default=6, help="longest draft path (n-gram continuation length)")
+    d.add_argument("--seed", type=int, default=1, help="random weights' and synthetic prompt's seed (with --random)")
     d.add_argument("--model", default=None, help="a Qwen3.5 text checkpoint directory (default: the trained "
                    "benchmark/models/tiny-hybrid when present)")
     d.add_argument("--random", action="store_true", help="random weights and a synthetic prompt instead")
     s = sub.add_parser("serve", help="python -m sglang.launch_server --speculative-algorithm LUMOTREE ... "
                        "(other flags go to SGLang)")
-    s.add_argument("--model-path", required=True, help="a Qwen3.5 / Qwen3-Next hybrid checkpoint with an MTP layer")
+    s.add_argument("--model-path", required=True, help="a Qwen3.5 / Qwen3-Next hybrid checkpoint (directory or "
+                   "Hugging Face repo id) with an MTP layer (any, with --suffix)")
     s.add_argument("--steps", type=int, default=3, help="--speculative-num-steps (tree depth)")
     s.add_argument("--topk", type=int, default=2, help="--speculative-eagle-topk (branching)")
     s.add_argument("--draft-tokens", type=int, default=6, help="--speculative-num-draft-tokens (tree nodes)")
+    s.add_argument("--suffix", action="store_true", help="model-free suffix drafting (LUMOTREE_SUFFIX; for agents "
+                   "and models without an MTP layer); --steps/--topk/--draft-tokens do not apply")
     s.add_argument("--exact", action="store_true", help="greedy outputs token-identical to the server without "
                    "speculation (--enable-deterministic-inference: every draft node computed as the one-token decode "
                    "at its position; slower); run the reference with the same SGLang flags")
@@ -123,12 +206,16 @@ def main(argv=None) -> int:
     args, rest = ap.parse_known_args(argv)
     if rest and rest[0] == "--":
         rest = rest[1:]
-    if args.cmd == "demo":
-        if rest:
-            ap.error(f"unrecognized arguments: {' '.join(rest)}")
-        return demo(args)
-    if args.cmd == "serve":
-        return serve(args, rest)
+    try:
+        if args.cmd == "demo":
+            if rest:
+                raise UsageError(f"unrecognized arguments: {' '.join(rest)} (see lumotree demo --help)")
+            return demo(args)
+        if args.cmd == "serve":
+            return serve(args, rest)
+    except UsageError as e:
+        print(f"lumotree {args.cmd}: error: {e}", file=sys.stderr)
+        return 2
     return 2
 
 

@@ -175,20 +175,20 @@ def test_chain_parents():
 
 
 def test_serve_cli_builds_the_launch_command():
-    out = subprocess.run([sys.executable, "-m", "lumotree", "serve", "--model-path", "M", "--topk", "4",
+    out = subprocess.run([sys.executable, "-m", "lumotree", "serve", "--model-path", "org/M", "--topk", "4",
                           "--draft-tokens", "8", "--dry-run", "--", "--attention-backend", "triton"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     cmd = out.stdout.split()
     assert cmd[1:3] == ["-m", "sglang.launch_server"]
-    assert " ".join(cmd).endswith("--model-path M --speculative-algorithm LUMOTREE --speculative-num-steps 3 "
+    assert " ".join(cmd).endswith("--model-path org/M --speculative-algorithm LUMOTREE --speculative-num-steps 3 "
                                   "--speculative-eagle-topk 4 --speculative-num-draft-tokens 8 "
                                   "--attention-backend triton")
-    exact = subprocess.run([sys.executable, "-m", "lumotree", "serve", "--model-path", "M", "--exact", "--dry-run"],
+    exact = subprocess.run([sys.executable, "-m", "lumotree", "serve", "--model-path", "org/M", "--exact", "--dry-run"],
                            capture_output=True, text=True, timeout=60)
     assert exact.returncode == 0, exact.stderr
     assert exact.stdout.split()[-3:] == ["--enable-deterministic-inference", "--attention-backend", "triton"]
-    mine = subprocess.run([sys.executable, "-m", "lumotree", "serve", "--model-path", "M", "--exact", "--dry-run", "--",
+    mine = subprocess.run([sys.executable, "-m", "lumotree", "serve", "--model-path", "org/M", "--exact", "--dry-run", "--",
                            "--attention-backend", "fa3"], capture_output=True, text=True, timeout=60)
     assert mine.stdout.split()[-3:] == ["--enable-deterministic-inference", "--attention-backend", "fa3"]  # (refused
     # at start-up by the plugin's check, with the reason)

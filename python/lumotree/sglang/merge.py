@@ -46,7 +46,7 @@ def validate(server_args) -> None:
     """Clear errors for flag combinations the merged tree cannot serve."""
     if not enabled():
         return
-    from lumotree.sglang.plugin import turns_overlap_off
+    from lumotree.sglang.scheduling import turns_overlap_off
 
     # the plugin turns overlap off itself with the radix cache on (consistent_prefix_cache, applied after this check)
     if not getattr(server_args, "disable_overlap_schedule", False) and not turns_overlap_off(server_args):

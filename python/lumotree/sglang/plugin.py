@@ -30,6 +30,8 @@ from __future__ import annotations
 import logging
 import os
 
+from lumotree.sglang.scheduling import consistent_prefix_cache, turns_overlap_off  # noqa: F401 (re-exported)
+
 logger = logging.getLogger(__name__)
 
 ALGORITHM = "LUMOTREE"
@@ -155,64 +157,6 @@ def configure_server_args(server_args) -> None:
     logger.info("LumoTree: tree verify with boundary-free chunk kernel + accepted-path replay commit; "
                 "no per-node SSM snapshots (num_draft_tokens=%s, topk=%s)",
                 server_args.speculative_num_draft_tokens, server_args.speculative_eagle_topk)
-
-
-OVERLAP_ENV = "LUMOTREE_OVERLAP"
-
-
-_OVERLAP_WHY = ("SGLang 0.5.17's overlap scheduler (its extra_buffer state cache) serves speculative requests cached "
-                "hybrid states that differ from a fresh prefill (SGLang's NEXTN too)")
-
-
-def turns_overlap_off(server_args, env=os.environ, warn: bool = False) -> bool:
-    """Whether :func:`consistent_prefix_cache` turns the overlap scheduler off for these arguments (radix
-    cache on, overlap on, no ``LUMOTREE_OVERLAP=1``, page size 1); ``warn``: say why not where it keeps it."""
-    if getattr(server_args, "disable_radix_cache", False) or getattr(server_args, "disable_overlap_schedule", False):
-        return False
-    if env.get(OVERLAP_ENV) == "1":
-        if warn:
-            logger.warning("LumoTree: %s=1 keeps the overlap scheduler: %s.", OVERLAP_ENV, _OVERLAP_WHY)
-        return False
-    if (getattr(server_args, "page_size", None) or 1) > 1:
-        if warn:
-            logger.warning("LumoTree: --page-size %s needs SGLang's extra_buffer state cache and its overlap scheduler: "
-                           "%s. Use --page-size 1 (or --disable-radix-cache) for consistent prefix caching.",
-                           server_args.page_size, _OVERLAP_WHY)
-        return False
-    return True
-
-
-def consistent_prefix_cache(server_args, env=os.environ) -> bool:
-    """Only committed GDN state is cached: with the radix cache on, a LumoTree server runs SGLang's
-    synchronous scheduler with the ``no_buffer`` state-cache strategy (what SGLang's own ``auto``
-    resolves to with ``--disable-overlap-schedule``). Returns whether it changed the arguments.
-
-    Why: with the overlap scheduler SGLang 0.5.17 caches hybrid-model states through its
-    ``extra_buffer`` strategy, and under speculative decoding the states it serves back from the
-    cache differ from a fresh prefill of the same key -- SGLang's own NEXTN too (device call 24,
-    ``benchmark/results/cache_consistency_h200.json``: NEXTN tree with overlap 15/16 and 11/16 first tokens,
-    logprob gaps up to 1.59; NEXTN, LUMOTREE and LUMOTREE_SUFFIX without it 16/16, gaps <= 0.073, the
-    no-speculation server's own spread is 0.091). ``LUMOTREE_OVERLAP=1`` keeps the overlap scheduler
-    (SGLang's default scheduling, with its cache inconsistency; what the synchronous scheduler costs at
-    27B shapes is not measured yet); ``--disable-radix-cache`` needs neither. ``--page-size`` > 1 needs
-    SGLang's ``extra_buffer`` strategy: kept, with a warning."""
-    if not turns_overlap_off(server_args, env, warn=True):
-        return False
-    fields = dict(disable_overlap_schedule=True, mamba_radix_cache_strategy="no_buffer")
-    try:  # SGLang resolves these in a declaration pipeline (last writer wins), materialized after this hook
-        from sglang.srt.arg_groups.overrides import run_post_process_pass
-
-        def _lumotree_consistent_prefix_cache(view) -> dict:
-            return dict(fields)
-
-        run_post_process_pass(server_args, _lumotree_consistent_prefix_cache)
-    except ImportError:  # an SGLang without the pipeline: plain fields
-        pass
-    for k, v in fields.items():
-        object.__setattr__(server_args, k, v)
-    logger.info("LumoTree: radix cache on, so the synchronous scheduler (--disable-overlap-schedule) with the "
-                "no_buffer state cache: %s. %s=1 keeps the overlap scheduler.", _OVERLAP_WHY, OVERLAP_ENV)
-    return True
 
 
 def adaptive_tree_size(server_args) -> bool:

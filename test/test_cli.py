@@ -1,0 +1,74 @@
+"""``lumotree demo | serve`` input errors: one line naming the problem and the fix, exit status 2, no
+traceback, nothing loaded or launched."""
+import os
+
+import pytest
+
+from lumotree.cli import main
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+CKPT = os.path.join(ROOT, "benchmark", "models", "tiny-hybrid")
+
+
+def run(capsys, *argv):
+    rc = main(list(argv))
+    err = capsys.readouterr().err
+    return rc, err
+
+
+def one_line_error(rc, err, *needles):
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("argv,needles", [
+    pytest.param(["--tokens", "0"], ["--tokens must be a positive integer (got 0)"], id="tokens-0"),
+    pytest.param(["--tokens", "-5"], ["--tokens"], id="tokens-negative"),
+    pytest.param(["--budget", "0"], ["--budget must be a positive integer"], id="budget-0"),
+    pytest.param(["--depth", "0"], ["--depth must be a positive integer"], id="depth-0"),
+    pytest.param(["--model", "/nonexistent"], ["--model /nonexistent: no such directory"], id="no-model"),
+    pytest.param(["--model", __file__], ["is a file", "directory"], id="model-is-a-file"),
+    pytest.param(["--random", "--model", CKPT], ["--model and --random"], id="model-and-random"),
+    pytest.param(["--bogus"], ["unrecognized arguments: --bogus"], id="unknown-flag"),
+])
+def test_demo_input_errors(capsys, argv, needles):
+    one_line_error(*run(capsys, "demo", *argv), *needles)
+
+
+def test_demo_checkpoint_without_tokenizer_or_with_a_broken_config(capsys, tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    one_line_error(*run(capsys, "demo", "--model", str(tmp_path)), "missing tokenizer.json")
+    (tmp_path / "tokenizer.json").write_text("{}")
+    one_line_error(*run(capsys, "demo", "--model", str(tmp_path)), "cannot load it as a Qwen3.5 text checkpoint")
+
+
+@pytest.mark.parametrize("argv,needles", [
+    pytest.param(["--model-path", "./nowhere"], ["--model-path ./nowhere: no such directory"], id="no-model"),
+    pytest.param(["--model-path", __file__], ["not a checkpoint directory"], id="model-is-a-file"),
+    pytest.param(["--model-path", "org/m", "--steps", "0"], ["--steps must be a positive integer"], id="steps-0"),
+    pytest.param(["--model-path", "org/m", "--draft-tokens", "40"], ["--draft-tokens must be in [2, 7]"], id="tree-too-big"),
+    pytest.param(["--model-path", "org/m", "--", "--speculative-algorithm", "NEXTN"],
+                 ["--speculative-algorithm is set by lumotree serve", "--suffix"], id="algorithm-twice"),
+    pytest.param(["--model-path", "org/m", "--speculative-num-draft-tokens=8"], ["use its --draft-tokens option"],
+                 id="tree-flag-twice"),
+])
+def test_serve_input_errors(capsys, argv, needles):
+    one_line_error(*run(capsys, "serve", "--dry-run", *argv), *needles)
+
+
+def test_serve_without_a_gpu_says_so(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    one_line_error(*run(capsys, "serve", "--model-path", CKPT), "no CUDA GPU visible", "lumotree demo")
+
+
+def test_serve_suffix_builds_the_model_free_command(capsys):
+    assert main(["serve", "--model-path", CKPT, "--suffix", "--dry-run"]) == 0
+    out = capsys.readouterr().out.split()
+    assert out[out.index("--speculative-algorithm") + 1] == "LUMOTREE_SUFFIX"
+    assert "--speculative-num-steps" not in out and "--speculative-num-draft-tokens" not in out

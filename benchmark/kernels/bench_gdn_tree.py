@@ -252,7 +252,7 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
         split_verify(scratch=scr, passes="prep")
         split["prep_us"] = bench_graph(lambda: split_verify(scratch=scr, passes="prep"))
         split["apply_us"] = bench_graph(lambda: split_verify(scratch=scr, passes="apply"))
-        # pass 1 variants (session 5, not yet timed when written): M = P T first; capped registers
+        # pass 1 variants : M = P T first; capped registers
         for name, kw in (("factored", dict(factored=True)), ("factored-maxnreg168", dict(factored=True, prep_maxnreg=168)),
                          ("factored-maxnreg128", dict(factored=True, prep_maxnreg=128)), ("maxnreg128", dict(prep_maxnreg=128))):
             try:

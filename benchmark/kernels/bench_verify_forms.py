@@ -53,7 +53,7 @@ def _derived(r, B, Hv, V, K):
 
 def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None, served_only=False, only_variants=None):
     """One cell. ``on_core(row)`` is called once the core columns are timed, before the variants:
-    a variant that faults takes the CUDA context (and the process) with it (seen in session 6).
+    a variant that faults takes the CUDA context (and the process) with it (seen on the H200).
     ``served_only``: SGLang's native path and the forms the server runs (mix verify, replay commit)."""
     from lumotree.ops.gdn_tree import triton as tri
     from lumotree.ops.gdn_tree.native import NativeTreeVerify
@@ -151,7 +151,7 @@ def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None, ser
     r["native_commit_us"] = bench_graph(lambda: nat.commit(pool_n, rows, ends))
     r["chunk_verify_us"] = bench_graph(chunk)
     r["split_verify_us"] = bench_graph(split("wy"))
-    r["split_rows_verify_us"] = bench_graph(split("wy", apply_t=False))  # pass 2 as measured in session 5
+    r["split_rows_verify_us"] = bench_graph(split("wy", apply_t=False))  # pass 2 untransposed
     r["mix_verify_us"] = bench_graph(split("mix", scratch=mix_scr))
     split("mix", scratch=mix_scr, passes="prep")()
     r["mix_prep_us"] = bench_graph(split("mix", scratch=mix_scr, passes="prep"))

@@ -55,7 +55,7 @@ def runtime_attrs(kernel, sig):
     pointer and every ``stride*`` argument here (the served strides are multiples of K = 128 or of
     Hv = 48). Without them the offline compile cannot prove 16-byte alignment, picks unvectorised
     loads and other layouts, and reports other registers than the GPU runs (the served replay commit:
-    96 offline vs 56 under Nsight Compute, session 7)."""
+    96 offline vs 56 under Nsight Compute)."""
     return {(i,): [["tt.divisibility", 16]] for i, p in enumerate(kernel.params)
             if sig.get(p.name, "constexpr") != "constexpr" and (sig[p.name].startswith("*") or p.name.startswith("stride"))}
 
@@ -88,7 +88,7 @@ def resources(kernel, consts, warps, programs, bf16_gates=True, maxnreg=None):
 
 
 def new_forms():
-    """Session 6: the mix verify's two passes, pass 2 transposed (both split forms), the dot commit."""
+    """The mix verify's two passes, pass 2 transposed (both split forms), the dot commit."""
     rows = []
     for BT in (16, 32, 64):
         consts = dict(HK=16, HV=48, K=128, BT=BT, BK=128, PRECISION="tf32x3", PRECISION_LOW="tf32x3",
@@ -141,7 +141,7 @@ def new_forms():
 
 
 def main():
-    if sys.argv[1:2] == ["--new"]:  # only the session-6 kernels, printed
+    if sys.argv[1:2] == ["--new"]:  # only the mix-verify kernels, printed
         new_forms()
         return
     rows = []

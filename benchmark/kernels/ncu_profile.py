@@ -1,5 +1,5 @@
 """Nsight Compute profile of the served GDN tree kernels beside SGLang 0.5.17's native tree path
-(issue 7: why a cell misses its target). One cell per ``--cells`` entry (model shapes, tree, batch,
+(why a cell misses its target). One cell per ``--cells`` entry (model shapes, tree, batch,
 the same inputs as ``bench_verify_forms.py``); every op runs a few times first (Triton compiles and
 autotunes outside the profiled range), then once between ``cudaProfilerStart`` / ``Stop``:
 

@@ -1,6 +1,6 @@
 """Which verify / commit variant was fastest per cell, from ``bench_verify_forms.py`` results.
 
-Reads one or more result JSONs (the core run and the variants run of ``device_session.sh 15``) and
+Reads one or more result JSONs (a core run and a variants run of ``bench_verify_forms.py``) and
 prints, per (tree, batch): the served mix verify and every timed mix variant, the commit forms and
 their tilings, each with its time relative to the served default -- only variants whose outputs
 matched SGLang's (``*_rel_err`` <= ``--max-rel-err``) are ranked. A variant becomes a default

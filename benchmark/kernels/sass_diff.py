@@ -52,7 +52,7 @@ def configs(mod):
                         PC_HAS_PARENTS=False, PC_BN=2))
         yield (f"split pass 2, BT {BT}", mod.gdn_tree_split_apply_fwd_kernel,
                dict(HV=48, K=128, V=128, BT=BT, BK=128, BVF=128, BV=64, PRECISION="tf32x3", HAS_STATE_INDICES=True))
-    if hasattr(mod, "gdn_tree_mix_apply_fwd_kernel"):  # session 6: the mix form (served default), pass 2 transposed
+    if hasattr(mod, "gdn_tree_mix_apply_fwd_kernel"):  # the mix form (served default), pass 2 transposed
         for BT in (16, 64):
             yield (f"mix pass 1, BT {BT}", mod.gdn_tree_mix_prep_fwd_kernel,
                    dict(HK=16, HV=48, K=128, BT=BT, BK=128, PRECISION="tf32x3", PRECISION_LOW="tf32x3",
@@ -61,7 +61,7 @@ def configs(mod):
             yield (f"mix pass 2 (transposed), BT {BT}", mod.gdn_tree_mix_apply_fwd_kernel,
                    dict(HK=16, HV=48, K=128, V=128, BT=BT, BK=128, BV=64, PRECISION="tf32x3", PRECISION_LOW="tf32x3",
                         USE_QK_L2NORM=True, HAS_STATE_INDICES=True, STORE_RING=True, APPLY_T=True))
-    # the served commit (all layers in one launch; session 7 added optional key norms, off here)
+    # the served commit (all layers in one launch; optional key norms, off here)
     yield ("replay commit (all layers)", mod.gdn_tree_commit_layers_fwd_kernel,
            dict(HK=16, HV=48, K=128, V=128, BN=16, BK=128, BV=16, USE_QK_L2NORM=True, HAS_PARENTS=True,
                 HAS_TRACK=False, knorm=None, stride_nl=0, stride_ns=0, HAS_KNORM=False))

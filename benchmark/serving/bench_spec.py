@@ -85,7 +85,7 @@ CONFIGS = {
 
 
 # variants of a configuration that differ only in LumoTree's server environment
-CONFIG_ENV = {  # (served default: chunk until session 4, split in session 5, mix from session 6)
+CONFIG_ENV = {  # (served default: mix)
     "lumotree-topk2-split": ("lumotree-topk2", {"LUMOTREE_SGLANG_VERIFY": "split"}),
     "lumotree-topk4-split": ("lumotree-topk4", {"LUMOTREE_SGLANG_VERIFY": "split"}),
     "lumotree-topk2-chunk": ("lumotree-topk2", {"LUMOTREE_SGLANG_VERIFY": "chunk"}),
@@ -224,7 +224,7 @@ def main():
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--mem-fraction-static", type=float, default=0.7,
                     help="SGLang's static memory share (the suite runs the tiny model at 0.3; at 0.7 its servers "
-                         "were killed with -9 in session 5, cause not established)")
+                         "were once killed with -9, cause not established)")
     ap.add_argument("--profile-dir", default=None,
                     help="after the measured pass, profile --profile-steps steps (torch profiler, CPU+GPU) at the "
                          "batch sizes in --profile-batches; summarise with profile_summary.py")
@@ -329,8 +329,8 @@ def request_spread(outs, wall):
 
 
 def label(config, scheduler):
-    """A configuration's name in tables and the servers map: rows without the scheduler field ran with
-    SGLang's overlap scheduler (every session before 9)."""
+    """A configuration's name in tables and the servers map: the scheduler is named unless the server ran
+    with its flags alone (``default``)."""
     return config if scheduler in (None, "default") else f"{config} [{scheduler}]"
 
 

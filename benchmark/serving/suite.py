@@ -13,7 +13,7 @@ Per configuration (``parity.CONFIGS``), on one ``sglang.launch_server`` process:
 3. the agent loop over ``/v1/chat/completions`` with the ``openai`` client
    (:func:`agent_loop.workload`).
 
-Server start-up (Triton JIT, CUDA graphs: 1-2 min each) dominates a device call, so this shares
+Server start-up (Triton JIT, CUDA graphs: 1-2 min each) dominates a GPU run, so this shares
 one start-up between the three; runs on different GPUs (``CUDA_VISIBLE_DEVICES``, ``--port``) are
 merged afterwards with ``--merge``, which computes every comparison against ``none``.
 """
@@ -75,7 +75,7 @@ def run(args):
                     print(json.dumps({name: "replay done"}), flush=True)
                     try:
                         # every configuration sends the same requests (with the top-2 logprobs the comparison
-                        # reads): until session 10 only the no-spec reference asked for logprobs
+                        # reads)
                         ag["sessions"] = agent_loop.workload(url, args.agent_turns, args.agent_tokens, margins=True)
                     except Exception as e:
                         ag["error"] = repr(e)[:2000]

@@ -1,4 +1,4 @@
-"""The trained tiny hybrid committed in benchmark/models/tiny-hybrid (issue 6): within the size
+"""The trained tiny hybrid committed in benchmark/models/tiny-hybrid: within the size
 budget, in the layout SGLang's Qwen3_5ForCausalLM + Qwen3_5MTP load, and our reference model
 reproduces transformers on it (so `lumotree demo` runs the real model)."""
 import json

@@ -144,7 +144,7 @@ def test_split_verify_matches_reference_and_chunk(kind, B, N, Hk, Hv, K, V, dtyp
                 dict(apply_maxnreg=128)):
         o_v = tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, form="mix", **var, **kw)
         assert_close(f"mix verify ({var})", ref[tree.valid], o_v[tree.valid].float(), tol)
-    for form in tri.SPLIT_FORMS if DEV == "cuda" else ():  # the tiling that faulted transposed (session 6)
+    for form in tri.SPLIT_FORMS if DEV == "cuda" else ():  # the tiling that faulted transposed on the H200
         with pytest.raises(ValueError, match="needs BV >= 16"):  # is refused, not launched
             tri.gdn_tree_split_verify_fwd(x["q"], x["k"], x["v"], x["pool"], tree, form=form, BV=64, num_warps=8, **kw)
 

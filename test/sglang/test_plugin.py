@@ -356,7 +356,7 @@ def test_suffix_tree_size_follows_the_batch_the_server_is_sized_for():
 def test_consistent_prefix_cache_turns_overlap_off_unless_asked(monkeypatch, caplog):
     """With the radix cache on, LumoTree servers run SGLang's synchronous scheduler (no_buffer state
     cache): SGLang 0.5.17's overlap path served speculative requests inconsistent cached states
-    (device call 24). LUMOTREE_OVERLAP=1 keeps overlap (with a warning); page size > 1 keeps it too."""
+    (benchmark/results/cache_consistency_h200.json). LUMOTREE_OVERLAP=1 keeps overlap (with a warning); page size > 1 keeps it too."""
     from lumotree.sglang.plugin import consistent_prefix_cache
 
     def args(**kw):

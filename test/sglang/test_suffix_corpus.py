@@ -85,7 +85,7 @@ def test_overlap_duplicated_tail_keeps_the_root_and_the_context():
         if view == "ok":
             assert c.drafter.context("a") == true[:t]
             assert c._outputs["a"] == true[21:t]  # appended after the first sight
-    # round 3 advanced by exactly the 3 duplicated tokens: total_len equals what was seen before
+    # the third feed advanced by exactly the 3 duplicated tokens: total_len equals what was seen before
     assert [r for r, _ in roots] == [want for _, want in roots]
     assert c.stats["rewinds"] == 1 and c.stats["rewound_tokens"] == 3 and c.stats["restarts"] == 0
 

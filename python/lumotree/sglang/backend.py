@@ -125,11 +125,10 @@ def adopt_pool(pool) -> VerifyScratch:
 def served_settings(env=os.environ):
     """``(precision, verify form)`` of the served verify, from ``LUMOTREE_SGLANG_PRECISION``
     (``tf32x3`` fp32-accurate dots, default; ``mixed``; ``tf32``) and ``LUMOTREE_SGLANG_VERIFY``
-    (``mix``, default since session 6: pass 1 per request and key head leaves only the `[BT, BT]`
+    (``mix``, default: pass 1 per request and key head leaves only the `[BT, BT]`
     node-mixing matrices, pass 2 forms ``Q`` and meets the state tile in one transposed dot --
     1.2-1.8x faster than ``split`` per GDN layer at Qwen3.5-27B shapes on the H200; ``split``: the
-    WY algebra once per request and value head, then one dot per state tile (session 5's default,
-    1.3-1.9x faster than ``chunk``); ``chunk``: one kernel; same outputs). Unknown values fail
+    WY algebra once per request and value head, then one dot per state tile (1.3-1.9x faster than ``chunk``); ``chunk``: one kernel; same outputs). Unknown values fail
     when the backend starts."""
     from lumotree.ops.gdn_tree.triton import SERVED_PRECISIONS
 
@@ -152,7 +151,7 @@ def served_commit_form(env=os.environ, verify_form: str = "mix") -> str:
     key norms the mix verify kept, instead of reducing every key again: ~13 % fewer instructions
     per step in the sm_90 SASS, 48 instead of 56 registers; needs ``LUMOTREE_SGLANG_VERIFY=mix``;
     not yet timed on the GPU); ``gather`` and ``dot`` measured 1.8-5x slower than ``replay`` on the
-    H200 (session 7). Unknown values fail when the backend starts."""
+    H200. Unknown values fail when the backend starts."""
     form = env.get("LUMOTREE_SGLANG_COMMIT", "replay")
     if form not in COMMIT_FORMS:
         raise ValueError(f"LUMOTREE_SGLANG_COMMIT must be one of {', '.join(COMMIT_FORMS)}, got {form!r}")
@@ -213,9 +212,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         if getattr(self, "_first_verify_done", True):
             return self._verify(layer, forward_batch, mixed_qkv, a, b)
         # the first verify of the process: how long the host spends in it (Triton compiles our kernels on
-        # first use, synchronously). Session 8 read LUMOTREE servers as ~60 s slower to start at 27B shapes; session 9
-        # found that an order effect: they ran first in their lanes, on a cold Triton cache (the draft-decode capture,
-        # the same code on both paths, took 18.6 vs 6.9 s too)
+        # first use, synchronously; a cold Triton cache makes start-up minutes longer)
         t0 = time.perf_counter()
         o = self._verify(layer, forward_batch, mixed_qkv, a, b)
         self._first_verify_done = True

@@ -376,7 +376,7 @@ def gdn_tree_split_prep_fwd_kernel(
         b_M = tl.dot(b_p, b_T, input_precision=PRECISION)
         b_qt = (b_eG[:, None] * b_q - tl.dot(b_M, b_k * (b_beta * b_eG)[:, None], input_precision=PRECISION)) * scale
         b_c = tl.dot(b_M, b_v * b_beta[:, None], input_precision=PRECISION) * scale
-    else:  # (P after w and u: the order the GPU measurements of session 5 ran)
+    else:  # (P after w and u: the order measured on the GPU)
         b_w = tl.dot(b_T, b_k * (b_beta * b_eG)[:, None], input_precision=PRECISION_LOW)  # [BT, BK]
         b_u = tl.dot(b_T, b_v * b_beta[:, None], input_precision=PRECISION)  # [BT, BVF]
         b_p = tl.where(b_m, tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION) * b_decay, 0.0)
@@ -584,7 +584,7 @@ def _mix_apply_core(
                 q_t = tl.sum(tl.where(o_t[:, None] == t, b_Q, 0.0), 0)  # row t of Q  [BK]
                 col = tl.sum(b_h * q_t[None, :], 1)  # h Q[t]  [BV]
                 b_oT = tl.where(o_t[None, :] == t, b_oT + col[:, None], b_oT)
-        else:  # (the order measured in session 6)
+        else:  # (the order measured on the GPU)
             b_oT = tl.dot(b_h, tl.trans(b_Q), input_precision=PRECISION)  # [BV, BT]
             b_oT += tl.dot(b_vT.to(tl.float32), b_lvT, input_precision=PRECISION)
         tl.store(o + (tok[None, :] * HV + i_hv) * V + o_v[:, None], b_oT.to(o.dtype.element_ty), mask=m_vT)
@@ -648,7 +648,7 @@ def gdn_tree_mix_step_fwd_kernel(
     the pool row, and this step's tree meets it -- one state read and one write per step for both
     (separately: the commit reads and writes, the verify reads again). ``PC_GATHER`` (default): the
     path's rows are loaded in one round first; ``False``: one round of loads per step, as the
-    served replay commit (the gathered form is the slower commit, session 7)."""
+    served replay commit (the gathered form measured slower)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     i_b = i_bh // HV
     i_hv = i_bh % HV
@@ -1121,7 +1121,7 @@ def _ring_args(ring, ring_rows, state_indices, dims, dummy):
 def split_config(BT: int, V: int):
     """(BV, apply warps, prep warps) of the split verify (a first guess that keeps pass 2's state tile
     at 32 KiB per program and pass 1's [BT, V] tiles in registers; of the pass-2 tilings timed on the
-    H200 in session 5, BV=64 with 4 warps was the fastest)."""
+    H200, BV=64 with 4 warps was the fastest)."""
     BV = min(triton.next_power_of_2(V), 64)
     return BV, max(1, min(4, BV // 16)), (4 if BT <= 16 else 8)  # pass 2 transposed: BV >= 16 warps
 
@@ -1147,7 +1147,7 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     The chunk kernel does both in one program per V-block, so its state read waits behind (and
     its registers are shared with) the WY algebra, repeated for every V-block.
 
-    Pass-1 variants of ``form="wy"`` (timed on the H200 in session 6: ``factored`` -21 % at 64
+    Pass-1 variants of ``form="wy"`` (timed on the H200: ``factored`` -21 % at 64
     nodes, up to -6 % elsewhere; ``prep_maxnreg`` slower): ``factored`` forms ``M = P T`` first, so
     ``Q`` and ``C`` take one ``[BT, BT] x [BT, K|V]`` dot each instead of two (no ``w``/``u``
     tiles); ``prep_maxnreg`` caps pass 1's registers per thread.
@@ -1162,7 +1162,7 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     meets the state tile once. Same outputs and ring stores as ``"wy"``; the served default.
 
     ``apply_t`` (default): pass 2 forms its state dot transposed, ``o^T = h Q^T`` (the state tile
-    on the MMA's M side); ``False``: ``o = Q h^T``, the orientation measured in session 5.
+    on the MMA's M side); ``False``: ``o = Q h^T``, the untransposed orientation.
     ``apply_fma`` (``form="mix"``, transposed): the state product in fp32 FMAs, one node per step.
     ``apply_persistent=P`` (``form="mix"``): pass 2 as a persistent, software-pipelined grid of ``P``
     programs per SM (:func:`gdn_tree_mix_apply_persistent_fwd_kernel`). ``prep_heads`` (``form="mix"``):
@@ -1208,13 +1208,13 @@ def gdn_tree_split_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=
     BVF = triton.next_power_of_2(V)
     d_bv, d_warps, d_prep = split_config(BT, V)
     # mix pass 1 ([BT, BT] tiles, one program per request and key head): 2 warps once there are >= 2
-    # programs per SM at <= 32 nodes (H200, session 6: 9-16 % faster verify at bs 32, 4-14 % slower at
+    # programs per SM at <= 32 nodes (H200: 9-16 % faster verify at bs 32, 4-14 % slower at
     # bs 8), else 4 (2 warps: 2x slower at 64 nodes, bs 8)
     mix_prep_warps = prep_warps or (2 if BT <= 32 and B * HK >= 2 * _num_sms(q.device) else 4)
     BV, num_warps, prep_warps = BV or d_bv, num_warps or d_warps, prep_warps or d_prep
     if apply_t and BV < 16 * num_warps and q.is_cuda:  # (a code-generation limit: the interpreter has none)
         raise ValueError(f"apply_t (pass 2 transposed) needs BV >= 16 * num_warps, got BV={BV}, num_warps={num_warps} "
-                         "(BV=64 with 8 warps hit an illegal memory access on the H200, session 6); pass "
+                         "(BV=64 with 8 warps hit an illegal memory access on the H200); pass "
                          "apply_t=False or fewer warps")
     precision_low = _check_precisions(precision, precision_low)
     (q, sq), (k, sk), (v, sv), anc_mask, num_nodes, out = _chunk_inputs(q, k, v, tree, anc_mask, num_nodes, out)

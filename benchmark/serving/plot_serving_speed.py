@@ -1,0 +1,43 @@
+"""docs/serving_speed_h200.png from benchmark/results/serving_speed_h200.json (needs matplotlib):
+client tokens/s relative to no speculation, per batch, for every configuration of each run.
+
+    python3 benchmark/serving/plot_serving_speed.py
+"""
+import json
+import os
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RES = os.path.join(HERE, "..", "results", "serving_speed_h200.json")
+OUT = os.path.join(HERE, "..", "..", "docs", "serving_speed_h200.png")
+
+
+def main():
+    runs = json.load(open(RES))["runs"]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, run in enumerate(runs):
+        none = {r["batch"]: r["tokens_per_s"] for r in run["rows"] if r["config"] == "none"}
+        for cfg in dict.fromkeys(r["config"] for r in run["rows"]):
+            if cfg == "none" or not none:
+                continue
+            rows = [r for r in run["rows"] if r["config"] == cfg and r["batch"] in none]
+            if not rows:
+                continue
+            ax.plot([r["batch"] for r in rows], [r["tokens_per_s"] / none[r["batch"]] for r in rows], marker="o",
+                    ls="-" if i == 0 else ":", label=f"{cfg} (run {i + 1})")
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set(xscale="log", xlabel="batch", ylabel="tokens/s ÷ no speculation",
+           title="Cost of speculating (accept length 1.0), Qwen3.5-27B shapes, 32 layers, H200")
+    ax.set_xticks([1, 8, 32, 64], ["1", "8", "32", "64"])
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(OUT, dpi=110)
+    print(OUT)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,9 @@
 """LumoTree: pip-installable package (python/lumotree) + optional CUDA extension (csrc/).
 
-The extension is built when nvcc is found (CUDA_HOME or PATH) and LUMOTREE_NO_EXTENSION is unset;
-build with ``pip install --no-build-isolation`` so the installed torch is used. GPU architectures:
+Two compiled extensions, both optional (each has a Python / torch fallback) and skipped with
+LUMOTREE_NO_EXTENSION=1: ``lumotree._C`` (CUDA: fused selection) when nvcc is found (CUDA_HOME or
+PATH), and ``lumotree._host`` (C++: the suffix drafter) wherever torch is installed. Build with
+``pip install --no-build-isolation`` so the installed torch is used. GPU architectures:
 ``TORCH_CUDA_ARCH_LIST`` when set (e.g. ``"9.0"`` for an H100/H200 only, faster to build), else
 :data:`DEFAULT_ARCHS` -- A100 (sm_80), H100/H200 (sm_90), B200 (sm_100), RTX 50xx/RTX PRO (sm_120),
 DGX Spark GB10 (sm_121) -- as far as the installed nvcc supports them, plus PTX of the newest.
@@ -33,14 +35,16 @@ def nvcc_arch_flags(nvcc: str = "nvcc", env=os.environ) -> list:
     return flags + [f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
 
 
-sources = sorted(glob.glob("csrc/**/*.cu", recursive=True) + glob.glob("csrc/**/*.cc", recursive=True))
-if sources and not os.environ.get("LUMOTREE_NO_EXTENSION") and (
-        os.environ.get("CUDA_HOME") or shutil.which("nvcc")):
-    try:
-        from torch.utils.cpp_extension import BuildExtension, CUDAExtension
-    except ImportError:  # torch not installed yet (build isolation): package only, CPU fallbacks
-        CUDAExtension = None
-    if CUDAExtension is not None:
+# the CUDA extension (fused selection): csrc/*.cc and csrc/select/*.cu, built when nvcc is present
+sources = sorted(glob.glob("csrc/select/*.cu") + glob.glob("csrc/*.cc"))
+# the host extension (the suffix drafter in C++, pybind11): csrc/host/*.cc, built wherever torch is
+host_sources = sorted(glob.glob("csrc/host/*.cc"))
+try:
+    from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+except ImportError:  # torch not installed yet (build isolation): package only, Python / torch fallbacks
+    BuildExtension = None
+if BuildExtension is not None and not os.environ.get("LUMOTREE_NO_EXTENSION"):
+    if sources and (os.environ.get("CUDA_HOME") or shutil.which("nvcc")):
         cuda_home = os.environ.get("CUDA_HOME")
         nvcc = os.path.join(cuda_home, "bin", "nvcc") if cuda_home and os.path.exists(
             os.path.join(cuda_home, "bin", "nvcc")) else "nvcc"
@@ -53,6 +57,10 @@ if sources and not os.environ.get("LUMOTREE_NO_EXTENSION") and (
                 "nvcc": ["-O3", *nvcc_arch_flags(nvcc)],
             },
         ))
+    if host_sources:
+        ext_modules.append(CppExtension(name="lumotree._host", sources=host_sources,
+                                        extra_compile_args={"cxx": ["-O3", "-std=c++17"]}))
+    if ext_modules:
         cmdclass["build_ext"] = BuildExtension
 
 setup(
@@ -63,12 +71,11 @@ setup(
     packages=find_packages("python"),
     python_requires=">=3.11",
     install_requires=["torch==2.11.0", "sglang==0.5.17"],
-    extras_require={"test": ["pytest", "hypothesis"]},
+    extras_require={"test": ["pytest", "pytest-xdist", "hypothesis"]},
     entry_points={
         "console_scripts": ["lumotree = lumotree.cli:main"],
         "sglang.srt.plugins": ["lumotree = lumotree.sglang.plugin:register"],
     },
     ext_modules=ext_modules,
     cmdclass=cmdclass,
-    options={"bdist_wheel": {"py_limited_api": "cp311"}} if ext_modules else {},
 )

@@ -75,6 +75,8 @@ def corpus(limit_files=None, max_chars=40_000_000):
             continue
         total += len(text)
         (held if zlib.crc32(os.path.relpath(f, root).encode()) % 20 == 0 else train).append(text)
+    if not held and len(train) > 1:  # a small sample (--smoke) can miss every held-out file: hold out one
+        held.append(train.pop())
     return train, held
 
 

@@ -383,9 +383,9 @@ def test_bench_spec_main_warms_each_batch_times_prefill_and_profiles_chosen_batc
     assert "profile" in rows[1] and "profile" not in rows[0]
     assert all(r["decode_step_ms"] <= r["step_ms"] for r in rows)
     assert res["servers"]["lumotree-topk2"]["state_slots"] is None  # no log lines from a fake server
-    # the default scheduler: SGLang's overlap for every configuration (LumoTree servers opt in with LUMOTREE_OVERLAP=1)
-    assert res["scheduler"] == "overlap" and all(r["scheduler"] == "overlap" for r in rows)
-    assert res["servers"]["lumotree-topk2"]["env"] == {"LUMOTREE_OVERLAP": "1"}
+    # the default scheduler: each server with its flags alone (no LUMOTREE_OVERLAP, no --disable-overlap-schedule)
+    assert res["scheduler"] == "default" and all(r["scheduler"] == "default" for r in rows)
+    assert res["servers"]["lumotree-topk2"]["env"] == {}
 
 
 def test_bench_spec_sync_scheduler_disables_overlap_for_every_configuration(tmp_path, monkeypatch):

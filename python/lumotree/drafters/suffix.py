@@ -18,11 +18,14 @@ from __future__ import annotations
 import array
 import collections
 import dataclasses
+import functools
 import heapq
 import operator
+import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["SuffixTrie", "SuffixDrafter", "Draft", "merge_drafts", "align_draft", "adaptive_budget"]
+__all__ = ["SuffixTrie", "SuffixDrafter", "NativeSuffixDrafter", "make_suffix_drafter", "Draft", "merge_drafts",
+           "align_draft", "adaptive_budget"]
 
 
 @dataclasses.dataclass
@@ -299,6 +302,71 @@ class SuffixDrafter:
         if not drafts:
             return Draft([ctx[-1]], [-1], [1.0])
         return merge_drafts(drafts, budget)
+
+
+@functools.cache
+def _host_extension():
+    """``lumotree._host`` (csrc/host/suffix_drafter.cc) when it was built, else None; never compiles."""
+    try:
+        from lumotree import _host
+    except ImportError:
+        return None
+    return _host
+
+
+class NativeSuffixDrafter:
+    """:class:`SuffixDrafter` in C++ (``csrc/host/suffix_drafter.cc``): the same drafts, node for node
+    and score for score, with the GIL released while it indexes and drafts; :meth:`draft_batch`
+    drafts a whole batch in one call. Same constructor arguments and methods."""
+
+    def __init__(self, max_match: int = 16, max_spec: int = 16, global_tokens: int = 1 << 16,
+                 min_prob: float = 0.05, retired_tokens: int = 1 << 15):
+        ext = _host_extension()
+        if ext is None:
+            raise RuntimeError("lumotree._host is not built (reinstall without LUMOTREE_NO_EXTENSION)")
+        try:
+            self._d = ext.SuffixDrafter(max_match, max_spec, global_tokens, min_prob, retired_tokens)
+        except ValueError as e:
+            raise ValueError(str(e)) from None
+        self.max_match, self.max_spec, self.min_prob = max_match, max_spec, min_prob
+
+    def start(self, rid, prompt: Sequence[int]) -> None:
+        self._d.start(str(rid), [operator.index(t) for t in prompt])
+
+    def append(self, rid, tokens: Sequence[int]) -> None:
+        _unknown_as_key_error(self._d.append, str(rid), [operator.index(t) for t in tokens])
+
+    def rewind(self, rid, drop: int) -> None:
+        _unknown_as_key_error(self._d.rewind, str(rid), drop)
+
+    def finish(self, rid, output: Sequence[int]) -> None:
+        self._d.finish(str(rid), [operator.index(t) for t in output])
+
+    def context(self, rid) -> List[int]:
+        return self._d.context(str(rid))
+
+    def draft(self, rid, budget: int) -> Draft:
+        return Draft(*map(list, _unknown_as_key_error(self._d.draft, str(rid), budget)))
+
+    def draft_batch(self, rids: Sequence, budget: int) -> List[Tuple[List[int], List[int]]]:
+        """``(tokens, parents)`` of every request's draft, one call (the GIL released throughout)."""
+        return _unknown_as_key_error(self._d.draft_batch, [str(r) for r in rids], budget)
+
+
+def _unknown_as_key_error(fn, *args):
+    try:
+        return fn(*args)
+    except IndexError as e:  # std::out_of_range: an unknown request, as SuffixDrafter raises KeyError
+        raise KeyError(str(e)) from None
+
+
+def make_suffix_drafter(**kw):
+    """The suffix drafter LumoTree serves with: :class:`NativeSuffixDrafter` when ``lumotree._host`` is
+    built, else the Python :class:`SuffixDrafter` (also with ``LUMOTREE_OPS=naive``). The one place
+    that chooses."""
+    if os.environ.get("LUMOTREE_OPS", "").strip().lower() != "naive" and _host_extension() is not None:
+        return NativeSuffixDrafter(**kw)
+    return SuffixDrafter(**kw)
 
 
 def merge_drafts(drafts: Sequence[Draft], budget: int, weights: Optional[Sequence[float]] = None) -> Draft:

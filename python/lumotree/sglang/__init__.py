@@ -4,6 +4,9 @@
   server-argument validation and configuration.
 - :mod:`lumotree.sglang.backend` -- the hybrid GDN state backend: tree verify without per-node
   snapshots, accepted-path replay commit into SGLang's state pool.
+- :mod:`lumotree.sglang.worker`, :mod:`lumotree.sglang.adaptive` -- the LUMOTREE tree worker and its
+  adaptive tree size (the configured tree or no draft, per decode step, from measured step times).
+- :mod:`lumotree.sglang.scheduling` -- the synchronous scheduler with the radix cache.
 - :mod:`lumotree.sglang.select` -- LumoTree's fused selection in SGLang's greedy-verify format.
 - :mod:`lumotree.sglang.suffix`, :mod:`lumotree.sglang.oracle` -- model-free drafting
   (``LUMOTREE_SUFFIX``) and the benchmark-only controlled-acceptance drafter.

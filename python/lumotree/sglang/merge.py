@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from lumotree.drafters.suffix import SuffixDrafter
+from lumotree.drafters.suffix import make_suffix_drafter
 from lumotree.drafters.tree_merge import merge_trees
 from lumotree.tree import ancestor_mask, eagle_links, parents_from_eagle
 
@@ -106,7 +106,7 @@ class SuffixMerge:
         self.slots = slots if slots is not None else int(os.environ.get(ENV_SLOTS, max(1, num_draft_tokens // 2)))
         if not 1 <= self.slots < num_draft_tokens:
             raise ValueError(f"suffix slots must be in [1, {num_draft_tokens - 1}], got {self.slots}")
-        self.drafter = SuffixDrafter(max_match=max_match, max_spec=max_spec)
+        self.drafter = make_suffix_drafter(max_match=max_match, max_spec=max_spec)
         self.max_depth = max_spec
         self.kernel = kernel  # the fused Triton merge + layout (default: on CUDA tensors)
         self.context = context

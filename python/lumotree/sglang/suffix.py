@@ -18,7 +18,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from lumotree.drafters.suffix import SuffixDrafter
+from lumotree.drafters.suffix import make_suffix_drafter
 
 logger = logging.getLogger(__name__)
 
@@ -137,13 +137,17 @@ class HostCorpus:
             self._tail[rid] = (tail[:cut - start] + new)[-self.TAIL:]
         self._seen[rid] = total_len
 
+    def _draft_batch(self, req_ids, roots) -> List[Tuple[List[int], List[int]]]:
+        return [self._draft(rid, root) for rid, root in zip(req_ids, roots)]
+
     def batch_get(self, req_ids: List[str], batch_tokens: List[List[int]],
                   total_lens: List[int]) -> Tuple[np.ndarray, np.ndarray]:
-        toks, masks = [], []
+        roots = []
         for rid, ctx, total in zip(req_ids, batch_tokens, total_lens):
             self._observe(rid, ctx, total)
-            root = int(ctx[-1])
-            tokens, parents = self._draft(rid, root)
+            roots.append(int(ctx[-1]))
+        toks, masks = [], []
+        for rid, root, (tokens, parents) in zip(req_ids, roots, self._draft_batch(req_ids, roots)):
             if int(tokens[0]) != root:  # never with the tail check above; a draft is only a guess, the root is not
                 raise RuntimeError(f"LumoTree host drafter: the draft of request {rid!r} starts at token {tokens[0]}, "
                                    f"the server's last token is {root}")
@@ -172,16 +176,18 @@ class HostCorpus:
 
 
 class SuffixCorpus(HostCorpus):
-    """:class:`HostCorpus` over :class:`SuffixDrafter` (per-request tries + global cache)."""
+    """:class:`HostCorpus` over the suffix drafter (per-request tries + global cache): the C++ one
+    (:class:`~lumotree.drafters.suffix.NativeSuffixDrafter`, the batch drafted in one call without the
+    GIL) when built, else the Python reference (:func:`~lumotree.drafters.suffix.make_suffix_drafter`)."""
 
     def __init__(self, draft_token_num: int, max_match: int = 16, max_spec: int = 16,
                  global_tokens: int = 1 << 18, min_prob: float = 0.0):
         super().__init__(draft_token_num)
         self.kw = dict(max_match=max_match, max_spec=max_spec, global_tokens=global_tokens, min_prob=min_prob)
-        self.drafter = SuffixDrafter(**self.kw)
+        self.drafter = make_suffix_drafter(**self.kw)
 
     def _reset(self) -> None:
-        self.drafter = SuffixDrafter(**self.kw)
+        self.drafter = make_suffix_drafter(**self.kw)
 
     def _start(self, rid, tokens):
         self.drafter.start(rid, tokens)
@@ -198,6 +204,11 @@ class SuffixCorpus(HostCorpus):
     def _draft(self, rid, root):
         d = self.drafter.draft(rid, self.n)
         return d.tokens, d.parents
+
+    def _draft_batch(self, req_ids, roots):
+        if hasattr(self.drafter, "draft_batch"):
+            return self.drafter.draft_batch(req_ids, self.n)
+        return super()._draft_batch(req_ids, roots)
 
 
 def ngram_worker(make_corpus):

@@ -1,0 +1,376 @@
+// Suffix drafter in C++: the host side of LUMOTREE_SUFFIX, called once per decode step for the whole
+// batch with the GIL released. Same semantics, node order and scores as the Python reference
+// python/lumotree/drafters/suffix.py (SuffixTrie, SuffixDrafter, merge_drafts) -- the tests compare
+// the two draft for draft.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <queue>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace lumotree {
+
+using Tok = int64_t;
+
+// Counts of all substrings of length <= depth of the appended sequences (node 0 = the empty string).
+class SuffixTrie {
+ public:
+  explicit SuffixTrie(int depth) : depth_(depth) {
+    if (depth < 1) throw std::invalid_argument("depth must be >= 1");
+    count_.push_back(0);
+    kids_.emplace_back();
+  }
+  int new_sequence() {
+    active_.emplace_back();
+    return static_cast<int>(active_.size()) - 1;
+  }
+  void append(int seq, Tok token) {
+    if (token < 0) throw std::invalid_argument("token ids must be non-negative integers");
+    std::vector<int32_t>& act = active_[seq];
+    std::vector<int32_t> nxt;
+    nxt.reserve(act.size() + 1);
+    nxt.push_back(child_or_new(0, token));
+    for (int32_t node : act) nxt.push_back(child_or_new(node, token));
+    if (static_cast<int>(nxt.size()) > depth_ - 1) nxt.resize(std::max(0, depth_ - 1));
+    act.swap(nxt);
+    ++num_tokens_;
+  }
+  void extend(int seq, const std::vector<Tok>& tokens, size_t from = 0) {
+    for (size_t i = from; i < tokens.size(); ++i) append(seq, tokens[i]);
+  }
+  // the node of tokens[begin, end), or -1
+  int32_t find(const std::vector<Tok>& tokens, size_t begin, size_t end) const {
+    int32_t node = 0;
+    for (size_t i = begin; i < end; ++i) {
+      node = child(node, tokens[i]);
+      if (node < 0) return -1;
+    }
+    return node;
+  }
+  void set_cursor(int seq, const std::vector<Tok>& ctx) {
+    std::vector<int32_t> act;
+    size_t n = ctx.size();
+    for (size_t m = 1; m <= std::min<size_t>(depth_ - 1, n); ++m) {
+      int32_t node = find(ctx, n - m, n);
+      if (node < 0) break;
+      act.push_back(node);
+    }
+    active_[seq].swap(act);
+  }
+  bool has_children(int32_t node) const { return !kids_[node].empty(); }
+  const std::vector<std::pair<Tok, int32_t>>& children(int32_t node) const { return kids_[node]; }
+  int64_t count(int32_t node) const { return count_[node]; }
+  int64_t num_nodes() const { return static_cast<int64_t>(count_.size()); }
+  int64_t num_tokens() const { return num_tokens_; }
+
+ private:
+  static uint64_t key(int32_t node, Tok token) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(node)) << 32) ^ static_cast<uint64_t>(token);
+  }
+  int32_t child(int32_t node, Tok token) const {
+    if (token >= (Tok(1) << 32)) throw std::invalid_argument("token ids must be < 2^32");
+    auto it = edge_.find(key(node, token));
+    return it == edge_.end() ? -1 : it->second;
+  }
+  int32_t child_or_new(int32_t node, Tok token) {
+    if (token >= (Tok(1) << 32)) throw std::invalid_argument("token ids must be < 2^32");
+    auto [it, fresh] = edge_.try_emplace(key(node, token), static_cast<int32_t>(count_.size()));
+    if (fresh) {
+      count_.push_back(0);
+      kids_.emplace_back();
+      kids_[node].emplace_back(token, it->second);  // children in the order they first occurred
+    }
+    ++count_[it->second];
+    return it->second;
+  }
+  int depth_;
+  int64_t num_tokens_ = 0;
+  std::vector<int64_t> count_;
+  std::vector<std::vector<std::pair<Tok, int32_t>>> kids_;
+  std::unordered_map<uint64_t, int32_t> edge_;
+  std::vector<std::vector<int32_t>> active_;
+};
+
+struct Draft {
+  std::vector<Tok> tokens;
+  std::vector<int64_t> parents;
+  std::vector<double> scores;
+};
+
+// best-first expansion below `node` by path probability (python: _expand)
+static Draft expand(const SuffixTrie& trie, int32_t node, Tok root, int budget, double min_prob) {
+  Draft d{{root}, {-1}, {1.0}};
+  // (score, tie, token, trie node, parent index); highest score first, then lowest tie
+  using Item = std::tuple<double, int64_t, Tok, int32_t, int64_t>;
+  auto worse = [](const Item& a, const Item& b) {
+    if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) < std::get<0>(b);
+    return std::get<1>(a) > std::get<1>(b);
+  };
+  std::priority_queue<Item, std::vector<Item>, decltype(worse)> heap(worse);
+  int64_t tie = 0;
+  auto push_children = [&](int32_t n, double score, int64_t parent) {
+    const auto& kids = trie.children(n);
+    int64_t total = 0;
+    for (const auto& kc : kids) total += trie.count(kc.second);
+    for (const auto& kc : kids) {
+      double p = static_cast<double>(trie.count(kc.second)) / static_cast<double>(total);
+      heap.emplace(score * p, tie++, kc.first, kc.second, parent);
+    }
+  };
+  push_children(node, 1.0, 0);
+  while (!heap.empty() && static_cast<int>(d.tokens.size()) < budget) {
+    auto [score, t, tok, ch, par] = heap.top();
+    heap.pop();
+    if (score < min_prob) break;
+    int64_t idx = static_cast<int64_t>(d.tokens.size());
+    d.tokens.push_back(tok);
+    d.parents.push_back(par);
+    d.scores.push_back(score);
+    push_children(ch, score, idx);
+  }
+  return d;
+}
+
+// union by token path, best score per path, the `budget` best nodes best-first (python: merge_drafts)
+static Draft merge(const std::vector<Draft>& drafts, int budget) {
+  using Path = std::vector<Tok>;
+  std::map<Path, double> best;
+  std::map<Path, std::vector<Path>> children;
+  best[Path{}] = 1.0;
+  Tok root = drafts[0].tokens[0];
+  for (const Draft& d : drafts) {
+    std::vector<Path> paths{Path{}};
+    for (size_t i = 1; i < d.tokens.size(); ++i) {
+      Path path = paths[d.parents[i]];
+      path.push_back(d.tokens[i]);
+      double sc = d.scores[i];
+      auto it = best.find(path);
+      if (it == best.end()) {
+        children[paths[d.parents[i]]].push_back(path);
+        best.emplace(path, sc);
+      } else {
+        it->second = std::max(it->second, sc);
+      }
+      paths.push_back(std::move(path));
+    }
+  }
+  Draft out{{root}, {-1}, {1.0}};
+  // (score, path, parent): highest score first, then the smallest path (python tuple order)
+  using Item = std::tuple<double, Path, int64_t>;
+  auto worse = [](const Item& a, const Item& b) {
+    if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) < std::get<0>(b);
+    return std::get<1>(a) > std::get<1>(b);
+  };
+  std::priority_queue<Item, std::vector<Item>, decltype(worse)> heap(worse);
+  for (const Path& c : children[Path{}]) heap.emplace(best[c], c, 0);
+  while (!heap.empty() && static_cast<int>(out.tokens.size()) < budget) {
+    Item top = heap.top();
+    heap.pop();
+    double score = std::get<0>(top);
+    const Path& path = std::get<1>(top);
+    int64_t idx = static_cast<int64_t>(out.tokens.size());
+    out.tokens.push_back(path.back());
+    out.parents.push_back(std::get<2>(top));
+    out.scores.push_back(score);
+    auto it = children.find(path);
+    if (it != children.end())
+      for (const Path& c : it->second) heap.emplace(std::min(best[c], score), c, idx);  // never above the parent
+  }
+  return out;
+}
+
+// Per-request suffix tries + a bounded global trie of recent outputs + finished requests' tries kept
+// for a next turn that extends their context (python: SuffixDrafter).
+class SuffixDrafter {
+ public:
+  SuffixDrafter(int max_match, int max_spec, int64_t global_tokens, double min_prob, int64_t retired_tokens)
+      : max_match_(max_match), max_spec_(max_spec), depth_(max_match + max_spec), global_tokens_(global_tokens),
+        min_prob_(min_prob), retired_tokens_(retired_tokens), global_(std::make_unique<SuffixTrie>(depth_)) {
+    if (max_match < 1 || max_spec < 1) throw std::invalid_argument("max_match and max_spec must be >= 1");
+    if (retired_tokens < 0) throw std::invalid_argument("retired_tokens must be >= 0");
+  }
+
+  void start(const std::string& rid, const std::vector<Tok>& prompt) {
+    Request req;
+    size_t done = 0;
+    if (!adopt(prompt, req)) {
+      req.trie = std::make_shared<SuffixTrie>(depth_);
+      req.seq = req.trie->new_sequence();
+    } else {
+      done = req.ctx.size();
+    }
+    req.trie->extend(req.seq, prompt, done);
+    req.ctx = prompt;
+    requests_[rid] = std::move(req);
+  }
+
+  void append(const std::string& rid, const std::vector<Tok>& tokens) {
+    Request& r = request(rid);
+    r.trie->extend(r.seq, tokens);
+    r.ctx.insert(r.ctx.end(), tokens.begin(), tokens.end());
+  }
+
+  void rewind(const std::string& rid, int64_t drop) {
+    Request& r = request(rid);
+    if (drop < 0 || drop > static_cast<int64_t>(r.ctx.size()))
+      throw std::invalid_argument("cannot rewind " + std::to_string(drop) + " of the " +
+                                  std::to_string(r.ctx.size()) + " context tokens of request " + rid);
+    if (drop == 0) return;
+    r.ctx.resize(r.ctx.size() - drop);
+    r.trie->set_cursor(r.seq, r.ctx);
+  }
+
+  void finish(const std::string& rid, const std::vector<Tok>& output) {
+    auto it = requests_.find(rid);
+    if (it != requests_.end()) {
+      retire(std::move(it->second));
+      requests_.erase(it);
+    }
+    if (output.empty()) return;
+    recent_.push_back(output);
+    recent_tokens_ += static_cast<int64_t>(output.size());
+    bool evicted = false;
+    while (recent_tokens_ > global_tokens_ && recent_.size() > 1) {
+      recent_tokens_ -= static_cast<int64_t>(recent_.front().size());
+      recent_.pop_front();
+      evicted = true;
+    }
+    if (evicted) {
+      global_ = std::make_unique<SuffixTrie>(depth_);
+      for (const auto& o : recent_) global_->extend(global_->new_sequence(), o);
+    } else {
+      global_->extend(global_->new_sequence(), output);
+    }
+  }
+
+  std::vector<Tok> context(const std::string& rid) const {
+    auto it = requests_.find(rid);
+    return it == requests_.end() ? std::vector<Tok>{} : it->second.ctx;
+  }
+
+  Draft draft(const std::string& rid, int budget) {
+    if (budget < 1) throw std::invalid_argument("budget must be >= 1");
+    Request& r = request(rid);
+    if (r.ctx.empty()) throw std::invalid_argument("request " + rid + " has no context: the root token is missing");
+    auto [local, m_local] = match(*r.trie, r.ctx);
+    auto [glob, m_glob] = match(*global_, r.ctx);
+    std::vector<Draft> drafts;
+    Tok root = r.ctx.back();
+    if (local >= 0) drafts.push_back(expand(*r.trie, local, root, budget, min_prob_));
+    if (glob >= 0 && m_glob >= m_local) drafts.push_back(expand(*global_, glob, root, budget, min_prob_));
+    if (drafts.empty()) return Draft{{root}, {-1}, {1.0}};
+    return merge(drafts, budget);
+  }
+
+  int64_t num_requests() const { return static_cast<int64_t>(requests_.size()); }
+
+ private:
+  struct Request {
+    std::shared_ptr<SuffixTrie> trie;
+    int seq = 0;
+    std::vector<Tok> ctx;
+  };
+
+  Request& request(const std::string& rid) {
+    auto it = requests_.find(rid);
+    if (it == requests_.end()) throw std::out_of_range("unknown request " + rid + ": call start() first");
+    return it->second;
+  }
+
+  std::pair<int32_t, int> match(const SuffixTrie& trie, const std::vector<Tok>& ctx) const {
+    size_t n = ctx.size();
+    for (int m = static_cast<int>(std::min<size_t>(max_match_, n)); m > 0; --m) {
+      int32_t node = trie.find(ctx, n - m, n);
+      if (node >= 0 && trie.has_children(node)) return {node, m};
+    }
+    return {-1, 0};
+  }
+
+  // the retired request whose context is the longest prefix of prompt, taken out of the store
+  bool adopt(const std::vector<Tok>& prompt, Request& out) {
+    auto best = retired_.end();
+    for (auto it = retired_.begin(); it != retired_.end(); ++it) {
+      const auto& ctx = it->ctx;
+      if (ctx.size() <= prompt.size() && (best == retired_.end() || ctx.size() > best->ctx.size()) &&
+          std::equal(ctx.begin(), ctx.end(), prompt.begin()))
+        best = it;
+    }
+    if (best == retired_.end()) return false;
+    retired_total_ -= static_cast<int64_t>(best->ctx.size());
+    out = std::move(*best);
+    retired_.erase(best);
+    return true;
+  }
+
+  void retire(Request&& req) {
+    if (retired_tokens_ == 0 || req.ctx.empty() || static_cast<int64_t>(req.ctx.size()) > retired_tokens_) return;
+    retired_total_ += static_cast<int64_t>(req.ctx.size());
+    retired_.push_back(std::move(req));
+    while (retired_total_ > retired_tokens_) {
+      retired_total_ -= static_cast<int64_t>(retired_.front().ctx.size());
+      retired_.pop_front();
+    }
+  }
+
+  int max_match_, max_spec_, depth_;
+  int64_t global_tokens_;
+  double min_prob_;
+  int64_t retired_tokens_;
+  std::unordered_map<std::string, Request> requests_;
+  std::deque<std::vector<Tok>> recent_;
+  int64_t recent_tokens_ = 0;
+  std::unique_ptr<SuffixTrie> global_;
+  std::list<Request> retired_;  // oldest first
+  int64_t retired_total_ = 0;
+};
+
+}  // namespace lumotree
+
+PYBIND11_MODULE(_host, m) {
+  using namespace lumotree;
+  m.doc() = "LumoTree's host-side drafters in C++ (see csrc/host/suffix_drafter.cc)";
+  py::class_<SuffixDrafter>(m, "SuffixDrafter")
+      .def(py::init<int, int, int64_t, double, int64_t>(), py::arg("max_match") = 16, py::arg("max_spec") = 16,
+           py::arg("global_tokens") = int64_t(1) << 16, py::arg("min_prob") = 0.05,
+           py::arg("retired_tokens") = int64_t(1) << 15)
+      .def("start", &SuffixDrafter::start, py::call_guard<py::gil_scoped_release>())
+      .def("append", &SuffixDrafter::append, py::call_guard<py::gil_scoped_release>())
+      .def("rewind", &SuffixDrafter::rewind, py::call_guard<py::gil_scoped_release>())
+      .def("finish", &SuffixDrafter::finish, py::call_guard<py::gil_scoped_release>())
+      .def("context", &SuffixDrafter::context)
+      .def("draft",
+           [](SuffixDrafter& self, const std::string& rid, int budget) {
+             Draft d;
+             {
+               py::gil_scoped_release release;
+               d = self.draft(rid, budget);
+             }
+             return py::make_tuple(d.tokens, d.parents, d.scores);
+           })
+      // one call per step for the whole batch, the GIL released throughout
+      .def("draft_batch",
+           [](SuffixDrafter& self, const std::vector<std::string>& rids, int budget) {
+             std::vector<Draft> out(rids.size());
+             {
+               py::gil_scoped_release release;
+               for (size_t i = 0; i < rids.size(); ++i) out[i] = self.draft(rids[i], budget);
+             }
+             py::list res;
+             for (auto& d : out) res.append(py::make_tuple(d.tokens, d.parents));
+             return res;
+           })
+      .def_property_readonly("num_requests", &SuffixDrafter::num_requests);
+}

@@ -1,0 +1,138 @@
+"""The C++ suffix drafter (csrc/host/suffix_drafter.cc) against its Python reference
+(lumotree.drafters.suffix.SuffixDrafter): the same drafts -- tokens, parents and scores, exactly --
+through random request lifecycles (prompts, appends, rewinds, finishes, the global cache's eviction,
+a next turn adopting a finished request's trie), and the same errors."""
+import random
+
+import pytest
+
+from lumotree.drafters import suffix as S
+
+pytestmark = pytest.mark.skipif(S._host_extension() is None, reason="lumotree._host not built")
+
+
+def motif_tokens(rng, n, vocab=12):
+    """Token streams with repeated motifs and variations: suffix tries that branch."""
+    motifs = [[rng.randrange(vocab) for _ in range(rng.randrange(3, 9))] for _ in range(4)]
+    out = []
+    while len(out) < n:
+        m = list(rng.choice(motifs))
+        if rng.random() < 0.3:
+            m[rng.randrange(len(m))] = rng.randrange(vocab)
+        out += m
+    return out[:n]
+
+
+def same(a, b):
+    assert a.tokens == b.tokens and a.parents == b.parents and a.scores == b.scores, (a, b)
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("kw", [
+    pytest.param(dict(max_match=4, max_spec=4, global_tokens=60, min_prob=0.0, retired_tokens=200), id="small"),
+    pytest.param(dict(max_match=16, max_spec=16, global_tokens=1 << 16, min_prob=0.05, retired_tokens=1 << 15),
+                 id="defaults"),
+])
+def test_native_drafts_equal_the_reference(seed, kw):
+    rng = random.Random(seed)
+    py, cc = S.SuffixDrafter(**kw), S.NativeSuffixDrafter(**kw)
+    live, contexts, finished, serial, branched = [], {}, [], 0, 0
+    for _ in range(160):
+        op = rng.random()
+        if not live or op < 0.12:
+            rid = f"r{serial}"
+            serial += 1
+            if finished and rng.random() < 0.5:  # a next turn: the previous context + new tokens
+                prompt = rng.choice(finished) + motif_tokens(rng, rng.randrange(1, 12))
+            else:
+                prompt = motif_tokens(rng, rng.randrange(1, 40))
+            py.start(rid, prompt)
+            cc.start(rid, prompt)
+            live.append(rid)
+            contexts[rid] = list(prompt)
+        elif op < 0.55:
+            rid = rng.choice(live)
+            toks = motif_tokens(rng, rng.randrange(1, 6))
+            py.append(rid, toks)
+            cc.append(rid, toks)
+            contexts[rid] += toks
+        elif op < 0.62:
+            rid = rng.choice(live)
+            drop = rng.randrange(0, min(4, len(contexts[rid])) + 1)
+            if drop < len(contexts[rid]):
+                py.rewind(rid, drop)
+                cc.rewind(rid, drop)
+                del contexts[rid][len(contexts[rid]) - drop:]
+        elif op < 0.72:
+            rid = live.pop(rng.randrange(len(live)))
+            out = contexts[rid][-rng.randrange(0, 20):]
+            py.finish(rid, out)
+            cc.finish(rid, out)
+            finished.append(contexts.pop(rid))
+        else:
+            rid = rng.choice(live)
+            budget = rng.choice([1, 2, 4, 8, 16])
+            d = py.draft(rid, budget)
+            same(d, cc.draft(rid, budget))
+            branched += len(set(d.parents)) < len(d.parents) - 1  # some node has two children
+        for rid in live:
+            assert cc.context(rid) == py.context(rid) == contexts[rid]
+    assert branched > 0  # the workload exercises branching trees, not only chains
+    if live:
+        batch = cc.draft_batch(live, 8)
+        for rid, (tokens, parents) in zip(live, batch):
+            d = py.draft(rid, 8)
+            assert (tokens, parents) == (d.tokens, d.parents)
+
+
+def test_native_errors_match_the_reference():
+    cc = S.NativeSuffixDrafter(max_match=4, max_spec=4)
+    with pytest.raises(KeyError, match="unknown request"):
+        cc.draft("nobody", 4)
+    with pytest.raises(KeyError, match="unknown request"):
+        cc.append("nobody", [1])
+    cc.start("a", [1, 2, 3])
+    with pytest.raises(ValueError, match="budget must be >= 1"):
+        cc.draft("a", 0)
+    with pytest.raises(ValueError, match="cannot rewind 5"):
+        cc.rewind("a", 5)
+    with pytest.raises(ValueError, match="non-negative"):
+        cc.append("a", [-1])
+    with pytest.raises(ValueError, match="max_match and max_spec"):
+        S.NativeSuffixDrafter(max_match=0)
+    cc.start("empty", [])
+    with pytest.raises(ValueError, match="no context"):
+        cc.draft("empty", 4)
+
+
+def test_served_corpus_uses_the_native_drafter_unless_forced(monkeypatch):
+    from lumotree.sglang.suffix import SuffixCorpus
+
+    assert isinstance(SuffixCorpus(8).drafter, S.NativeSuffixDrafter)
+    monkeypatch.setenv("LUMOTREE_OPS", "naive")
+    assert isinstance(SuffixCorpus(8).drafter, S.SuffixDrafter)
+
+
+def test_served_corpus_batches_are_the_same_with_either_drafter(monkeypatch):
+    """SGLang's NGRAM-loop view (batch_get over contexts that grow and move) gives the same token and
+    mask arrays with the C++ drafter as with the Python one."""
+    import numpy as np
+
+    from lumotree.sglang.suffix import SuffixCorpus
+
+    rng = random.Random(3)
+    streams = {f"q{i}": motif_tokens(rng, 400) for i in range(6)}
+    native = SuffixCorpus(8)
+    monkeypatch.setenv("LUMOTREE_OPS", "naive")
+    ref = SuffixCorpus(8)
+    lens = {rid: 30 + 7 * i for i, rid in enumerate(streams)}
+    for step in range(40):
+        rids = [r for r in streams if (step + int(r[1:])) % 5]  # requests come and go
+        for r in rids:
+            lens[r] += rng.randrange(1, 5)
+        args = (rids, [streams[r][max(0, lens[r] - 64):lens[r]] for r in rids], [lens[r] for r in rids])
+        a, b = native.batch_get(*args), ref.batch_get(*args)
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+        if step % 9 == 8:
+            native.erase_match_state(rids[:1])
+            ref.erase_match_state(rids[:1])

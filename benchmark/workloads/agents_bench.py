@@ -1,0 +1,242 @@
+"""Concurrent coding agents against each server's OpenAI API (GPU machine): the agent workload's speed.
+
+    python3 benchmark/workloads/agents_bench.py --model benchmark/models/tiny-hybrid \\
+        --configs none,ngram,lumotree-suffix,lumotree --agents 1,8,32 --out benchmark/results/agents_h200.json
+
+Sessions (:func:`make_sessions`, deterministic for ``--seed``) look like SWE-agent's: a system prompt
+with tool documentation, a task, then scripted observations of several kinds over real files of this
+machine's Python standard library -- 100-line file views, search hits, directory listings, diffs of
+edits, pytest logs, tracebacks. The loop is closed: each turn sends the history so far to
+``/v1/chat/completions`` (greedy), and the model's own reply becomes the assistant message before
+the next observation. Once a prompt passes ``--collapse-tokens`` tokens, the oldest observations are
+replaced by one line (as SWE-agent's history processors do), so prompts grow to ~6-8k tokens and
+then edit the middle of a cached prefix. ``--agents K`` runs K agents at once, each working through
+its share of the sessions; the radix cache is on (every server with its flags alone).
+
+Rows ``{config, agents, tokens_per_s, accept_length, latency_p50, latency_p95, cached_fraction,
+turns, prompt_tokens_max}``: completion tokens per second of wall time; per-turn latency (s);
+``cached_fraction`` = cached / prompt tokens (SGLang's ``usage.prompt_tokens_details``, with
+``--enable-cache-report``); ``accept_length``: the server's average since start-up, read after the
+phase (``/get_server_info``; phases run in the order of ``--agents``).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import random
+import statistics
+import sys
+import sysconfig
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "serving"))
+
+SYSTEM = """You are a software engineering agent working in a Python repository.
+Call exactly one tool per turn: <tool>NAME</tool><args>ARGUMENTS</args>
+Tools:
+- view PATH START: print 100 lines of PATH from line START, numbered.
+- search PATTERN DIR: list the files and lines under DIR that contain PATTERN.
+- ls DIR: list a directory.
+- edit PATH START END: replace lines START..END of PATH with the text after the command.
+- run_tests PATH: run the tests of PATH and print the report.
+- submit: finish.
+Keep edits minimal and re-run the tests after every edit."""
+
+KINDS = ("view", "view", "search", "ls", "edit", "run_tests", "traceback")
+
+
+def _stdlib_files(rng, k):
+    root = sysconfig.get_paths()["stdlib"]
+    files = sorted(os.path.join(root, n) for n in os.listdir(root)
+                   if n.endswith(".py") and 2_000 < os.path.getsize(os.path.join(root, n)) < 300_000)
+    return [rng.choice(files) for _ in range(k)]
+
+
+def _numbered(lines, start):
+    return "\n".join(f"{start + i:6d}\t{ln}" for i, ln in enumerate(lines))
+
+
+def observation(rng, kind, lines, rel, func):
+    """One tool output of ``kind`` over a file's ``lines`` (edits change ``lines`` in place)."""
+    start = rng.randint(1, max(1, len(lines) - 100))
+    if kind == "view":
+        return _numbered(lines[start - 1:start + 99], start)
+    if kind == "search":
+        word = func if rng.random() < 0.5 else rng.choice(["return", "self", "raise", "None", "def "])
+        hits = [f"{rel}:{i + 1}:{ln}" for i, ln in enumerate(lines) if word in ln][:40]
+        return "\n".join(hits) or f"No matches for {word!r}"
+    if kind == "ls":
+        names = sorted({os.path.basename(p) for p in _stdlib_files(rng, 25)})
+        return "\n".join(["README.md", "setup.py", "src/", "tests/"] + [f"src/{n}" for n in names])
+    if kind == "edit":
+        s2 = rng.randint(start, min(len(lines), start + 60))
+        e2 = min(len(lines), s2 + rng.randint(1, 6))
+        old = lines[s2 - 1:e2]
+        new = [ln + "  # guarded" if ln.strip() else ln for ln in old]
+        lines[s2 - 1:e2] = new
+        return "\n".join([f"--- a/{rel}", f"+++ b/{rel}", f"@@ -{s2},{len(old)} +{s2},{len(new)} @@"]
+                         + [f"-{ln}" for ln in old] + [f"+{ln}" for ln in new])
+    if kind == "run_tests":
+        n = rng.randint(4, 14)
+        failed = rng.randint(0, 3)
+        body = [f"tests/test_{os.path.basename(rel)}::test_{func}_{i} {'FAILED' if i < failed else 'PASSED'} "
+                f"[{100 * (i + 1) // n:3d}%]" for i in range(n)]
+        return "\n".join(["============================= test session starts ==============================",
+                          f"collected {n} items", ""] + body +
+                         [f"========================= {n - failed} passed, {failed} failed in "
+                          f"{rng.uniform(0.1, 3):.2f}s ========================="])
+    frames = [f'  File "{rel}", line {rng.randint(1, len(lines))}, in {func}\n    {lines[rng.randrange(len(lines))].strip()}'
+              for _ in range(rng.randint(2, 5))]
+    return "Traceback (most recent call last):\n" + "\n".join(frames) + f"\nValueError: empty input to {func}()"
+
+
+def make_sessions(n: int, turns: int, seed: int = 0):
+    """``n`` scripted sessions: ``dict(id, system, task, observations)``; deterministic for ``seed``."""
+    rng = random.Random(seed)
+    out = []
+    for sid, path in enumerate(_stdlib_files(rng, n)):
+        lines = open(path, encoding="utf-8", errors="replace").read().splitlines()
+        rel = "src/" + os.path.basename(path)
+        funcs = [ln.split("def ", 1)[1].split("(")[0] for ln in lines if ln.lstrip().startswith("def ")] or ["main"]
+        func = rng.choice(funcs)
+        task = (f"Issue: `{func}` in {rel} fails on empty input (ValueError). The tests in "
+                f"tests/test_{os.path.basename(path)} reproduce it. Find the cause and fix it.")
+        obs = [observation(rng, "search" if t == 0 else rng.choice(KINDS), lines, rel, func) for t in range(turns)]
+        out.append(dict(id=sid, system=SYSTEM, task=task, observations=obs))
+    return out
+
+
+def collapse(messages, count_tokens, limit: int):
+    """Replace the oldest observations (user messages after the task) by one line each until the
+    prompt has at most ``limit`` tokens (or nothing is left to collapse). Returns a new list."""
+    msgs = [dict(m) for m in messages]
+    i = 2
+    while count_tokens(msgs) > limit and i < len(msgs) - 1:
+        if msgs[i]["role"] == "user" and not msgs[i]["content"].startswith("Old environment output"):
+            n = msgs[i]["content"].count("\n") + 1
+            msgs[i]["content"] = f"Old environment output: ({n} lines omitted)"
+        i += 1
+    return msgs
+
+
+def token_counter(model_dir):
+    """Prompt tokens of a message list: the checkpoint's tokenizer when there is one, else ~4 chars/token."""
+    path = os.path.join(model_dir or "", "tokenizer.json")
+    if os.path.isfile(path):
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(path)
+        return lambda msgs: sum(len(tok.encode(m["content"]).ids) + 4 for m in msgs)
+    return lambda msgs: sum(len(m["content"]) // 4 + 4 for m in msgs)
+
+
+def chat(url, messages, max_tokens, model="default", timeout=600):
+    from sglang_server import post
+
+    return post(url + "/v1/chat/completions", dict(model=model, messages=messages, max_tokens=max_tokens,
+                                                   temperature=0), timeout=timeout)
+
+
+def run_phase(url, sessions, agents: int, max_tokens: int, count_tokens, limit: int, send=chat):
+    """Run every session with ``agents`` concurrent agents; returns per-turn records and the wall time."""
+    todo = list(sessions)
+    lock = threading.Lock()
+    turns = []
+
+    def agent():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                s = todo.pop(0)
+            msgs = [dict(role="system", content=s["system"]), dict(role="user", content=s["task"])]
+            for obs in s["observations"]:
+                msgs = collapse(msgs, count_tokens, limit)
+                t0 = time.perf_counter()
+                r = send(url, msgs, max_tokens)
+                dt = time.perf_counter() - t0
+                usage = r.get("usage") or {}
+                details = usage.get("prompt_tokens_details") or {}
+                reply = r["choices"][0]["message"]["content"] or ""
+                with lock:
+                    turns.append(dict(session=s["id"], latency=dt, completion_tokens=usage.get("completion_tokens", 0),
+                                      prompt_tokens=usage.get("prompt_tokens", 0),
+                                      cached_tokens=details.get("cached_tokens", 0) or 0))
+                msgs += [dict(role="assistant", content=reply), dict(role="user", content="OBSERVATION:\n" + obs)]
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(agents) as pool:
+        for f in [pool.submit(agent) for _ in range(agents)]:
+            f.result()
+    return turns, time.perf_counter() - t0
+
+
+def summarize(config, agents, turns, wall, accept_length=None):
+    lat = sorted(t["latency"] for t in turns)
+    prompt = sum(t["prompt_tokens"] for t in turns)
+    return dict(config=config, agents=agents, turns=len(turns), seconds=round(wall, 3),
+                tokens_per_s=sum(t["completion_tokens"] for t in turns) / wall if wall > 0 else 0.0,
+                accept_length=accept_length, latency_p50=statistics.median(lat) if lat else None,
+                latency_p95=lat[int(0.95 * (len(lat) - 1))] if lat else None,
+                cached_fraction=sum(t["cached_tokens"] for t in turns) / prompt if prompt else None,
+                prompt_tokens_max=max((t["prompt_tokens"] for t in turns), default=0))
+
+
+CONFIGS = {
+    "none": [],
+    "ngram": ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"],
+    "lumotree-suffix": ["--speculative-algorithm", "LUMOTREE_SUFFIX"],
+    "lumotree": ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+                 "--speculative-num-draft-tokens", "6"],
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--configs", default="none,ngram,lumotree-suffix,lumotree")
+    ap.add_argument("--agents", default="1,8,32")
+    ap.add_argument("--sessions", type=int, default=32)
+    ap.add_argument("--turns", type=int, default=13)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--collapse-tokens", type=int, default=6500)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--log-dir", default=".")
+    ap.add_argument("--server-timeout", type=int, default=400)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+    from sglang_server import get, sglang_server
+
+    sessions = make_sessions(args.sessions, args.turns, args.seed)
+    count = token_counter(args.model)
+    base = ["--attention-backend", "triton", "--disable-piecewise-cuda-graph", "--enable-cache-report",
+            "--mem-fraction-static", "0.5", "--max-running-requests", str(max(int(a) for a in args.agents.split(",")))]
+    res = dict(command="python3 " + " ".join(sys.argv), rows=[], servers={})
+    for name in args.configs.split(","):
+        log = os.path.join(args.log_dir, f"agents-{name}.log")
+        t0 = time.time()
+        try:
+            with sglang_server(args.model, CONFIGS[name], port=args.port, log=log, timeout=args.server_timeout,
+                               base_args=base) as url:
+                res["servers"][name] = dict(ready_s=round(time.time() - t0, 1), args=CONFIGS[name])
+                for agents in (int(a) for a in args.agents.split(",")):
+                    turns, wall = run_phase(url, sessions, agents, args.max_tokens, count, args.collapse_tokens)
+                    info = json.loads(get(url + "/get_server_info"))
+                    acc = next((s.get("avg_spec_accept_length") for s in info.get("internal_states", [])
+                                if s.get("avg_spec_accept_length")), None)
+                    row = summarize(name, agents, turns, wall, acc)
+                    res["rows"].append(row)
+                    print(json.dumps(row), flush=True)
+                    json.dump(res, open(args.out, "w"), indent=1)
+        except Exception as e:  # a server that fails is recorded, the others still run
+            res["servers"][name] = dict(error=repr(e)[:2000])
+        json.dump(res, open(args.out, "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()

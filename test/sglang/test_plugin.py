@@ -452,7 +452,7 @@ base = ["--model-path", sys.argv[1], "--device", "cuda", "--attention-backend", 
 bad = sys.argv[2] + "/bad.json"
 json.dump({"candidate_steps": [0, 2]}, open(bad, "w"))
 for extra in ([], ["--speculative-adaptive"], ["--speculative-adaptive-config", bad],
-              ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive"]):
+              ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive"], ["--tp-size", "2"]):
     try:
         sa = prepare_server_args(base + extra)
         print("RESULT ok", adaptive_tree_size(sa), sa.speculative_adaptive, sa.speculative_num_draft_tokens)
@@ -464,14 +464,16 @@ for extra in ([], ["--speculative-adaptive"], ["--speculative-adaptive-config", 
 def test_lumotree_is_adaptive_by_default_and_checks_the_adaptive_flags(tmp_path):
     """A LUMOTREE server chooses its tree size per step by default; ``--speculative-adaptive`` is
     accepted (and SGLang's chain-only controller kept off, so its draft-token sizing does not apply to
-    the tree); a config naming a tree it cannot serve, and the flag on LUMOTREE_SUFFIX, fail at parsing."""
+    the tree); a config naming a tree it cannot serve, and the flag on LUMOTREE_SUFFIX, fail at parsing; with
+    more than one GPU per model the tree is fixed (ranks must not choose differently)."""
     if not os.path.isfile(os.path.join(CKPT, "config.json")):
         pytest.skip("tiny checkpoint not in this checkout")
     out = subprocess.run([sys.executable, "-c", ADAPTIVE_SCRIPT, CKPT, str(tmp_path)], capture_output=True,
                          text=True, timeout=600, cwd=ROOT)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert len(lines) == 4, out.stdout[-2000:] + out.stderr[-4000:]
+    assert len(lines) == 5, out.stdout[-2000:] + out.stderr[-4000:]
     assert lines[0] == "ok True False 6", lines[0]
+    assert lines[4] == "ok False False 6", lines[4]  # --tp-size 2: the configured tree on every step
     assert lines[1] == "ok True False 6", lines[1]
     assert "--speculative-adaptive-config" in lines[2] and "candidate_steps [2] cannot be served" in lines[2], lines[2]
     assert "--speculative-adaptive" in lines[3] and "LUMOTREE_SUFFIX drafts a fixed tree size" in lines[3], lines[3]

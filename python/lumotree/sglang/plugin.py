@@ -162,11 +162,14 @@ def configure_server_args(server_args) -> None:
 def adaptive_tree_size(server_args) -> bool:
     """Whether a LUMOTREE server chooses its tree size per step (:mod:`lumotree.sglang.adaptive`): by
     default, except with ``--enable-multi-layer-eagle``, the merged MTP + suffix tree
-    (``LUMOTREE_SUFFIX_MERGE=1``) and the decode-exact mode, which serve the configured tree."""
+    (``LUMOTREE_SUFFIX_MERGE=1``), the decode-exact mode, and more than one GPU per model
+    (``--tp-size`` / ``--dp-size`` > 1: each rank measures its own step times, and ranks choosing
+    differently would launch different collectives), which serve the configured tree."""
     from lumotree.sglang import exact, merge
 
+    multi = (getattr(server_args, "tp_size", 1) or 1) > 1 or (getattr(server_args, "dp_size", 1) or 1) > 1
     return not (getattr(server_args, "enable_multi_layer_eagle", False) or merge.enabled()
-                or exact.exact_mode(server_args))
+                or exact.exact_mode(server_args) or multi)
 
 
 def _worker_factory(server_args):

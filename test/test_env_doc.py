@@ -16,6 +16,6 @@ def test_every_environment_variable_read_is_documented_in_the_package_docstring(
         files += [os.path.join(d, n) for n in names if n.endswith(".py")]
     for f in files:
         read |= set(pattern.findall(open(f).read()))
-    assert {"LUMOTREE_SGLANG_VERIFY", "LUMOTREE_SGLANG_COMMIT", "LUMOTREE_NO_EXTENSION"} <= read  # the scan works
+    assert {"LUMOTREE_SGLANG_CHECK", "LUMOTREE_SGLANG_SELECT", "LUMOTREE_NO_EXTENSION"} <= read  # the scan works
     documented = set(re.findall(r"LUMOTREE_[A-Z_0-9]+", lumotree.__doc__))
     assert read <= documented, f"not in lumotree.__doc__: {sorted(read - documented)}"

@@ -160,14 +160,14 @@ def run_cell(model, tree_name, parents_list, B, cfg, chunk_cfg=(None, None, None
 
     out_m = torch.empty_like(out)
 
-    def serving_verify_mixed(pool_=pool_o):  # LUMOTREE_SGLANG_PRECISION=mixed
+    def serving_verify_mixed(pool_=pool_o):
         tri.gdn_tree_chunk_verify_fwd(q, k, v, pool_, tree, A_log=A_log, a=a, dt_bias=dt_bias, b=b,
                                       use_qk_l2norm=True, state_indices=rows, anc_mask=anc, BV=mBV,
                                       num_warps=mwarps, precision=mprec, precision_low=mlow, out=out_m, ring=ring)
 
     out_sp = torch.empty_like(out)
 
-    def split_verify(pool_=pool_o, BV_=None, warps_=None, low=None, **kw):  # LUMOTREE_SGLANG_VERIFY=split
+    def split_verify(pool_=pool_o, BV_=None, warps_=None, low=None, **kw):
         tri.gdn_tree_split_verify_fwd(q, k, v, pool_, tree, A_log=A_log, a=a, dt_bias=dt_bias, b=b,
                                       use_qk_l2norm=True, state_indices=rows, anc_mask=anc, BV=BV_, num_warps=warps_,
                                       precision="tf32x3", precision_low=low, out=out_sp, ring=ring, **kw)

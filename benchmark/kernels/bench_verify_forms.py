@@ -101,7 +101,7 @@ def run_cell(model, tree_name, parents_list, B, variants=True, on_core=None, ser
     nat.commit(p_nat, rows, ends)
     tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), p_our[None], rows, ends, sg_parents)
     errs["commit_state"] = rel(p_nat, p_our)
-    # the replay dividing by the key norms the mix verify kept (LUMOTREE_SGLANG_COMMIT=knorm)
+    # the replay dividing by the key norms the mix verify kept (measured slower, not served)
     knorm = torch.zeros(P, N, Hk, device=dev)
     tri.gdn_tree_split_verify_fwd(q, k, v, pool_t, tree, out=outs["mix"], form="mix", ring_knorm=knorm, **gate)
     p_kn = pool.clone()

@@ -85,17 +85,7 @@ CONFIGS = {
 
 
 # variants of a configuration that differ only in LumoTree's server environment
-CONFIG_ENV = {  # (served default: mix)
-    "lumotree-topk2-split": ("lumotree-topk2", {"LUMOTREE_SGLANG_VERIFY": "split"}),
-    "lumotree-topk4-split": ("lumotree-topk4", {"LUMOTREE_SGLANG_VERIFY": "split"}),
-    "lumotree-topk2-chunk": ("lumotree-topk2", {"LUMOTREE_SGLANG_VERIFY": "chunk"}),
-    "lumotree-topk4-chunk": ("lumotree-topk4", {"LUMOTREE_SGLANG_VERIFY": "chunk"}),
-    "lumotree-topk2-mix": ("lumotree-topk2", {"LUMOTREE_SGLANG_VERIFY": "mix"}),
-    "lumotree-topk2-dot": ("lumotree-topk2", {"LUMOTREE_SGLANG_COMMIT": "dot"}),  # commit in chunk form
-    "lumotree-topk4-dot": ("lumotree-topk4", {"LUMOTREE_SGLANG_COMMIT": "dot"}),
-    "lumotree-topk4-gather": ("lumotree-topk4", {"LUMOTREE_SGLANG_COMMIT": "gather"}),
-    "lumotree-topk4-mix": ("lumotree-topk4", {"LUMOTREE_SGLANG_VERIFY": "mix"}),
-    "lumotree-topk2-mixed": ("lumotree-topk2", {"LUMOTREE_SGLANG_PRECISION": "mixed"}),
+CONFIG_ENV = {
     "lumotree-topk2-overlap": ("lumotree-topk2", {"LUMOTREE_OVERLAP": "1"}),  # what the synchronous default costs
     # SGLang's own greedy acceptance instead of LumoTree's selection op (what the selection costs a step)
     "lumotree-topk2-sgselect": ("lumotree-topk2", {"LUMOTREE_SGLANG_SELECT": "0"}),

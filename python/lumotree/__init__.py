@@ -10,16 +10,6 @@ Environment variables:
                          benchmark/models/tiny-hybrid when present).
     LUMOTREE_BENCH_ORACLE_P  benchmark only: registers the controlled-acceptance algorithms
                          LUMOTREE_ORACLE / NGRAM_ORACLE with this per-token acceptance probability.
-    LUMOTREE_SGLANG_PRECISION  ``tf32x3`` (default), ``mixed`` or ``tf32``: tensor-core dot precision
-                         of the served GDN tree verify (``mixed``: tf32x3 only for the dots the
-                         outputs are sensitive to).
-    LUMOTREE_SGLANG_VERIFY  ``mix`` (default), ``split`` or ``chunk``: the served GDN tree verify
-                         (two passes -- node-mixing matrices per key head, then one transposed dot
-                         per state tile; two passes with the WY algebra per value head; one kernel).
-    LUMOTREE_SGLANG_COMMIT  ``replay`` (default), ``gather``, ``dot`` or ``knorm``: the served
-                         all-layer replay commit (one step per accepted node; the same with the
-                         path's rows loaded in one round; the path in chunk form on tensor cores;
-                         the replay dividing by the key norms the mix verify kept).
     LUMOTREE_SGLANG_CHECK  ``1`` (diagnostics, with ``--disable-cuda-graph``): every served verify
                          and commit is cross-checked against SGLang's own tree-verify kernel;
                          ``LUMOTREE_SGLANG_CHECK_REPORT=FILE`` / ``LUMOTREE_SGLANG_CHECK_DUMP=DIR``

@@ -26,7 +26,7 @@ from sglang.srt.layers.attention.linear import gdn_backend as sg_gdn  # noqa: E4
 from sglang.srt.mem_cache.memory_pool import MambaPool  # noqa: E402
 
 from lumotree.ops.gdn_tree import naive  # noqa: E402
-from lumotree.sglang.backend import LumoTreeGDNBackend, adopt_pool, served_commit_form, served_settings  # noqa: E402
+from lumotree.sglang.backend import LumoTreeGDNBackend, adopt_pool  # noqa: E402
 from lumotree.sglang.crosscheck import CrossCheck  # noqa: E402
 from lumotree.tree import TreeDescriptor  # noqa: E402
 from utils import assert_close  # noqa: E402
@@ -98,8 +98,6 @@ class Pool:  # SGLang's HybridReqToTokenPool, what the backend reads of it
 
 be = LumoTreeGDNBackend.__new__(LumoTreeGDNBackend)
 be.lumotree, be._first_gdn_layer, be._cur_tree = True, 1 << 30, None
-be.precision, be.verify_form = served_settings()  # LUMOTREE_SGLANG_PRECISION / LUMOTREE_SGLANG_VERIFY
-be.commit_form = served_commit_form(verify_form=be.verify_form)  # LUMOTREE_SGLANG_COMMIT
 # the in-server cross-check runs too: SGLang's own tree-verify kernel (per-node snapshots) on the
 # same inputs, compared with our verify and our commit
 be.check = CrossCheck()

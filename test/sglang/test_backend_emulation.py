@@ -5,16 +5,12 @@ import sys
 import pytest
 
 
-@pytest.mark.parametrize("shape,precision,form,commit", [
-    ("tree", "tf32x3", "split", "replay"), ("chain", "tf32x3", "split", "replay"), ("tree", "tf32x3", "mix", "dot"),
-    ("chain", "tf32x3", "mix", "dot"), ("tree", "tf32x3", "mix", "knorm"), ("tree", "mixed", "chunk", "replay"),
-    ("tree", "tf32x3", "chunk", "replay")])
-def test_backend_verify_and_commit_plumbing_in_interpreter(shape, precision, form, commit):
-    """LumoTree's SGLang backend on fake pools, real Triton kernels interpreted (see the script);
-    the mix rows commit with the chunk-form (dot) commit and with the kept key norms (knorm)."""
+@pytest.mark.parametrize("shape", ["tree", "chain"])
+def test_backend_verify_and_commit_plumbing_in_interpreter(shape):
+    """LumoTree's SGLang backend on fake pools, real Triton kernels interpreted (see the script): the
+    served mix verify and replay commit against the fp32 references and SGLang's own tree kernel."""
     pytest.importorskip("sglang")
-    env = dict(os.environ, TRITON_INTERPRET="1", LUMOTREE_SGLANG_PRECISION=precision, LUMOTREE_SGLANG_VERIFY=form,
-               LUMOTREE_SGLANG_COMMIT=commit)
+    env = dict(os.environ, TRITON_INTERPRET="1")
     script = os.path.join(os.path.dirname(__file__), "backend_emulation.py")
     out = subprocess.run([sys.executable, script, shape], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
@@ -38,11 +34,9 @@ def test_backend_verify_and_commit_on_gpu_at_qwen35_shapes():
     """The same flow on the GPU: Hk=16, Hv=48, K=V=128, bf16 activations, 16-node EAGLE trees."""
     pytest.importorskip("sglang")
     script = os.path.join(os.path.dirname(__file__), "backend_emulation.py")
-    for form, commit in (("chunk", "replay"), ("split", "replay"), ("mix", "replay"), ("mix", "dot"), ("mix", "knorm")):
-        env = dict(os.environ, LUMOTREE_SGLANG_VERIFY=form, LUMOTREE_SGLANG_COMMIT=commit)
-        out = subprocess.run([sys.executable, script, "cuda"], env=env, capture_output=True, text=True, timeout=900)
-        assert out.returncode == 0, form + "\n" + out.stdout[-3000:] + out.stderr[-6000:]
-        assert "backend emulation == references cuda tree" in out.stdout
+    out = subprocess.run([sys.executable, script, "cuda"], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    assert "backend emulation == references cuda tree" in out.stdout
     out = subprocess.run([sys.executable, script, "cuda", "exact"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, "exact\n" + out.stdout[-3000:] + out.stderr[-6000:]
     assert "backend emulation == references cuda tree exact" in out.stdout

@@ -312,28 +312,6 @@ def test_merged_verify_input_hook_reaches_the_eagle_v2_worker():
     assert "RESULT our wrapper ran" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
 
 
-def test_served_settings_refuse_unknown_values():
-    """LUMOTREE_SGLANG_PRECISION / LUMOTREE_SGLANG_VERIFY: defaults, accepted values, clear errors."""
-    pytest.importorskip("sglang")
-    from lumotree.sglang.backend import served_settings
-
-    assert served_settings({}) == ("tf32x3", "mix")
-    assert served_settings({"LUMOTREE_SGLANG_PRECISION": "mixed", "LUMOTREE_SGLANG_VERIFY": "split"}) == ("mixed", "split")
-    assert served_settings({"LUMOTREE_SGLANG_VERIFY": "mix"}) == ("tf32x3", "mix")
-    with pytest.raises(ValueError, match="LUMOTREE_SGLANG_PRECISION must be one of"):
-        served_settings({"LUMOTREE_SGLANG_PRECISION": "fp16"})
-    with pytest.raises(ValueError, match="LUMOTREE_SGLANG_VERIFY must be one of.*got 'walk'"):
-        served_settings({"LUMOTREE_SGLANG_VERIFY": "walk"})
-    from lumotree.sglang.backend import served_commit_form
-
-    assert served_commit_form({}) == "replay" and served_commit_form({"LUMOTREE_SGLANG_COMMIT": "dot"}) == "dot"
-    with pytest.raises(ValueError, match="LUMOTREE_SGLANG_COMMIT must be one of.*got 'vnew'"):
-        served_commit_form({"LUMOTREE_SGLANG_COMMIT": "vnew"})
-    assert served_commit_form({"LUMOTREE_SGLANG_COMMIT": "knorm"}) == "knorm"
-    with pytest.raises(ValueError, match="knorm reads the key norms the mix verify keeps"):
-        served_commit_form({"LUMOTREE_SGLANG_COMMIT": "knorm"}, verify_form="split")
-
-
 def test_suffix_tree_size_follows_the_batch_the_server_is_sized_for():
     """LUMOTREE_SUFFIX without --speculative-num-draft-tokens sizes its draft tree from
     --max-running-requests (large trees for small-batch servers); an explicit flag is kept."""

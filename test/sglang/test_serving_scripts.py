@@ -228,8 +228,8 @@ def test_bench_spec_reads_the_servers_decode_throughput_and_merges_lanes(tmp_pat
     assert bs.logged_running(str(log)) == (32, 11891.5)  # the most requests seen running, tokens/s then
     assert bs.logged_running(str(log), start=len(log.read_text().splitlines()[0]) + 1) == (32, 11891.5)
     assert bs.logged_running(str(tmp_path / "missing")) == (None, None)
-    assert bs.CONFIGS["lumotree-topk2-split"] == bs.CONFIGS["lumotree-topk2"]
-    assert bs.CONFIG_ENV["lumotree-topk2-split"][1] == {"LUMOTREE_SGLANG_VERIFY": "split"}
+    assert bs.CONFIGS["lumotree-topk2-overlap"] == bs.CONFIGS["lumotree-topk2"]
+    assert bs.CONFIG_ENV["lumotree-topk2-overlap"][1] == {"LUMOTREE_OVERLAP": "1"}
     parts = []
     for i, cfg in enumerate(["nextn-topk2", "lumotree-topk2"]):
         p = tmp_path / f"p{i}.json"

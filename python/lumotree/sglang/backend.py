@@ -9,9 +9,10 @@ Verify (``forward_extend`` in TARGET_VERIFY mode, per GDN layer, inside SGLang's
    device, without host synchronisation, and shared by all GDN layers;
 3. GDN: LumoTree's tree-masked verify computes the gates, reads each request's committed
    state row of the pool ``[pool, Hv, V, K]`` once and computes every node's output; it writes no
-   state at all. Default form ``split``: pass 1 does the tree-masked WY algebra once per request
-   and head (no state), pass 2 reads the state tiles and meets the whole tree in one dot
-   (``LUMOTREE_SGLANG_VERIFY=chunk``: both in one kernel). The verify keeps the step's raw k, v
+   state at all. The mix form (``gdn_tree_split_verify_fwd(form="mix")``, fp32-accurate tf32x3
+   dots): pass 1 per request and key head leaves the tree's `[N, N]` node-mixing matrices (no
+   state), pass 2 reads each state tile once and meets the whole tree in one dot; the other forms in
+   ``ops/gdn_tree/triton.py`` measured slower and are not served. The verify keeps the step's raw k, v
    and gates g, beta in LumoTree's :class:`VerifyScratch`, one row per running request (the row
    SGLang's conv windows use: ``verify_intermediate_state_indices``): ``Hk K + Hv V`` bf16 +
    ``2 Hv`` fp32 per node, instead of NEXTN's ``Hv V K`` fp32 snapshot per node.
@@ -59,7 +60,6 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-VERIFY_FORMS = ("chunk", "split", "mix")
 _RING_FIELDS = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_rawv", "replayssm_rawk", "replayssm_beta")
 
 
@@ -67,25 +67,23 @@ _RING_FIELDS = ("replayssm_d", "replayssm_k", "replayssm_g", "replayssm_rawv", "
 class VerifyScratch:
     """What the commit replays from, per GDN layer, running-request row and draft node: raw k
     `[L, R, N, Hk, K]` and v `[L, R, N, Hv, V]` (activation dtype), gates g and beta `[L, R, N, Hv]`
-    fp32, and the keys' norms `[L, R, N, Hk]` fp32 (kept by the mix verify for the ``knorm``
-    commit). Written by the verify kernel, read in place by the commit; no states."""
+    fp32. Written by the verify kernel, read in place by the commit; no states."""
 
     k: torch.Tensor
     v: torch.Tensor
     g: torch.Tensor
     beta: torch.Tensor
-    knorm: torch.Tensor
 
     @classmethod
     def allocate(cls, layers: int, rows: int, nodes: int, hk: int, dk: int, hv: int, dv: int, dtype, device):
         def z(*shape, dt=torch.float32):
             return torch.zeros(*shape, dtype=dt, device=device)
         return cls(z(layers, rows, nodes, hk, dk, dt=dtype), z(layers, rows, nodes, hv, dv, dt=dtype),
-                   z(layers, rows, nodes, hv), z(layers, rows, nodes, hv), z(layers, rows, nodes, hk))
+                   z(layers, rows, nodes, hv), z(layers, rows, nodes, hv))
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.g, self.beta, self.knorm))
+        return sum(t.numel() * t.element_size() for t in (self.k, self.v, self.g, self.beta))
 
     def layer(self, i: int):
         return self.k[i], self.v[i], self.g[i], self.beta[i]
@@ -116,49 +114,10 @@ def adopt_pool(pool) -> VerifyScratch:
     if scratch.k.is_cuda:
         torch.cuda.empty_cache()
     pool.lumotree_scratch = scratch
-    logger.info("LumoTree speculative scratch: %.2f MiB (k/v/g/beta/key norms for %d GDN layers x %d request rows x %d "
+    logger.info("LumoTree speculative scratch: %.2f MiB (k/v/g/beta for %d GDN layers x %d request rows x %d "
                 "nodes; no intermediate_ssm); released SGLang's per-pool-slot ring buffers: %.2f MiB",
                 scratch.nbytes / 2**20, layers, rows, nodes, released / 2**20)
     return scratch
-
-
-def served_settings(env=os.environ):
-    """``(precision, verify form)`` of the served verify, from ``LUMOTREE_SGLANG_PRECISION``
-    (``tf32x3`` fp32-accurate dots, default; ``mixed``; ``tf32``) and ``LUMOTREE_SGLANG_VERIFY``
-    (``mix``, default: pass 1 per request and key head leaves only the `[BT, BT]`
-    node-mixing matrices, pass 2 forms ``Q`` and meets the state tile in one transposed dot --
-    1.2-1.8x faster than ``split`` per GDN layer at Qwen3.5-27B shapes on the H200; ``split``: the
-    WY algebra once per request and value head, then one dot per state tile (1.3-1.9x faster than ``chunk``); ``chunk``: one kernel; same outputs). Unknown values fail
-    when the backend starts."""
-    from lumotree.ops.gdn_tree.triton import SERVED_PRECISIONS
-
-    precision = env.get("LUMOTREE_SGLANG_PRECISION", "tf32x3")
-    if precision not in SERVED_PRECISIONS:
-        raise ValueError(f"LUMOTREE_SGLANG_PRECISION must be one of {', '.join(SERVED_PRECISIONS)}, got {precision!r}")
-    form = env.get("LUMOTREE_SGLANG_VERIFY", "mix")
-    if form not in VERIFY_FORMS:
-        raise ValueError(f"LUMOTREE_SGLANG_VERIFY must be one of {', '.join(VERIFY_FORMS)}, got {form!r}")
-    return precision, form
-
-
-COMMIT_FORMS = ("replay", "gather", "dot", "knorm")
-
-
-def served_commit_form(env=os.environ, verify_form: str = "mix") -> str:
-    """``LUMOTREE_SGLANG_COMMIT``: ``replay`` (default: one rank-1 step per accepted node),
-    ``gather`` (the same steps, the path's rows loaded in one round first), ``dot`` (the accepted
-    path in chunk form on tensor cores, fp32-accurate dots) or ``knorm`` (the replay dividing by the
-    key norms the mix verify kept, instead of reducing every key again: ~13 % fewer instructions
-    per step in the sm_90 SASS, 48 instead of 56 registers; needs ``LUMOTREE_SGLANG_VERIFY=mix``;
-    not yet timed on the GPU); ``gather`` and ``dot`` measured 1.8-5x slower than ``replay`` on the
-    H200. Unknown values fail when the backend starts."""
-    form = env.get("LUMOTREE_SGLANG_COMMIT", "replay")
-    if form not in COMMIT_FORMS:
-        raise ValueError(f"LUMOTREE_SGLANG_COMMIT must be one of {', '.join(COMMIT_FORMS)}, got {form!r}")
-    if form == "knorm" and verify_form != "mix":
-        raise ValueError(f"LUMOTREE_SGLANG_COMMIT=knorm reads the key norms the mix verify keeps; "
-                         f"LUMOTREE_SGLANG_VERIFY is {verify_form!r}")
-    return form
 
 
 class LumoTreeGDNBackend(GDNAttnBackend):
@@ -171,8 +130,6 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         self._cur_tree = None
         self._first_verify_done = False
         self.exact = False
-        self.precision, self.verify_form = served_settings()
-        self.commit_form = served_commit_form(verify_form=self.verify_form)
         if not self.lumotree:
             return
         self.scratch = adopt_pool(self.req_to_token_pool.mamba_pool)
@@ -221,10 +178,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         return o
 
     def _verify(self, layer, forward_batch, mixed_qkv, a, b):
-        import triton
-
-        from lumotree.ops.gdn_tree.triton import (gdn_tree_chunk_verify_fwd, gdn_tree_split_verify_fwd,
-                                                  served_chunk_config)
+        from lumotree.ops.gdn_tree.triton import gdn_tree_split_verify_fwd
         from sglang.srt.layers.attention.linear import gdn_backend as sg
 
         assert isinstance(mixed_qkv, torch.Tensor)
@@ -250,25 +204,16 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         k = k.reshape(bs, n, Hk, K)
         v = v.reshape(bs, n, Hv, V)
         anc, num_nodes = self._tree_for(layer.layer_id, md, bs, n, x.device)
-        BT = max(16, triton.next_power_of_2(n))
-        # fp32-accurate dots (tf32x3) by default; LUMOTREE_SGLANG_PRECISION=mixed / tf32 trade
-        # accuracy (~2e-5 / ~5e-4 relative on the outputs) for fewer registers and spills
-        BV, warps, prec, prec_low = served_chunk_config(BT, V, self.precision)
-        # gates from (A_log, a, dt_bias, b), the tree verify on the pool rows, and the raw k, v, g,
-        # beta kept per request row for the replay commit (padded rows, slot -1, skipped): one
-        # kernel (chunk) or two (split: the same dot precisions, its own tiling)
-        kw = dict(A_log=layer.A_log, a=a.reshape(bs, n, Hv), dt_bias=layer.dt_bias, b=b.reshape(bs, n, Hv),
-                  scale=K ** -0.5, use_qk_l2norm=True, state_indices=rows, anc_mask=anc, num_nodes=num_nodes,
-                  precision=prec, precision_low=prec_low,
-                  ring=self.scratch.layer(self.req_to_token_pool.mamba_map[layer.layer_id]),
-                  ring_rows=self.verify_intermediate_state_indices[:bs])
-        if self.verify_form in ("split", "mix"):  # two passes; pass 1 per value head (wy) or key head (mix)
-            if self.commit_form == "knorm":  # pass 1 also keeps the keys' norms for the commit
-                kw["ring_knorm"] = self.scratch.knorm[self.req_to_token_pool.mamba_map[layer.layer_id]]
-            o = gdn_tree_split_verify_fwd(q, k, v, cache.temporal, None, form="wy" if self.verify_form == "split"
-                                          else "mix", **kw)
-        else:
-            o = gdn_tree_chunk_verify_fwd(q, k, v, cache.temporal, None, BV=BV, num_warps=warps, **kw)
+        # the mix verify with fp32-accurate (tf32x3) dots: gates from (A_log, a, dt_bias, b), pass 1 per
+        # request and key head leaves the [BT, BT] node-mixing matrices, pass 2 meets each state tile of
+        # the pool rows once; the raw k, v, g, beta kept per request row for the replay commit (padded
+        # rows, slot -1, skipped)
+        o = gdn_tree_split_verify_fwd(
+            q, k, v, cache.temporal, None, form="mix", A_log=layer.A_log, a=a.reshape(bs, n, Hv),
+            dt_bias=layer.dt_bias, b=b.reshape(bs, n, Hv), scale=K ** -0.5, use_qk_l2norm=True, state_indices=rows,
+            anc_mask=anc, num_nodes=num_nodes, precision="tf32x3",
+            ring=self.scratch.layer(self.req_to_token_pool.mamba_map[layer.layer_id]),
+            ring_rows=self.verify_intermediate_state_indices[:bs])
         if self.check is not None and not _capturing():
             self.check.verify(self.req_to_token_pool.mamba_map[layer.layer_id], layer, q, k, v, a, b,
                               cache.temporal, rows, md, o)
@@ -340,9 +285,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
             gdn_tree_commit_layers_fwd(
                 sc.k, sc.v, sc.g, sc.beta, caches.temporal, rows, last_step, par[:bs] if par is not None else None,
                 track_rows[:bs] if track_rows is not None else None, track_steps, use_qk_l2norm=True,
-                ring_rows=self.verify_intermediate_state_indices[:bs],
-                form="replay" if self.commit_form == "knorm" else self.commit_form,
-                k_norm=sc.knorm if self.commit_form == "knorm" else None)
+                ring_rows=self.verify_intermediate_state_indices[:bs])
         if check:
             self.check.commit(expected, caches.temporal, rows, last_step, **before)
         for conv, window in zip(caches.conv, caches.intermediate_conv_window):

@@ -1004,7 +1004,7 @@ SERVED_PRECISIONS = ("tf32x3", "mixed", "tf32")
 
 def served_chunk_config(BT: int, V: int, setting: str = "tf32x3"):
     """(BV, num_warps, precision, precision_low) of the served chunk verify for a precision setting
-    (``LUMOTREE_SGLANG_PRECISION``): ``tf32x3`` fp32-accurate dots; ``tf32`` one-pass tf32 dots
+    ``tf32x3`` fp32-accurate dots; ``tf32`` one-pass tf32 dots
     (~5e-4 relative on the outputs, CPU-emulated); ``mixed`` tf32x3 for the dots the outputs are
     sensitive to and tf32 for the others (~2e-5), with BV = 32 at trees of <= 16 nodes, where the
     static sm_90 profile shows it almost spill-free (24 B of stack per thread vs 1008 B for tf32x3)."""

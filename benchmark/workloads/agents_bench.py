@@ -18,11 +18,18 @@ turns, prompt_tokens_max}``: completion tokens per second of wall time; per-turn
 ``cached_fraction`` = cached / prompt tokens (SGLang's ``usage.prompt_tokens_details``, with
 ``--enable-cache-report``); ``accept_length``: the server's average since start-up, read after the
 phase (``/get_server_info``; phases run in the order of ``--agents``).
+
+Losslessness on the same traffic: every reply is kept (``--replies-out``, gzip JSON) and each
+configuration's phase is compared with the no-speculation server's same phase (:func:`compare`:
+turns whose reply is identical, sessions with a difference, the first differing turn). With
+``--extra=--enable-deterministic-inference --extra=--attention-backend=triton --tag=-exact`` every
+server runs in the decode-exact mode, where LumoTree's replies must equal no speculation's.
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import gzip
 import json
 import os
 import random
@@ -163,9 +170,10 @@ def run_phase(url, sessions, agents: int, max_tokens: int, count_tokens, limit: 
                 details = usage.get("prompt_tokens_details") or {}
                 reply = r["choices"][0]["message"]["content"] or ""
                 with lock:
-                    turns.append(dict(session=s["id"], latency=dt, completion_tokens=usage.get("completion_tokens", 0),
+                    turns.append(dict(session=s["id"], turn=sum(m["role"] == "assistant" for m in msgs), latency=dt,
+                                      completion_tokens=usage.get("completion_tokens", 0),
                                       prompt_tokens=usage.get("prompt_tokens", 0),
-                                      cached_tokens=details.get("cached_tokens", 0) or 0))
+                                      cached_tokens=details.get("cached_tokens", 0) or 0, reply=reply))
                 msgs += [dict(role="assistant", content=reply), dict(role="user", content="OBSERVATION:\n" + obs)]
 
     t0 = time.perf_counter()
@@ -184,6 +192,42 @@ def summarize(config, agents, turns, wall, accept_length=None):
                 latency_p95=lat[int(0.95 * (len(lat) - 1))] if lat else None,
                 cached_fraction=sum(t["cached_tokens"] for t in turns) / prompt if prompt else None,
                 prompt_tokens_max=max((t["prompt_tokens"] for t in turns), default=0))
+
+
+def replies(turns):
+    """``{session: [reply of turn 0, 1, ...]}`` of one phase."""
+    out = {}
+    for t in sorted(turns, key=lambda t: (t["session"], t["turn"])):
+        out.setdefault(str(t["session"]), []).append(t["reply"])
+    return out
+
+
+def compare(runs, reference="none"):
+    """Per ``"config/agents"`` key of ``runs`` (``{key: replies(...)}``) other than the reference's:
+    turns whose reply equals the reference's same phase (``reference/agents``), sessions with a
+    difference, and the first differing ``(session, turn)``. The loop is closed, so a session's turns
+    after its first difference are different conversations (they are counted as they come)."""
+    out = {}
+    for key, rep in runs.items():
+        config, agents = key.rsplit("/", 1)
+        ref = runs.get(f"{reference}/{agents}")
+        if config == reference or ref is None:
+            continue
+        same = total = 0
+        differing, first = [], None
+        for sid in sorted(ref, key=int):
+            a, b = rep.get(sid, []), ref[sid]
+            eq = [x == y for x, y in zip(a, b)] + [False] * abs(len(a) - len(b))
+            same += sum(eq)
+            total += len(eq)
+            if not all(eq):
+                differing.append(int(sid))
+                turn = eq.index(False)
+                if first is None or (turn, int(sid)) < (first[1], first[0]):
+                    first = (int(sid), turn)
+        out[key] = dict(reference=f"{reference}/{agents}", identical_turns=same, turns=total,
+                        sessions_with_difference=len(differing), first_difference=first)
+    return out
 
 
 CONFIGS = {
@@ -208,22 +252,32 @@ def main():
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--log-dir", default=".")
     ap.add_argument("--server-timeout", type=int, default=400)
+    ap.add_argument("--extra", action="append", default=[], help="one more SGLang flag for every server (repeatable)")
+    ap.add_argument("--env", action="append", default=[], help="KEY=VALUE in every server's environment (repeatable)")
+    ap.add_argument("--tag", default="", help="appended to the configuration names in the results")
+    ap.add_argument("--replies-out", default=None, help="every reply, per configuration and phase (gzip JSON)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from sglang_server import get, sglang_server
 
     sessions = make_sessions(args.sessions, args.turns, args.seed)
     count = token_counter(args.model)
-    base = ["--attention-backend", "triton", "--disable-piecewise-cuda-graph", "--enable-cache-report",
-            "--mem-fraction-static", "0.5", "--max-running-requests", str(max(int(a) for a in args.agents.split(",")))]
+    base = ["--disable-piecewise-cuda-graph", "--enable-cache-report", "--mem-fraction-static", "0.5",
+            "--max-running-requests", str(max(int(a) for a in args.agents.split(",")))]
+    if not any(e.startswith("--attention-backend") for e in args.extra):
+        base = ["--attention-backend", "triton", *base]
+    base += [p for e in args.extra for p in e.split("=", 1)]
+    env = dict(e.split("=", 1) for e in args.env)
     res = dict(command="python3 " + " ".join(sys.argv), rows=[], servers={})
-    for name in args.configs.split(","):
+    runs = {}
+    for config in args.configs.split(","):
+        name = config + args.tag
         log = os.path.join(args.log_dir, f"agents-{name}.log")
         t0 = time.time()
         try:
-            with sglang_server(args.model, CONFIGS[name], port=args.port, log=log, timeout=args.server_timeout,
-                               base_args=base) as url:
-                res["servers"][name] = dict(ready_s=round(time.time() - t0, 1), args=CONFIGS[name])
+            with sglang_server(args.model, CONFIGS[config], port=args.port, log=log, timeout=args.server_timeout,
+                               base_args=base, env=env) as url:
+                res["servers"][name] = dict(ready_s=round(time.time() - t0, 1), args=CONFIGS[config] + base, env=env)
                 for agents in (int(a) for a in args.agents.split(",")):
                     turns, wall = run_phase(url, sessions, agents, args.max_tokens, count, args.collapse_tokens)
                     info = json.loads(get(url + "/get_server_info"))
@@ -231,11 +285,16 @@ def main():
                                 if s.get("avg_spec_accept_length")), None)
                     row = summarize(name, agents, turns, wall, acc)
                     res["rows"].append(row)
+                    runs[f"{name}/{agents}"] = replies(turns)
+                    res["parity"] = compare(runs, reference="none" + args.tag)
                     print(json.dumps(row), flush=True)
                     json.dump(res, open(args.out, "w"), indent=1)
         except Exception as e:  # a server that fails is recorded, the others still run
             res["servers"][name] = dict(error=repr(e)[:2000])
         json.dump(res, open(args.out, "w"), indent=1)
+        if args.replies_out:
+            with gzip.open(args.replies_out, "wt") as f:
+                json.dump(runs, f)
 
 
 if __name__ == "__main__":

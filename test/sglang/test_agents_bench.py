@@ -68,3 +68,62 @@ def test_closed_loop_with_concurrent_agents():
     row = ab.summarize("cfg", 3, turns, wall, accept_length=2.5)
     assert row["turns"] == 30 and abs(row["cached_fraction"] - 0.6) < 1e-9 and row["accept_length"] == 2.5
     assert row["latency_p50"] <= row["latency_p95"] and row["tokens_per_s"] > 0
+
+
+def test_compare_counts_identical_turns_against_the_same_phase_of_no_speculation():
+    ab = load()
+    turns = lambda texts: [dict(session=s, turn=t, reply=x) for s, r in texts.items() for t, x in enumerate(r)]  # noqa: E731
+    ref = ab.replies(turns({0: ["a", "b", "c"], 1: ["d", "e"]}))
+    assert ref == {"0": ["a", "b", "c"], "1": ["d", "e"]}
+    runs = {"none/1": ref, "none/8": ref,
+            "lumotree/1": ab.replies(turns({0: ["a", "b", "c"], 1: ["d", "e"]})),
+            "lumotree/8": ab.replies(turns({0: ["a", "X", "c"], 1: ["Y", "e", "extra"]}))}
+    out = ab.compare(runs)
+    assert set(out) == {"lumotree/1", "lumotree/8"}
+    assert out["lumotree/1"] == dict(reference="none/1", identical_turns=5, turns=5, sessions_with_difference=0,
+                                     first_difference=None)
+    assert out["lumotree/8"] == dict(reference="none/8", identical_turns=3, turns=6, sessions_with_difference=2,
+                                     first_difference=(1, 0))
+
+
+def test_main_runs_every_configuration_and_phase_with_the_flags_given(tmp_path, monkeypatch):
+    import contextlib
+    import gzip
+    import json
+    import sys
+
+    ab = load()
+    import sglang_server as ss  # benchmark/serving, on the path the script set
+
+    launched = []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, base_args=(), env=None, **kw):
+        launched.append((list(args), list(base_args), env))
+        yield "http://x"
+
+    def fake_post(url, payload, timeout=600):
+        n = sum(m["role"] == "assistant" for m in payload["messages"])
+        text = f"r{n}" if launched[-1][0][-1] == "none" or n < 2 else f"s{n}"  # speculative servers part at turn 2
+        return dict(choices=[dict(message=dict(content=text))],
+                    usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=25)))
+
+    monkeypatch.setattr(ss, "sglang_server", fake_server)
+    monkeypatch.setattr(ss, "post", fake_post)
+    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
+    out, rep = tmp_path / "a.json", tmp_path / "r.json.gz"
+    monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs", "none,lumotree",
+                                      "--agents", "1,2", "--sessions", "3", "--turns", "4", "--tag=-exact",
+                                      "--extra=--enable-deterministic-inference", "--env", "A=1",
+                                      "--out", str(out), "--replies-out", str(rep)])
+    # mark each launch so the fake endpoint knows which server it is
+    real = ab.CONFIGS
+    monkeypatch.setattr(ab, "CONFIGS", {k: v + ["--served-model-name", k] for k, v in real.items()})
+    ab.main()
+    res = json.load(open(out))
+    assert [(r["config"], r["agents"], r["turns"]) for r in res["rows"]] == [
+        ("none-exact", 1, 12), ("none-exact", 2, 12), ("lumotree-exact", 1, 12), ("lumotree-exact", 2, 12)]
+    assert all("--enable-deterministic-inference" in b and env == {"A": "1"} for _, b, env in launched)
+    assert res["parity"]["lumotree-exact/1"]["identical_turns"] == 6  # turns 0-1 of 3 sessions
+    assert res["parity"]["lumotree-exact/2"]["first_difference"] == [0, 2]  # (session, turn), through JSON
+    assert set(json.load(gzip.open(rep, "rt"))) == {"none-exact/1", "none-exact/2", "lumotree-exact/1", "lumotree-exact/2"}

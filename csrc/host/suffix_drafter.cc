@@ -30,8 +30,7 @@ class SuffixTrie {
  public:
   explicit SuffixTrie(int depth) : depth_(depth) {
     if (depth < 1) throw std::invalid_argument("depth must be >= 1");
-    count_.push_back(0);
-    kids_.emplace_back();
+    add_node(-1, 0);
   }
   int new_sequence() {
     active_.emplace_back();
@@ -70,8 +69,14 @@ class SuffixTrie {
     }
     active_[seq].swap(act);
   }
-  bool has_children(int32_t node) const { return !kids_[node].empty(); }
-  const std::vector<std::pair<Tok, int32_t>>& children(int32_t node) const { return kids_[node]; }
+  bool has_children(int32_t node) const { return first_child_[node] >= 0; }
+  // nodes of sequence seq's context suffixes of length 1, 2, ... (< depth): the same nodes find() of
+  // those suffixes returns, kept up to date by append / set_cursor
+  const std::vector<int32_t>& cursor(int seq) const { return active_[seq]; }
+  // children in the order they first occurred: first_child(node), then next_sibling(child) until -1
+  int32_t first_child(int32_t node) const { return first_child_[node]; }
+  int32_t next_sibling(int32_t node) const { return next_sibling_[node]; }
+  Tok token(int32_t node) const { return token_[node]; }
   int64_t count(int32_t node) const { return count_[node]; }
   int64_t num_nodes() const { return static_cast<int64_t>(count_.size()); }
   int64_t num_tokens() const { return num_tokens_; }
@@ -88,18 +93,27 @@ class SuffixTrie {
   int32_t child_or_new(int32_t node, Tok token) {
     if (token >= (Tok(1) << 32)) throw std::invalid_argument("token ids must be < 2^32");
     auto [it, fresh] = edge_.try_emplace(key(node, token), static_cast<int32_t>(count_.size()));
-    if (fresh) {
-      count_.push_back(0);
-      kids_.emplace_back();
-      kids_[node].emplace_back(token, it->second);  // children in the order they first occurred
-    }
+    if (fresh) add_node(node, token);
     ++count_[it->second];
     return it->second;
+  }
+  void add_node(int32_t parent, Tok token) {
+    int32_t id = static_cast<int32_t>(count_.size());
+    count_.push_back(0);
+    token_.push_back(token);
+    first_child_.push_back(-1);
+    last_child_.push_back(-1);
+    next_sibling_.push_back(-1);
+    if (parent < 0) return;
+    if (last_child_[parent] < 0) first_child_[parent] = id;
+    else next_sibling_[last_child_[parent]] = id;
+    last_child_[parent] = id;
   }
   int depth_;
   int64_t num_tokens_ = 0;
   std::vector<int64_t> count_;
-  std::vector<std::vector<std::pair<Tok, int32_t>>> kids_;
+  std::vector<Tok> token_;
+  std::vector<int32_t> first_child_, last_child_, next_sibling_;
   std::unordered_map<uint64_t, int32_t> edge_;
   std::vector<std::vector<int32_t>> active_;
 };
@@ -122,12 +136,11 @@ static Draft expand(const SuffixTrie& trie, int32_t node, Tok root, int budget, 
   std::priority_queue<Item, std::vector<Item>, decltype(worse)> heap(worse);
   int64_t tie = 0;
   auto push_children = [&](int32_t n, double score, int64_t parent) {
-    const auto& kids = trie.children(n);
     int64_t total = 0;
-    for (const auto& kc : kids) total += trie.count(kc.second);
-    for (const auto& kc : kids) {
-      double p = static_cast<double>(trie.count(kc.second)) / static_cast<double>(total);
-      heap.emplace(score * p, tie++, kc.first, kc.second, parent);
+    for (int32_t c = trie.first_child(n); c >= 0; c = trie.next_sibling(c)) total += trie.count(c);
+    for (int32_t c = trie.first_child(n); c >= 0; c = trie.next_sibling(c)) {
+      double p = static_cast<double>(trie.count(c)) / static_cast<double>(total);
+      heap.emplace(score * p, tie++, trie.token(c), c, parent);
     }
   };
   push_children(node, 1.0, 0);
@@ -265,7 +278,7 @@ class SuffixDrafter {
     if (budget < 1) throw std::invalid_argument("budget must be >= 1");
     Request& r = request(rid);
     if (r.ctx.empty()) throw std::invalid_argument("request " + rid + " has no context: the root token is missing");
-    auto [local, m_local] = match(*r.trie, r.ctx);
+    auto [local, m_local] = match_cursor(*r.trie, r.seq, r.ctx.size());
     auto [glob, m_glob] = match(*global_, r.ctx);
     std::vector<Draft> drafts;
     Tok root = r.ctx.back();
@@ -296,6 +309,14 @@ class SuffixDrafter {
       int32_t node = trie.find(ctx, n - m, n);
       if (node >= 0 && trie.has_children(node)) return {node, m};
     }
+    return {-1, 0};
+  }
+
+  // match() on a request's own trie without hashing: its cursor holds the nodes of the context's suffixes
+  std::pair<int32_t, int> match_cursor(const SuffixTrie& trie, int seq, size_t n) const {
+    const std::vector<int32_t>& cur = trie.cursor(seq);
+    for (int m = static_cast<int>(std::min<size_t>({static_cast<size_t>(max_match_), n, cur.size()})); m > 0; --m)
+      if (trie.has_children(cur[m - 1])) return {cur[m - 1], m};
     return {-1, 0};
   }
 

@@ -324,10 +324,7 @@ class NativeSuffixDrafter:
         ext = _host_extension()
         if ext is None:
             raise RuntimeError("lumotree._host is not built (reinstall without LUMOTREE_NO_EXTENSION)")
-        try:
-            self._d = ext.SuffixDrafter(max_match, max_spec, global_tokens, min_prob, retired_tokens)
-        except ValueError as e:
-            raise ValueError(str(e)) from None
+        self._d = ext.SuffixDrafter(max_match, max_spec, global_tokens, min_prob, retired_tokens)
         self.max_match, self.max_spec, self.min_prob = max_match, max_spec, min_prob
 
     def start(self, rid, prompt: Sequence[int]) -> None:

@@ -105,6 +105,7 @@ report = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"lumotree-emulation-che
 be.check.report = report
 be.check.dump_dir = report[:-5] + "-dump"  # and the tensor dump that benchmark/serving/check_dump.py replays
 be.exact = EXACT
+be.one_token_decode, be._verify_tokens = True, None
 if EXACT:  # the cross-check compares with SGLang's tree kernel, which the exact verify does not mirror
     be.check = None
 be.req_to_token_pool = Pool()

@@ -120,6 +120,7 @@ def test_worker_attributes_step_times_and_switches_states(monkeypatch):
     w._last_decode = None
     import collections
     w._pending_steps = collections.deque(maxlen=8)
+    w._prev_steps = 3
     clock = iter([1.0, 1.5, 1.6, 3.0])
     monkeypatch.setattr("lumotree.sglang.worker.time.perf_counter", lambda: next(clock))
     w.activate_step_by_batch(8)   # explores the tree first: no switch
@@ -127,13 +128,45 @@ def test_worker_attributes_step_times_and_switches_states(monkeypatch):
     assert switched == [0] and w.tree_policy.buckets[8].samples == {0: 0, 3: 1}
     w.activate_step_by_batch(0)   # idle: 0.1 s attributed to no draft, nothing chosen
     assert w.tree_policy.buckets[8].samples == {0: 1, 3: 1}
-    w.activate_step_by_batch(8)   # after an idle step: no time attributed
-    assert w.tree_policy.buckets[8].samples == {0: 1, 3: 1}
+    w.activate_step_by_batch(8)   # after an idle step: no time attributed; the tree again, after a no-draft step
+    assert w.tree_policy.buckets[8].samples == {0: 1, 3: 1} and switched == [0, 3]
     # acceptance arrives in launch order: the first result is the tree's, the second the no-draft step's
     w.on_verify_complete_cpu([2, 2])
     assert w.tree_policy.accept == 2.0
     w.on_verify_complete_cpu([0, 0])
     assert w.tree_policy.accept == 2.0
+    # the first tree after a no-draft step drafted from zeros (draft-extend skipped): not an acceptance
+    w.on_verify_complete_cpu([0, 0])
+    assert w.tree_policy.accept == 2.0
+
+
+def test_no_draft_steps_skip_the_draft_extend_and_its_graphs():
+    pytest.importorskip("sglang")
+    from lumotree.sglang import worker as wmod
+
+    cls = wmod.worker_class()
+    w = object.__new__(cls)
+    calls = []
+    w._draft_worker = SimpleNamespace(_draft_extend_for_decode=lambda b, o: calls.append(("extend", b)))
+    w._stub_skipped_draft_extend = lambda b, o: calls.append(("stub", b))
+    w._skip_draft_extend_without_draft()
+    w.speculative_num_steps = 0
+    w._draft_worker._draft_extend_for_decode("b0", None)
+    w.speculative_num_steps = 3
+    w._draft_worker._draft_extend_for_decode("b1", None)
+    assert calls == [("stub", "b0"), ("extend", "b1")]
+
+    captured = []
+
+    class Draft:
+        def _capture_cuda_graphs(self):
+            captured.append(1)
+
+    dw = Draft()
+    with wmod._no_draft_graphs(dw):
+        dw._capture_cuda_graphs()
+    dw._capture_cuda_graphs()
+    assert captured == [1]  # only the call outside the no-draft build captured
 
 
 def test_a_slow_outlier_does_not_decide_a_bucket():

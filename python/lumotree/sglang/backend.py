@@ -23,6 +23,11 @@ and replays that root path from the committed state into the same pool row, read
 in place; the prefix cache's interval-crossing snapshot (``mamba_track_indices``) is written by
 the same replay; the conv windows are scattered by SGLang's kernel.
 
+One-token verify (the no-draft step of the adaptive tree size, :mod:`lumotree.sglang.worker`): the
+root token alone, which is always accepted, is a decode step; SGLang's decode conv and GDN kernels
+update the pool rows in place and the commit is skipped (not with SGLang's ``extra_buffer`` state
+cache, whose interval snapshots come from the replay).
+
 Memory: the server runs with SGLang's ``enable_linear_replayssm_spec`` (its only pool layout
 without ``intermediate_ssm``, the per-node snapshots); that layout also allocates ring buffers per
 *pool slot* (every cached state, ``max_mamba_cache_size + 1`` rows), which LumoTree does not use:
@@ -50,6 +55,13 @@ logger = logging.getLogger(__name__)
 
 def lumotree_active(server_args) -> bool:
     return (getattr(server_args, "speculative_algorithm", None) or "").upper() in ("LUMOTREE", "LUMOTREE_SUFFIX", "LUMOTREE_ORACLE")
+
+
+def one_token_decode(server_args) -> bool:
+    """Whether a one-token verify runs as a decode step in place (not with SGLang's extra_buffer state
+    cache, whose interval snapshots the replay commit writes)."""
+    extra = getattr(server_args, "enable_mamba_extra_buffer", None)
+    return not (callable(extra) and extra())
 
 
 def chain_parents(bs: int, n: int, device) -> torch.Tensor:
@@ -130,8 +142,13 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         self._cur_tree = None
         self._first_verify_done = False
         self.exact = False
+        self._verify_tokens = None  # draft tokens per request of this backend's verifies (one runtime state each)
         if not self.lumotree:
             return
+        # a one-token verify (the adaptive worker's no-draft step) is a decode step: SGLang's decode conv and
+        # GDN kernels update the pool rows in place, and the commit has nothing to do. Not with SGLang's
+        # extra_buffer state cache, whose interval snapshots the replay commit writes.
+        self.one_token_decode = one_token_decode(model_runner.server_args)
         self.scratch = adopt_pool(self.req_to_token_pool.mamba_pool)
         # --enable-deterministic-inference: every node computed as the one-token decode at its position
         # (lumotree.sglang.exact); greedy outputs then equal a non-speculative server's, token for token
@@ -166,6 +183,10 @@ class LumoTreeGDNBackend(GDNAttnBackend):
     def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
         if not (self.lumotree and forward_batch.forward_mode.is_target_verify()):
             return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
+        self._verify_tokens = forward_batch.spec_info.draft_token_num
+        if self._verify_tokens == 1 and self.one_token_decode and not self.exact:
+            # the no-draft step: the root token only, always accepted -- a decode, in place
+            return super().forward_decode(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         if getattr(self, "_first_verify_done", True):
             return self._verify(layer, forward_batch, mixed_qkv, a, b)
         # the first verify of the process: how long the host spends in it (Triton compiles our kernels on
@@ -260,6 +281,8 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         from lumotree.ops.gdn_tree.triton import gdn_tree_commit_layers_fwd
         from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_conv_window_scatter_with_mask
 
+        if self._verify_tokens == 1 and self.one_token_decode and not self.exact:
+            return  # the one-token verify updated the pool rows in place (forward_extend)
         bs = last_step.shape[0]
         md = self.forward_metadata
         rows = md.mamba_cache_indices[:bs]

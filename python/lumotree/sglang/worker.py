@@ -6,14 +6,22 @@ Adaptive tree size (default): besides the configured tree, the worker holds a se
 with no draft -- SGLang's one-node verify (``EAGLEWorkerV2._build_trivial_verify_input``, the
 root accepted and one token sampled from the target's logits: a decode step), with its own
 target-verify CUDA graphs -- and switches between the two before each decode step as
-:class:`~lumotree.sglang.adaptive.TreeSizePolicy` says. The MTP layer's draft-extend still runs on
-no-draft steps, so its KV cache stays complete and drafting resumes without a cold step. A switch
-swaps prebuilt attention backends and graph runners (SGLang's ``apply_runtime_state``); nothing is
-captured while serving.
+:class:`~lumotree.sglang.adaptive.TreeSizePolicy` says. A switch swaps prebuilt attention backends
+and graph runners (SGLang's ``apply_runtime_state``); nothing is captured while serving.
+
+A no-draft step costs what a decode step costs, as far as SGLang's EAGLE loop allows: the GDN layers
+run SGLang's decode kernels in place (:mod:`lumotree.sglang.backend`), and the MTP layer's
+draft-extend is skipped (SGLang's ``_stub_skipped_draft_extend``: shape-valid zero draft inputs), and
+so are its draft CUDA graphs at start-up. The price: the MTP layer's KV cache has no entries for the
+tokens decoded without a draft, so a request that lives through a no-draft stretch drafts from a
+cold start and with those holes when drafting resumes -- which the policy only does when drafting
+pays at that batch size. The acceptance of the first drafted step after such a stretch is not
+counted (its draft comes from zeros).
 """
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import logging
 import time
@@ -21,6 +29,16 @@ import time
 from lumotree.sglang import adaptive
 
 logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _no_draft_graphs(draft_worker):
+    """While a no-draft runtime state is built: the draft worker captures no CUDA graphs."""
+    draft_worker._capture_cuda_graphs = lambda: None
+    try:
+        yield
+    finally:
+        del draft_worker._capture_cuda_graphs
 
 
 @functools.cache
@@ -33,10 +51,25 @@ def worker_class():
         def __init__(self, server_args, *args, **kwargs):
             super().__init__(server_args, *args, **kwargs)
             steps = adaptive.candidate_steps(server_args)
-            self.tree_policy = adaptive.TreeSizePolicy(steps) if len(steps) > 1 else None
+            # one candidate that is the configured tree: a fixed tree, no policy ([0] pins the no-draft step)
+            self.tree_policy = adaptive.TreeSizePolicy(steps) if steps != [self.speculative_num_steps] else None
             self._tree_states = {}
             self._last_decode = None  # (batch, steps, host time) of the previous decode step
-            self._pending_steps = collections.deque(maxlen=8)  # steps of decode steps not yet reported
+            self._pending_steps = collections.deque(maxlen=8)  # (steps, cold) of decode steps not yet reported
+            self._prev_steps = self.speculative_num_steps
+            if self.tree_policy is not None and 0 in self.tree_policy.candidates:
+                self._skip_draft_extend_without_draft()
+
+        def _skip_draft_extend_without_draft(self):
+            dw = self._draft_worker
+            draft_extend = dw._draft_extend_for_decode
+
+            def draft_extend_for_decode(batch, batch_output):
+                if self.speculative_num_steps == 0:
+                    return self._stub_skipped_draft_extend(batch, batch_output)
+                return draft_extend(batch, batch_output)
+
+            dw._draft_extend_for_decode = draft_extend_for_decode
 
         def init_cuda_graphs(self):
             super().init_cuda_graphs()
@@ -59,8 +92,12 @@ def worker_class():
                 for steps in self.tree_policy.candidates:
                     if steps not in self._tree_states:
                         tic = time.perf_counter()
-                        self._tree_states[steps] = self.build_adaptive_runtime_state(
-                            steps, 1 if steps == 0 else self.speculative_num_draft_tokens, cuda_graph_bs=cuda_graph_bs)
+                        # no draft: the draft model never runs (no draft, draft-extend skipped), so no draft graphs
+                        skip = _no_draft_graphs(dw) if steps == 0 else contextlib.nullcontext()
+                        with skip:
+                            self._tree_states[steps] = self.build_adaptive_runtime_state(
+                                steps, 1 if steps == 0 else self.speculative_num_draft_tokens,
+                                cuda_graph_bs=cuda_graph_bs)
                         logger.info("LumoTree adaptive: runtime state for %d draft steps built in %.1f s", steps,
                                     time.perf_counter() - tic)
             logger.info("LumoTree adaptive tree size: candidates %s draft steps (0 = no draft), chosen per decode "
@@ -85,13 +122,16 @@ def worker_class():
             if steps != self.speculative_num_steps:
                 self.apply_runtime_state(self._tree_states[steps])
             self._last_decode = (batch_size, steps, now)
-            self._pending_steps.append(steps)
+            # the first drafted step after no-draft steps drafts from zeros (draft-extend skipped): not an acceptance
+            self._pending_steps.append((steps, steps > 0 and self._prev_steps == 0))
+            self._prev_steps = steps
 
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
             if self.tree_policy is None:
                 return
             # results arrive in launch order (one step late under the overlap scheduler)
-            steps = self._pending_steps.popleft() if self._pending_steps else self.speculative_num_steps
-            self.tree_policy.observe_accept(steps, num_correct_drafts_per_req)
+            steps, cold = self._pending_steps.popleft() if self._pending_steps else (self.speculative_num_steps, False)
+            if not cold:
+                self.tree_policy.observe_accept(steps, num_correct_drafts_per_req)
 
     return LumoTreeWorker

@@ -1,0 +1,42 @@
+"""GPU, end to end: a LUMOTREE server pinned to its no-draft step (``--speculative-adaptive-config
+{"candidate_steps": [0]}``: a one-token verify, SGLang's decode kernels in place, no MTP
+draft-extend) under CUDA graphs, on the committed tiny model, against the same server without
+speculation. Greedy, two batches: its tokens must be the no-speculation server's (a state updated
+twice, never, or into the wrong row derails the text within a few tokens)."""
+import json
+import os
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "benchmark", "serving"))
+
+PROMPTS = ["import os\n", "def main():\n", "class Tree:\n", "# utils\n", "for i in range(", "return self."]
+
+
+def serve(tmp_path, name, args):
+    from sglang_server import generate, sglang_server
+
+    model = os.path.join(ROOT, "benchmark", "models", "tiny-hybrid")
+    port = int(os.environ.get("LUMOTREE_TEST_PORT", "30000"))
+    with sglang_server(model, args, port=port, log=str(tmp_path / f"{name}.log"), timeout=400) as url:
+        one = [generate(url, [p], 64)[0] for p in PROMPTS[:2]]
+        batch = generate(url, PROMPTS, 64)
+    return [o["output_ids"] for o in one + batch], [o["meta_info"] for o in one + batch]
+
+
+def test_no_draft_step_decodes_like_no_speculation(tmp_path):
+    cfg = tmp_path / "no_draft.json"
+    cfg.write_text(json.dumps({"candidate_steps": [0]}))
+    tree = ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+            "--speculative-num-draft-tokens", "6", "--speculative-adaptive-config", str(cfg)]
+    ref, _ = serve(tmp_path, "none", [])
+    got, meta = serve(tmp_path, "lumotree", tree)
+    assert all(m["completion_tokens"] == 64 for m in meta)
+    # one token per verify step: nothing was drafted
+    assert all(m.get("spec_verify_ct", 64) == 64 for m in meta), [m.get("spec_verify_ct") for m in meta]
+    same = [sum(a == b for a, b in zip(r, g)) for r, g in zip(ref, got)]
+    first_diff = [next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), len(r)) for r, g in zip(ref, got)]
+    assert min(first_diff) >= 16 and sum(same) >= 0.9 * sum(map(len, ref)), (first_diff, same)

@@ -21,7 +21,10 @@ def test_served_verify_and_commit_equal_sglang_kernel(tmp_path, tree):
     from sglang_server import generate, sglang_server
 
     report = tmp_path / "check.json"
-    args = ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3", *tree, "--disable-cuda-graph"]
+    fixed = tmp_path / "fixed_tree.json"  # every step verifies the tree (no adaptive no-draft steps)
+    fixed.write_text(json.dumps({"candidate_steps": [3]}))
+    args = ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3", *tree, "--disable-cuda-graph",
+            "--speculative-adaptive-config", str(fixed)]
     model = os.path.join(ROOT, "benchmark", "models", "tiny-hybrid")
     port = int(os.environ.get("LUMOTREE_TEST_PORT", "30000"))
     with sglang_server(model, args, port=port, log=str(tmp_path / "server.log"), timeout=400,

@@ -18,7 +18,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from lumotree.ops.gdn_tree import triton as tri
+from lumotree.ops.gdn_tree import commit, verify
 
 TARGET = GPUTarget("cuda", 90, 32)
 SMS, REGS_SM, SMEM_SM, WARPS_SM, BLOCKS_SM = 132, 65536, 228 * 1024, 64, 32
@@ -29,9 +29,8 @@ TYPES = {  # pointer / scalar argument types by name (everything else: *fp32)
     "q": "*bf16", "k": "*bf16", "v": "*bf16", "ring_k": "*bf16", "ring_v": "*bf16",
     "anc_mask": "*i8", "num_nodes": "*i64", "state_indices": "*i32", "rows": "*i32", "ring_rows": "*i32", "parents": "*i32",
     "last": "*i32", "accept_nodes": "*i32", "accept_len": "*i32", "track_rows": "*i64", "track_len": "*i32",
-    "track_steps": "*i32", "scale": "fp32", "N": "i32", "L": "i32", "NP": "i32", "NUM_TILES": "i32",
-    "pc_rows": "*i32", "pc_last": "*i32", "pc_parents": "*i64", "pc_k": "*bf16", "pc_v": "*bf16", "PC_NP": "i32",
-    "pc_g": "*fp32", "pc_beta": "*fp32",
+    "track_steps": "*i32", "scale": "fp32", "N": "i32", "L": "i32", "NP": "i32", "num_tiles": "i32",
+    "schedule": "*i32",
 }
 
 
@@ -61,8 +60,8 @@ def runtime_attrs(kernel, sig):
 
 
 def with_defaults(kernel, consts):
-    """``consts`` plus the kernel's constexpr parameters that have defaults (a variant switch added
-    later, e.g. ``FACTORED``) -- not typed as pointer arguments by :func:`signature`."""
+    """``consts`` plus the kernel's constexpr parameters that have defaults -- not typed as pointer
+    arguments by :func:`signature`."""
     consts = dict(consts)
     for p in kernel.params:
         if p.is_constexpr and p.has_default and p.name not in consts:
@@ -87,122 +86,32 @@ def resources(kernel, consts, warps, programs, bf16_gates=True, maxnreg=None):
                 warps_per_SM=blocks * warps, programs=programs, waves=round(programs / (SMS * max(blocks, 1)), 2))
 
 
-def new_forms():
-    """The mix verify's two passes, pass 2 transposed (both split forms), the dot commit."""
-    rows = []
-    for BT in (16, 32, 64):
-        consts = dict(HK=16, HV=48, K=128, BT=BT, BK=128, PRECISION="tf32x3", PRECISION_LOW="tf32x3",
-                      USE_QK_L2NORM=True, HAS_STATE_INDICES=True, FUSED_GATING=True, STORE_RING=True)
-        r = resources(tri.gdn_tree_mix_prep_fwd_kernel, consts, 4, BATCH * 16)
-        rows.append(dict(kernel="mix verify, pass 1 (per key head)", BT=BT, warps=4, precision="tf32x3", **r))
-        print(json.dumps(rows[-1]), flush=True)
-        for BV, warps, apply_t, fma in ((64, 4, True, False), (64, 4, False, False), (128, 8, True, False),
-                                        (64, 8, True, False), (32, 2, True, False), (64, 4, True, True),
-                                        (32, 2, True, True)):
-            consts = dict(HK=16, HV=48, K=128, V=128, BT=BT, BK=128, BV=BV, PRECISION="tf32x3",
-                          PRECISION_LOW="tf32x3", USE_QK_L2NORM=True, HAS_STATE_INDICES=True, STORE_RING=True,
-                          APPLY_T=apply_t, APPLY_FMA=fma)
-            r = resources(tri.gdn_tree_mix_apply_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV))
-            rows.append(dict(kernel="mix verify, pass 2" + (" (fp32 FMA)" if fma else " (transposed)" if apply_t else ""),
-                             BT=BT, BV=BV, warps=warps, precision="tf32x3", **r))
-            print(json.dumps(rows[-1]), flush=True)
-        consts = dict(HK=16, HV=48, K=128, V=128, BT=BT, BK=128, BV=64, PRECISION="tf32x3", PRECISION_LOW="tf32x3",
-                      USE_QK_L2NORM=True, HAS_STATE_INDICES=True, STORE_RING=True, APPLY_T=True, APPLY_FMA=False, NV=2,
-                      STAGES=2)
-        r = resources(tri.gdn_tree_mix_apply_persistent_fwd_kernel, consts, 4, SMS * 2)
-        rows.append(dict(kernel="mix verify, pass 2 (transposed, persistent, 2 stages)", BT=BT, BV=64, warps=4,
-                         precision="tf32x3", **r))
-        print(json.dumps(rows[-1]), flush=True)
-        consts = dict(HK=16, HV=48, K=128, V=128, BT=BT, BK=128, BV=64, PRECISION="tf32x3", PRECISION_LOW="tf32x3",
-                      USE_QK_L2NORM=True, HAS_STATE_INDICES=True, STORE_RING=True, APPLY_T=True, APPLY_FMA=False,
-                      PC_HAS_PARENTS=True, PC_BN=BT)
-        r = resources(tri.gdn_tree_mix_step_fwd_kernel, consts, 4, BATCH * 48 * 2)
-        rows.append(dict(kernel="mix fused step: commit + pass 2", BT=BT, BV=64, warps=4, precision="tf32x3", **r))
-        print(json.dumps(rows[-1]), flush=True)
-        consts = dict(HV=48, K=128, V=128, BT=BT, BK=128, BVF=128, BV=64, PRECISION="tf32x3", HAS_STATE_INDICES=True,
-                      APPLY_T=True)
-        r = resources(tri.gdn_tree_split_apply_fwd_kernel, consts, 4, BATCH * 48 * 2)
-        rows.append(dict(kernel="split verify, pass 2 (transposed)", BT=BT, BV=64, warps=4, precision="tf32x3", **r))
-        print(json.dumps(rows[-1]), flush=True)
-    for BV, warps in ((16, 4), (32, 4), (8, 2)):
-        consts = dict(SHAPE, BN=16, BK=128, BV=BV, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=True, GATHER=True)
-        r = resources(tri.gdn_tree_commit_layers_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV),
-                      bf16_gates=False)
-        rows.append(dict(kernel="all-layer commit, path gathered (per layer)", BV=BV, warps=warps, **r))
-        print(json.dumps(rows[-1]), flush=True)
-    for BV, warps in ((64, 4), (128, 8), (32, 2)):
-        consts = dict(SHAPE, BL=16, BK=128, BV=BV, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=True,
-                      PRECISION="tf32x3")
-        r = resources(tri.gdn_tree_commit_layers_dot_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV),
-                      bf16_gates=False)
-        rows.append(dict(kernel="all-layer commit, dot form (per layer)", BV=BV, warps=warps, **r))
-        print(json.dumps(rows[-1]), flush=True)
-    return rows
-
-
 def main():
-    if sys.argv[1:2] == ["--new"]:  # only the mix-verify kernels, printed
-        new_forms()
-        return
     rows = []
-    base = dict(BK=128, USE_QK_L2NORM=True, FUSED_GATING=True, **SHAPE)
-    for BT in (16, 32, 64):  # trees of <= 16, <= 32, <= 64 nodes
-        for BV, warps, prec in ((64, 4, "tf32"), (64, 4, "tf32x3"), (128, 8, "tf32"), (32, 4, "tf32")):
-            consts = dict(base, BT=BT, BV=BV, PRECISION=prec, PRECISION_LOW=prec, STORE_VNEW=False, HAS_STATE_INDICES=True,
-                          STORE_RING=False, PRE_COMMIT=False, PC_HAS_PARENTS=False, PC_BN=2)
-            r = resources(tri.gdn_tree_chunk_verify_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV))
-            rows.append(dict(kernel="chunk verify", BT=BT, BV=BV, warps=warps, precision=prec, **r))
+    for BT in (16, 32, 64):  # trees of <= 16, <= 32, <= 64 nodes; the served tilings (verify.mix_config)
+        consts = dict(HK=16, HV=48, K=128, BT=BT, BK=128, PRECISION="tf32x3", USE_QK_L2NORM=True,
+                      HAS_STATE_INDICES=True, FUSED_GATING=True, STORE_RING=True)
+        for warps in (2, 4):
+            r = resources(verify.gdn_tree_mix_prep_fwd_kernel, consts, warps, BATCH * 16)
+            rows.append(dict(kernel="mix verify, pass 1 (per key head)", BT=BT, warps=warps, precision="tf32x3", **r))
             print(json.dumps(rows[-1]), flush=True)
-    for BT in (16, 32, 64):  # the served form (buffers stored), and the fused step (previous commit inside)
-        for pre, prec, low, BV in ((False, "tf32x3", "tf32x3", 64), (True, "tf32x3", "tf32x3", 64),
-                                   (False, "tf32x3", "tf32", 64), (False, "tf32x3", "tf32", 32),
-                                   (False, "tf32", "tf32", 64)):
-            consts = dict(base, BT=BT, BV=BV, PRECISION=prec, PRECISION_LOW=low, STORE_VNEW=False,
-                          HAS_STATE_INDICES=True, STORE_RING=True, PRE_COMMIT=pre, PC_HAS_PARENTS=pre,
-                          PC_BN=BT if pre else 2)
-            r = resources(tri.gdn_tree_chunk_verify_fwd_kernel, consts, 4, BATCH * 48 * (128 // BV))
-            label = "fused step: commit + verify" if pre else "served verify (buffers stored)"
-            rows.append(dict(kernel=label, BT=BT, BV=BV, warps=4,
-                             precision=prec if prec == low else f"{prec} (low-sensitivity dots {low})", **r))
-            print(json.dumps(rows[-1]), flush=True)
-    for BT in (16, 32, 64):  # the split verify: pass 1 (WY algebra per request and head), pass 2 (one dot)
-        for warps, prec, low in ((4, "tf32x3", "tf32x3"), (8, "tf32x3", "tf32x3"), (4, "tf32x3", "tf32")):
-            consts = dict(base, BT=BT, BVF=128, PRECISION=prec, PRECISION_LOW=low, HAS_STATE_INDICES=True,
-                          STORE_RING=True)
-            r = resources(tri.gdn_tree_split_prep_fwd_kernel, consts, warps, BATCH * 48)
-            rows.append(dict(kernel="split verify, pass 1", BT=BT, warps=warps,
-                             precision=prec if prec == low else f"{prec} (low-sensitivity dots {low})", **r))
-            print(json.dumps(rows[-1]), flush=True)
-        for factored, maxnreg in ((True, None), (True, 168), (True, 128), (False, 128)):
-            consts = dict(base, BT=BT, BVF=128, PRECISION="tf32x3", PRECISION_LOW="tf32x3", HAS_STATE_INDICES=True,
-                          STORE_RING=True, FACTORED=factored)
-            r = resources(tri.gdn_tree_split_prep_fwd_kernel, consts, 4, BATCH * 48, maxnreg=maxnreg)
-            rows.append(dict(kernel="split verify, pass 1" + (" (factored: M = P T)" if factored else ""), BT=BT,
-                             warps=4, maxnreg=maxnreg, precision="tf32x3", **r))
-            print(json.dumps(rows[-1]), flush=True)
-        for BV, warps in ((32, 4), (64, 4), (64, 8), (128, 8)):
-            consts = dict(HV=48, K=128, V=128, BT=BT, BK=128, BVF=128, BV=BV, PRECISION="tf32x3",
-                          HAS_STATE_INDICES=True)
-            r = resources(tri.gdn_tree_split_apply_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV))
-            rows.append(dict(kernel="split verify, pass 2", BT=BT, BV=BV, warps=warps, precision="tf32x3", **r))
-            print(json.dumps(rows[-1]), flush=True)
-    rows += new_forms()
-    for BV, warps in ((16, 4), (32, 4), (64, 4)):
-        consts = dict(base, BV=BV, HAS_STATE_INDICES=True, HAS_TRACK=False)
-        r = resources(tri.gdn_tree_commit_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV))
-        rows.append(dict(kernel="replay commit", BV=BV, warps=warps, **r))
+        consts = dict(HK=16, HV=48, K=128, V=128, BT=BT, BK=128, BV=64, PRECISION="tf32x3", USE_QK_L2NORM=True,
+                      HAS_STATE_INDICES=True, STORE_RING=True)
+        r = resources(verify.gdn_tree_mix_apply_fwd_kernel, consts, 4, BATCH * 48 * 2)
+        rows.append(dict(kernel="mix verify, pass 2 (transposed)", BT=BT, BV=64, warps=4, precision="tf32x3", **r))
         print(json.dumps(rows[-1]), flush=True)
-    for BV, warps in ((16, 4), (32, 4)):
-        consts = dict(SHAPE, BN=16, BK=128, BV=BV, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=True)
-        r = resources(tri.gdn_tree_commit_layers_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV),
-                      bf16_gates=False)
-        rows.append(dict(kernel="all-layer commit (per layer)", BV=BV, warps=warps, **r))
-        print(json.dumps(rows[-1]), flush=True)
-    for knorm in (False, True):  # as served (no prefix-cache track rows in the step), and with the kept key norms
-        consts = dict(SHAPE, BN=16, BK=128, BV=16, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=False,
-                      HAS_KNORM=knorm)
-        r = resources(tri.gdn_tree_commit_layers_fwd_kernel, consts, 4, BATCH * 48 * 8, bf16_gates=False)
-        rows.append(dict(kernel="all-layer commit (per layer), no track rows" + (", kept key norms" if knorm else ""),
+    consts = dict(SHAPE, BK=128, BV=16, SLOTS=8, USE_QK_L2NORM=True, HAS_STATE_INDICES=True, FUSED_GATING=True)
+    r = resources(verify.gdn_tree_walk_verify_fwd_kernel, consts, 2, SMS * 8)
+    rows.append(dict(kernel="walk verify (persistent)", BV=16, warps=2, **r))
+    print(json.dumps(rows[-1]), flush=True)
+    consts = dict(SHAPE, BK=128, BV=16, USE_QK_L2NORM=True, FUSED_GATING=True, HAS_STATE_INDICES=True, HAS_TRACK=False)
+    r = resources(commit.gdn_tree_commit_fwd_kernel, consts, 4, BATCH * 48 * 8)
+    rows.append(dict(kernel="replay commit (public op)", BV=16, warps=4, **r))
+    print(json.dumps(rows[-1]), flush=True)
+    for track in (False, True):  # as served without prefix-cache track rows in the step, and with them
+        consts = dict(SHAPE, BN=16, BK=128, BV=16, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=track)
+        r = resources(commit.gdn_tree_commit_layers_fwd_kernel, consts, 4, BATCH * 48 * 8, bf16_gates=False)
+        rows.append(dict(kernel="all-layer replay commit (per layer)" + (", track rows" if track else ""),
                          BV=16, warps=4, **r))
         print(json.dumps(rows[-1]), flush=True)
     from lumotree.drafters import tree_merge_triton as tm

@@ -10,7 +10,7 @@ autotunes outside the profiled range), then once between ``cudaProfilerStart`` /
 Ops, per cell: ``native_verify`` (SGLang's tree verify writing per-node snapshots),
 ``native_commit`` (its post-verify scatter), ``mix_verify`` (the served verify: pass 1
 ``gdn_tree_mix_prep`` + pass 2 ``gdn_tree_mix_apply``), ``replay_commit`` (the served commit, one
-layer), ``mix_fused_step`` (the previous step's commit inside pass 2; staged, not served).
+layer).
 ``--summarize`` reads the raw CSV and keeps, per kernel: duration, DRAM bytes and throughput,
 SM / memory throughput, achieved vs theoretical occupancy, registers, the limiter of resident
 blocks, issue-slot use and the warp-stall breakdown (cycles per issued instruction by reason).
@@ -54,43 +54,9 @@ KEEP = {  # raw metric -> summary key
 
 def ops_for_cell(model, tree_name, B):
     """The cell's ops as ``{name: fn}`` on one set of inputs (bench_verify_forms' setup)."""
-    import torch
+    from bench_verify_forms import served_ops
 
-    from bench_gdn_tree import MODELS, cell_inputs, trees
-    from lumotree.ops.gdn_tree import triton as tri
-    from lumotree.ops.gdn_tree.native import NativeTreeVerify
-
-    Hk, Hv, K, V = MODELS[model]
-    parents_list = trees()[tree_name]
-    N = len(parents_list)
-    x = cell_inputs(model, parents_list, B)
-    q, k, v, a, b, A_log, dt_bias, pool, rows, parents, tree = (
-        x[n] for n in "q k v a b A_log dt_bias pool rows parents tree".split())
-    P, dev = pool.shape[0], q.device
-    nat = NativeTreeVerify(B, N, Hv, V, K, dev)
-    ends = torch.full((B,), N - 1, device=dev, dtype=torch.int32)
-    ring = (torch.zeros(P, N, Hk, K, device=dev, dtype=q.dtype), torch.zeros(P, N, Hv, V, device=dev, dtype=q.dtype),
-            torch.zeros(P, N, Hv, device=dev), torch.zeros(P, N, Hv, device=dev))
-    ring2 = tuple(torch.zeros_like(t) for t in ring)
-    sg_parents = torch.where(parents < 0, 0, parents).int()
-    BT = max(16, 1 << (N - 1).bit_length())
-    _, _, prec, low = tri.served_chunk_config(BT, V, "tf32x3")
-    gate = dict(A_log=A_log, a=a, dt_bias=dt_bias, b=b, use_qk_l2norm=True, state_indices=rows,
-                anc_mask=tree.mask.to(torch.int8), precision=prec, precision_low=low)
-    pool_n, pool_t, pool_c = pool.clone(), pool.clone(), pool.clone()
-    out = torch.empty(B, N, Hv, V, device=dev, dtype=q.dtype)
-    scr = (torch.empty(B * Hv * (2 * BT * BT + BT), device=dev),)
-    pre = dict(ring=ring, rows=rows, last=ends, parents=sg_parents)
-    return {
-        "native_verify": lambda: nat.verify(q, k, v, A_log, a, dt_bias, b, pool_n, rows, parents.int()),
-        "native_commit": lambda: nat.commit(pool_n, rows, ends),
-        "mix_verify": lambda: tri.gdn_tree_split_verify_fwd(q, k, v, pool_t, tree, out=out, form="mix", scratch=scr,
-                                                            ring=ring, **gate),
-        "replay_commit": lambda: tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), pool_c[None], rows, ends,
-                                                                sg_parents),
-        "mix_fused_step": lambda: tri.gdn_tree_split_verify_fwd(q, k, v, pool_c, tree, out=out, form="mix",
-                                                                scratch=scr, pre_commit=pre, ring=ring2, **gate),
-    }
+    return served_ops(model, tree_name, B)[0]
 
 
 def run(cells):

@@ -3,8 +3,6 @@
 Environment variables:
     LUMOTREE_OPS         ``naive`` forces the fp32 reference ops even on CUDA tensors, and the Python
                          suffix drafter instead of the C++ one.
-    LUMOTREE_GDN_VERIFY  ``chunk`` (default: tensor-core tree-masked WY kernel) or ``walk``
-                         (path walk with boundary states) for the GDN tree verify on CUDA.
     LUMOTREE_NO_EXTENSION  (build time) skip compiling the extensions in csrc/ (CUDA selection, C++ drafter).
     LUMOTREE_DEMO_MODEL  checkpoint directory ``lumotree demo`` uses (default: the repository's
                          benchmark/models/tiny-hybrid when present).

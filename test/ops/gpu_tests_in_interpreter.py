@@ -12,8 +12,7 @@ import torch  # noqa: E402
 
 import test_gdn_tree_gpu as t  # noqa: E402
 
-t.test_split_verify_matches_reference_and_chunk("eagle", 2, 17, 2, 6, 32, 32, torch.bfloat16)
-t.test_fused_step_equals_commit_then_verify(6)
-t.test_dot_commit_equals_replay_commit_and_reference("eagle", torch.float32)
-t.test_mix_verify_key_norms_feed_the_replay_commit(16)
+for impl in ("mix", "walk"):
+    t.test_verify_and_commit_match_reference("eagle", 3, 17, 2, 6, 32, 32, torch.bfloat16, impl)
+    t.test_verify_and_commit_match_reference("chain", 1, 4, 2, 6, 32, 32, torch.float32, impl)
 print("GPU tests' logic == references on CPU")

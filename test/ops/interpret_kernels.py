@@ -12,7 +12,7 @@ from lumotree import TreeDescriptor  # noqa: E402
 from lumotree.ops.commit.naive import commit_plan  # noqa: E402
 from lumotree.ops.conv_tree import naive as conv_naive  # noqa: E402
 from lumotree.ops.conv_tree import triton as conv_tri  # noqa: E402
-from lumotree.ops.gdn_tree import naive, triton as tri  # noqa: E402
+from lumotree.ops.gdn_tree import naive, tiles, triton as tri  # noqa: E402
 from utils import assert_close, make_parents  # noqa: E402
 
 
@@ -41,13 +41,7 @@ def commit_layers():
                                        par, trows.int() if trows is not None else None,
                                        tsteps.int() if tsteps is not None else None, BV=8)
         assert_close(f"commit layers (parents={par is not None}, track={trows is not None})", p1, p2, 1e-5)
-        for form in ("dot", "gather"):  # the path in chunk (WY) form; the steps on rows loaded up front
-            p3 = pool.clone()
-            tri.gdn_tree_commit_layers_fwd(k, v, gg, be, p3, rows.int(), last.int(),
-                                           par, trows.int() if trows is not None else None,
-                                           tsteps.int() if tsteps is not None else None, BV=8, form=form)
-            assert_close(f"{form} commit layers (parents={par is not None}, track={trows is not None})", p1, p3, 1e-5)
-            assert torch.equal(p3[:, 2], pool[:, 2])  # skipped rows untouched
+        assert torch.equal(p2[:, 2], pool[:, 2])  # skipped rows untouched
         assert not torch.equal(p1[:, 4], pool[:, 4]) and torch.equal(p1[:, 2], pool[:, 2])  # row 2: last = -1
         if trows is not None:
             assert not torch.equal(p1[:, 0], pool[:, 0]) and torch.equal(p1[:, 3], pool[:, 3])  # 3: rows -1 / last -1
@@ -63,18 +57,17 @@ def commit_layers():
     tri.gdn_tree_commit_layers_fwd(*per_req, p3, rows.int(), last.int(), parents, BV=8,
                                    ring_rows=torch.tensor([-1, 0, 3, 1], dtype=torch.int32))
     assert torch.equal(p3[:, 4], pool[:, 4]) and torch.equal(p3[:, 1], p2[:, 1])  # ring row -1: skipped
-    p5 = pool.clone()
+    p5, p4 = pool.clone(), pool.clone()
     naive.gdn_tree_commit_layers(k, v, gg, be, p5, rows, last, parents, use_qk_l2norm=False)
-    for form in ("dot", "gather"):
-        p4 = pool.clone()
-        tri.gdn_tree_commit_layers_fwd(*per_req, p4, rows.int(), last.int(), parents, BV=8, ring_rows=ring_rows.int(),
-                                       form=form, use_qk_l2norm=False)
-        assert_close(f"{form} commit layers, per-request rows, no L2 norm", p5, p4, 1e-5)
-    try:
-        tri.gdn_tree_commit_layers_fwd(*per_req, pool.clone(), rows.int(), last.int(), parents, form="wy")
-        raise AssertionError("accepted form='wy'")
-    except ValueError:
-        pass
+    tri.gdn_tree_commit_layers_fwd(*per_req, p4, rows.int(), last.int(), parents, BV=8, ring_rows=ring_rows.int(),
+                                   use_qk_l2norm=False)
+    assert_close("commit layers, per-request rows, no L2 norm", p5, p4, 1e-5)
+    for bad in (dict(track_rows=rows.int()), dict(parents=parents[:, :3].repeat(1, 3))):
+        try:
+            tri.gdn_tree_commit_layers_fwd(*per_req, pool.clone(), rows.int(), last.int(), **{"parents": parents, **bad})
+            raise AssertionError(f"accepted {sorted(bad)}")
+        except ValueError:
+            pass
 
 
 def gdn(kind, l2):
@@ -89,194 +82,70 @@ def gdn(kind, l2):
     be = torch.sigmoid(bb)
     pool = torch.randn(5, Hv, V, K, generator=g) * 0.1
     si = torch.tensor([3, 1])
+    fused = dict(A_log=A_log, a=a, dt_bias=dtb, b=bb)
     ref = naive.gdn_tree_verify(q, k, v, gg, be, pool, tree, use_qk_l2norm=l2, state_indices=si)
-    o = tri.gdn_tree_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si,
-                                out=torch.zeros(B, N, Hv, V), BV=8)
-    assert_close(f"{kind} verify", ref, o, 1e-5)
-    o = tri.gdn_tree_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
-                                state_indices=si, out=torch.zeros(B, N, Hv, V), BV=8)
-    assert_close(f"{kind} verify fused gating", ref, o, 1e-5)
-    vnew = torch.zeros(B, N, Hv, V)
-    o = tri.gdn_tree_chunk_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
-                                      state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16, vnew_out=vnew)
-    assert_close(f"{kind} chunk verify", ref, o, 1e-4)
-    # the mixed precision setting (two dot precisions in one kernel) and the served configs
-    for setting in tri.SERVED_PRECISIONS:
-        BVs, warps, prec, low = tri.served_chunk_config(16, V, setting)
-        om = tri.gdn_tree_chunk_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
-                                           state_indices=si, out=torch.zeros(B, N, Hv, V), BV=min(BVs, V),
-                                           num_warps=warps, precision=prec, precision_low=low)
-        assert_close(f"{kind} chunk verify ({setting})", ref, om, 1e-3 if setting == "tf32" else 1e-4)
-    # the split verify (state-independent pass + one-dot state pass): same outputs, same ring stores
-    for prec, low, tol in (("tf32x3", None, 1e-4), ("tf32x3", "tf32", 1e-4), ("ieee", None, 1e-5)):
-        os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb,
-                                            use_qk_l2norm=l2, state_indices=si, out=torch.zeros(B, N, Hv, V),
-                                            BV=16, precision=prec, precision_low=low)
-        assert_close(f"{kind} split verify ({prec}/{low})", ref, os_, tol)
-    os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si,
-                                        out=torch.zeros(B, N, Hv, V), BV=8)
-    assert_close(f"{kind} split verify (g, beta given)", ref, os_, 1e-4)
-    os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si,
-                                        out=torch.zeros(B, N, Hv, V), BV=8, factored=True)
-    assert_close(f"{kind} split verify (factored M = P T)", ref, os_, 1e-4)
-    # the mix form (pass 1 per key head: only the [BT, BT] mixing matrices; pass 2 forms q h^T, k h^T)
-    for kw_ in (dict(A_log=A_log, a=a, dt_bias=dtb, b=bb), dict(g=gg, beta=be)):
-        for prec, low, var in (("tf32x3", None, {}), ("tf32x3", "tf32", {}), ("ieee", None, {}),
-                               ("tf32x3", None, dict(apply_fma=True)), ("tf32x3", None, dict(apply_persistent=1)),
-                               ("tf32x3", None, dict(apply_persistent=2, apply_t=False)),
-                               ("tf32x3", None, dict(prep_heads=1)), ("tf32x3", None, dict(prep_heads=2))):
-            os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, use_qk_l2norm=l2, state_indices=si, BV=16,
-                                                out=torch.zeros(B, N, Hv, V), precision=prec, precision_low=low,
-                                                form="mix", **var, **kw_)
-            assert_close(f"{kind} mix verify ({prec}/{low}, {var}, {sorted(kw_)})", ref, os_, 1e-4)
-    BT_ = max(16, 1 << (N - 1).bit_length())
-    mix = (torch.full((B * Hv * (2 * BT_ * BT_ + BT_),), float("nan")),)
-    o_p = torch.zeros(B, N, Hv, V)
-    tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si, out=o_p, BV=8,
-                                  scratch=mix, passes="prep", form="mix")
-    assert not o_p.any() and not mix[0].isnan().any()  # pass 1 fills the whole scratch, writes no output
-    tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si, out=o_p, BV=8,
-                                  scratch=mix, passes="apply", form="mix")
-    assert_close(f"{kind} mix verify (passes apart)", ref, o_p, 1e-4)
-    for bad in (dict(form="qr"), dict(form="mix", factored=True), dict(form="mix", prep_maxnreg=128),
-                dict(apply_fma=True), dict(form="mix", apply_fma=True, apply_t=False), dict(apply_persistent=2), dict(form="mix", prep_heads=3),
-                dict(form="mix", scratch=(mix[0][:7],)), dict(form="mix", passes="apply")):
-        try:
-            tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si, **bad)
-            raise AssertionError(f"accepted {bad}")
-        except ValueError:
-            pass
-    # the passes one by one through preallocated Q / C (as the bench times them)
-    scr = (torch.full((B * Hv * BT_ * 16,), float("nan")), torch.full((B * Hv * BT_ * 32,), float("nan")))
-    o_p = torch.zeros(B, N, Hv, V)
-    tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si, out=o_p, BV=8,
-                                  scratch=scr, passes="prep")
-    assert not o_p.any()  # pass 1 writes no output
-    tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si, out=o_p, BV=8,
-                                  scratch=scr, passes="apply")
-    assert_close(f"{kind} split verify (passes apart)", ref, o_p, 1e-4)
-    for bad in (dict(passes="apply"), dict(passes="neither"), dict(scratch=(scr[0][:5], scr[1]))):
-        try:
-            tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si, **bad)
-            raise AssertionError(f"accepted {list(bad)}")
-        except ValueError:
-            pass
+    # the boundary-state walk (the public op beyond 64 nodes)
+    o = tri.gdn_tree_walk_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si,
+                                     out=torch.zeros(B, N, Hv, V), BV=8)
+    assert_close(f"{kind} walk verify", ref, o, 1e-5)
+    o = tri.gdn_tree_walk_verify_fwd(q, k, v, pool, tree, **fused, use_qk_l2norm=l2, state_indices=si,
+                                     out=torch.zeros(B, N, Hv, V), BV=8)
+    assert_close(f"{kind} walk verify fused gating", ref, o, 1e-5)
+    # the mix verify (served): fused or given gates, every dot precision
+    for gates in (fused, dict(g=gg, beta=be)):
+        for prec, tol in (("tf32x3", 1e-4), ("ieee", 1e-5), ("tf32", 1e-3)):
+            om = tri.gdn_tree_mix_verify_fwd(q, k, v, pool, tree, **gates, use_qk_l2norm=l2, state_indices=si,
+                                             out=torch.zeros(B, N, Hv, V), BV=16, precision=prec)
+            assert_close(f"{kind} mix verify ({prec}, {sorted(gates)})", ref, om, tol)
     # a padded request (slot -1) reads no state: its outputs are those of a zero state
-    si_pad = torch.tensor([3, -1])
     zero = pool.clone()
     zero[1] = 0
     ref_pad = naive.gdn_tree_verify(q, k, v, gg, be, zero, tree, use_qk_l2norm=l2, state_indices=torch.tensor([3, 1]))
-    for form in tri.SPLIT_FORMS:
-        for apply_t in (True, False):  # pass 2's state dot transposed (default) or not
-            os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=si_pad,
-                                                out=torch.zeros(B, N, Hv, V), BV=8, form=form, apply_t=apply_t)
-            assert_close(f"{kind} split verify ({form}, apply_t={apply_t}), padded request", ref_pad, os_, 1e-4)
-    # the verify also keeps raw k, v and the fused gates per state slot (node-major) for the commit
+    om = tri.gdn_tree_mix_verify_fwd(q, k, v, pool, tree, gg, be, use_qk_l2norm=l2, state_indices=torch.tensor([3, -1]),
+                                     out=torch.zeros(B, N, Hv, V), BV=8)
+    assert_close(f"{kind} mix verify, padded request", ref_pad, om, 1e-4)
+    # the verify keeps raw k, v and the fused gates per request row (node-major) for the commit; q/k/v
+    # as strided views into one packed projection (the served layout) read the same rows
     NR = N + 1
-    ring = (torch.zeros(5, NR, Hk, K), torch.zeros(5, NR, Hv, V), torch.zeros(5, NR, Hv), torch.zeros(5, NR, Hv))
-    o2 = tri.gdn_tree_chunk_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
-                                       state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16, ring=ring)
-    assert torch.equal(o, o2)
-    # q/k/v as strided views into one packed projection (the served layout) read the same rows
+    ring = (torch.zeros(B + 1, NR, Hk, K), torch.zeros(B + 1, NR, Hv, V), torch.zeros(B + 1, NR, Hv),
+            torch.zeros(B + 1, NR, Hv))
+    rr = torch.tensor([1, 0], dtype=torch.int32)
     packed = torch.cat([q.flatten(2), k.flatten(2), v.flatten(2)], -1)
     qv, kv, vv = torch.split(packed, [Hk * K, Hk * K, Hv * V], -1)
     qv, kv, vv = qv.reshape(B, N, Hk, K), kv.reshape(B, N, Hk, K), vv.reshape(B, N, Hv, V)
-    assert not qv.is_contiguous() and qv.data_ptr() == packed.data_ptr()
-    assert tri._token_rows(qv)[0] is qv  # no copy
-    o3 = tri.gdn_tree_chunk_verify_fwd(qv, kv, vv, pool, None, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
-                                       state_indices=si, anc_mask=tree.mask.to(torch.int8), num_nodes=tree.num_nodes,
-                                       out=torch.zeros(B, N, Hv, V), BV=16)
-    assert torch.equal(o, o3)
+    assert not qv.is_contiguous() and tiles.token_rows(qv)[0] is qv  # no copy
+    o2 = tri.gdn_tree_mix_verify_fwd(qv, kv, vv, pool, None, **fused, use_qk_l2norm=l2, state_indices=si,
+                                     anc_mask=tree.mask.to(torch.int8), num_nodes=tree.num_nodes,
+                                     out=torch.zeros(B, N, Hv, V), BV=16, ring=ring, ring_rows=rr)
+    assert_close(f"{kind} mix verify from packed views, with ring stores", ref, o2, 1e-4)
     for bi in range(B):
-        n, r = int(nums[bi]), int(si[bi])
+        n, r = int(nums[bi]), int(rr[bi])
         assert torch.equal(ring[0][r, :n], k[bi, :n]) and torch.equal(ring[1][r, :n], v[bi, :n])
         assert_close(f"{kind} ring g", gg[bi, :n], ring[2][r, :n], 1e-6)
         assert_close(f"{kind} ring beta", be[bi, :n], ring[3][r, :n], 1e-6)
         assert not ring[0][r, n:].any()  # padding nodes are not stored
-    assert not ring[0][[0, 2, 4]].any()  # rows of no request stay untouched
-    # the same buffers kept per request (ring row = batch position; the served layout)
-    ring_b = tuple(torch.zeros(B + 1, *t.shape[1:]) for t in ring)
-    o4 = tri.gdn_tree_chunk_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
-                                       state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16, ring=ring_b,
-                                       ring_rows=torch.tensor([1, 0], dtype=torch.int32))
-    assert torch.equal(o, o4) and not ring_b[0][2].any()
-    for form, var in [(f, dict(apply_t=t)) for f in tri.SPLIT_FORMS for t in (True, False)] + [
-            ("mix", dict(apply_persistent=1)), ("mix", dict(prep_heads=1))]:
-        ring_s = tuple(torch.zeros_like(t) for t in ring_b)
-        os_ = tri.gdn_tree_split_verify_fwd(q, k, v, pool, tree, A_log=A_log, a=a, dt_bias=dtb, b=bb,
-                                            use_qk_l2norm=l2, state_indices=si, out=torch.zeros(B, N, Hv, V),
-                                            BV=16, ring=ring_s, ring_rows=torch.tensor([1, 0], dtype=torch.int32),
-                                            form=form, **var)
-        assert_close(f"{kind} split verify ({form}, {var}) with ring", ref, os_, 1e-4)
-        for t, ts in zip(ring_b, ring_s):
-            assert torch.equal(t, ts), f"split verify ({form}, {var}) ring stores != chunk verify ring stores"
-    for t, tb in zip(ring, ring_b):
-        assert torch.equal(tb[1], t[3]) and torch.equal(tb[0], t[1])
-    # the fused step in mix form: the previous step's accepted paths (kept in ring_b, rows [1, 0])
-    # committed inside this step's pass 2 == the all-layer commit, then the mix verify
-    sg_par = torch.where(tree.parents < 0, 0, tree.parents).int()
-    last_a, rr = torch.tensor([int(nums[0]) - 1, 2], dtype=torch.int32), torch.tensor([1, 0], dtype=torch.int32)
-    p_seq = pool.clone()
-    tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring_b), p_seq[None], si.int(), last_a, sg_par, BV=8,
-                                   use_qk_l2norm=l2, ring_rows=rr)
-    o_seq = tri.gdn_tree_split_verify_fwd(q, k, v, p_seq, tree, gg, be, use_qk_l2norm=l2, state_indices=si, BV=16,
-                                          out=torch.zeros(B, N, Hv, V), form="mix")
-    for par_ in (sg_par, None) if kind == "chain" else (sg_par,):
-        p_f = pool.clone()
-        ring_c = tuple(torch.zeros_like(t) for t in ring_b)
-        o_f = tri.gdn_tree_split_verify_fwd(q, k, v, p_f, tree, gg, be, use_qk_l2norm=l2, state_indices=si, BV=16,
-                                            out=torch.zeros(B, N, Hv, V), form="mix", ring=ring_c, ring_rows=rr,
-                                            pre_commit=dict(ring=ring_b, rows=rr, last=last_a, parents=par_))
-        assert_close(f"{kind} mix fused step: state", p_seq, p_f, 1e-5)
-        assert_close(f"{kind} mix fused step: outputs", o_seq, o_f, 1e-4)
-    for bad in (dict(form="mix", pre_commit=dict(ring=ring_b, rows=rr, last=last_a), ring=ring_b, ring_rows=rr),
-                dict(pre_commit=dict(ring=ring_b, rows=rr, last=last_a)),
-                dict(form="mix", apply_persistent=1, pre_commit=dict(ring=ring_b, rows=rr, last=last_a))):
+    assert not ring[0][2].any()  # the spare row stays untouched
+    for bad in (dict(precision="fp8"), dict(ring=ring)):  # a ring needs state_indices (padded requests)
         try:
-            tri.gdn_tree_split_verify_fwd(q, k, v, pool.clone(), tree, gg, be, use_qk_l2norm=l2, state_indices=si, **bad)
+            tri.gdn_tree_mix_verify_fwd(q, k, v, pool, tree, gg, be, **bad)
             raise AssertionError(f"accepted {sorted(bad)}")
         except ValueError:
             pass
+    # the commit from those buffers == the reference commit of each request's deepest-numbered node
     an = tree.root_path(nums - 1)
     al = (an >= 0).sum(-1)
     p1, p2 = pool.clone(), pool.clone()
     naive.gdn_tree_commit(k, v, gg, be, p1, tree, an, al, use_qk_l2norm=l2, state_indices=si)
     tri.gdn_tree_commit_fwd(k, v, p2, an, al, gg, be, use_qk_l2norm=l2, state_indices=si, BV=8)
     assert_close(f"{kind} commit", p1, p2, 1e-5)
-    # the all-layer commit straight from those per-slot buffers (one layer here)
+    p2 = pool.clone()
+    tri.gdn_tree_commit_fwd(k, v, p2, an, al, **fused, use_qk_l2norm=l2, state_indices=si, BV=8)
+    assert_close(f"{kind} commit fused gating", p1, p2, 1e-5)
     sglang_parents = torch.where(tree.parents < 0, 0, tree.parents).int()
     p6 = pool.clone()[None]
     tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), p6, si.int(), (nums - 1).int(), sglang_parents,
-                                   use_qk_l2norm=l2, BV=8)
-    assert_close(f"{kind} commit from the verify's slot buffers", p1, p6[0], 1e-5)
-    # the fused step: the previous step's commit (from `ring`, kept per state slot) inside this
-    # verify == that commit, then the verify
-    g2 = torch.Generator().manual_seed(11)
-    q2, k2 = torch.randn(B, N, Hk, K, generator=g2), torch.randn(B, N, Hk, K, generator=g2)
-    v2, a2, bb2 = torch.randn(B, N, Hv, V, generator=g2), torch.randn(B, N, Hv, generator=g2), torch.randn(B, N, Hv,
-                                                                                                           generator=g2)
-    last = torch.tensor([int(nums[0]) - 1, 0], dtype=torch.int32)
-    for par in (sglang_parents, None):
-        p_seq, p_fused = pool.clone(), pool.clone()
-        tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), p_seq[None], si.int(), last, par, use_qk_l2norm=l2,
-                                       BV=8)
-        o_seq = tri.gdn_tree_chunk_verify_fwd(q2, k2, v2, p_seq, tree, A_log=A_log, a=a2, dt_bias=dtb, b=bb2,
-                                              use_qk_l2norm=l2, state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16)
-        new_ring = tuple(torch.zeros_like(t) for t in ring)
-        o_fused = tri.gdn_tree_chunk_verify_fwd(q2, k2, v2, p_fused, tree, A_log=A_log, a=a2, dt_bias=dtb, b=bb2,
-                                                use_qk_l2norm=l2, state_indices=si, out=torch.zeros(B, N, Hv, V), BV=16,
-                                                ring=new_ring, pre_commit=dict(ring=ring, rows=si.int(), last=last,
-                                                                               parents=par))
-        assert_close(f"{kind} fused commit+verify state (parents={par is not None})", p_seq, p_fused, 1e-5)
-        assert_close(f"{kind} fused commit+verify outputs (parents={par is not None})", o_seq, o_fused, 1e-4)
-        assert not torch.equal(p_fused[3], pool[3]) and torch.equal(p_fused[0], pool[0])
-        assert torch.equal(new_ring[0][3, :int(nums[0])], k2[0, :int(nums[0])])
-    try:
-        tri.gdn_tree_chunk_verify_fwd(q2, k2, v2, pool.clone(), tree, A_log=A_log, a=a2, dt_bias=dtb, b=bb2,
-                                      state_indices=si, ring=ring, pre_commit=dict(ring=ring, rows=si, last=last))
-        raise AssertionError("a verify must not write the buffers its pre-commit reads")
-    except ValueError:
-        pass
+                                   use_qk_l2norm=l2, BV=8, ring_rows=rr)
+    assert_close(f"{kind} commit from the verify's request rows", p1, p6[0], 1e-5)
     # prefix-cache track rows: row 0 gets the state after 2 accepted nodes of request 0, row 4 the
     # committed state before any node of request 1 (track_len 0)
     tr, tln = torch.tensor([0, 4]), torch.tensor([min(2, int(al[0])), 0])
@@ -287,10 +156,6 @@ def gdn(kind, l2):
                             track_len=tln, BV=8)
     assert_close(f"{kind} commit with track", p4, p5, 1e-5)
     assert torch.equal(p4[4], pool[1]) and not torch.equal(p4[0], pool[0])
-    p3 = pool.clone()
-    tri.gdn_tree_commit_vnew_fwd(k, vnew, p3, an, al, A_log=A_log, a=a, dt_bias=dtb, b=bb, use_qk_l2norm=l2,
-                                 state_indices=si, BV=8)
-    assert_close(f"{kind} commit from vnew", p1, p3, 1e-4)
 
 
 def conv(kind, W):
@@ -326,8 +191,8 @@ def gdn_large_tree_public_op():
     gg, be = -torch.rand(1, 100, 2, generator=g), torch.rand(1, 100, 2, generator=g)
     state = torch.randn(1, 2, 16, 16, generator=g) * 0.1
     ref = naive.gdn_tree_verify(q, k, v, gg, be, state, tree, use_qk_l2norm=True)
-    o = tri.gdn_tree_verify_fwd(q, k, v, state, tree, gg, be, use_qk_l2norm=True, out=torch.zeros(1, 100, 2, 16),
-                                BV=16)
+    o = tri.gdn_tree_walk_verify_fwd(q, k, v, state, tree, gg, be, use_qk_l2norm=True,
+                                     out=torch.zeros(1, 100, 2, 16), BV=16)
     assert_close("walk, 100 nodes", ref, o, 1e-5)
 
 

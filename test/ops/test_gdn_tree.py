@@ -167,12 +167,17 @@ def test_bf16_inputs_promote_to_fp32():
     assert_close("bf16", ref, o, 1e-6)
 
 
-def test_served_precision_settings():
-    from lumotree.ops.gdn_tree import triton as tri
+def test_mix_verify_configs():
+    """The mix verify's tilings: pass 2's transposed dot needs BV >= 16 warps; pass 1 drops to 2 warps
+    only for <= 32-node trees with >= 2 programs per SM; precisions are checked."""
+    from lumotree.ops.gdn_tree import tiles, verify
 
-    assert tri.served_chunk_config(16, 128, "tf32x3")[2:] == ("tf32x3", "tf32x3")
-    assert tri.served_chunk_config(16, 128, "mixed") == (32, 4, "tf32x3", "tf32")  # near spill-free at <= 16 nodes
-    assert tri.served_chunk_config(64, 128, "mixed")[2:] == ("tf32x3", "tf32")
-    assert tri.served_chunk_config(16, 128, "tf32")[2:] == ("tf32", "tf32")
-    with pytest.raises(ValueError, match="precision setting"):
-        tri.served_chunk_config(16, 128, "fp16")
+    cpu = torch.device("cpu")  # (2 "SMs" off the GPU)
+    for BT in (16, 32, 64):
+        BV, warps, _ = verify.mix_config(BT, 128, 8, 16, cpu)
+        assert BV == 64 and BV >= 16 * warps
+    assert verify.mix_config(16, 128, 1, 1, cpu)[2] == 4 and verify.mix_config(16, 128, 8, 16, cpu)[2] == 2
+    assert verify.mix_config(64, 128, 8, 16, cpu)[2] == 4
+    assert verify.mix_config(16, 16, 1, 1, cpu)[:2] == (16, 1)
+    with pytest.raises(ValueError, match="precision must be one of"):
+        tiles.check_precision("fp16")

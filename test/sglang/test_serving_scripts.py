@@ -188,9 +188,9 @@ def test_profile_summary_measures_gpu_idle_time_and_focus_functions(tmp_path):
     import json
 
     ps = load("profile_summary")
-    ev = [dict(ph="X", cat="kernel", name="gdn_tree_chunk_verify_fwd_kernel", ts=0, dur=30, pid=0, tid=7),
+    ev = [dict(ph="X", cat="kernel", name="gdn_tree_mix_apply_fwd_kernel", ts=0, dur=30, pid=0, tid=7),
           dict(ph="X", cat="kernel", name="fused_conv_window_scatter", ts=25, dur=10, pid=0, tid=7),
-          dict(ph="X", cat="kernel", name="gdn_tree_chunk_verify_fwd_kernel", ts=80, dur=20, pid=0, tid=7),
+          dict(ph="X", cat="kernel", name="gdn_tree_mix_apply_fwd_kernel", ts=80, dur=20, pid=0, tid=7),
           dict(ph="X", cat="cuda_runtime", name="cudaGraphLaunch", ts=1, dur=4, pid=1, tid=1),
           dict(ph="X", cat="cuda_runtime", name="cudaLaunchKernel", ts=50, dur=3, pid=1, tid=1),
           dict(ph="X", cat="python_function", name="backend.py(206): commit_after_verify", ts=40, dur=30, pid=1, tid=1),
@@ -202,7 +202,7 @@ def test_profile_summary_measures_gpu_idle_time_and_focus_functions(tmp_path):
     s = ps.main([str(tmp_path), "--out", str(tmp_path / "s.json")])[str(f)]
     assert s["window_ms"] == 0.1 and s["gpu_busy_ms"] == 0.055 and s["gpu_idle_fraction"] == 0.45
     assert s["graph_launches"] == 1 and s["kernel_launches"] == 1
-    assert s["top_kernels"][0] == dict(name="gdn_tree_chunk_verify_fwd_kernel", count=2, total_us=50.0)
+    assert s["top_kernels"][0] == dict(name="gdn_tree_mix_apply_fwd_kernel", count=2, total_us=50.0)
     assert [p["name"] for p in s["python_focus"]] == ["backend.py(206): commit_after_verify"]
 
 

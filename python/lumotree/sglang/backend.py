@@ -9,10 +9,9 @@ Verify (``forward_extend`` in TARGET_VERIFY mode, per GDN layer, inside SGLang's
    device, without host synchronisation, and shared by all GDN layers;
 3. GDN: LumoTree's tree-masked verify computes the gates, reads each request's committed
    state row of the pool ``[pool, Hv, V, K]`` once and computes every node's output; it writes no
-   state at all. The mix form (``gdn_tree_split_verify_fwd(form="mix")``, fp32-accurate tf32x3
-   dots): pass 1 per request and key head leaves the tree's `[N, N]` node-mixing matrices (no
-   state), pass 2 reads each state tile once and meets the whole tree in one dot; the other forms in
-   ``ops/gdn_tree/triton.py`` measured slower and are not served. The verify keeps the step's raw k, v
+   state at all. The mix verify (``ops/gdn_tree/verify.py``, fp32-accurate tf32x3 dots): pass 1 per
+   request and key head leaves the tree's `[N, N]` node-mixing matrices (no state), pass 2 reads
+   each state tile once and meets the whole tree in one dot. The verify keeps the step's raw k, v
    and gates g, beta in LumoTree's :class:`VerifyScratch`, one row per running request (the row
    SGLang's conv windows use: ``verify_intermediate_state_indices``): ``Hk K + Hv V`` bf16 +
    ``2 Hv`` fp32 per node, instead of NEXTN's ``Hv V K`` fp32 snapshot per node.
@@ -199,7 +198,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         return o
 
     def _verify(self, layer, forward_batch, mixed_qkv, a, b):
-        from lumotree.ops.gdn_tree.triton import gdn_tree_split_verify_fwd
+        from lumotree.ops.gdn_tree.verify import gdn_tree_mix_verify_fwd
         from sglang.srt.layers.attention.linear import gdn_backend as sg
 
         assert isinstance(mixed_qkv, torch.Tensor)
@@ -229,8 +228,8 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         # request and key head leaves the [BT, BT] node-mixing matrices, pass 2 meets each state tile of
         # the pool rows once; the raw k, v, g, beta kept per request row for the replay commit (padded
         # rows, slot -1, skipped)
-        o = gdn_tree_split_verify_fwd(
-            q, k, v, cache.temporal, None, form="mix", A_log=layer.A_log, a=a.reshape(bs, n, Hv),
+        o = gdn_tree_mix_verify_fwd(
+            q, k, v, cache.temporal, None, A_log=layer.A_log, a=a.reshape(bs, n, Hv),
             dt_bias=layer.dt_bias, b=b.reshape(bs, n, Hv), scale=K ** -0.5, use_qk_l2norm=True, state_indices=rows,
             anc_mask=anc, num_nodes=num_nodes, precision="tf32x3",
             ring=self.scratch.layer(self.req_to_token_pool.mamba_map[layer.layer_id]),
@@ -278,7 +277,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         launch for all GDN layers, reading the verify's scratch in place; the path is walked
         up the verify tree's parents inside the kernel; the prefix-cache snapshot comes from the same
         replay."""
-        from lumotree.ops.gdn_tree.triton import gdn_tree_commit_layers_fwd
+        from lumotree.ops.gdn_tree.commit import gdn_tree_commit_layers_fwd
         from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_conv_window_scatter_with_mask
 
         if self._verify_tokens == 1 and self.one_token_decode and not self.exact:

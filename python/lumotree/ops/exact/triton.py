@@ -20,7 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from lumotree.ops.gdn_tree.triton import _root_path, gdn_tree_commit_layers_fwd
+from lumotree.ops.gdn_tree.commit import gdn_tree_commit_layers_fwd
+from lumotree.ops.gdn_tree.tiles import _root_path
 
 __all__ = ["gdn_tree_exact_verify_fwd", "gdn_tree_exact_commit_layers_fwd", "conv_tree_exact_states",
            "tree_decode_kv_fwd", "exact_bv"]
@@ -170,11 +171,11 @@ def gdn_tree_exact_verify_fwd(x, a, b, A_log, dt_bias, state, state_indices, par
 def gdn_tree_exact_commit_layers_fwd(k, v, g, beta, state, rows, last, parents=None, track_rows=None,
                                      track_steps=None, ring_rows=None):
     """The replay commit with the decode kernel's tile (``BV = min(V, 32)``, one warp): its step
-    (``gdn_tree.triton._delta_rule_step``) is the decode step's expressions in their order, so with
+    (``gdn_tree.tiles._delta_rule_step``) is the decode step's expressions in their order, so with
     the gates the exact verify kept the committed state is the decode's, bit for bit."""
     return gdn_tree_commit_layers_fwd(k, v, g, beta, state, rows, last, parents, track_rows, track_steps,
                                       use_qk_l2norm=True, BV=exact_bv(v.shape[-1]), num_warps=1,
-                                      ring_rows=ring_rows, form="replay")
+                                      ring_rows=ring_rows)
 
 
 def conv_tree_exact_states(root_state, windows, parents, out=None):

@@ -179,12 +179,15 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         return anc, num_nodes
 
     # ------------------------------------------------------------------ verify
+    def _decodes_in_place(self) -> bool:
+        """This backend's verifies are one-token (no-draft) steps served as a decode, in place."""
+        return self._verify_tokens == 1 and self.one_token_decode and not self.exact
+
     def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
         if not (self.lumotree and forward_batch.forward_mode.is_target_verify()):
             return super().forward_extend(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         self._verify_tokens = forward_batch.spec_info.draft_token_num
-        if self._verify_tokens == 1 and self.one_token_decode and not self.exact:
-            # the no-draft step: the root token only, always accepted -- a decode, in place
+        if self._decodes_in_place():  # the no-draft step: the root token only, always accepted
             return super().forward_decode(layer, forward_batch, mixed_qkv, a, b, **kwargs)
         if getattr(self, "_first_verify_done", True):
             return self._verify(layer, forward_batch, mixed_qkv, a, b)
@@ -280,7 +283,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         from lumotree.ops.gdn_tree.commit import gdn_tree_commit_layers_fwd
         from sglang.kernels.ops.mamba.mamba_state_scatter_triton import fused_conv_window_scatter_with_mask
 
-        if self._verify_tokens == 1 and self.one_token_decode and not self.exact:
+        if self._decodes_in_place():
             return  # the one-token verify updated the pool rows in place (forward_extend)
         bs = last_step.shape[0]
         md = self.forward_metadata

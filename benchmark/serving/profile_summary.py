@@ -19,7 +19,9 @@ import sys
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 FOCUS = ("lumotree", "verify_tree_greedy", "update_mamba_state_after_mtp_verify", "commit_after_verify",
-         "eagle_sample", "forward_batch_generation", "draft", "verify", "sample")
+         "eagle_sample", "forward_batch_generation", "draft", "verify", "sample", "process_batch_result",
+         "prepare_for", "get_next_batch", "run_batch", "forward_decode", "forward_extend", "init_forward_metadata",
+         "replay", "synchronize", "tolist", "item")
 
 
 def load(path):
@@ -88,10 +90,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("paths", nargs="+")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--top", type=int, default=12, help="rows per table")
     args = ap.parse_args(argv)
     res = {}
     for t in traces(args.paths):
-        res[t] = summarize(load(t))
+        res[t] = summarize(load(t), top=args.top)
         s = res[t]
         print(f"{t}: window {s.get('window_ms')} ms, GPU busy {s.get('gpu_busy_ms')} ms "
               f"(idle {100 * s.get('gpu_idle_fraction', 0):.0f}%), graph launches {s.get('graph_launches')}, "

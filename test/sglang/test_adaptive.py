@@ -121,6 +121,7 @@ def test_worker_attributes_step_times_and_switches_states(monkeypatch):
     import collections
     w._pending_steps = collections.deque(maxlen=8)
     w._prev_steps = 3
+    w._step_chosen = False
     clock = iter([1.0, 1.5, 1.6, 3.0])
     monkeypatch.setattr("lumotree.sglang.worker.time.perf_counter", lambda: next(clock))
     w.activate_step_by_batch(8)   # explores the tree first: no switch

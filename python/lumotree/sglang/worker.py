@@ -9,10 +9,12 @@ target-verify CUDA graphs -- and switches between the two before each decode ste
 :class:`~lumotree.sglang.adaptive.TreeSizePolicy` says. A switch swaps prebuilt attention backends
 and graph runners (SGLang's ``apply_runtime_state``); nothing is captured while serving.
 
-A no-draft step costs what a decode step costs, as far as SGLang's EAGLE loop allows: the GDN layers
-run SGLang's decode kernels in place (:mod:`lumotree.sglang.backend`), and the MTP layer's
-draft-extend is skipped (SGLang's ``_stub_skipped_draft_extend``: shape-valid zero draft inputs), and
-so are its draft CUDA graphs at start-up. The price: the MTP layer's KV cache has no entries for the
+A no-draft step is a decode step: the target model's decode forward through decode CUDA graphs of its
+own (:mod:`lumotree.sglang.decode_step`), not SGLang's one-node verify, wherever the batch allows it
+(the one-node verify serves the others, its GDN layers running SGLang's decode kernels in place,
+:mod:`lumotree.sglang.backend`); the MTP layer's draft-extend is skipped (SGLang's
+``_stub_skipped_draft_extend``: shape-valid zero draft inputs), and so are its draft CUDA graphs at
+start-up. The price: the MTP layer's KV cache has no entries for the
 tokens decoded without a draft, so a request that lives through a no-draft stretch drafts from a
 cold start and with those holes when drafting resumes -- which the policy only does when drafting
 pays at that batch size. The acceptance of the first drafted step after such a stretch is not
@@ -45,6 +47,9 @@ def _no_draft_graphs(draft_worker):
 def worker_class():
     import sglang.srt.speculative.eagle_worker_v2 as ew
 
+    from lumotree.sglang.backend import one_token_decode
+    from lumotree.sglang.decode_step import DecodeStep
+
     class LumoTreeWorker(ew.EAGLEWorkerV2):
         """``EAGLEWorkerV2`` whose tree size is chosen per decode step (see the module docstring)."""
 
@@ -57,6 +62,9 @@ def worker_class():
             self._last_decode = None  # (batch, steps, host time) of the previous decode step
             self._pending_steps = collections.deque(maxlen=8)  # (steps, cold) of decode steps not yet reported
             self._prev_steps = self.speculative_num_steps
+            self._decode_step = None  # the no-draft step as a decode forward (built with the CUDA graphs)
+            self._decodes = one_token_decode(server_args)
+            self._step_chosen = False  # this decode step's tree size is chosen already
             if self.tree_policy is not None and 0 in self.tree_policy.candidates:
                 self._skip_draft_extend_without_draft()
 
@@ -100,16 +108,36 @@ def worker_class():
                                 cuda_graph_bs=cuda_graph_bs)
                         logger.info("LumoTree adaptive: runtime state for %d draft steps built in %.1f s", steps,
                                     time.perf_counter() - tic)
+                if 0 in self.tree_policy.candidates and self._decodes:
+                    self._decode_step = DecodeStep.build(self, cuda_graph_bs)
             logger.info("LumoTree adaptive tree size: candidates %s draft steps (0 = no draft), chosen per decode "
                         "step from measured step times and acceptance", self.tree_policy.candidates)
 
         def forward_batch_generation(self, batch, *args, **kwargs):
             if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
                 self._last_decode = None  # a prefill between two decode steps: no step time to attribute
+            elif self._decode_step is not None and not batch.forward_mode.is_idle():
+                self.activate_step_by_batch(batch.seq_lens.shape[0])
+                self._step_chosen = True  # SGLang's loop asks again: the choice stands
+                if self.speculative_num_steps == 0 and self._decode_step.serves(batch):
+                    self._step_chosen = False
+                    return self._no_draft_decode(batch, kwargs.get("on_publish", args[0] if args else None))
             return super().forward_batch_generation(batch, *args, **kwargs)
+
+        def _no_draft_decode(self, batch, on_publish):
+            """The no-draft step as a decode forward; what follows a one-node verify in SGLang's loop
+            (publish the lengths, stub the skipped draft-extend) follows it too."""
+            out = self._decode_step.run(batch)
+            if on_publish is not None:
+                on_publish(out.new_seq_lens)
+            self._stub_skipped_draft_extend(batch, out)
+            return out
 
         def activate_step_by_batch(self, batch_size: int) -> None:
             if self.tree_policy is None:
+                return
+            if self._step_chosen:
+                self._step_chosen = False
                 return
             now = time.perf_counter()
             if self._last_decode is not None:

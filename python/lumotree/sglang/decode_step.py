@@ -1,0 +1,137 @@
+"""The no-draft step of a LUMOTREE server as SGLang's own decode forward.
+
+When the adaptive tree size (:mod:`lumotree.sglang.adaptive`) picks no draft, SGLang's EAGLE V2 loop
+would still run a one-node *verify*: verify preparation, a TARGET_VERIFY graph, the tree sampler,
+acceptance bookkeeping and the tree-path compaction -- on the H200 (27B shapes, batch 1) ~3.5 ms of
+host work before the forward is even launched, against ~1.5 ms for a decode step. A one-node tree
+is a decode step: its root (the last bonus token) is always accepted and one token is sampled from
+the target's logits. So :class:`DecodeStep` runs it as one -- the target model in DECODE mode,
+through decode CUDA graphs captured for it at start-up with its own attention backend, sampled
+by SGLang's decode sampler -- and hands SGLang's scheduler the result a one-node verify would have
+produced (accept length 1, the sampled token as the next bonus token, sequence lengths + 1).
+
+The KV slot of the token is the one SGLang's speculative decode preparation allocated for the
+root (``req_to_token[req, seq_len]``); the GDN layers update each request's pool row in place
+(SGLang's decode conv and recurrence), so there is nothing to commit.
+
+Served only where a decode step is exactly what the one-node verify computes
+(:meth:`DecodeStep.serves`): requests without logprobs, hidden states, grammars, penalties or custom
+logit processors (their verify path applies these in its own way), and with SGLang's
+``no_buffer`` state cache (the ``extra_buffer`` cache's interval snapshots come from the verify's
+commit; :func:`lumotree.sglang.backend.one_token_decode`). Any other batch takes the one-node verify.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import time
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _non_speculative(model_runner):
+    """While the decode graphs are captured the target model runner reads as non-speculative:
+    SGLang's graph runner captures TARGET_VERIFY graphs for any speculative algorithm."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    spec = model_runner.spec_algorithm
+    model_runner.spec_algorithm = SpeculativeAlgorithm.NONE
+    try:
+        yield
+    finally:
+        model_runner.spec_algorithm = spec
+
+
+class DecodeStep:
+    """The target's decode forward for a LUMOTREE no-draft step (see the module docstring)."""
+
+    def __init__(self, target_worker, attn_backend, graph_runner):
+        self.target_worker = target_worker
+        self.model_runner = target_worker.model_runner
+        self.attn_backend = attn_backend
+        self.graph_runner = graph_runner
+        self.steps = 0  # decode steps served (diagnostics, tests)
+
+    @classmethod
+    def build(cls, worker, cuda_graph_bs=None) -> "DecodeStep":
+        """An attention backend and decode CUDA graphs of the target model, beside the worker's
+        runtime states (``worker``: the EAGLE V2 worker; ``cuda_graph_bs``: the batch sizes the
+        states capture, ``None`` for SGLang's default)."""
+        import sglang.srt.speculative.eagle_worker_v2 as ew
+
+        mr = worker._target_worker.model_runner
+        tic = time.perf_counter()
+        with worker._override_worker_state(0, 1, cuda_graph_bs=cuda_graph_bs):
+            keep = mr.init_new_workspace
+            try:
+                backend = mr._get_attention_backend(init_new_workspace=True)
+            finally:
+                mr.init_new_workspace = keep
+            runner = None
+            if not ew.check_cuda_graph_backend(ew.Phase.DECODE, ew.Backend.DISABLED):
+                with _non_speculative(mr):
+                    runner = mr._decode_cuda_graph_runner_cls()(
+                        mr, attn_backend=backend, speculative_num_steps=0, speculative_num_draft_tokens=1)
+        logger.info("LumoTree: no-draft steps run as decode steps (%s) -- built in %.1f s",
+                    "decode CUDA graphs for batch sizes %s" % (runner.capture_bs,) if runner is not None
+                    else "no CUDA graphs", time.perf_counter() - tic)
+        return cls(worker._target_worker, backend, runner)
+
+    @staticmethod
+    def serves(batch) -> bool:
+        """Whether this batch's no-draft step is a plain decode step (see the module docstring)."""
+        spec = batch.spec_info
+        si = batch.sampling_info
+        return (not batch.forward_mode.is_idle() and spec is not None
+                and getattr(spec, "bonus_tokens", None) is not None
+                and not batch.return_logprob and not batch.return_hidden_states and not batch.has_grammar
+                and si is not None and not si.has_custom_logit_processor
+                and not (si.penalizer_orchestrator is not None and si.penalizer_orchestrator.is_required))
+
+    @contextlib.contextmanager
+    def _active(self):
+        mr = self.model_runner
+        keep = mr.attn_backend, mr.decode_cuda_graph_runner
+        mr.attn_backend, mr.decode_cuda_graph_runner = self.attn_backend, self.graph_runner
+        try:
+            yield
+        finally:
+            mr.attn_backend, mr.decode_cuda_graph_runner = keep
+
+    def run(self, batch):
+        """One decode step of ``batch`` (SGLang's speculative V2 conventions: ``seq_lens`` excludes the
+        last bonus token, which is this step's input); returns the one-node verify's result."""
+        from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_uniform_func
+        from sglang.srt.managers.utils import GenerationBatchResult
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        bs = batch.seq_lens.shape[0]
+        dec = copy.copy(batch)  # the scheduler's batch keeps its speculative view
+        dec.forward_mode = ForwardMode.DECODE
+        dec.spec_algorithm = SpeculativeAlgorithm.NONE
+        dec.spec_info = None
+        dec.input_ids = batch.spec_info.bonus_tokens
+        dec.out_cache_loc = assign_extend_cache_locs_uniform_func(
+            req_pool_indices=batch.req_pool_indices, req_to_token=self.model_runner.req_to_token_pool.req_to_token,
+            start_offset=batch.seq_lens, batch_size=bs, draft_token_num=1, device=batch.device)
+        dec.seq_lens = batch.seq_lens + 1
+        dec.seq_lens_cpu = batch.seq_lens_cpu + 1 if batch.seq_lens_cpu is not None else None
+        dec.seq_lens_sum = batch.seq_lens_sum + bs if batch.seq_lens_sum is not None else None
+        with self._active():
+            fb = ForwardBatch.init_new(dec, self.model_runner, return_hidden_states_before_norm=False)
+            out = self.target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True)
+        predict = self.model_runner.sample(out.logits_output, fb).to(torch.int32)
+        accept_lens = torch.ones(bs, dtype=torch.int32, device=predict.device)
+        self.steps += 1
+        return GenerationBatchResult(
+            logits_output=out.logits_output, next_token_ids=predict, can_run_cuda_graph=out.can_run_cuda_graph,
+            speculative_num_draft_tokens=1, next_draft_input=EagleDraftInput(bonus_tokens=predict.clone()),
+            accept_lens=accept_lens, new_seq_lens=batch.seq_lens + accept_lens,
+            routed_experts_output=out.routed_experts_output, indexer_topk_output=out.indexer_topk_output,
+            extra_keep_alive_refs=[fb])

@@ -1,0 +1,188 @@
+"""The no-draft step as SGLang's decode forward (``lumotree.sglang.decode_step``) on CPU, with SGLang's
+own forward-batch and cache-location code and a stand-in model runner: the decode view of a speculative
+V2 batch (positions, KV slot, lengths), the backend and graph swap around the forward, the result in
+the one-node verify's conventions, which batches it serves, and the worker's dispatch to it. The
+served step (tokens equal to no speculation, under CUDA graphs) is
+``test_served_no_draft_gpu.py``."""
+import collections
+import copy
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm  # noqa: E402
+
+from lumotree.sglang import decode_step as ds  # noqa: E402
+from lumotree.sglang.adaptive import TreeSizePolicy  # noqa: E402
+
+
+def spec_batch(bs=3, **kw):
+    seq = torch.tensor([5, 9, 2][:bs], dtype=torch.int64)
+    b = SimpleNamespace(
+        forward_mode=ForwardMode.DECODE, spec_algorithm=SpeculativeAlgorithm.EAGLE,
+        spec_info=SimpleNamespace(bonus_tokens=torch.tensor([11, 22, 33][:bs], dtype=torch.int32)),
+        seq_lens=seq, seq_lens_cpu=seq.clone(), seq_lens_sum=int(seq.sum()), req_pool_indices=torch.tensor([2, 0, 1][:bs]),
+        device="cpu", input_ids=None, out_cache_loc=None, return_logprob=False, return_hidden_states=False,
+        has_grammar=False, is_extend_in_batch=False,
+        sampling_info=SimpleNamespace(has_custom_logit_processor=False,
+                                      penalizer_orchestrator=SimpleNamespace(is_required=False)))
+    for k, v in kw.items():
+        setattr(b, k, v)
+    return b
+
+
+class Runner:
+    """What DecodeStep reads of SGLang's model runner."""
+
+    def __init__(self):
+        self.attn_backend, self.decode_cuda_graph_runner = "verify-backend", "verify-graphs"
+        self.req_to_token_pool = SimpleNamespace(req_to_token=torch.arange(3 * 16).view(3, 16) + 1000)
+        self.sampled = torch.tensor([7, 8, 9], dtype=torch.int64)
+
+    def sample(self, logits_output, fb):
+        assert logits_output == "logits" and fb.tag == "fb"
+        return self.sampled[: fb.bs]
+
+
+def cache_locs(req_pool_indices, req_to_token, start_offset, batch_size, draft_token_num, device):
+    """SGLang's ``assign_extend_cache_locs_uniform_func`` (a Triton kernel; no CPU path on a CUDA build)."""
+    cols = start_offset[:, None] + torch.arange(draft_token_num)
+    return req_to_token[req_pool_indices[:, None], cols].reshape(batch_size * draft_token_num).to(torch.int64)
+
+
+def test_decode_view_and_result(monkeypatch):
+    monkeypatch.setattr("sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_uniform_func", cache_locs)
+    mr = Runner()
+    seen = {}
+
+    def init_new(batch, model_runner, return_hidden_states_before_norm):
+        seen["batch"] = copy.copy(batch)
+        seen["backend_at_init"] = model_runner.attn_backend
+        return SimpleNamespace(tag="fb", bs=batch.seq_lens.shape[0])
+
+    def forward(batch, forward_batch, is_verify):
+        assert batch is None and is_verify  # no sampling inside: the step samples with the decode sampler
+        seen["during"] = (mr.attn_backend, mr.decode_cuda_graph_runner)
+        return SimpleNamespace(logits_output="logits", can_run_cuda_graph=True, routed_experts_output=None,
+                               indexer_topk_output=None)
+
+    monkeypatch.setattr("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", init_new)
+    step = ds.DecodeStep(SimpleNamespace(model_runner=mr, forward_batch_generation=forward), "decode-backend",
+                         "decode-graphs")
+    b = spec_batch()
+    before = dict(vars(b))
+    out = step.run(b)
+
+    d = seen["batch"]
+    assert d.forward_mode == ForwardMode.DECODE and d.spec_algorithm == SpeculativeAlgorithm.NONE and d.spec_info is None
+    assert torch.equal(d.input_ids, b.spec_info.bonus_tokens)  # the last bonus token is this step's input
+    # its KV slot: the one SGLang's speculative decode preparation allocated at the request's next position
+    want = mr.req_to_token_pool.req_to_token[b.req_pool_indices, b.seq_lens]
+    assert torch.equal(d.out_cache_loc, want)
+    assert d.seq_lens.tolist() == [6, 10, 3] and d.seq_lens_cpu.tolist() == [6, 10, 3] and d.seq_lens_sum == 19
+    assert seen["backend_at_init"] == "decode-backend" and seen["during"] == ("decode-backend", "decode-graphs")
+    assert (mr.attn_backend, mr.decode_cuda_graph_runner) == ("verify-backend", "verify-graphs")  # restored
+    assert vars(b) == before  # the scheduler's batch keeps its speculative view
+
+    # the one-node verify's result: the root accepted, one sampled token, lengths + 1
+    assert out.next_token_ids.dtype == torch.int32 and out.next_token_ids.tolist() == [7, 8, 9]
+    assert out.accept_lens.dtype == torch.int32 and out.accept_lens.tolist() == [1, 1, 1]
+    assert out.new_seq_lens.tolist() == [6, 10, 3] and out.speculative_num_draft_tokens == 1
+    bonus = out.next_draft_input.bonus_tokens
+    assert bonus.tolist() == [7, 8, 9] and bonus.data_ptr() != out.next_token_ids.data_ptr()
+    assert out.can_run_cuda_graph and step.steps == 1
+
+
+def test_backend_restored_when_the_forward_fails(monkeypatch):
+    monkeypatch.setattr("sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_uniform_func", cache_locs)
+    mr = Runner()
+    monkeypatch.setattr("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new",
+                        lambda batch, model_runner, return_hidden_states_before_norm: SimpleNamespace(tag="fb", bs=3))
+
+    def forward(**kw):
+        raise RuntimeError("out of memory")
+
+    step = ds.DecodeStep(SimpleNamespace(model_runner=mr, forward_batch_generation=forward), "decode-backend", None)
+    with pytest.raises(RuntimeError):
+        step.run(spec_batch())
+    assert (mr.attn_backend, mr.decode_cuda_graph_runner) == ("verify-backend", "verify-graphs")
+
+
+@pytest.mark.parametrize("change", [
+    {},
+    {"forward_mode": ForwardMode.IDLE},
+    {"spec_info": None},
+    {"spec_info": SimpleNamespace(bonus_tokens=None)},
+    {"return_logprob": True},
+    {"return_hidden_states": True},
+    {"has_grammar": True},
+    {"sampling_info": SimpleNamespace(has_custom_logit_processor=True,
+                                      penalizer_orchestrator=SimpleNamespace(is_required=False))},
+    {"sampling_info": SimpleNamespace(has_custom_logit_processor=False,
+                                      penalizer_orchestrator=SimpleNamespace(is_required=True))},
+], ids=["plain", "idle", "no-draft-input", "no-bonus", "logprob", "hidden", "grammar", "custom-logits", "penalty"])
+def test_which_batches_decode(change):
+    assert ds.DecodeStep.serves(spec_batch(**change)) == (change == {})
+
+
+def test_spec_algorithm_restored_after_capture():
+    mr = SimpleNamespace(spec_algorithm=SpeculativeAlgorithm.EAGLE)
+    with pytest.raises(ValueError):
+        with ds._non_speculative(mr):
+            assert mr.spec_algorithm == SpeculativeAlgorithm.NONE
+            raise ValueError
+    assert mr.spec_algorithm == SpeculativeAlgorithm.EAGLE
+
+
+def worker(monkeypatch, decode_step):
+    import sglang.srt.speculative.eagle_worker_v2 as ew
+    from lumotree.sglang.worker import worker_class
+
+    w = object.__new__(worker_class())
+    w.calls = []
+
+    def apply_runtime_state(state):
+        w.speculative_num_steps = state
+
+    def sglang_step(self, batch, *args, **kwargs):  # SGLang's loop: it asks the worker for the tree size too
+        self.activate_step_by_batch(batch.seq_lens.shape[0])
+        self.calls.append(("verify", self.speculative_num_steps))
+        return "verify-result"
+
+    monkeypatch.setattr(ew.EAGLEWorkerV2, "forward_batch_generation", sglang_step)
+    w.apply_runtime_state = apply_runtime_state
+    w.speculative_num_steps = 3
+    w._tree_states = {0: 0, 3: 3}
+    w._last_decode = None
+    w._pending_steps = collections.deque(maxlen=8)
+    w._prev_steps = 3
+    w._step_chosen = False
+    w._decode_step = decode_step
+    w._stub_skipped_draft_extend = lambda batch, out: w.calls.append(("stub", out))
+    return w
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["plain-batch", "logprob-batch"])
+def test_worker_serves_no_draft_steps_as_decode_steps(monkeypatch, plain):
+    class Step:
+        serves = staticmethod(ds.DecodeStep.serves)
+
+        def run(self, batch):
+            return SimpleNamespace(new_seq_lens=batch.seq_lens + 1)
+
+    w = worker(monkeypatch, Step())
+    w.tree_policy = TreeSizePolicy([0])  # pinned to no draft
+    published = []
+    out = w.forward_batch_generation(spec_batch(return_logprob=not plain), on_publish=published.append)
+    assert len(w._pending_steps) == 1  # one choice per step, though SGLang's loop asks again
+    if plain:
+        assert w.calls == [("stub", out)] and published[0].tolist() == [6, 10, 3]
+    else:  # the one-node verify serves what a decode step does not
+        assert out == "verify-result" and w.calls == [("verify", 0)] and not published
+    w.tree_policy = TreeSizePolicy([3])  # a drafted step never decodes
+    w.calls.clear()
+    assert w.forward_batch_generation(spec_batch()) == "verify-result" and w.calls == [("verify", 3)]
+    assert len(w._pending_steps) == 2

@@ -15,16 +15,21 @@ def test_bucket_is_the_cuda_graph_padding():
     assert [bucket(b) for b in (1, 2, 3, 5, 8, 9, 33, 64, 65)] == [1, 2, 4, 8, 8, 16, 64, 64, 128]
 
 
-def simulate(policy, batch, t_none, t_tree, accept, steps=400, tree=3, seed=0):
-    """Serve ``steps`` decode steps; returns how often each candidate ran after exploration."""
+def simulate(policy, batch, t_none, t_tree, accept, steps=400, tree=3, seed=0, prev=None):
+    """Serve ``steps`` decode steps as the worker does: a drafted step right after a no-draft step drafts
+    from zeros and its acceptance is not counted (``prev``: the step before the first, default the tree).
+    Returns how often each candidate ran after exploration."""
     rng = random.Random(seed)
     counts = {0: 0, tree: 0}
+    prev = tree if prev is None else prev
     for i in range(steps):
         s = policy.choose(batch)
         t = (t_tree if s else t_none) * (1 + 0.02 * rng.random())
         policy.observe_time(batch, s, t)
-        policy.observe_accept(s, [accept] * batch)
-        if i >= 2 * adaptive.MIN_SAMPLES:
+        if not (s and prev == 0):
+            policy.observe_accept(s, [accept] * batch)
+        prev = s
+        if i >= 2 * adaptive.RUN:
             counts[s] += 1
     return counts
 
@@ -39,9 +44,9 @@ def test_policy_serves_the_faster_candidate(batch, t_none, t_tree, accept, want)
     p = TreeSizePolicy([0, 3])
     counts = simulate(p, batch, t_none / 1e3, t_tree / 1e3, accept)
     other = 3 - want
-    # after exploring it serves the faster candidate, probing the other once per PROBE_EVERY steps
+    # after exploring it serves the faster candidate, probing the other for one run per PROBE_EVERY steps
     assert counts[want] > 0.95 * sum(counts.values()), counts
-    assert 0 < counts[other] <= sum(counts.values()) // adaptive.PROBE_EVERY + 1, counts
+    assert 0 < counts[other] <= adaptive.RUN * (sum(counts.values()) // adaptive.PROBE_EVERY + 1), counts
     assert p.table()["buckets"][bucket(batch)]["chosen"] == want
 
 
@@ -55,12 +60,24 @@ def test_policy_follows_a_change_of_acceptance():
     assert p.table()["buckets"][8]["chosen"] == 3
 
 
-def test_buckets_are_independent_and_explored_drafting_first():
+def test_buckets_are_independent_and_explored_drafting_first_in_runs():
     p = TreeSizePolicy([0, 3])
-    assert p.choose(1) == 3  # no samples yet: draft first (it also measures the acceptance)
-    p.observe_time(1, 3, 0.01)
-    assert p.choose(1) == 0
+    # no samples yet: draft first (it also measures the acceptance), for a run of consecutive steps
+    assert [p.choose(1) for _ in range(adaptive.RUN)] == [3] * adaptive.RUN
+    for _ in range(adaptive.RUN):
+        p.observe_time(1, 3, 0.01)
+    assert [p.choose(1) for _ in range(adaptive.RUN)] == [0] * adaptive.RUN
     assert p.choose(100) == 3 and set(p.buckets) == {1, 128}
+
+
+def test_a_tree_that_pays_is_learned_although_its_first_step_after_no_draft_is_cold():
+    """The first drafted step after no-draft steps is not an acceptance sample (its draft comes from
+    zeros): explored and probed one step at a time between no-draft steps, the tree's acceptance would
+    never be measured and a tree that pays (2.4 tokens for 1.2x the time) never served."""
+    p = TreeSizePolicy([0, 3])
+    counts = simulate(p, 1, 0.010, 0.012, 1.4, prev=0)
+    assert p.accept == pytest.approx(1.4)
+    assert p.table()["buckets"][1]["chosen"] == 3 and counts[3] > 0.95 * sum(counts.values()), counts
 
 
 def test_one_candidate_is_a_fixed_tree():
@@ -124,6 +141,7 @@ def test_worker_attributes_step_times_and_switches_states(monkeypatch):
     w._step_chosen = False
     clock = iter([1.0, 1.5, 1.6, 3.0])
     monkeypatch.setattr("lumotree.sglang.worker.time.perf_counter", lambda: next(clock))
+    monkeypatch.setattr(adaptive, "RUN", 1)  # one step per exploration run: a switch on every step
     w.activate_step_by_batch(8)   # explores the tree first: no switch
     w.activate_step_by_batch(8)   # 0.5 s attributed to the 3-step tree at bucket 8, then no draft
     assert switched == [0] and w.tree_policy.buckets[8].samples == {0: 0, 3: 1}

@@ -15,9 +15,13 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   steps can take 100x the usual (a first compile at a new shape, a profiler starting): on the H200
   an average of such samples made a bucket serve its slower candidate;
 * the **acceptance** ``a`` is a moving average of the accepted drafts per request over the steps that drafted;
-* a bucket first **explores** (every candidate ``MIN_SAMPLES`` times), then serves the candidate
-  of most tokens per second, switching only past a ``MARGIN`` (hysteresis), and every
-  ``PROBE_EVERY`` steps serves the other candidate once so that both estimates stay current.
+* a bucket first **explores** (every candidate for a run of ``RUN`` consecutive steps), then serves the
+  candidate of most tokens per second, switching only past a ``MARGIN`` (hysteresis), and every
+  ``PROBE_EVERY`` steps serves the other candidate for one run so that both estimates stay current.
+  Runs, not single steps: the first drafted step after no-draft steps drafts from zeros (the worker
+  skips the MTP draft-extend on no-draft steps) and its acceptance is not counted, so a drafted step
+  between two no-draft steps would never measure the acceptance -- and a policy that alternated would
+  never learn that the tree pays.
 
 Pure Python and host-only (the step times and accept lengths it reads are on the host already): the
 worker (:mod:`lumotree.sglang.worker`) calls :meth:`TreeSizePolicy.choose` before a decode step,
@@ -43,8 +47,9 @@ logger = logging.getLogger(__name__)
 EMA = 0.2  # weight of a new sample in the acceptance average
 WINDOW = 9  # step-time samples per candidate and bucket the median is taken over
 MIN_SAMPLES = 3  # step-time samples per candidate and bucket before the policy trusts the bucket
+RUN = MIN_SAMPLES + 1  # consecutive steps a candidate is explored or probed for (its first drafted step is cold)
 MARGIN = 0.03  # switch only when the other candidate is this much faster (tokens per second)
-PROBE_EVERY = 64  # steps of a bucket between probes of the candidate not chosen
+PROBE_EVERY = 128  # steps of a bucket between probe runs of the candidate not chosen
 
 
 def bucket(batch: int) -> int:
@@ -62,6 +67,8 @@ class _Bucket:
     samples: Dict[int, int]
     chosen: Optional[int] = None
     since_probe: int = 0
+    run: Optional[int] = None  # the candidate an exploration or probe run serves
+    run_left: int = 0  # steps of that run still to serve
 
 
 class TreeSizePolicy:
@@ -124,9 +131,12 @@ class TreeSizePolicy:
         if len(self.candidates) == 1:
             return self.candidates[0]
         st = self._bucket(batch)
+        if st.run_left > 0:
+            st.run_left -= 1
+            return st.run
         unexplored = [c for c in self.candidates if st.samples[c] < MIN_SAMPLES]
         if unexplored:  # fewest samples first; drafting first, which also measures the acceptance
-            return min(unexplored, key=lambda c: (st.samples[c], -c))
+            return self._start_run(st, min(unexplored, key=lambda c: (st.samples[c], -c)))
         best = max(self.candidates, key=lambda c: self.rate(batch, c))
         if st.chosen is not None and st.chosen != best and \
                 self.rate(batch, best) < (1 + MARGIN) * self.rate(batch, st.chosen):
@@ -141,8 +151,14 @@ class TreeSizePolicy:
         if st.since_probe >= PROBE_EVERY:
             st.since_probe = 0
             others = [c for c in self.candidates if c != best]
-            return min(others, key=lambda c: st.samples[c])
+            return self._start_run(st, min(others, key=lambda c: st.samples[c]))
         return best
+
+    @staticmethod
+    def _start_run(st: _Bucket, steps: int) -> int:
+        """Serve ``steps`` now and for the next ``RUN - 1`` steps of the bucket."""
+        st.run, st.run_left = steps, RUN - 1
+        return steps
 
     def table(self) -> dict:
         """The model as it stands: per bucket, the step-time estimates (ms) and the choice."""

@@ -21,10 +21,12 @@ Environment variables:
                          tree = 512 / --max-running-requests nodes, a power of two in [4, 32]).
     LUMOTREE_SGLANG_SELECT  ``0`` keeps SGLang's greedy tree verification in LUMOTREE servers
                          (default: LumoTree's fused selection op).
-    LUMOTREE_OVERLAP  ``1`` keeps SGLang's overlap scheduler on a LUMOTREE / LUMOTREE_SUFFIX server with
-                         the radix cache (default: the synchronous scheduler with the ``no_buffer`` state
-                         cache -- SGLang 0.5.17's overlap path caches speculative requests' hybrid states
-                         unlike a fresh prefill; ``lumotree.sglang.scheduling.consistent_prefix_cache``).
+    LUMOTREE_OVERLAP  ``1``: SGLang's overlap scheduler on a LUMOTREE / LUMOTREE_SUFFIX server with the
+                         radix cache (default: the synchronous scheduler with the ``no_buffer`` state
+                         cache). LUMOTREE then keeps ``no_buffer`` and skips the state of requests the
+                         previous step finished (``lumotree.sglang.overlap``); LUMOTREE_SUFFIX takes
+                         SGLang's ``extra_buffer`` cache, whose speculative states differ from a fresh
+                         prefill (``lumotree.sglang.scheduling``).
     LUMOTREE_SGLANG_ACTIVE  (set by the plugin, not by users) ``1`` while a LUMOTREE /
                          LUMOTREE_SUFFIX server starts: its scheduler processes install the backend.
 """

@@ -47,6 +47,8 @@ from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 
 from lumotree.sglang.crosscheck import CrossCheck
 from lumotree.sglang.exact import ExactAttention, exact_mode
+from lumotree.sglang.overlap import FinishedRows
+from lumotree.sglang.scheduling import overlap_consistent
 from lumotree.tree import ancestor_mask
 
 logger = logging.getLogger(__name__)
@@ -141,6 +143,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         self._cur_tree = None
         self._first_verify_done = False
         self.exact = False
+        self.finished = None  # lumotree.sglang.overlap.FinishedRows with the overlap scheduler's consistent cache
         self._verify_tokens = None  # draft tokens per request of this backend's verifies (one runtime state each)
         if not self.lumotree:
             return
@@ -159,6 +162,23 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         # every verify is also run through SGLang's own tree-verify kernel on the same inputs with
         # per-node snapshots, and every commit is compared with the snapshot of the accepted node
         self.check = CrossCheck() if os.environ.get("LUMOTREE_SGLANG_CHECK") == "1" else None
+        # the overlap scheduler with a consistent radix cache: rows finished in the previous step keep their
+        # state slot as that step left it (lumotree.sglang.overlap)
+        self.finished = FinishedRows.of(self.req_to_token_pool) if overlap_consistent(model_runner.server_args) else None
+
+    # ------------------------------------------------------------------ state indices
+    def _skip_finished(self, md, req_pool_indices, forward_mode):
+        if self.finished is not None and md is not None and (forward_mode.is_decode() or forward_mode.is_target_verify()):
+            self.finished.mask_rows(md.mamba_cache_indices, req_pool_indices)
+        return md
+
+    def _forward_metadata(self, forward_batch):
+        md = super()._forward_metadata(forward_batch)
+        return self._skip_finished(md, forward_batch.req_pool_indices, forward_batch.forward_mode)
+
+    def _replay_metadata(self, bs, req_pool_indices, forward_mode, *args, **kwargs):
+        md = super()._replay_metadata(bs, req_pool_indices, forward_mode, *args, **kwargs)
+        return self._skip_finished(md, req_pool_indices[:bs], forward_mode)
 
     # ------------------------------------------------------------------ tree
     def _tree_for(self, layer_id: int, md, bs: int, n: int, device):

@@ -337,6 +337,9 @@ def register() -> None:
         SpeculativeAlgorithm.register(SUFFIX_ALGORITHM, supports_overlap=True,
                                       validate_server_args=validate_suffix_server_args,
                                       spec_class=_suffix_spec_class())(_suffix_worker_factory)
+    from lumotree.sglang.patches import no_buffer_overlap  # a no-op unless LUMOTREE_OVERLAP=1 asks for it
+
+    no_buffer_overlap.install()
     if os.environ.get("LUMOTREE_BENCH_ORACLE_P"):
         _register_oracle(SpeculativeAlgorithm, get_spec, float(os.environ["LUMOTREE_BENCH_ORACLE_P"]))
     if os.environ.get(ENV_ACTIVE) == "1":

@@ -24,7 +24,7 @@ def turns_overlap_off(server_args, env=os.environ, warn: bool = False) -> bool:
     if getattr(server_args, "disable_radix_cache", False) or getattr(server_args, "disable_overlap_schedule", False):
         return False
     if env.get(OVERLAP_ENV) == "1":
-        if warn:
+        if warn and not overlap_requested(server_args, env):
             logger.warning("LumoTree: %s=1 keeps the overlap scheduler: %s.", OVERLAP_ENV, _OVERLAP_WHY)
         return False
     if (getattr(server_args, "page_size", None) or 1) > 1:
@@ -34,6 +34,36 @@ def turns_overlap_off(server_args, env=os.environ, warn: bool = False) -> bool:
                            server_args.page_size, _OVERLAP_WHY)
         return False
     return True
+
+
+def overlap_requested(server_args, env=os.environ) -> bool:
+    """``LUMOTREE_OVERLAP=1`` on a LUMOTREE (MTP tree) server with the radix cache and SGLang's overlap
+    scheduler on, page size 1: the overlap scheduler with LumoTree's consistent ``no_buffer`` cache
+    (:mod:`lumotree.sglang.overlap`). LUMOTREE_SUFFIX keeps SGLang's ``extra_buffer`` cache there."""
+    algo = str(getattr(server_args, "speculative_algorithm", None) or "").upper()
+    return (env.get(OVERLAP_ENV) == "1" and algo == "LUMOTREE"
+            and not getattr(server_args, "disable_radix_cache", False)
+            and not getattr(server_args, "disable_overlap_schedule", False)
+            and (getattr(server_args, "page_size", None) or 1) == 1
+            and not getattr(server_args, "enable_deterministic_inference", False)
+            and not getattr(server_args, "enable_mixed_chunk", False))  # admission resets a batch's rows
+
+
+def overlap_consistent(server_args, env=os.environ) -> bool:
+    """Whether this (resolved) server runs the overlap scheduler with LumoTree's consistent cache: the
+    request of :func:`overlap_requested` and SGLang's ``no_buffer`` state cache in force."""
+    return overlap_requested(server_args, env) and getattr(server_args, "mamba_radix_cache_strategy", None) == "no_buffer"
+
+
+def _declare(server_args, fields: dict, tag) -> None:
+    try:  # SGLang resolves these in a declaration pipeline (last writer wins), materialized after this hook
+        from sglang.srt.arg_groups.overrides import run_post_process_pass
+
+        run_post_process_pass(server_args, tag)
+    except ImportError:  # an SGLang without the pipeline: plain fields
+        pass
+    for k, v in fields.items():
+        object.__setattr__(server_args, k, v)
 
 
 def consistent_prefix_cache(server_args, env=os.environ) -> bool:
@@ -50,20 +80,25 @@ def consistent_prefix_cache(server_args, env=os.environ) -> bool:
     (SGLang's default scheduling, with its cache inconsistency; what the synchronous scheduler costs at
     27B shapes is not measured yet); ``--disable-radix-cache`` needs neither. ``--page-size`` > 1 needs
     SGLang's ``extra_buffer`` strategy: kept, with a warning."""
+    if overlap_requested(server_args, env):
+        fields = dict(mamba_radix_cache_strategy="no_buffer")
+
+        def _lumotree_overlap_consistent_cache(view) -> dict:
+            return dict(fields)
+
+        _declare(server_args, fields, _lumotree_overlap_consistent_cache)
+        logger.warning("LumoTree: %s=1: SGLang's overlap scheduler with the no_buffer state cache; the state of a "
+                       "request that finished in the previous step is skipped by the step in flight "
+                       "(lumotree.sglang.overlap). Not yet validated on a served model.", OVERLAP_ENV)
+        return True
     if not turns_overlap_off(server_args, env, warn=True):
         return False
     fields = dict(disable_overlap_schedule=True, mamba_radix_cache_strategy="no_buffer")
-    try:  # SGLang resolves these in a declaration pipeline (last writer wins), materialized after this hook
-        from sglang.srt.arg_groups.overrides import run_post_process_pass
 
-        def _lumotree_consistent_prefix_cache(view) -> dict:
-            return dict(fields)
+    def _lumotree_consistent_prefix_cache(view) -> dict:
+        return dict(fields)
 
-        run_post_process_pass(server_args, _lumotree_consistent_prefix_cache)
-    except ImportError:  # an SGLang without the pipeline: plain fields
-        pass
-    for k, v in fields.items():
-        object.__setattr__(server_args, k, v)
+    _declare(server_args, fields, _lumotree_consistent_prefix_cache)
     logger.info("LumoTree: radix cache on, so the synchronous scheduler (--disable-overlap-schedule) with the "
                 "no_buffer state cache: %s. %s=1 keeps the overlap scheduler.", _OVERLAP_WHY, OVERLAP_ENV)
     return True

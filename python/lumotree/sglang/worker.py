@@ -28,6 +28,8 @@ import functools
 import logging
 import time
 
+import torch
+
 from lumotree.sglang import adaptive
 
 logger = logging.getLogger(__name__)
@@ -49,6 +51,8 @@ def worker_class():
 
     from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.decode_step import DecodeStep
+    from lumotree.sglang.overlap import FinishedRows, trusts_device_finish
+    from lumotree.sglang.scheduling import overlap_consistent
 
     class LumoTreeWorker(ew.EAGLEWorkerV2):
         """``EAGLEWorkerV2`` whose tree size is chosen per decode step (see the module docstring)."""
@@ -65,6 +69,7 @@ def worker_class():
             self._decode_step = None  # the no-draft step as a decode forward (built with the CUDA graphs)
             self._decodes = one_token_decode(server_args)
             self._step_chosen = False  # this decode step's tree size is chosen already
+            self._overlap_consistent = overlap_consistent(server_args)
             if self.tree_policy is not None and 0 in self.tree_policy.candidates:
                 self._skip_draft_extend_without_draft()
 
@@ -114,6 +119,37 @@ def worker_class():
                         "step from measured step times and acceptance", self.tree_policy.candidates)
 
         def forward_batch_generation(self, batch, *args, **kwargs):
+            fin = self._finished_rows(batch)
+            if fin is None:
+                return self._forward(batch, *args, **kwargs)
+            prefill = batch.forward_mode.is_extend()
+            if prefill:
+                fin.admit(batch.reqs, batch.req_pool_indices)
+            out = self._forward(batch, *args, **kwargs)
+            if batch.forward_mode.is_idle() or getattr(out, "next_token_ids", None) is None:
+                return out
+            if prefill:  # the prefill's sampled token can finish a request too (a stop token, max_new_tokens 1)
+                bs = batch.seq_lens.shape[0]
+                fin.mark_step(batch.req_pool_indices, out.next_token_ids,
+                              torch.ones(bs, dtype=torch.int32, device=batch.seq_lens.device), batch.seq_lens, 1)
+            elif getattr(out, "accept_lens", None) is not None:
+                fin.mark_step(batch.req_pool_indices, out.next_token_ids, out.accept_lens, out.new_seq_lens,
+                              out.speculative_num_draft_tokens)
+            return out
+
+        def _finished_rows(self, batch):
+            """The overlap scheduler's finished-row table (:mod:`lumotree.sglang.overlap`), or ``None``."""
+            if not getattr(self, "_overlap_consistent", False):
+                return None
+            return FinishedRows.of(batch.req_to_token_pool)
+
+        def prepare_for_kv_cache_release(self, req) -> None:
+            """SGLang's hook before a finished request is released: with the overlap scheduler its state is
+            cached only if the device rule kept its slot as its last step left it."""
+            if getattr(self, "_overlap_consistent", False) and not trusts_device_finish(req):
+                req.skip_radix_cache_insert = True
+
+        def _forward(self, batch, *args, **kwargs):
             if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
                 self._last_decode = None  # a prefill between two decode steps: no step time to attribute
             elif self._decode_step is not None and not batch.forward_mode.is_idle():

@@ -1,0 +1,157 @@
+"""SGLang's overlap scheduler with a consistent radix cache: a finished request's GDN state slot holds
+exactly the state of the key it is cached under.
+
+The problem: SGLang's overlap scheduler launches decode step N+1 before it processes step N's
+results, so a request that finished in step N still takes part in step N+1. With the ``no_buffer``
+state cache the finished request's own state slot is what the radix cache keeps (SGLang donates it),
+and by the time it is cached step N+1 has already updated it: the state holds tokens past its key.
+SGLang therefore refuses ``no_buffer`` with overlap, and its ``extra_buffer`` strategy (interval
+snapshots) served speculative requests states that differ from a fresh prefill
+(``benchmark/results/cache_consistency_h200.json``).
+
+LumoTree's answer, without a host sync (:class:`FinishedRows`):
+
+* **on the device**, after each decode step, the rows whose request that step finished by a rule the
+  device can evaluate -- its accepted tokens hold a stop token (the request's ``stop_token_ids``, the
+  model's and tokenizer's EOS ids, unless ``ignore_eos``), or its output reached ``max_new_tokens``
+  -- are marked in a table indexed by request-pool slot (:meth:`FinishedRows.mark_step`);
+* the next step's GDN state indices of marked rows become ``-1`` (SGLang's padding sentinel: the conv
+  and recurrent kernels, LumoTree's verify and commit skip such rows; :meth:`FinishedRows.mask_rows`,
+  called by the backend after SGLang filled the indices, graph replay included): the extra step
+  leaves the finished request's state slot as step N left it;
+* **on the host**, a request that finished for a reason the device does not see (a stop string, an
+  abort, a grammar, a vocabulary-boundary stop, a length limit other than ``max_new_tokens``) or that
+  the device rule does not cover (grammar-constrained requests: the grammar may cut the accepted
+  tokens) is released without inserting its state (:func:`trusts_device_finish`; SGLang's
+  ``skip_radix_cache_insert``).
+
+The device rule marks only requests the host also finishes (the same stop sets, the same length
+count), so a running request's state is never skipped; the host fallback keeps every other finished
+request out of the cache. Request rows are reset when a request is admitted (:meth:`FinishedRows.admit`).
+
+Served with ``LUMOTREE_OVERLAP=1`` (LUMOTREE's MTP tree worker) while it is measured on the GPU;
+the synchronous scheduler stays the default until then (:mod:`lumotree.sglang.scheduling`).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+
+MAX_STOP_IDS = 16  # stop token ids per request the device table holds; a request with more is not device-ruled
+
+
+def stop_token_ids(req) -> Optional[set]:
+    """The token ids SGLang's ``Req._check_token_based_finish`` stops ``req`` on (empty with
+    ``ignore_eos``), or ``None`` when the device rule must not cover the request."""
+    sp = req.sampling_params
+    if getattr(req, "grammar", None) is not None:
+        return None  # the grammar may cut the accepted tokens: the device would see tokens the host drops
+    if sp.ignore_eos:
+        return set()
+    ids = set(sp.stop_token_ids or ())
+    ids |= set(getattr(req, "eos_token_ids", None) or ())
+    tok = getattr(req, "tokenizer", None)
+    if tok is not None:
+        if getattr(tok, "eos_token_id", None) is not None:
+            ids.add(int(tok.eos_token_id))
+        ids |= set(getattr(tok, "additional_stop_token_ids", None) or ())
+    return {int(t) for t in ids}
+
+
+class FinishedRows:
+    """Per request-pool slot: the device finish rule's inputs and the finished mark (see the module
+    docstring). One per request pool, shared by the worker (marks) and the GDN backends (masks).
+
+    Args:
+        slots (int): request-pool slots (``req_to_token.shape[0]``).
+        device: where the tables live.
+    """
+
+    def __init__(self, slots: int, device):
+        self.stop = torch.full((slots, MAX_STOP_IDS), -1, dtype=torch.int64, device=device)
+        self.max_len = torch.zeros(slots, dtype=torch.int64, device=device)  # KV length at which the output is full
+        self.ruled = torch.zeros(slots, dtype=torch.bool, device=device)  # the device rule covers the request
+        self.done = torch.zeros(slots, dtype=torch.bool, device=device)
+
+    @classmethod
+    def of(cls, req_to_token_pool) -> "FinishedRows":
+        """The pool's table, made on first use."""
+        rows = getattr(req_to_token_pool, "lumotree_finished", None)
+        if rows is None:
+            rt = req_to_token_pool.req_to_token
+            rows = cls(rt.shape[0], rt.device)
+            req_to_token_pool.lumotree_finished = rows
+        return rows
+
+    # ------------------------------------------------------------------ host: admission
+    def admit(self, reqs: Sequence, req_pool_indices: torch.Tensor) -> None:
+        """Rows of requests entering a batch by prefill (every chunk of a chunked prefill): their rule
+        inputs, not finished. The KV length
+        at which a request's output holds ``max_new_tokens`` tokens is ``len(origin_input_ids) +
+        max_new_tokens - 1`` (the last sampled token has no KV yet)."""
+        n = len(reqs)
+        if n == 0:
+            return
+        stop = torch.full((n, MAX_STOP_IDS), -1, dtype=torch.int64)
+        max_len = torch.zeros(n, dtype=torch.int64)
+        ruled = torch.zeros(n, dtype=torch.bool)
+        for i, req in enumerate(reqs):
+            ids = stop_token_ids(req)
+            mnt = req.sampling_params.max_new_tokens
+            if ids is None or len(ids) > MAX_STOP_IDS or mnt is None:
+                continue
+            stop[i, :len(ids)] = torch.tensor(sorted(ids), dtype=torch.int64)
+            max_len[i] = len(req.origin_input_ids) + int(mnt) - 1
+            ruled[i] = True
+        dev = self.done.device
+        if dev.type == "cuda":  # pinned, so that the copies are asynchronous: no wait for the step in flight
+            stop, max_len, ruled = stop.pin_memory(), max_len.pin_memory(), ruled.pin_memory()
+        idx = req_pool_indices[:n].to(device=dev, dtype=torch.long)
+        self.stop[idx] = stop.to(dev, non_blocking=True)
+        self.max_len[idx] = max_len.to(dev, non_blocking=True)
+        self.ruled[idx] = ruled.to(dev, non_blocking=True)
+        self.done[idx] = False
+
+    # ------------------------------------------------------------------ device: after a decode step
+    def mark_step(self, req_pool_indices: torch.Tensor, next_token_ids: torch.Tensor, accept_lens: torch.Tensor,
+                  new_seq_lens: torch.Tensor, stride: int) -> None:
+        """Mark the rows this decode step finished (device ops only, no sync; a mark stays until the slot's
+        next request is admitted: the step after a finish is the one to skip). ``next_token_ids``
+        ``[bs * stride]``: each row's accepted tokens first (SGLang's V2 layout), ``accept_lens`` ``[bs]``
+        drafts + bonus, ``new_seq_lens`` ``[bs]`` the KV length after the step."""
+        bs = accept_lens.shape[0]
+        if bs == 0:
+            return
+        idx = req_pool_indices[:bs].long()
+        tok = next_token_ids[:bs * stride].view(bs, stride).long()
+        valid = torch.arange(stride, device=tok.device)[None] < accept_lens[:, None].long()
+        stop = self.stop[idx]  # [bs, S]
+        hit = ((tok[:, :, None] == stop[:, None, :]) & (stop[:, None, :] >= 0) & valid[:, :, None]).flatten(1).any(1)
+        full = new_seq_lens[:bs].long() >= self.max_len[idx]
+        self.done[idx] = self.done[idx] | ((hit | full) & self.ruled[idx])
+
+    # ------------------------------------------------------------------ device: before a forward
+    def mask_rows(self, state_indices: torch.Tensor, req_pool_indices: torch.Tensor) -> None:
+        """Set the GDN state indices of finished rows to ``-1`` in place (``state_indices`` ``[>= n]``,
+        ``req_pool_indices`` ``[n]``)."""
+        n = min(req_pool_indices.shape[0], state_indices.shape[0])
+        if n == 0:
+            return
+        state_indices[:n].masked_fill_(self.done[req_pool_indices[:n].long()], -1)
+
+
+def trusts_device_finish(req) -> bool:
+    """Whether the finished ``req``'s state slot was left as its last step made it (so its state may be
+    cached): it finished by the device rule's stop tokens or ``max_new_tokens`` and the rule covers it."""
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH, FINISH_MATCHED_TOKEN
+
+    reason = req.finished_reason
+    ids = stop_token_ids(req)
+    if ids is None or len(ids) > MAX_STOP_IDS or req.sampling_params.max_new_tokens is None:
+        return False
+    if isinstance(reason, FINISH_LENGTH):
+        return len(req.output_ids) >= req.sampling_params.max_new_tokens
+    if isinstance(reason, FINISH_MATCHED_TOKEN):
+        return isinstance(reason.matched, int) and int(reason.matched) in ids
+    return False

@@ -1,0 +1,209 @@
+"""The overlap scheduler with a consistent radix cache (``lumotree.sglang.overlap``), on CPU: the
+device finish rule against SGLang's own ``Req.update_finish_state`` over random requests and speculative
+steps (it marks a row exactly at the step the host finishes the request, never a running one), the
+state-index mask, the host fallback, the worker's bookkeeping and the backend's masking, and SGLang's
+argument resolution with ``LUMOTREE_OVERLAP=1``. Served behaviour (cached states equal to a fresh
+prefill under overlap) is ``benchmark/serving/cache_consistency.py`` on the GPU."""
+import os
+import random
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+from sglang.srt.managers.schedule_batch import (  # noqa: E402
+    FINISH_ABORT, FINISH_LENGTH, FINISH_MATCHED_STR, FINISH_MATCHED_TOKEN, Req)
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+
+from lumotree.sglang import overlap  # noqa: E402
+from lumotree.sglang.overlap import FinishedRows, trusts_device_finish  # noqa: E402
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+CKPT = os.path.join(ROOT, "benchmark", "models", "tiny-hybrid")
+VOCAB = 12
+
+
+def make_req(rng, i):
+    sp = SamplingParams(max_new_tokens=rng.randint(1, 12), stop_token_ids=rng.sample(range(VOCAB), rng.randint(0, 2)),
+                        ignore_eos=rng.random() < 0.2)
+    sp.normalize(None)
+    prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 9))]
+    return Req(f"r{i}", "", prompt, sp, eos_token_ids={rng.randrange(VOCAB)}, vocab_size=VOCAB)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_device_rule_marks_exactly_the_step_sglang_finishes_a_request(seed):
+    rng = random.Random(seed)
+    stride, slots = 4, 16
+    fin = FinishedRows(slots, "cpu")
+    reqs = [make_req(rng, i) for i in range(8)]
+    pool = torch.tensor(rng.sample(range(slots), len(reqs)))
+    fin.done[pool] = True  # slots of earlier requests: admission must reset them
+    fin.admit(reqs, pool)
+    assert not fin.done[pool].any()
+    # the prefill samples each request's first token
+    seq = torch.tensor([len(r.origin_input_ids) for r in reqs])
+    first = torch.tensor([rng.randrange(VOCAB) for _ in reqs])
+    for r, t in zip(reqs, first.tolist()):
+        r.output_ids.append(t)
+        r.update_finish_state(1)
+    fin.mark_step(pool, first, torch.ones(len(reqs), dtype=torch.int32), seq, 1)
+    assert fin.done[pool].tolist() == [r.finished() for r in reqs]
+    for _ in range(16):  # speculative decode steps: each row accepts 1..stride tokens (drafts + bonus)
+        live = [i for i, r in enumerate(reqs) if not r.finished()]
+        if not live:
+            break
+        acc = torch.tensor([rng.randint(1, stride) for _ in live], dtype=torch.int32)
+        toks = torch.tensor([rng.randrange(VOCAB) for _ in range(len(live) * stride)])
+        seq[live] += acc.long()
+        for j, i in enumerate(live):
+            new = toks[j * stride: j * stride + int(acc[j])].tolist()
+            reqs[i].output_ids.extend(new)
+            reqs[i].update_finish_state(len(new))
+        fin.mark_step(pool[live], toks, acc, seq[live], stride)
+        assert fin.done[pool].tolist() == [r.finished() for r in reqs], [
+            (r.finished_reason, r.output_ids, r.sampling_params.max_new_tokens) for r in reqs]
+    # what the host may trust of each finished request: its slot was left by its last step
+    assert all(trusts_device_finish(r) for r in reqs if r.finished())
+
+
+def test_mask_rows_sets_finished_rows_to_the_padding_sentinel():
+    fin = FinishedRows(8, "cpu")
+    fin.done[torch.tensor([2, 5])] = True
+    rows = torch.tensor([40, 41, 42, 43, -1])  # graph-padded: the last row already -1
+    fin.mask_rows(rows, torch.tensor([1, 2, 3, 5]))
+    assert rows.tolist() == [40, -1, 42, -1, -1]
+
+
+def test_marks_stay_until_the_slot_is_admitted_again():
+    rng = random.Random(0)
+    fin = FinishedRows(4, "cpu")
+    req = make_req(rng, 0)
+    req.sampling_params.max_new_tokens = 2
+    fin.admit([req], torch.tensor([3]))
+    n = len(req.origin_input_ids)
+    fin.mark_step(torch.tensor([3]), torch.tensor([0, 0]), torch.tensor([1], dtype=torch.int32), torch.tensor([n + 1]), 2)
+    assert fin.done[3]
+    # the step in flight: its (discarded) outputs do not clear the mark
+    fin.mark_step(torch.tensor([3]), torch.tensor([1, 1]), torch.tensor([1], dtype=torch.int32), torch.tensor([n]), 2)
+    assert fin.done[3]
+    fin.admit([make_req(rng, 1)], torch.tensor([3]))
+    assert not fin.done[3]
+
+
+def test_requests_the_device_rule_does_not_cover():
+    rng = random.Random(1)
+    fin = FinishedRows(4, "cpu")
+    grammar = make_req(rng, 0)
+    grammar.grammar = object()  # the grammar may cut accepted tokens: not device-ruled
+    many = make_req(rng, 1)
+    many.sampling_params.stop_token_ids = set(range(100, 100 + overlap.MAX_STOP_IDS + 1))
+    fin.admit([grammar, many], torch.tensor([0, 1]))
+    assert fin.ruled[:2].tolist() == [False, False]
+    fin.mark_step(torch.tensor([0, 1]), torch.arange(2), torch.ones(2, dtype=torch.int32), torch.tensor([10 ** 6] * 2), 1)
+    assert not fin.done[:2].any()
+    for r in (grammar, many):
+        r.finished_reason = FINISH_LENGTH(length=1)
+        r.output_ids = [0] * 20
+        assert not trusts_device_finish(r)
+
+
+def test_host_fallback_keeps_other_finishes_out_of_the_cache():
+    rng = random.Random(2)
+    r = make_req(rng, 0)
+    r.sampling_params.ignore_eos = False
+    r.sampling_params.stop_token_ids = {5}
+    r.output_ids = [1, 5]
+    r.finished_reason = FINISH_MATCHED_TOKEN(matched=5)
+    assert trusts_device_finish(r)
+    r.finished_reason = FINISH_MATCHED_STR(matched="\n")
+    assert not trusts_device_finish(r)
+    r.finished_reason = FINISH_ABORT("client went away")
+    assert not trusts_device_finish(r)
+    r.finished_reason = FINISH_LENGTH(length=99)  # a length limit other than max_new_tokens
+    r.sampling_params.max_new_tokens = 99
+    assert not trusts_device_finish(r)
+
+
+def test_worker_admits_marks_and_skips_untrusted_inserts():
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from lumotree.sglang.worker import worker_class
+
+    rng = random.Random(3)
+    w = object.__new__(worker_class())
+    w._overlap_consistent = True
+    pool = SimpleNamespace(req_to_token=torch.zeros(6, 4, dtype=torch.int32))
+    reqs = [make_req(rng, i) for i in range(2)]
+    for r in reqs:
+        r.sampling_params.ignore_eos, r.sampling_params.max_new_tokens = True, 3
+    lens = torch.tensor([len(r.origin_input_ids) for r in reqs])
+    outs = iter([SimpleNamespace(next_token_ids=torch.tensor([1, 2])),  # prefill
+                 SimpleNamespace(next_token_ids=torch.tensor([1, 1, 2, 2]), accept_lens=torch.tensor([2, 1]),
+                                 new_seq_lens=lens + torch.tensor([2, 1]), speculative_num_draft_tokens=2)])
+    w._forward = lambda batch, *a, **k: next(outs)
+    batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, reqs=reqs, req_pool_indices=torch.tensor([4, 1]),
+                            req_to_token_pool=pool, seq_lens=lens)
+    w.forward_batch_generation(batch)
+    fin = pool.lumotree_finished
+    assert fin.ruled[[4, 1]].all() and not fin.done.any()
+    batch.forward_mode = ForwardMode.DECODE
+    w.forward_batch_generation(batch)
+    # request 0 has 1 + 2 tokens = max_new_tokens: finished; request 1 has 2
+    assert fin.done[[4, 1]].tolist() == [True, False]
+    r = reqs[0]
+    r.output_ids = [1, 1, 1]
+    r.finished_reason = FINISH_LENGTH(length=3)
+    w.prepare_for_kv_cache_release(r)
+    assert not getattr(r, "skip_radix_cache_insert", False)
+    r.finished_reason = FINISH_MATCHED_STR(matched="x")
+    w.prepare_for_kv_cache_release(r)
+    assert r.skip_radix_cache_insert
+
+
+def test_backend_masks_decode_and_verify_rows_only():
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from lumotree.sglang.backend import LumoTreeGDNBackend
+
+    be = object.__new__(LumoTreeGDNBackend)
+    be.finished = FinishedRows(4, "cpu")
+    be.finished.done[2] = True
+    for mode, want in ((ForwardMode.DECODE, [7, -1]), (ForwardMode.TARGET_VERIFY, [7, -1]), (ForwardMode.EXTEND, [7, 8])):
+        md = SimpleNamespace(mamba_cache_indices=torch.tensor([7, 8]))
+        be._skip_finished(md, torch.tensor([1, 2]), mode)
+        assert md.mamba_cache_indices.tolist() == want, mode
+    be.finished = None  # the synchronous scheduler: nothing masked
+    md = SimpleNamespace(mamba_cache_indices=torch.tensor([7, 8]))
+    assert be._skip_finished(md, torch.tensor([1, 2]), ForwardMode.DECODE).mamba_cache_indices.tolist() == [7, 8]
+
+
+SCRIPT = r"""
+import sys
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import prepare_server_args
+from lumotree.sglang.scheduling import overlap_consistent
+base = ["--model-path", sys.argv[1], "--device", "cuda"]  # parsing only: nothing touches a GPU
+for extra in (["--speculative-algorithm", "LUMOTREE"], ["--speculative-algorithm", "LUMOTREE_SUFFIX"],
+              ["--speculative-algorithm", "LUMOTREE", "--disable-overlap-schedule"]):
+    sa = prepare_server_args(base + extra)
+    print("RESULT", sa.disable_overlap_schedule, sa.mamba_radix_cache_strategy, overlap_consistent(sa))
+"""
+
+
+def test_lumotree_overlap_resolves_to_overlap_with_the_no_buffer_cache():
+    """With LUMOTREE_OVERLAP=1 SGLang's own argument resolution keeps the overlap scheduler and takes the
+    no_buffer state cache for LUMOTREE (its check refusing the pair is bypassed for it alone);
+    LUMOTREE_SUFFIX keeps SGLang's choice; with --disable-overlap-schedule SGLang resolves its own (synchronous) cache."""
+    if not os.path.isfile(os.path.join(CKPT, "config.json")):
+        pytest.skip("tiny checkpoint not in this checkout")
+    env = dict(os.environ, LUMOTREE_OVERLAP="1")
+    out = subprocess.run([sys.executable, "-c", SCRIPT, CKPT], capture_output=True, text=True, timeout=600,
+                         cwd=ROOT, env=env)
+    lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines == ["False no_buffer True", "False auto False", "True auto False"], \
+        out.stdout[-2000:] + out.stderr[-4000:]

@@ -24,7 +24,7 @@ Environment variables:
     LUMOTREE_OVERLAP  ``1``: SGLang's overlap scheduler on a LUMOTREE / LUMOTREE_SUFFIX server with the
                          radix cache (default: the synchronous scheduler with the ``no_buffer`` state
                          cache). LUMOTREE then keeps ``no_buffer`` and skips the state of requests the
-                         previous step finished (``lumotree.sglang.overlap``); LUMOTREE_SUFFIX takes
+                         previous step finished (``lumotree.sglang.finish``); LUMOTREE_SUFFIX takes
                          SGLang's ``extra_buffer`` cache, whose speculative states differ from a fresh
                          prefill (``lumotree.sglang.scheduling``).
     LUMOTREE_SGLANG_ACTIVE  (set by the plugin, not by users) ``1`` while a LUMOTREE /

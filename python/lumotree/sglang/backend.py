@@ -47,7 +47,7 @@ from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
 
 from lumotree.sglang.crosscheck import CrossCheck
 from lumotree.sglang.exact import ExactAttention, exact_mode
-from lumotree.sglang.overlap import FinishedRows
+from lumotree.sglang.finish import FinishedRows
 from lumotree.sglang.scheduling import overlap_consistent
 from lumotree.tree import ancestor_mask
 
@@ -143,7 +143,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         self._cur_tree = None
         self._first_verify_done = False
         self.exact = False
-        self.finished = None  # lumotree.sglang.overlap.FinishedRows with the overlap scheduler's consistent cache
+        self.finished = None  # lumotree.sglang.finish.FinishedRows with the overlap scheduler's consistent cache
         self._verify_tokens = None  # draft tokens per request of this backend's verifies (one runtime state each)
         if not self.lumotree:
             return
@@ -163,7 +163,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         # per-node snapshots, and every commit is compared with the snapshot of the accepted node
         self.check = CrossCheck() if os.environ.get("LUMOTREE_SGLANG_CHECK") == "1" else None
         # the overlap scheduler with a consistent radix cache: rows finished in the previous step keep their
-        # state slot as that step left it (lumotree.sglang.overlap)
+        # state slot as that step left it (lumotree.sglang.finish)
         self.finished = FinishedRows.of(self.req_to_token_pool) if overlap_consistent(model_runner.server_args) else None
 
     # ------------------------------------------------------------------ state indices

@@ -180,13 +180,9 @@ def _worker_factory(server_args):
         from sglang.srt.speculative.multi_layer_eagle_worker_v2 import MultiLayerEagleWorkerV2
 
         return MultiLayerEagleWorkerV2
-    if adaptive_tree_size(server_args):
-        from lumotree.sglang.worker import worker_class
+    from lumotree.sglang.worker import worker_class
 
-        return worker_class()
-    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
-
-    return EAGLEWorkerV2
+    return worker_class()  # adaptive where adaptive_tree_size allows it, else the configured tree
 
 
 def _answer_as(builtin: str):
@@ -344,10 +340,11 @@ def register() -> None:
         _register_oracle(SpeculativeAlgorithm, get_spec, float(os.environ["LUMOTREE_BENCH_ORACLE_P"]))
     if os.environ.get(ENV_ACTIVE) == "1":
         from lumotree.sglang import merge
-        from lumotree.sglang.patches import gdn_backend_classes, verify_tree_greedy
+        from lumotree.sglang.patches import eagle_sample_end, gdn_backend_classes, verify_tree_greedy
 
         gdn_backend_classes.install()
         verify_tree_greedy.install()
+        eagle_sample_end.install()
         if merge.enabled():
             from lumotree.sglang.patches import eagle_verify_input
 

@@ -39,7 +39,7 @@ def turns_overlap_off(server_args, env=os.environ, warn: bool = False) -> bool:
 def overlap_requested(server_args, env=os.environ) -> bool:
     """``LUMOTREE_OVERLAP=1`` on a LUMOTREE (MTP tree) server with the radix cache and SGLang's overlap
     scheduler on, page size 1: the overlap scheduler with LumoTree's consistent ``no_buffer`` cache
-    (:mod:`lumotree.sglang.overlap`). LUMOTREE_SUFFIX keeps SGLang's ``extra_buffer`` cache there."""
+    (:mod:`lumotree.sglang.finish`). LUMOTREE_SUFFIX keeps SGLang's ``extra_buffer`` cache there."""
     algo = str(getattr(server_args, "speculative_algorithm", None) or "").upper()
     return (env.get(OVERLAP_ENV) == "1" and algo == "LUMOTREE"
             and not getattr(server_args, "disable_radix_cache", False)
@@ -89,7 +89,7 @@ def consistent_prefix_cache(server_args, env=os.environ) -> bool:
         _declare(server_args, fields, _lumotree_overlap_consistent_cache)
         logger.warning("LumoTree: %s=1: SGLang's overlap scheduler with the no_buffer state cache; the state of a "
                        "request that finished in the previous step is skipped by the step in flight "
-                       "(lumotree.sglang.overlap). Not yet validated on a served model.", OVERLAP_ENV)
+                       "(lumotree.sglang.finish). Not yet validated on a served model.", OVERLAP_ENV)
         return True
     if not turns_overlap_off(server_args, env, warn=True):
         return False

@@ -51,7 +51,8 @@ def worker_class():
 
     from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.decode_step import DecodeStep
-    from lumotree.sglang.overlap import FinishedRows, trusts_device_finish
+    from lumotree.sglang.finish import FinishedRows, trusts_device_finish
+    from lumotree.sglang.plugin import adaptive_tree_size
     from lumotree.sglang.scheduling import overlap_consistent
 
     class LumoTreeWorker(ew.EAGLEWorkerV2):
@@ -59,7 +60,7 @@ def worker_class():
 
         def __init__(self, server_args, *args, **kwargs):
             super().__init__(server_args, *args, **kwargs)
-            steps = adaptive.candidate_steps(server_args)
+            steps = adaptive.candidate_steps(server_args) if adaptive_tree_size(server_args) else [self.speculative_num_steps]
             # one candidate that is the configured tree: a fixed tree, no policy ([0] pins the no-draft step)
             self.tree_policy = adaptive.TreeSizePolicy(steps) if steps != [self.speculative_num_steps] else None
             self._tree_states = {}
@@ -119,14 +120,12 @@ def worker_class():
                         "step from measured step times and acceptance", self.tree_policy.candidates)
 
         def forward_batch_generation(self, batch, *args, **kwargs):
-            fin = self._finished_rows(batch)
-            if fin is None:
-                return self._forward(batch, *args, **kwargs)
             prefill = batch.forward_mode.is_extend()
-            if prefill:
-                fin.admit(batch.reqs, batch.req_pool_indices)
+            if prefill:  # where each request ends, for the verify's run clamp (lumotree.sglang.finish)
+                FinishedRows.of(batch.req_to_token_pool).admit(batch.reqs, batch.req_pool_indices)
             out = self._forward(batch, *args, **kwargs)
-            if batch.forward_mode.is_idle() or getattr(out, "next_token_ids", None) is None:
+            fin = self._finished_rows(batch)
+            if fin is None or batch.forward_mode.is_idle() or getattr(out, "next_token_ids", None) is None:
                 return out
             if prefill:  # the prefill's sampled token can finish a request too (a stop token, max_new_tokens 1)
                 bs = batch.seq_lens.shape[0]
@@ -138,7 +137,7 @@ def worker_class():
             return out
 
         def _finished_rows(self, batch):
-            """The overlap scheduler's finished-row table (:mod:`lumotree.sglang.overlap`), or ``None``."""
+            """The overlap scheduler's finished-row table (:mod:`lumotree.sglang.finish`), or ``None``."""
             if not getattr(self, "_overlap_consistent", False):
                 return None
             return FinishedRows.of(batch.req_to_token_pool)

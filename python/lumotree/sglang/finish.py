@@ -1,20 +1,31 @@
-"""SGLang's overlap scheduler with a consistent radix cache: a finished request's GDN state slot holds
-exactly the state of the key it is cached under.
+"""Where a request ends, told on the device: a speculative step accepts no token past a request's end,
+and SGLang's overlap scheduler caches a finished request's state as its key has it.
 
-The problem: SGLang's overlap scheduler launches decode step N+1 before it processes step N's
-results, so a request that finished in step N still takes part in step N+1. With the ``no_buffer``
-state cache the finished request's own state slot is what the radix cache keeps (SGLang donates it),
-and by the time it is cached step N+1 has already updated it: the state holds tokens past its key.
-SGLang therefore refuses ``no_buffer`` with overlap, and its ``extra_buffer`` strategy (interval
-snapshots) served speculative requests states that differ from a fresh prefill
-(``benchmark/results/cache_consistency_h200.json``).
+Both rest on one table per request-pool slot (:class:`FinishedRows`): the token ids SGLang's
+``Req._check_token_based_finish`` stops the request on (its ``stop_token_ids``, the model's and the
+tokenizer's EOS ids; none with ``ignore_eos``) and the KV length at which its output holds
+``max_new_tokens`` tokens, written when the request is admitted by prefill (:meth:`FinishedRows.admit`).
 
-LumoTree's answer, without a host sync (:class:`FinishedRows`):
+**The accepted run ends at the request's end** (:meth:`FinishedRows.clamp_run`, every LUMOTREE verify,
+``patches/eagle_sample_end.py``). A verify step accepts a run of tokens (drafts + bonus); when the run
+holds a stop token or reaches ``max_new_tokens`` before its last token, SGLang keeps the tokens
+after it in the KV cache and the GDN state (the commit replays the whole run) while the host trims
+the output -- so the finished request's cached state holds tokens past its key, and the next turn
+that hits it (a multi-turn agent's prompt holds the reply) starts from a wrong state. The clamp cuts
+the run at its first finishing token, which becomes the step's bonus token: the output is the same,
+the commit stops where the key stops, and the KV cache of the request is what a non-speculative
+server's would be (the last token, the stop, has no KV).
 
-* **on the device**, after each decode step, the rows whose request that step finished by a rule the
-  device can evaluate -- its accepted tokens hold a stop token (the request's ``stop_token_ids``, the
-  model's and tokenizer's EOS ids, unless ``ignore_eos``), or its output reached ``max_new_tokens``
-  -- are marked in a table indexed by request-pool slot (:meth:`FinishedRows.mark_step`);
+**The overlap scheduler with a consistent radix cache** (``LUMOTREE_OVERLAP=1``). SGLang's overlap
+scheduler launches decode step N+1 before it processes step N's results, so a request that finished in
+step N still takes part in step N+1. With the ``no_buffer`` state cache the finished request's own
+state slot is what the radix cache keeps (SGLang donates it), and by the time it is cached step N+1 has
+already updated it. SGLang therefore refuses ``no_buffer`` with overlap, and its ``extra_buffer``
+strategy (interval snapshots) served speculative requests states that differ from a fresh prefill
+(``benchmark/results/cache_consistency_h200.json``). Without a host sync:
+
+* **on the device**, after each step, the rows whose request that step finished by the same rule are
+  marked (:meth:`FinishedRows.mark_step`);
 * the next step's GDN state indices of marked rows become ``-1`` (SGLang's padding sentinel: the conv
   and recurrent kernels, LumoTree's verify and commit skip such rows; :meth:`FinishedRows.mask_rows`,
   called by the backend after SGLang filled the indices, graph replay included): the extra step
@@ -26,11 +37,9 @@ LumoTree's answer, without a host sync (:class:`FinishedRows`):
   ``skip_radix_cache_insert``).
 
 The device rule marks only requests the host also finishes (the same stop sets, the same length
-count), so a running request's state is never skipped; the host fallback keeps every other finished
-request out of the cache. Request rows are reset when a request is admitted (:meth:`FinishedRows.admit`).
-
-Served with ``LUMOTREE_OVERLAP=1`` (LUMOTREE's MTP tree worker) while it is measured on the GPU;
-the synchronous scheduler stays the default until then (:mod:`lumotree.sglang.scheduling`).
+count; property-tested against SGLang's ``Req.update_finish_state``), so a running request is never
+cut or skipped. The overlap form is served with ``LUMOTREE_OVERLAP=1`` while it is measured on the
+GPU; the synchronous scheduler stays the default until then (:mod:`lumotree.sglang.scheduling`).
 """
 from __future__ import annotations
 
@@ -130,6 +139,30 @@ class FinishedRows:
         hit = ((tok[:, :, None] == stop[:, None, :]) & (stop[:, None, :] >= 0) & valid[:, :, None]).flatten(1).any(1)
         full = new_seq_lens[:bs].long() >= self.max_len[idx]
         self.done[idx] = self.done[idx] | ((hit | full) & self.ruled[idx])
+
+    # ------------------------------------------------------------------ device: a verify's accepted run
+    def clamp_run(self, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, predict: torch.Tensor,
+                  accept_lens: torch.Tensor, accept_index: torch.Tensor) -> torch.Tensor:
+        """Cut each row's accepted run at its first finishing token (device ops only). ``accept_index``
+        ``[bs, W]``: the run's tree nodes into ``predict`` (root first, ``-1`` past the run; modified in
+        place), ``accept_lens`` ``[bs]`` drafts + bonus, ``seq_lens`` ``[bs]`` the KV length before the
+        step. Returns the new ``accept_lens``."""
+        bs, width = accept_index.shape
+        if bs == 0:
+            return accept_lens
+        idx = req_pool_indices[:bs].long()
+        pos = torch.arange(width, device=accept_index.device)[None]
+        valid = pos < accept_lens[:, None].long()
+        tok = predict[accept_index.clamp(min=0).long()].long()  # run token j: the target's token at node j
+        stop = self.stop[idx]
+        hit = ((tok[:, :, None] == stop[:, None, :]) & (stop[:, None, :] >= 0)).any(-1)
+        # run token j brings the output to (seq_len - prompt + 1) + j + 1 tokens: full from j >= max_len - seq_len - 1
+        full = pos >= (self.max_len[idx] - seq_lens[:bs].long() - 1)[:, None]
+        ends = (hit | full) & valid & self.ruled[idx][:, None]
+        first = torch.where(ends.any(1), ends.int().argmax(1), accept_lens.long() - 1)
+        new_lens = torch.minimum(accept_lens.long(), first + 1).to(accept_lens.dtype)
+        accept_index.masked_fill_(pos >= new_lens[:, None].long(), -1)
+        return new_lens
 
     # ------------------------------------------------------------------ device: before a forward
     def mask_rows(self, state_indices: torch.Tensor, req_pool_indices: torch.Tensor) -> None:

@@ -1,9 +1,11 @@
-"""The overlap scheduler with a consistent radix cache (``lumotree.sglang.overlap``), on CPU: the
-device finish rule against SGLang's own ``Req.update_finish_state`` over random requests and speculative
-steps (it marks a row exactly at the step the host finishes the request, never a running one), the
-state-index mask, the host fallback, the worker's bookkeeping and the backend's masking, and SGLang's
-argument resolution with ``LUMOTREE_OVERLAP=1``. Served behaviour (cached states equal to a fresh
-prefill under overlap) is ``benchmark/serving/cache_consistency.py`` on the GPU."""
+"""Where a request ends, on the device (``lumotree.sglang.finish``), on CPU, against SGLang's own
+``Req.update_finish_state`` over random requests and speculative steps: the accepted-run clamp (the run
+ends at the token the host finishes on, so nothing is trimmed; runs of running requests unchanged) and
+its hook into ``eagle_sample``; the overlap scheduler's marks (a row marked exactly at the step the host
+finishes the request, never a running one), the state-index mask, the host fallback, the worker's
+bookkeeping and the backend's masking, and SGLang's argument resolution with ``LUMOTREE_OVERLAP=1``.
+Served behaviour (cached states equal to a fresh prefill) is ``benchmark/serving/cache_consistency.py``
+on the GPU."""
 import os
 import random
 import subprocess
@@ -18,8 +20,8 @@ from sglang.srt.managers.schedule_batch import (  # noqa: E402
     FINISH_ABORT, FINISH_LENGTH, FINISH_MATCHED_STR, FINISH_MATCHED_TOKEN, Req)
 from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
-from lumotree.sglang import overlap  # noqa: E402
-from lumotree.sglang.overlap import FinishedRows, trusts_device_finish  # noqa: E402
+from lumotree.sglang import finish  # noqa: E402
+from lumotree.sglang.finish import FinishedRows, trusts_device_finish  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 CKPT = os.path.join(ROOT, "benchmark", "models", "tiny-hybrid")
@@ -70,6 +72,84 @@ def test_device_rule_marks_exactly_the_step_sglang_finishes_a_request(seed):
     assert all(trusts_device_finish(r) for r in reqs if r.finished())
 
 
+def clone_req(r):
+    sp = SamplingParams(max_new_tokens=r.sampling_params.max_new_tokens,
+                        stop_token_ids=list(r.sampling_params.stop_token_ids or ()),
+                        ignore_eos=r.sampling_params.ignore_eos)
+    sp.normalize(None)
+    c = Req(r.rid + "'", "", list(r.origin_input_ids), sp, eos_token_ids=set(r.eos_token_ids or ()), vocab_size=VOCAB)
+    c.output_ids = list(r.output_ids)
+    return c
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_clamped_run_ends_where_a_non_speculative_server_finishes(seed):
+    """A tree verify's run (root + accepted drafts, then the bonus) cut at its first finishing token ends
+    exactly where SGLang finishes the request when it gets the run's tokens one at a time (as without
+    speculation), and the host then has nothing to trim. (Given the whole run at once SGLang checks
+    the length first and can keep tokens past a stop token.) A run that finishes nothing is unchanged."""
+    rng = random.Random(100 + seed)
+    n, width, slots = 5, 4, 8  # 5 tree nodes per request, runs of up to 4 tokens
+    fin = FinishedRows(slots, "cpu")
+    reqs = [make_req(rng, i) for i in range(6)]
+    pool = torch.tensor(rng.sample(range(slots), len(reqs)))
+    for r in reqs:  # some output already, the end in reach of this step
+        r.output_ids = [rng.randrange(VOCAB) for _ in range(rng.randint(1, 3))]
+        r.sampling_params.max_new_tokens = len(r.output_ids) + rng.randint(1, 5)
+    fin.admit(reqs, pool)
+    seq = torch.tensor([len(r.origin_input_ids) + len(r.output_ids) - 1 for r in reqs])
+    predict = torch.tensor([rng.randrange(VOCAB) for _ in range(len(reqs) * n)])
+    lens = torch.tensor([rng.randint(1, width) for _ in reqs], dtype=torch.int32)
+    index = torch.full((len(reqs), width), -1, dtype=torch.int32)
+    for b in range(len(reqs)):  # the run's nodes: the root, then accepted nodes anywhere in the tree
+        index[b, :lens[b]] = torch.tensor([b * n] + rng.sample(range(b * n + 1, b * n + n), int(lens[b]) - 1))
+    full_runs = [predict[index[b, :lens[b]].long()].tolist() for b in range(len(reqs))]
+    new = fin.clamp_run(pool, seq, predict, lens.clone(), index)
+    for b, r in enumerate(reqs):
+        one_by_one = clone_req(r)
+        for t in full_runs[b]:
+            one_by_one.output_ids.append(t)
+            one_by_one.update_finish_state(1)
+            if one_by_one.finished():
+                break
+        run = predict[index[b, :new[b]].long()].tolist()
+        assert (index[b, new[b]:] == -1).all()
+        assert run == full_runs[b][:len(one_by_one.output_ids) - len(r.output_ids)], (full_runs[b], run)
+        cut = clone_req(r)
+        cut.output_ids += run
+        cut.update_finish_state(len(run))
+        assert cut.finished() == one_by_one.finished()
+        if cut.finished():
+            assert type(cut.finished_reason) is type(one_by_one.finished_reason)
+            assert cut.finished_len in (None, len(cut.output_ids))  # nothing past the end to trim
+
+
+def test_eagle_sample_hook_clamps_only_admitted_pools():
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from lumotree.sglang.patches.eagle_sample_end import eagle_sample_end
+
+    rng = random.Random(5)
+    req = make_req(rng, 0)
+    req.sampling_params.ignore_eos, req.sampling_params.max_new_tokens = True, 2
+    req.output_ids = [1]
+    predict = torch.tensor([4, 5, 6, 7])
+
+    def original(verify_input, batch, *a, **k):
+        return predict, torch.tensor([3], dtype=torch.int32), torch.tensor([[0, 1, 2]], dtype=torch.int32)
+
+    pool = SimpleNamespace()
+    batch = SimpleNamespace(req_to_token_pool=pool, forward_mode=ForwardMode.TARGET_VERIFY,
+                            req_pool_indices=torch.tensor([1]), seq_lens=torch.tensor([len(req.origin_input_ids)]))
+    _, lens, index = eagle_sample_end(original, None, batch)
+    assert lens.tolist() == [3] and index.tolist() == [[0, 1, 2]]  # no table: SGLang's run
+    FinishedRows.of(SimpleNamespace(req_to_token=torch.zeros(4, 2))).admit([req], torch.tensor([1]))
+    pool.lumotree_finished = FinishedRows(4, "cpu")
+    pool.lumotree_finished.admit([req], torch.tensor([1]))
+    _, lens, index = eagle_sample_end(original, None, batch)
+    assert lens.tolist() == [1] and index.tolist() == [[0, -1, -1]]  # output full after one more token
+
+
 def test_mask_rows_sets_finished_rows_to_the_padding_sentinel():
     fin = FinishedRows(8, "cpu")
     fin.done[torch.tensor([2, 5])] = True
@@ -100,7 +180,7 @@ def test_requests_the_device_rule_does_not_cover():
     grammar = make_req(rng, 0)
     grammar.grammar = object()  # the grammar may cut accepted tokens: not device-ruled
     many = make_req(rng, 1)
-    many.sampling_params.stop_token_ids = set(range(100, 100 + overlap.MAX_STOP_IDS + 1))
+    many.sampling_params.stop_token_ids = set(range(100, 100 + finish.MAX_STOP_IDS + 1))
     fin.admit([grammar, many], torch.tensor([0, 1]))
     assert fin.ruled[:2].tolist() == [False, False]
     fin.mark_step(torch.tensor([0, 1]), torch.arange(2), torch.ones(2, dtype=torch.int32), torch.tensor([10 ** 6] * 2), 1)
@@ -135,6 +215,13 @@ def test_worker_admits_marks_and_skips_untrusted_inserts():
 
     rng = random.Random(3)
     w = object.__new__(worker_class())
+    w._overlap_consistent = False  # the synchronous scheduler: requests admitted (the run clamp), no marks
+    pool0 = SimpleNamespace(req_to_token=torch.zeros(6, 4, dtype=torch.int32))
+    w._forward = lambda batch, *a, **k: SimpleNamespace(next_token_ids=torch.tensor([1]))
+    r0 = make_req(rng, 9)
+    w.forward_batch_generation(SimpleNamespace(forward_mode=ForwardMode.EXTEND, reqs=[r0], req_pool_indices=torch.tensor([2]),
+                                               req_to_token_pool=pool0, seq_lens=torch.tensor([3])))
+    assert pool0.lumotree_finished.ruled[2] == (len(finish.stop_token_ids(r0)) <= finish.MAX_STOP_IDS)
     w._overlap_consistent = True
     pool = SimpleNamespace(req_to_token=torch.zeros(6, 4, dtype=torch.int32))
     reqs = [make_req(rng, i) for i in range(2)]

@@ -11,7 +11,9 @@ edits, pytest logs, tracebacks. The loop is closed: each turn sends the history 
 the next observation. Once a prompt passes ``--collapse-tokens`` tokens, the oldest observations are
 replaced by one line (as SWE-agent's history processors do), so prompts grow to ~6-8k tokens and
 then edit the middle of a cached prefix. ``--agents K`` runs K agents at once, each working through
-its share of the sessions; the radix cache is on (every server with its flags alone).
+its share of the sessions; the radix cache is on (every server with its flags alone). Each server first
+serves ``--warmup-sessions`` other sessions at every ``--agents`` level (just-in-time compiles at new
+shapes land there, timed as ``warmup_s``), then its radix cache is flushed.
 
 Rows ``{config, agents, tokens_per_s, accept_length, latency_p50, latency_p95, cached_fraction,
 turns, prompt_tokens_max}``: completion tokens per second of wall time; per-turn latency (s);
@@ -256,9 +258,13 @@ def main():
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE in every server's environment (repeatable)")
     ap.add_argument("--tag", default="", help="appended to the configuration names in the results")
     ap.add_argument("--replies-out", default=None, help="every reply, per configuration and phase (gzip JSON)")
+    ap.add_argument("--warmup-sessions", type=int, default=2,
+                    help="per server, before the measured phases: this many other sessions (another seed) at each "
+                         "--agents level, then /flush_cache -- what just-in-time compiles at new shapes costs is "
+                         "recorded as the server's warmup_s, not in the rows (0: none)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from sglang_server import get, sglang_server
+    from sglang_server import get, post, sglang_server
 
     sessions = make_sessions(args.sessions, args.turns, args.seed)
     count = token_counter(args.model)
@@ -278,6 +284,13 @@ def main():
             with sglang_server(args.model, CONFIGS[config], port=args.port, log=log, timeout=args.server_timeout,
                                base_args=base, env=env) as url:
                 res["servers"][name] = dict(ready_s=round(time.time() - t0, 1), args=CONFIGS[config] + base, env=env)
+                if args.warmup_sessions > 0:
+                    warm = make_sessions(args.warmup_sessions, args.turns, args.seed + 1000)
+                    t1 = time.time()
+                    for agents in (int(a) for a in args.agents.split(",")):
+                        run_phase(url, warm, min(agents, len(warm)), args.max_tokens, count, args.collapse_tokens)
+                    res["servers"][name]["warmup_s"] = round(time.time() - t1, 1)
+                    post(url + "/flush_cache", {})  # the measured phases start from an empty radix cache
                 for agents in (int(a) for a in args.agents.split(",")):
                     turns, wall = run_phase(url, sessions, agents, args.max_tokens, count, args.collapse_tokens)
                     info = json.loads(get(url + "/get_server_info"))

@@ -102,7 +102,12 @@ def test_main_runs_every_configuration_and_phase_with_the_flags_given(tmp_path, 
         launched.append((list(args), list(base_args), env))
         yield "http://x"
 
+    flushed = []
+
     def fake_post(url, payload, timeout=600):
+        if url.endswith("/flush_cache"):
+            flushed.append(launched[-1][0][-1])
+            return {}
         n = sum(m["role"] == "assistant" for m in payload["messages"])
         text = f"r{n}" if launched[-1][0][-1] == "none" or n < 2 else f"s{n}"  # speculative servers part at turn 2
         return dict(choices=[dict(message=dict(content=text))],
@@ -124,6 +129,8 @@ def test_main_runs_every_configuration_and_phase_with_the_flags_given(tmp_path, 
     assert [(r["config"], r["agents"], r["turns"]) for r in res["rows"]] == [
         ("none-exact", 1, 12), ("none-exact", 2, 12), ("lumotree-exact", 1, 12), ("lumotree-exact", 2, 12)]
     assert all("--enable-deterministic-inference" in b and env == {"A": "1"} for _, b, env in launched)
+    # each server warmed up on other sessions (not in the rows: 12 measured turns per phase), then flushed
+    assert flushed == ["none", "lumotree"] and all("warmup_s" in s for s in res["servers"].values())
     assert res["parity"]["lumotree-exact/1"]["identical_turns"] == 6  # turns 0-1 of 3 sessions
     assert res["parity"]["lumotree-exact/2"]["first_difference"] == [0, 2]  # (session, turn), through JSON
     assert set(json.load(gzip.open(rep, "rt"))) == {"none-exact/1", "none-exact/2", "lumotree-exact/1", "lumotree-exact/2"}

@@ -1,5 +1,8 @@
 """Which SGLang scheduler a LumoTree server runs: with the radix cache on, the synchronous one and the
-``no_buffer`` state cache, so that only committed GDN state is cached (:func:`consistent_prefix_cache`).
+``no_buffer`` state cache, so that only committed GDN state is cached (:func:`consistent_prefix_cache`);
+with ``LUMOTREE_OVERLAP=1`` a LUMOTREE server runs SGLang's overlap scheduler with the ``no_buffer``
+cache instead, finished requests' states skipped on the device (:func:`overlap_requested`,
+:mod:`lumotree.sglang.finish`).
 
 A module of its own below :mod:`lumotree.sglang.plugin` and :mod:`lumotree.sglang.merge`, which both
 need it.
@@ -77,9 +80,10 @@ def consistent_prefix_cache(server_args, env=os.environ) -> bool:
     (``benchmark/results/cache_consistency_h200.json``: NEXTN tree with overlap 15/16 and 11/16 first tokens,
     logprob gaps up to 1.59; NEXTN, LUMOTREE and LUMOTREE_SUFFIX without it 16/16, gaps <= 0.073, the
     no-speculation server's own spread is 0.091). ``LUMOTREE_OVERLAP=1`` keeps the overlap scheduler
-    (SGLang's default scheduling, with its cache inconsistency; what the synchronous scheduler costs at
-    27B shapes is not measured yet); ``--disable-radix-cache`` needs neither. ``--page-size`` > 1 needs
-    SGLang's ``extra_buffer`` strategy: kept, with a warning."""
+    (:func:`overlap_requested`): for LUMOTREE the overlap scheduler with the ``no_buffer`` cache and
+    LumoTree's finished-row skip (returns True, the arguments changed), for LUMOTREE_SUFFIX SGLang's
+    overlap scheduler with its ``extra_buffer`` cache and its inconsistency (warned); ``--disable-radix-cache``
+    needs neither. ``--page-size`` > 1 needs SGLang's ``extra_buffer`` strategy: kept, with a warning."""
     if overlap_requested(server_args, env):
         fields = dict(mamba_radix_cache_strategy="no_buffer")
 

@@ -294,3 +294,38 @@ def test_lumotree_overlap_resolves_to_overlap_with_the_no_buffer_cache():
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines == ["False no_buffer True", "False auto False", "True auto False"], \
         out.stdout[-2000:] + out.stderr[-4000:]
+
+
+def test_suffix_worker_admits_requests_for_the_run_clamp(monkeypatch):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    try:
+        from sglang.srt.speculative.ngram_worker import NGRAMWorker
+    except ImportError:  # SGLang's C++ n-gram ops are not built for this machine (the GPU machine has them)
+        pytest.skip("SGLang's NGRAM worker does not import here")
+    from lumotree.sglang.suffix import ngram_worker
+
+    calls = []
+    monkeypatch.setattr(NGRAMWorker, "forward_batch_generation", lambda self, batch, *a, **k: calls.append(batch) or "out")
+    w = object.__new__(ngram_worker(lambda sa: None))
+    pool = SimpleNamespace(req_to_token=torch.zeros(4, 2, dtype=torch.int32))
+    req = make_req(random.Random(7), 0)
+    req.sampling_params.ignore_eos, req.sampling_params.max_new_tokens = True, 5
+    batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, reqs=[req], req_pool_indices=torch.tensor([3]),
+                            req_to_token_pool=pool)
+    assert w.forward_batch_generation(batch) == "out" and calls == [batch]
+    assert pool.lumotree_finished.ruled[3] and pool.lumotree_finished.max_len[3] == len(req.origin_input_ids) + 4
+
+
+def test_admit_batch_admits_prefill_batches_only():
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    pool = SimpleNamespace(req_to_token=torch.zeros(4, 2, dtype=torch.int32))
+    req = make_req(random.Random(8), 0)
+    batch = SimpleNamespace(forward_mode=ForwardMode.DECODE, reqs=[req], req_pool_indices=torch.tensor([2]),
+                            req_to_token_pool=pool)
+    finish.admit_batch(batch)
+    assert not hasattr(pool, "lumotree_finished")
+    batch.forward_mode = ForwardMode.EXTEND
+    finish.admit_batch(batch)
+    assert pool.lumotree_finished.max_len[2] == len(req.origin_input_ids) + req.sampling_params.max_new_tokens - 1

@@ -6,7 +6,8 @@ Both rest on one table per request-pool slot (:class:`FinishedRows`): the token 
 tokenizer's EOS ids; none with ``ignore_eos``) and the KV length at which its output holds
 ``max_new_tokens`` tokens, written when the request is admitted by prefill (:meth:`FinishedRows.admit`).
 
-**The accepted run ends at the request's end** (:meth:`FinishedRows.clamp_run`, every LUMOTREE verify,
+**The accepted run ends at the request's end** (:meth:`FinishedRows.clamp_run`, every LUMOTREE and
+LUMOTREE_SUFFIX verify,
 ``patches/eagle_sample_end.py``). A verify step accepts a run of tokens (drafts + bonus); when the run
 holds a stop token or reaches ``max_new_tokens`` before its last token, SGLang keeps the tokens
 after it in the KV cache and the GDN state (the commit replays the whole run) while the host trims
@@ -188,3 +189,9 @@ def trusts_device_finish(req) -> bool:
     if isinstance(reason, FINISH_MATCHED_TOKEN):
         return isinstance(reason.matched, int) and int(reason.matched) in ids
     return False
+
+
+def admit_batch(batch) -> None:
+    """A worker's call before each forward: a prefill batch admits its requests into the pool's table."""
+    if batch.forward_mode.is_extend():
+        FinishedRows.of(batch.req_to_token_pool).admit(batch.reqs, batch.req_pool_indices)

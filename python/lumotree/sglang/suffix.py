@@ -215,10 +215,16 @@ def ngram_worker(make_corpus):
     """SGLang's NGRAM worker with ``make_corpus(server_args)`` as its draft source."""
     from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
+    from lumotree.sglang.finish import admit_batch
+
     class HostCorpusWorker(NGRAMWorker):
         def __init__(self, server_args, *args, **kwargs):
             super().__init__(server_args, *args, **kwargs)
             self.ngram_corpus = make_corpus(server_args)
+
+        def forward_batch_generation(self, batch, *args, **kwargs):
+            admit_batch(batch)  # where each request ends, for the verify's run clamp (lumotree.sglang.finish)
+            return super().forward_batch_generation(batch, *args, **kwargs)
 
     return HostCorpusWorker
 

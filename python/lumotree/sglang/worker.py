@@ -51,7 +51,7 @@ def worker_class():
 
     from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.decode_step import DecodeStep
-    from lumotree.sglang.finish import FinishedRows, trusts_device_finish
+    from lumotree.sglang.finish import FinishedRows, admit_batch, trusts_device_finish
     from lumotree.sglang.plugin import adaptive_tree_size
     from lumotree.sglang.scheduling import overlap_consistent
 
@@ -121,8 +121,7 @@ def worker_class():
 
         def forward_batch_generation(self, batch, *args, **kwargs):
             prefill = batch.forward_mode.is_extend()
-            if prefill:  # where each request ends, for the verify's run clamp (lumotree.sglang.finish)
-                FinishedRows.of(batch.req_to_token_pool).admit(batch.reqs, batch.req_pool_indices)
+            admit_batch(batch)  # where each request ends, for the verify's run clamp (lumotree.sglang.finish)
             out = self._forward(batch, *args, **kwargs)
             fin = self._finished_rows(batch)
             if fin is None or batch.forward_mode.is_idle() or getattr(out, "next_token_ids", None) is None:

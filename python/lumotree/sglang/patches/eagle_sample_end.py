@@ -1,4 +1,4 @@
-"""Hook: the accepted run of a LUMOTREE verify ends at the request's end.
+"""Hook: the accepted run of a LUMOTREE / LUMOTREE_SUFFIX verify ends at the request's end.
 
 Why: SGLang 0.5.17's ``eagle_sample`` (``sglang.srt.speculative.eagle_utils``) returns each request's
 accepted run without regard to where the request ends; the host trims the output past a stop token or
@@ -9,7 +9,7 @@ tokens after it, so a finished request's cached state holds tokens past its key
 How: SGLang's ``HookRegistry`` (``HookType.AROUND`` on the function; SGLang propagates the patch to
 ``eagle_worker_common``, which imported it by name): after SGLang's sampling,
 :meth:`lumotree.sglang.finish.FinishedRows.clamp_run` cuts each run at its first finishing token, for
-the requests the LUMOTREE worker admitted into the pool's table (other servers have none: unchanged).
+the requests the LUMOTREE and LUMOTREE_SUFFIX workers admitted into the pool's table (other servers have none: unchanged).
 Registered only while a LUMOTREE server starts (``LUMOTREE_SGLANG_ACTIVE=1``).
 
 Remove when: SGLang stops a request's accepted run at its end (a stop-token / length clamp in

@@ -128,12 +128,13 @@ def test_hook_registers_the_selection(monkeypatch):
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from lumotree.sglang import select
+    from lumotree.sglang import patches
     from lumotree.sglang.patches import verify_tree_greedy as hook
 
     saved = list(HookRegistry._hooks.get(hook.TARGET, []))
     try:
         monkeypatch.setenv("LUMOTREE_SGLANG_SELECT", "0")
-        hook._installed = False
+        patches._installed.discard(hook.TARGET)
         hook.install()
         assert list(HookRegistry._hooks.get(hook.TARGET, [])) == saved  # opted out
         monkeypatch.delenv("LUMOTREE_SGLANG_SELECT")
@@ -142,7 +143,7 @@ def test_hook_registers_the_selection(monkeypatch):
         assert (last[0], last[1]) == (HookType.REPLACE, select.verify_tree_greedy)
     finally:
         HookRegistry._hooks[hook.TARGET] = saved
-        hook._installed = False
+        patches._installed.discard(hook.TARGET)
 
 
 def test_hook_registers_backend_classes():
@@ -151,13 +152,14 @@ def test_hook_registers_backend_classes():
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from lumotree.sglang import backend
+    from lumotree.sglang import patches
     from lumotree.sglang.patches import gdn_backend_classes
 
     assert issubclass(backend.LumoTreeGDNBackend, GDNAttnBackend)
     assert issubclass(backend.LumoTreeHybridBackend, HybridLinearAttnBackend)
     saved = {t: list(HookRegistry._hooks.get(t, [])) for t in gdn_backend_classes.TARGETS}
     try:
-        gdn_backend_classes._installed = False
+        patches._installed.difference_update(gdn_backend_classes.TARGETS)
         gdn_backend_classes.install()
         for target, name in gdn_backend_classes.TARGETS.items():
             hooks = HookRegistry._hooks[target]
@@ -165,7 +167,7 @@ def test_hook_registers_backend_classes():
     finally:
         for t, h in saved.items():
             HookRegistry._hooks[t] = h
-        gdn_backend_classes._installed = False
+        patches._installed.difference_update(gdn_backend_classes.TARGETS)
 
 
 def test_chain_parents():
@@ -268,17 +270,18 @@ def test_suffix_merge_flag_validation():
 def test_hook_registers_the_merged_verify_input(monkeypatch):
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from lumotree.sglang import patches
     from lumotree.sglang.patches import eagle_verify_input as hook
 
     saved = list(HookRegistry._hooks.get(hook.TARGET, []))
     try:
-        hook._installed = False
+        patches._installed.discard(hook.TARGET)
         hook.install()
         last = HookRegistry._hooks[hook.TARGET][-1]
         assert last[0] == HookType.REPLACE and last[1].__name__ == "build_eagle_verify_input"
     finally:
         HookRegistry._hooks[hook.TARGET] = saved
-        hook._installed = False
+        patches._installed.discard(hook.TARGET)
 
 
 APPLY_SCRIPT = r"""

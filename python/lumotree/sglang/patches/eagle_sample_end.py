@@ -18,7 +18,6 @@ Remove when: SGLang stops a request's accepted run at its end (a stop-token / le
 from __future__ import annotations
 
 TARGET = "sglang.srt.speculative.eagle_utils.eagle_sample"
-_installed = False
 
 
 def eagle_sample_end(original, verify_input, batch, *args, **kwargs):
@@ -31,10 +30,6 @@ def eagle_sample_end(original, verify_input, batch, *args, **kwargs):
 
 
 def install() -> None:
-    global _installed
-    if _installed:
-        return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from lumotree.sglang.patches import register_hook
 
-    HookRegistry.register(TARGET, eagle_sample_end, HookType.AROUND)
-    _installed = True
+    register_hook(TARGET, eagle_sample_end, "AROUND")

@@ -14,7 +14,6 @@ Remove when: SGLang lets a speculative algorithm supply or post-process its draf
 from __future__ import annotations
 
 TARGET = "sglang.srt.speculative.eagle_worker_v2.build_eagle_verify_input"
-_installed = False
 
 
 def wrap(original):
@@ -38,11 +37,8 @@ def wrap(original):
 
 
 def install() -> None:
-    global _installed
-    if _installed:
-        return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
     from sglang.srt.speculative import eagle_worker_common
 
-    HookRegistry.register(TARGET, wrap(eagle_worker_common.build_eagle_verify_input), HookType.REPLACE)
-    _installed = True
+    from lumotree.sglang.patches import register_hook
+
+    register_hook(TARGET, wrap(eagle_worker_common.build_eagle_verify_input), "REPLACE")

@@ -21,17 +21,11 @@ TARGETS = {
     "sglang.srt.layers.attention.linear.gdn_backend.GDNAttnBackend": "LumoTreeGDNBackend",
     "sglang.srt.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend": "LumoTreeHybridBackend",
 }
-_installed = False
 
 
 def install() -> None:
-    global _installed
-    if _installed:
-        return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
     from lumotree.sglang import backend
+    from lumotree.sglang.patches import register_hook
 
     for target, name in TARGETS.items():
-        HookRegistry.register(target, getattr(backend, name), HookType.REPLACE)
-    _installed = True
+        register_hook(target, getattr(backend, name), "REPLACE")

@@ -18,7 +18,6 @@ consistent under overlap (e.g. a ``supports_no_buffer_overlap`` flag on ``Specul
 from __future__ import annotations
 
 TARGET = "sglang.srt.server_args.ServerArgs._validate_mamba_no_buffer"
-_installed = False
 
 
 class _SynchronousView:
@@ -42,10 +41,6 @@ def validate_no_buffer(original, self, view, *args, **kwargs):
 
 
 def install() -> None:
-    global _installed
-    if _installed:
-        return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from lumotree.sglang.patches import register_hook
 
-    HookRegistry.register(TARGET, validate_no_buffer, HookType.AROUND)
-    _installed = True
+    register_hook(TARGET, validate_no_buffer, "AROUND")

@@ -17,16 +17,12 @@ from __future__ import annotations
 import os
 
 TARGET = "sglang.srt.speculative.eagle_utils.verify_tree_greedy_func"
-_installed = False
 
 
 def install() -> None:
-    global _installed
-    if _installed or os.environ.get("LUMOTREE_SGLANG_SELECT", "1") == "0":
+    if os.environ.get("LUMOTREE_SGLANG_SELECT", "1") == "0":
         return
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
+    from lumotree.sglang.patches import register_hook
     from lumotree.sglang.select import verify_tree_greedy
 
-    HookRegistry.register(TARGET, verify_tree_greedy, HookType.REPLACE)
-    _installed = True
+    register_hook(TARGET, verify_tree_greedy, "REPLACE")

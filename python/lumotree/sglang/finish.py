@@ -97,9 +97,8 @@ class FinishedRows:
     # ------------------------------------------------------------------ host: admission
     def admit(self, reqs: Sequence, req_pool_indices: torch.Tensor) -> None:
         """Rows of requests entering a batch by prefill (every chunk of a chunked prefill): their rule
-        inputs, not finished. The KV length
-        at which a request's output holds ``max_new_tokens`` tokens is ``len(origin_input_ids) +
-        max_new_tokens - 1`` (the last sampled token has no KV yet)."""
+        inputs, not finished. The KV length at which a request's output holds ``max_new_tokens`` tokens
+        is ``len(origin_input_ids) + max_new_tokens - 1`` (the last sampled token has no KV yet)."""
         n = len(reqs)
         if n == 0:
             return

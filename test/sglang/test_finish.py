@@ -329,3 +329,27 @@ def test_admit_batch_admits_prefill_batches_only():
     batch.forward_mode = ForwardMode.EXTEND
     finish.admit_batch(batch)
     assert pool.lumotree_finished.max_len[2] == len(req.origin_input_ids) + req.sampling_params.max_new_tokens - 1
+
+
+def test_commit_of_a_clamped_run_ends_at_its_last_kept_node():
+    """SGLang's own commit step indices (``_verify_commit_step_indices``, what LumoTree's replay commit
+    receives) from a clamped run: the last node kept, so the state ends where the cached key ends."""
+    from sglang.srt.speculative.spec_utils import _verify_commit_step_indices
+
+    rng = random.Random(11)
+    n = 6
+    req = make_req(rng, 0)
+    req.sampling_params.ignore_eos, req.sampling_params.stop_token_ids = False, {3}
+    req.eos_token_ids = set()
+    req.output_ids = [1]
+    fin = FinishedRows(4, "cpu")
+    fin.admit([req], torch.tensor([2]))
+    # run: root(node 0) -> node 2 -> node 4 -> node 5, tokens predicted there 7, 3 (stop), 8, 9
+    predict = torch.tensor([7, 0, 3, 0, 8, 9])
+    index = torch.tensor([[0, 2, 4, 5]], dtype=torch.int32)
+    lens = fin.clamp_run(torch.tensor([2]), torch.tensor([len(req.origin_input_ids)]), predict,
+                         torch.tensor([4], dtype=torch.int32), index)
+    assert lens.tolist() == [2] and index.tolist() == [[0, 2, -1, -1]]  # tokens 7, 3: the stop is the bonus
+    last, _ = _verify_commit_step_indices(batch=SimpleNamespace(mamba_track_indices=None), accept_index=index,
+                                          accept_lens=lens, draft_token_num=n)
+    assert last.tolist() == [2]  # the commit replays root -> node 2 (token 7); the stop token has no KV

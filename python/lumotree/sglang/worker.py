@@ -122,16 +122,17 @@ def worker_class():
         def forward_batch_generation(self, batch, *args, **kwargs):
             prefill = batch.forward_mode.is_extend()
             admit_batch(batch)  # where each request ends, for the verify's run clamp (lumotree.sglang.finish)
+            seq_lens, rows = batch.seq_lens, batch.req_pool_indices  # as the forward found them
             out = self._forward(batch, *args, **kwargs)
             fin = self._finished_rows(batch)
             if fin is None or batch.forward_mode.is_idle() or getattr(out, "next_token_ids", None) is None:
                 return out
             if prefill:  # the prefill's sampled token can finish a request too (a stop token, max_new_tokens 1)
-                bs = batch.seq_lens.shape[0]
-                fin.mark_step(batch.req_pool_indices, out.next_token_ids,
-                              torch.ones(bs, dtype=torch.int32, device=batch.seq_lens.device), batch.seq_lens, 1)
+                bs = seq_lens.shape[0]
+                fin.mark_step(rows, out.next_token_ids, torch.ones(bs, dtype=torch.int32, device=seq_lens.device),
+                              seq_lens, 1)
             elif getattr(out, "accept_lens", None) is not None:
-                fin.mark_step(batch.req_pool_indices, out.next_token_ids, out.accept_lens, out.new_seq_lens,
+                fin.mark_step(rows, out.next_token_ids, out.accept_lens, out.new_seq_lens,
                               out.speculative_num_draft_tokens)
             return out
 

@@ -58,11 +58,17 @@ def overlap_consistent(server_args, env=os.environ) -> bool:
     return overlap_requested(server_args, env) and getattr(server_args, "mamba_radix_cache_strategy", None) == "no_buffer"
 
 
-def _declare(server_args, fields: dict, tag) -> None:
+def _declare(server_args, fields: dict, name: str) -> None:
+    """Set ``fields`` on ``server_args`` as SGLang's argument pipeline declares them (a pass ``name``)."""
+
+    def declared(view) -> dict:
+        return dict(fields)
+
+    declared.__name__ = declared.__qualname__ = name
     try:  # SGLang resolves these in a declaration pipeline (last writer wins), materialized after this hook
         from sglang.srt.arg_groups.overrides import run_post_process_pass
 
-        run_post_process_pass(server_args, tag)
+        run_post_process_pass(server_args, declared)
     except ImportError:  # an SGLang without the pipeline: plain fields
         pass
     for k, v in fields.items():
@@ -85,24 +91,15 @@ def consistent_prefix_cache(server_args, env=os.environ) -> bool:
     overlap scheduler with its ``extra_buffer`` cache and its inconsistency (warned); ``--disable-radix-cache``
     needs neither. ``--page-size`` > 1 needs SGLang's ``extra_buffer`` strategy: kept, with a warning."""
     if overlap_requested(server_args, env):
-        fields = dict(mamba_radix_cache_strategy="no_buffer")
-
-        def _lumotree_overlap_consistent_cache(view) -> dict:
-            return dict(fields)
-
-        _declare(server_args, fields, _lumotree_overlap_consistent_cache)
+        _declare(server_args, dict(mamba_radix_cache_strategy="no_buffer"), "_lumotree_overlap_consistent_cache")
         logger.warning("LumoTree: %s=1: SGLang's overlap scheduler with the no_buffer state cache; the state of a "
                        "request that finished in the previous step is skipped by the step in flight "
                        "(lumotree.sglang.finish). Not yet validated on a served model.", OVERLAP_ENV)
         return True
     if not turns_overlap_off(server_args, env, warn=True):
         return False
-    fields = dict(disable_overlap_schedule=True, mamba_radix_cache_strategy="no_buffer")
-
-    def _lumotree_consistent_prefix_cache(view) -> dict:
-        return dict(fields)
-
-    _declare(server_args, fields, _lumotree_consistent_prefix_cache)
+    _declare(server_args, dict(disable_overlap_schedule=True, mamba_radix_cache_strategy="no_buffer"),
+             "_lumotree_consistent_prefix_cache")
     logger.info("LumoTree: radix cache on, so the synchronous scheduler (--disable-overlap-schedule) with the "
                 "no_buffer state cache: %s. %s=1 keeps the overlap scheduler.", _OVERLAP_WHY, OVERLAP_ENV)
     return True

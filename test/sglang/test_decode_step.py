@@ -123,9 +123,38 @@ def test_backend_restored_when_the_forward_fails(monkeypatch):
                                       penalizer_orchestrator=SimpleNamespace(is_required=False))},
     {"sampling_info": SimpleNamespace(has_custom_logit_processor=False,
                                       penalizer_orchestrator=SimpleNamespace(is_required=True))},
-], ids=["plain", "idle", "no-draft-input", "no-bonus", "logprob", "hidden", "grammar", "custom-logits", "penalty"])
+    {"multimodal_inputs": [None, object(), None]},
+], ids=["plain", "idle", "no-draft-input", "no-bonus", "logprob", "hidden", "grammar", "custom-logits", "penalty",
+        "multimodal"])
 def test_which_batches_decode(change):
     assert ds.DecodeStep.serves(spec_batch(**change)) == (change == {})
+
+
+def test_mrope_positions_on_the_device_as_sglang_builds_them(monkeypatch):
+    """The decode step's M-RoPE positions of a text-only batch equal SGLang's own (built on the host from
+    ``seq_lens_cpu``), and need no host lengths: SGLang's overlap scheduler gives a speculative batch none."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    monkeypatch.setattr("sglang.srt.model_executor.forward_batch_info.get_exec",
+                        lambda: SimpleNamespace(deterministic=SimpleNamespace(rl_on_policy_target=None)))
+    cls = ds.forward_batch_class()
+    seq = torch.tensor([6, 10, 3])
+    batch = SimpleNamespace(multimodal_inputs=[None, None, None])
+
+    def fb(seq_lens_cpu):
+        f = object.__new__(cls)
+        f.forward_mode, f.seq_lens, f.seq_lens_cpu = ForwardMode.DECODE, seq, seq_lens_cpu
+        f.positions = (seq - 1).to(torch.int32)
+        return f
+
+    ours = fb(None)
+    ours._compute_mrope_positions(None, batch)
+    theirs = fb(seq.clone())
+    ForwardBatch._compute_mrope_positions(theirs, SimpleNamespace(device="cpu"), batch)
+    theirs = theirs.mrope_positions.to(ours.mrope_positions.device)
+    assert ours.mrope_positions.dtype == theirs.dtype and torch.equal(ours.mrope_positions, theirs)
+    with pytest.raises(AttributeError):  # what SGLang's own does without host lengths
+        ForwardBatch._compute_mrope_positions(fb(None), SimpleNamespace(device="cpu"), batch)
 
 
 def test_spec_algorithm_restored_after_capture():

@@ -15,7 +15,9 @@ root (``req_to_token[req, seq_len]``); the GDN layers update each request's pool
 (SGLang's decode conv and recurrence), so there is nothing to commit.
 
 Served only where a decode step is exactly what the one-node verify computes
-(:meth:`DecodeStep.serves`): requests without logprobs, hidden states, grammars, penalties or custom
+(:meth:`DecodeStep.serves`): text-only requests (their M-RoPE positions built on the device, so that
+the step needs no host lengths, which SGLang's overlap scheduler does not have; :func:`forward_batch_class`)
+without logprobs, hidden states, grammars, penalties or custom
 logit processors (their verify path applies these in its own way), and with SGLang's
 ``no_buffer`` state cache (the ``extra_buffer`` cache's interval snapshots come from the verify's
 commit; :func:`lumotree.sglang.backend.one_token_decode`). Any other batch takes the one-node verify.
@@ -44,6 +46,30 @@ def _non_speculative(model_runner):
         yield
     finally:
         model_runner.spec_algorithm = spec
+
+
+def forward_batch_class():
+    """SGLang's ``ForwardBatch`` whose decode M-RoPE positions (Qwen3.5 is an M-RoPE model) are built on
+    the device for text-only batches: the token's position on all three axes, which is what SGLang's
+    ``_compute_mrope_positions`` builds per request on the host from ``seq_lens_cpu`` -- a loop of
+    small tensors per step, and a lookup SGLang's overlap scheduler cannot serve: a speculative batch
+    there has no host lengths (``seq_lens_cpu`` is ``None``). Multimodal batches take SGLang's own."""
+    global _DecodeForwardBatch
+    if _DecodeForwardBatch is None:
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+        class DecodeForwardBatch(ForwardBatch):
+            def _compute_mrope_positions(self, model_runner, batch):
+                if self.forward_mode.is_decode() and all(m is None for m in (batch.multimodal_inputs or ())):
+                    self.mrope_positions = self.positions.to(torch.int64)[None].repeat(3, 1)
+                    return
+                super()._compute_mrope_positions(model_runner, batch)
+
+        _DecodeForwardBatch = DecodeForwardBatch
+    return _DecodeForwardBatch
+
+
+_DecodeForwardBatch = None
 
 
 class DecodeStep:
@@ -89,6 +115,7 @@ class DecodeStep:
         return (not batch.forward_mode.is_idle() and spec is not None
                 and getattr(spec, "bonus_tokens", None) is not None
                 and not batch.return_logprob and not batch.return_hidden_states and not batch.has_grammar
+                and all(m is None for m in (getattr(batch, "multimodal_inputs", None) or ()))
                 and si is not None and not si.has_custom_logit_processor
                 and not (si.penalizer_orchestrator is not None and si.penalizer_orchestrator.is_required))
 
@@ -107,7 +134,7 @@ class DecodeStep:
         last bonus token, which is this step's input); returns the one-node verify's result."""
         from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_uniform_func
         from sglang.srt.managers.utils import GenerationBatchResult
-        from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from sglang.srt.speculative.eagle_info import EagleDraftInput
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
@@ -124,7 +151,7 @@ class DecodeStep:
         dec.seq_lens_cpu = batch.seq_lens_cpu + 1 if batch.seq_lens_cpu is not None else None
         dec.seq_lens_sum = batch.seq_lens_sum + bs if batch.seq_lens_sum is not None else None
         with self._active():
-            fb = ForwardBatch.init_new(dec, self.model_runner, return_hidden_states_before_norm=False)
+            fb = forward_batch_class().init_new(dec, self.model_runner, return_hidden_states_before_norm=False)
             out = self.target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True)
         predict = self.model_runner.sample(out.logits_output, fb).to(torch.int32)
         accept_lens = torch.ones(bs, dtype=torch.int32, device=predict.device)

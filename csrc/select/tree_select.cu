@@ -87,7 +87,9 @@ __global__ void tree_select_kernel(Args a) {
       while (true) {
         const int64_t want = a.target_tok[(int64_t)b * N + cur];
         int nxt = -1;
-        for (int64_t c = fc[cur]; c >= 0 && c < n; c = ns[c]) {
+        // links only ever point forward (a child after its parent, a sibling after its sibling: node
+        // indices are a topological order), so a malformed tree cannot make the walk loop or overrun path
+        for (int64_t prev = cur, c = fc[cur]; c > prev && c < n; prev = c, c = ns[c]) {
           if (draft[c] == want) { nxt = (int)c; break; }
         }
         if (nxt < 0) break;
@@ -110,7 +112,7 @@ __global__ void tree_select_kernel(Args a) {
       if (threadIdx.x == 0) {
         double rej = 0;
         int nrej = 0, nxt = -1;
-        for (int64_t c = fc[cur]; c >= 0 && c < n; c = ns[c]) {
+        for (int64_t prev = cur, c = fc[cur]; c > prev && c < n; prev = c, c = ns[c]) {  // forward links only
           const int64_t x = draft[c];
           bool seen = false;
           for (int j = 0; j < nrej; ++j) seen |= (rejected[j] == x);

@@ -55,3 +55,22 @@ def test_sampling_fallback_equals_naive(forest, seed):
                                                 cache_slots=slots, conv_width=4)
     assert torch.equal(bonus, bo)
     _check_plan(tree, plan, al, an, slots, 4)
+
+
+def test_malformed_eagle_links_end_the_walk():
+    """SGLang's tree builder can emit malformed first-child / next-sibling links ("invalid eagle tree"):
+    the fallback behind LumoTree's served greedy verification still ends, with a path that only moves
+    forward from the root (the CUDA op's form of this: ``test_select_gpu.py``)."""
+    from lumotree.sglang.select import _accept
+
+    N = 6
+    cand = torch.zeros(4, N, dtype=torch.long)
+    cand[3, 1] = 5
+    nt = torch.tensor([[1, 2, 1, -1, -1, -1], [1, 0, -1, -1, -1, -1], [1, 2, 3, 4, 5, -1], [1, -1, -1, -1, -1, -1]])
+    ns = torch.tensor([[-1, 1, -1, -1, -1, -1], [-1] * 6, [-1] * 6, [-1, 1, -1, -1, -1, -1]])
+    accept_len, nodes = _accept(cand, torch.zeros(4, N, dtype=torch.long), nt, ns)
+    for b in range(4):
+        path = nodes[b, : int(accept_len[b])].tolist()
+        assert path[0] == 0 and all(q > p for p, q in zip(path, path[1:])), path
+        assert all(x == -1 for x in nodes[b, int(accept_len[b]):].tolist())
+    assert accept_len[2] == N and accept_len[3] == 1  # the valid chain whole; a non-matching self-sibling: root only

@@ -113,3 +113,28 @@ def test_capture_in_cuda_graph():
         assert torch.equal(outs["plan"].accept_nodes.cpu(), an)
         ref = commit_plan(tree, an, al, s_slots.cpu(), 4)
         assert torch.equal(outs["plan"].kv_free_slots.cpu(), ref.kv_free_slots)
+
+
+def test_malformed_links_end_the_walk():
+    """SGLang's tree builder can emit malformed first-child / next-sibling links (its "invalid eagle
+    tree" warning: a draft token whose parent was not selected). The walk follows forward links only, so
+    a backward or cyclic link ends it instead of looping on the GPU: the served step must not hang."""
+    from lumotree.sglang.select import _accept
+
+    N = 6
+    cand = torch.zeros(4, N, dtype=torch.long, device="cuda")  # every draft token equal: every link matches
+    cand[3, 1] = 5  # ... but in the last row, whose only child, a sibling of itself, does not match
+    target = torch.zeros(4, N, dtype=torch.long, device="cuda")
+    nt = torch.tensor([[1, 2, 1, -1, -1, -1],  # 2 -> 1: a child link pointing back (a cycle 1 -> 2 -> 1)
+                       [1, 0, -1, -1, -1, -1],  # 1 -> 0: back to the root
+                       [1, 2, 3, 4, 5, -1],  # a valid chain
+                       [1, -1, -1, -1, -1, -1]], device="cuda")
+    ns = torch.tensor([[-1, 1, -1, -1, -1, -1],
+                       [-1, -1, -1, -1, -1, -1],
+                       [-1, -1, -1, -1, -1, -1],
+                       [-1, 1, -1, -1, -1, -1]], device="cuda")  # node 1's next sibling is itself
+    accept_len, nodes = _accept(cand, target, nt, ns)
+    torch.cuda.synchronize()
+    assert accept_len.tolist() == [3, 2, 6, 1]
+    assert nodes[0, :3].tolist() == [0, 1, 2] and nodes[1, :2].tolist() == [0, 1]
+    assert nodes[2].tolist() == list(range(N))

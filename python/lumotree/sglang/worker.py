@@ -13,12 +13,12 @@ A no-draft step is a decode step: the target model's decode forward through deco
 own (:mod:`lumotree.sglang.decode_step`), not SGLang's one-node verify, wherever the batch allows it
 (the one-node verify serves the others, its GDN layers running SGLang's decode kernels in place,
 :mod:`lumotree.sglang.backend`); the MTP layer's draft-extend is skipped (SGLang's
-``_stub_skipped_draft_extend``: shape-valid zero draft inputs), and so are its draft CUDA graphs at
-start-up. The price: the MTP layer's KV cache has no entries for the
+``_stub_skipped_draft_extend``, with first-level draft scores that keep the next tree whole:
+:func:`cold_draft_input`), and so are its draft CUDA graphs at start-up. The price: the MTP layer's KV cache has no entries for the
 tokens decoded without a draft, so a request that lives through a no-draft stretch drafts from a
 cold start and with those holes when drafting resumes -- which the policy only does when drafting
 pays at that batch size. The acceptance of the first drafted step after such a stretch is not
-counted (its draft comes from zeros).
+counted (its draft comes from a stub).
 """
 from __future__ import annotations
 
@@ -43,6 +43,24 @@ def _no_draft_graphs(draft_worker):
         yield
     finally:
         del draft_worker._capture_cuda_graphs
+
+
+def cold_draft_input(draft_input, topk: int) -> None:
+    """The first-level draft of a request whose previous step drafted nothing (its MTP draft-extend
+    skipped): ``topk`` distinct tokens with distinct, decreasing positive scores, in place of SGLang's
+    zero stub (``EAGLEWorkerV2._stub_skipped_draft_extend``).
+
+    Why: EAGLE's tree is the ``num_draft_tokens - 1`` best cumulative scores (parent score x child
+    probability). From zero scores every candidate ties at 0, so the selection picks nodes whose parent
+    it did not pick -- SGLang's "invalid eagle tree" warning, the node dropped -- and all first-level
+    tokens are the same token. With scores ``2^-1 > 2^-2 > ...`` a child (its score its parent's times
+    a probability below 1) always ranks below its parent, so the tree is whole; the tokens are still a
+    guess (the draft's first level is cold), so this step's acceptance is not counted either."""
+    bs = draft_input.topk_p.shape[0]
+    dev = draft_input.topk_p.device
+    ranks = torch.arange(topk, device=dev)
+    draft_input.topk_p = torch.pow(2.0, -(ranks + 1).to(torch.float32)).expand(bs, topk).contiguous()
+    draft_input.topk_index = ranks.to(torch.int64).expand(bs, topk).contiguous()
 
 
 @functools.cache
@@ -158,6 +176,10 @@ def worker_class():
                     self._step_chosen = False
                     return self._no_draft_decode(batch, kwargs.get("on_publish", args[0] if args else None))
             return super().forward_batch_generation(batch, *args, **kwargs)
+
+        def _stub_skipped_draft_extend(self, batch, batch_output):
+            super()._stub_skipped_draft_extend(batch, batch_output)
+            cold_draft_input(batch_output.next_draft_input, self.topk)
 
         def _no_draft_decode(self, batch, on_publish):
             """The no-draft step as a decode forward; what follows a one-node verify in SGLang's loop

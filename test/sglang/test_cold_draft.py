@@ -8,37 +8,9 @@ import pytest
 import torch
 
 pytest.importorskip("sglang")
-from sglang.srt.speculative import spec_utils  # noqa: E402
-from sglang.srt.speculative.eagle_utils import organize_draft_results  # noqa: E402
+from draft_trees import orphans, select, softmaxes  # noqa: E402
 
 from lumotree.sglang.worker import cold_draft_input  # noqa: E402
-
-
-def _uncompiled(f):
-    return getattr(f, "_torchdynamo_orig_callable", f)
-
-
-def orphans(topk_p, topk_index, steps, num_draft_tokens, seed):
-    """Selected nodes whose parent is neither the root nor selected, per request: SGLang's draft loop
-    (its selection functions; the draft model's distributions: random softmaxes)."""
-    bs, topk = topk_p.shape
-    g = torch.Generator().manual_seed(seed)
-    later = _uncompiled(spec_utils._select_top_k_tokens_later)
-    _, _, scores, info = spec_utils._select_top_k_tokens_first(topk_p, topk_index, None, topk)
-    score_list, token_list, parents_list = [info[0]], [info[1]], [info[2]]
-    for i in range(1, steps):
-        probs = torch.softmax(3 * torch.randn(bs * topk, 64, generator=g), -1)  # below 1, as a model's are
-        p, idx = probs.topk(topk, -1)
-        _, _, scores, info = later(i, p, idx, None, scores, topk)
-        score_list.append(info[0])
-        token_list.append(info[1])
-        parents_list.append(info[2])
-    parent_list, selected, _ = organize_draft_results(score_list, token_list, parents_list, num_draft_tokens)
-    out = []
-    for b in range(bs):
-        sel = set(selected[b].tolist())
-        out.append(sum(1 for s in sel if s >= topk and int(parent_list[b, s // topk]) not in sel))
-    return out
 
 
 @pytest.mark.parametrize("topk, steps, nodes", [(2, 3, 6), (4, 3, 8), (2, 5, 10), (1, 3, 4)])
@@ -49,14 +21,15 @@ def test_the_tree_after_a_no_draft_step_is_whole(topk, steps, nodes):
     assert stub.topk_p.shape == (bs, topk) and stub.topk_index.dtype == torch.int64
     assert all(len(set(r.tolist())) == topk for r in stub.topk_index)  # distinct first-level tokens
     for seed in range(4):
-        assert orphans(stub.topk_p, stub.topk_index, steps, nodes, seed) == [0] * bs
+        assert orphans(*select(stub.topk_p, stub.topk_index, steps, nodes, softmaxes(bs, topk, seed=seed)), topk) == [0] * bs
 
 
 def test_sglangs_zero_stub_selects_orphans():
     """What the stub replaces: from zero scores the selection ties everywhere and keeps orphans."""
     bs, topk = 16, 2
     zeros = torch.zeros(bs, topk)
-    assert sum(sum(orphans(zeros, torch.zeros(bs, topk, dtype=torch.int64), 3, 6, s)) for s in range(4)) > 0
+    idx = torch.zeros(bs, topk, dtype=torch.int64)
+    assert sum(sum(orphans(*select(zeros, idx, 3, 6, softmaxes(bs, topk, seed=s)), topk)) for s in range(4)) > 0
 
 
 def test_worker_stub_is_sglangs_with_a_whole_tree(monkeypatch):

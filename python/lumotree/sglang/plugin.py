@@ -340,9 +340,10 @@ def register() -> None:
         _register_oracle(SpeculativeAlgorithm, get_spec, float(os.environ["LUMOTREE_BENCH_ORACLE_P"]))
     if os.environ.get(ENV_ACTIVE) == "1":
         from lumotree.sglang import merge
-        from lumotree.sglang.patches import eagle_sample_end, gdn_backend_classes, verify_tree_greedy
+        from lumotree.sglang.patches import draft_tree_whole, eagle_sample_end, gdn_backend_classes, verify_tree_greedy
 
         gdn_backend_classes.install()
+        draft_tree_whole.install()
         verify_tree_greedy.install()
         eagle_sample_end.install()
         if merge.enabled():

@@ -47,6 +47,31 @@ def port_is_free(port, host="127.0.0.1"):
     return True
 
 
+class Terminated(SystemExit):
+    """SIGTERM (e.g. from ``timeout``) while a server runs: unwinds, so that the server is stopped."""
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm():
+    """SIGTERM raises :class:`Terminated` in the main thread while the block runs (Python's default is to
+    die without unwinding, which leaves the server -- a process group of its own -- holding the GPU and
+    the port for every later run)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_terminated(signum, frame):
+        raise Terminated(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextlib.contextmanager
 def sglang_server(model, extra_args=(), port=30000, log=None, timeout=300, base_args=BASE_ARGS, env=None):
     # A server left on the port (e.g. by a killed run) would answer the health check of this one,
@@ -57,33 +82,34 @@ def sglang_server(model, extra_args=(), port=30000, log=None, timeout=300, base_
            "--host", "127.0.0.1", *base_args, *extra_args]
     out = open(log, "w") if log else subprocess.DEVNULL
     t0 = time.time()
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                            env=dict(os.environ, **env) if env else None)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}: {' '.join(cmd)} (see {log})")
-            if time.time() - t0 > timeout:
-                raise TimeoutError(f"server not ready after {timeout} s (see {log})")
-            try:
-                get(url + "/get_model_info")
-                if proc.poll() is None:  # it is this process that answers
-                    break
-            except (urllib.error.URLError, ConnectionError, OSError):
-                time.sleep(1)
-        print(json.dumps(dict(server_ready_s=round(time.time() - t0, 1), cmd=" ".join(cmd))), flush=True)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+    with _stop_on_sigterm():  # a SIGTERM to this process unwinds to the finally below
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, **env) if env else None)
+        url = f"http://127.0.0.1:{port}"
         try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        if log:
-            out.close()
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"server exited with {proc.returncode}: {' '.join(cmd)} (see {log})")
+                if time.time() - t0 > timeout:
+                    raise TimeoutError(f"server not ready after {timeout} s (see {log})")
+                try:
+                    get(url + "/get_model_info")
+                    if proc.poll() is None:  # it is this process that answers
+                        break
+                except (urllib.error.URLError, ConnectionError, OSError):
+                    time.sleep(1)
+            print(json.dumps(dict(server_ready_s=round(time.time() - t0, 1), cmd=" ".join(cmd))), flush=True)
+            yield url
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            if log:
+                out.close()
 
 
 def generate(url, prompts, max_new_tokens, temperature=0.0, key="text", extra=None):

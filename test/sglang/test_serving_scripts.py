@@ -488,3 +488,36 @@ def test_bench_spec_request_spread():
     r = bs.request_spread(outs, 3.0)
     assert r == dict(max_verify_steps=120, min_verify_steps=100, ms_per_batch_step=25.0, e2e_min_s=2.0, e2e_max_s=2.5)
     assert bs.request_spread([{"meta_info": {}}], 1.0) == dict(max_verify_steps=0, min_verify_steps=0)
+
+
+def test_a_terminated_benchmark_stops_its_server(tmp_path):
+    """``timeout`` ends a benchmark with SIGTERM; the server it started (a process group of its own) must
+    stop with it, or it holds the GPU and the port for every later run (seen on the GPU machine)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    nap = f"{300 + os.getpid() % 997}"  # a sleep of its own, to find the 'server' by
+    script = tmp_path / "bench.py"
+    script.write_text(f"""
+import subprocess, sys, time
+sys.path.insert(0, {os.path.join(os.path.dirname(__file__), '..', '..', 'benchmark', 'serving')!r})
+import sglang_server as srv
+real = subprocess.Popen
+srv.subprocess.Popen = lambda cmd, **kw: real(["sleep", "{nap}"], **kw)  # the 'server'
+srv.get = lambda url, timeout=5: b"{{}}"
+with srv.sglang_server("no-model", port=0) as url:
+    print("ready", flush=True)
+    time.sleep(300)
+""")
+    bench = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    assert "server_ready_s" in bench.stdout.readline() and bench.stdout.readline().strip() == "ready"
+    sleepers = subprocess.run(["pgrep", "-f", f"^sleep {nap}$"], capture_output=True, text=True).stdout.split()
+    assert sleepers
+    bench.send_signal(signal.SIGTERM)
+    assert bench.wait(20) == 128 + signal.SIGTERM
+    time.sleep(0.5)
+    alive = subprocess.run(["pgrep", "-f", f"^sleep {nap}$"], capture_output=True, text=True).stdout.split()
+    assert not alive

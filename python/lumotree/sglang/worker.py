@@ -57,10 +57,15 @@ def cold_draft_input(draft_input, topk: int) -> None:
     a probability below 1) always ranks below its parent, so the tree is whole; the tokens are still a
     guess (the draft's first level is cold), so this step's acceptance is not counted either."""
     bs = draft_input.topk_p.shape[0]
-    dev = draft_input.topk_p.device
-    ranks = torch.arange(topk, device=dev)
-    draft_input.topk_p = torch.pow(2.0, -(ranks + 1).to(torch.float32)).expand(bs, topk).contiguous()
-    draft_input.topk_index = ranks.to(torch.int64).expand(bs, topk).contiguous()
+    p, idx = _cold_rows(topk, draft_input.topk_p.device)
+    draft_input.topk_p = p.expand(bs, topk).clone()  # a copy each: later steps own (filter, merge) them
+    draft_input.topk_index = idx.expand(bs, topk).clone()
+
+
+@functools.lru_cache(maxsize=None)
+def _cold_rows(topk: int, device):
+    ranks = torch.arange(topk, device=device)
+    return torch.pow(2.0, -(ranks + 1).to(torch.float32))[None], ranks.to(torch.int64)[None]
 
 
 @functools.cache

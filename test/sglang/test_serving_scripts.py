@@ -499,25 +499,28 @@ def test_a_terminated_benchmark_stops_its_server(tmp_path):
     import sys
     import time
 
-    nap = f"{300 + os.getpid() % 997}"  # a sleep of its own, to find the 'server' by
     script = tmp_path / "bench.py"
     script.write_text(f"""
 import subprocess, sys, time
 sys.path.insert(0, {os.path.join(os.path.dirname(__file__), '..', '..', 'benchmark', 'serving')!r})
 import sglang_server as srv
-real = subprocess.Popen
-srv.subprocess.Popen = lambda cmd, **kw: real(["sleep", "{nap}"], **kw)  # the 'server'
+real, procs = subprocess.Popen, []
+srv.subprocess.Popen = lambda cmd, **kw: procs.append(real(["sleep", "300"], **kw)) or procs[-1]  # the 'server'
 srv.get = lambda url, timeout=5: b"{{}}"
 with srv.sglang_server("no-model", port=0) as url:
-    print("ready", flush=True)
+    print("ready", procs[0].pid, flush=True)
     time.sleep(300)
 """)
     bench = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
-    assert "server_ready_s" in bench.stdout.readline() and bench.stdout.readline().strip() == "ready"
-    sleepers = subprocess.run(["pgrep", "-f", f"^sleep {nap}$"], capture_output=True, text=True).stdout.split()
-    assert sleepers
-    bench.send_signal(signal.SIGTERM)
-    assert bench.wait(20) == 128 + signal.SIGTERM
-    time.sleep(0.5)
-    alive = subprocess.run(["pgrep", "-f", f"^sleep {nap}$"], capture_output=True, text=True).stdout.split()
-    assert not alive
+    try:
+        assert "server_ready_s" in bench.stdout.readline()
+        word, pid = bench.stdout.readline().split()
+        assert word == "ready"
+        os.kill(int(pid), 0)  # the 'server' runs
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(20) == 128 + signal.SIGTERM
+        time.sleep(0.5)
+        with pytest.raises(ProcessLookupError):  # stopped and reaped by the benchmark before it exited
+            os.kill(int(pid), 0)
+    finally:
+        bench.kill()

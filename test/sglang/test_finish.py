@@ -284,25 +284,33 @@ for extra in (["--speculative-algorithm", "LUMOTREE"], ["--speculative-algorithm
 
 def test_lumotree_overlap_resolves_to_overlap_with_the_no_buffer_cache():
     """With LUMOTREE_OVERLAP=1 SGLang's own argument resolution keeps the overlap scheduler and takes the
-    no_buffer state cache for LUMOTREE (its check refusing the pair is bypassed for it alone);
-    LUMOTREE_SUFFIX keeps SGLang's choice; with --disable-overlap-schedule SGLang resolves its own (synchronous) cache."""
+    no_buffer state cache for LUMOTREE and LUMOTREE_SUFFIX (its check refusing the pair is bypassed for
+    them alone); with --disable-overlap-schedule SGLang resolves its own (synchronous) cache."""
     if not os.path.isfile(os.path.join(CKPT, "config.json")):
         pytest.skip("tiny checkpoint not in this checkout")
     env = dict(os.environ, LUMOTREE_OVERLAP="1")
     out = subprocess.run([sys.executable, "-c", SCRIPT, CKPT], capture_output=True, text=True, timeout=600,
                          cwd=ROOT, env=env)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines == ["False no_buffer True", "False auto False", "True auto False"], \
+    assert lines == ["False no_buffer True", "False no_buffer True", "True auto False"], \
         out.stdout[-2000:] + out.stderr[-4000:]
+
+
+def ngram_base(monkeypatch):
+    """SGLang's NGRAM worker class, or where its C++ n-gram ops are not built (this CPU machine; the GPU
+    machine has them) a stand-in of the same name: the tests replace its forward anyway."""
+    try:
+        from sglang.srt.speculative.ngram_worker import NGRAMWorker
+    except ImportError:
+        NGRAMWorker = type("NGRAMWorker", (), {"forward_batch_generation": lambda self, batch, *a, **k: None})
+        monkeypatch.setitem(sys.modules, "sglang.srt.speculative.ngram_worker", SimpleNamespace(NGRAMWorker=NGRAMWorker))
+    return NGRAMWorker
 
 
 def test_suffix_worker_admits_requests_for_the_run_clamp(monkeypatch):
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    try:
-        from sglang.srt.speculative.ngram_worker import NGRAMWorker
-    except ImportError:  # SGLang's C++ n-gram ops are not built for this machine (the GPU machine has them)
-        pytest.skip("SGLang's NGRAM worker does not import here")
+    NGRAMWorker = ngram_base(monkeypatch)
     from lumotree.sglang.suffix import ngram_worker
 
     calls = []
@@ -312,9 +320,45 @@ def test_suffix_worker_admits_requests_for_the_run_clamp(monkeypatch):
     req = make_req(random.Random(7), 0)
     req.sampling_params.ignore_eos, req.sampling_params.max_new_tokens = True, 5
     batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, reqs=[req], req_pool_indices=torch.tensor([3]),
-                            req_to_token_pool=pool)
+                            req_to_token_pool=pool, seq_lens=torch.tensor([len(req.origin_input_ids)]))
     assert w.forward_batch_generation(batch) == "out" and calls == [batch]
     assert pool.lumotree_finished.ruled[3] and pool.lumotree_finished.max_len[3] == len(req.origin_input_ids) + 4
+
+
+def test_suffix_worker_marks_finished_rows_under_overlap(monkeypatch):
+    """LUMOTREE_SUFFIX with the overlap scheduler's consistent cache: SGLang's NGRAM results (a prefill's
+    ``[bs]`` tokens; a verify's rows of ``speculative_num_draft_tokens``, accepted tokens first) mark
+    the rows that finished, and untrusted finishes stay out of the cache."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    NGRAMWorker = ngram_base(monkeypatch)
+    from lumotree.sglang.suffix import ngram_worker
+
+    rng = random.Random(11)
+    reqs = [make_req(rng, i) for i in range(2)]
+    for r in reqs:
+        r.sampling_params.ignore_eos, r.sampling_params.max_new_tokens = True, 4
+    lens = torch.tensor([len(r.origin_input_ids) for r in reqs])
+    outs = iter([SimpleNamespace(next_token_ids=torch.tensor([5, 6]), accept_lens=torch.ones(2, dtype=torch.int32),
+                                 new_seq_lens=lens.clone(), speculative_num_draft_tokens=3),  # prefill
+                 SimpleNamespace(next_token_ids=torch.tensor([1, 2, 3, 4, 0, 0]), accept_lens=torch.tensor([3, 1]),
+                                 new_seq_lens=lens + torch.tensor([3, 1]), speculative_num_draft_tokens=3)])
+    monkeypatch.setattr(NGRAMWorker, "forward_batch_generation", lambda self, batch, *a, **k: next(outs))
+    w = object.__new__(ngram_worker(lambda sa: None))
+    w._overlap_consistent = True
+    pool = SimpleNamespace(req_to_token=torch.zeros(6, 2, dtype=torch.int32))
+    batch = SimpleNamespace(forward_mode=ForwardMode.EXTEND, reqs=reqs, req_pool_indices=torch.tensor([5, 0]),
+                            req_to_token_pool=pool, seq_lens=lens)
+    w.forward_batch_generation(batch)
+    fin = pool.lumotree_finished
+    assert not fin.done.any()
+    batch.forward_mode = ForwardMode.DECODE
+    w.forward_batch_generation(batch)
+    assert fin.done[[5, 0]].tolist() == [True, False]  # 1 + 3 tokens = max_new_tokens; 1 + 1 not yet
+    r = reqs[1]
+    r.output_ids, r.finished_reason = [1, 2], FINISH_MATCHED_STR(matched="x")
+    w.prepare_for_kv_cache_release(r)
+    assert r.skip_radix_cache_insert
 
 
 def test_admit_batch_admits_prefill_batches_only():

@@ -39,8 +39,10 @@ strategy (interval snapshots) served speculative requests states that differ fro
 
 The device rule marks only requests the host also finishes (the same stop sets, the same length
 count; property-tested against SGLang's ``Req.update_finish_state``), so a running request is never
-cut or skipped. The overlap form is served with ``LUMOTREE_OVERLAP=1`` while it is measured on the
-GPU; the synchronous scheduler stays the default until then (:mod:`lumotree.sglang.scheduling`).
+cut or skipped. Both LumoTree workers (the LUMOTREE tree worker and the LUMOTREE_SUFFIX NGRAM-loop
+worker) wrap their forward in :func:`forward_marked`. The overlap form is served with ``LUMOTREE_OVERLAP=1``
+while it is measured on the GPU; the synchronous scheduler stays the default until then
+(:mod:`lumotree.sglang.scheduling`).
 """
 from __future__ import annotations
 
@@ -194,3 +196,32 @@ def admit_batch(batch) -> None:
     """A worker's call before each forward: a prefill batch admits its requests into the pool's table."""
     if batch.forward_mode.is_extend():
         FinishedRows.of(batch.req_to_token_pool).admit(batch.reqs, batch.req_pool_indices)
+
+
+def forward_marked(consistent: bool, batch, forward):
+    """A speculative worker's forward (``forward()``, SGLang's, on ``batch``) with this module's
+    bookkeeping around it: a prefill batch admits its requests (the run clamp); with the overlap
+    scheduler's consistent cache (``consistent``) the rows the step finished are marked after it. The
+    result layouts are SGLang's EAGLE V2 and NGRAM workers': ``next_token_ids`` ``[bs]`` after a prefill,
+    each row's accepted tokens first (stride ``speculative_num_draft_tokens``) after a decode step."""
+    prefill = batch.forward_mode.is_extend()
+    admit_batch(batch)
+    seq_lens, rows = batch.seq_lens, batch.req_pool_indices  # as the forward finds them (it may rebind them)
+    out = forward()
+    if not consistent or batch.forward_mode.is_idle() or getattr(out, "next_token_ids", None) is None:
+        return out
+    fin = FinishedRows.of(batch.req_to_token_pool)
+    if prefill:  # the prefill's sampled token can finish a request too (a stop token, max_new_tokens 1)
+        bs = seq_lens.shape[0]
+        fin.mark_step(rows, out.next_token_ids, torch.ones(bs, dtype=torch.int32, device=seq_lens.device), seq_lens, 1)
+    elif getattr(out, "accept_lens", None) is not None:
+        fin.mark_step(rows, out.next_token_ids, out.accept_lens, out.new_seq_lens, out.speculative_num_draft_tokens)
+    return out
+
+
+def keep_out_of_cache(consistent: bool, req) -> None:
+    """SGLang's ``prepare_for_kv_cache_release`` for a speculative worker: with the overlap scheduler's
+    consistent cache a finished request's state is cached only if the device rule kept its slot as its
+    last step left it (:func:`trusts_device_finish`)."""
+    if consistent and not trusts_device_finish(req):
+        req.skip_radix_cache_insert = True

@@ -1,7 +1,7 @@
 """Which SGLang scheduler a LumoTree server runs: with the radix cache on, the synchronous one and the
 ``no_buffer`` state cache, so that only committed GDN state is cached (:func:`consistent_prefix_cache`);
-with ``LUMOTREE_OVERLAP=1`` a LUMOTREE server runs SGLang's overlap scheduler with the ``no_buffer``
-cache instead, finished requests' states skipped on the device (:func:`overlap_requested`,
+with ``LUMOTREE_OVERLAP=1`` a LUMOTREE or LUMOTREE_SUFFIX server runs SGLang's overlap scheduler with
+the ``no_buffer`` cache instead, finished requests' states skipped on the device (:func:`overlap_requested`,
 :mod:`lumotree.sglang.finish`).
 
 A module of its own below :mod:`lumotree.sglang.plugin` and :mod:`lumotree.sglang.merge`, which both
@@ -40,11 +40,11 @@ def turns_overlap_off(server_args, env=os.environ, warn: bool = False) -> bool:
 
 
 def overlap_requested(server_args, env=os.environ) -> bool:
-    """``LUMOTREE_OVERLAP=1`` on a LUMOTREE (MTP tree) server with the radix cache and SGLang's overlap
-    scheduler on, page size 1: the overlap scheduler with LumoTree's consistent ``no_buffer`` cache
-    (:mod:`lumotree.sglang.finish`). LUMOTREE_SUFFIX keeps SGLang's ``extra_buffer`` cache there."""
+    """``LUMOTREE_OVERLAP=1`` on a LUMOTREE or LUMOTREE_SUFFIX server with the radix cache and SGLang's
+    overlap scheduler on, page size 1: the overlap scheduler with LumoTree's consistent ``no_buffer``
+    cache (:mod:`lumotree.sglang.finish`; both workers mark the rows each step finished)."""
     algo = str(getattr(server_args, "speculative_algorithm", None) or "").upper()
-    return (env.get(OVERLAP_ENV) == "1" and algo == "LUMOTREE"
+    return (env.get(OVERLAP_ENV) == "1" and algo in ("LUMOTREE", "LUMOTREE_SUFFIX")
             and not getattr(server_args, "disable_radix_cache", False)
             and not getattr(server_args, "disable_overlap_schedule", False)
             and (getattr(server_args, "page_size", None) or 1) == 1
@@ -86,10 +86,9 @@ def consistent_prefix_cache(server_args, env=os.environ) -> bool:
     (``benchmark/results/cache_consistency_h200.json``: NEXTN tree with overlap 15/16 and 11/16 first tokens,
     logprob gaps up to 1.59; NEXTN, LUMOTREE and LUMOTREE_SUFFIX without it 16/16, gaps <= 0.073, the
     no-speculation server's own spread is 0.091). ``LUMOTREE_OVERLAP=1`` keeps the overlap scheduler
-    (:func:`overlap_requested`): for LUMOTREE the overlap scheduler with the ``no_buffer`` cache and
-    LumoTree's finished-row skip (returns True, the arguments changed), for LUMOTREE_SUFFIX SGLang's
-    overlap scheduler with its ``extra_buffer`` cache and its inconsistency (warned); ``--disable-radix-cache``
-    needs neither. ``--page-size`` > 1 needs SGLang's ``extra_buffer`` strategy: kept, with a warning."""
+    with the ``no_buffer`` cache and LumoTree's finished-row skip (:func:`overlap_requested`; returns
+    True, the arguments changed) where it applies, else SGLang's overlap scheduler and its cache, with
+    the inconsistency warned; ``--disable-radix-cache`` needs neither. ``--page-size`` > 1 needs SGLang's ``extra_buffer`` strategy: kept, with a warning."""
     if overlap_requested(server_args, env):
         _declare(server_args, dict(mamba_radix_cache_strategy="no_buffer"), "_lumotree_overlap_consistent_cache")
         logger.warning("LumoTree: %s=1: SGLang's overlap scheduler with the no_buffer state cache; the state of a "

@@ -215,16 +215,22 @@ def ngram_worker(make_corpus):
     """SGLang's NGRAM worker with ``make_corpus(server_args)`` as its draft source."""
     from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
-    from lumotree.sglang.finish import admit_batch
+    from lumotree.sglang.finish import forward_marked, keep_out_of_cache
+    from lumotree.sglang.scheduling import overlap_consistent
 
     class HostCorpusWorker(NGRAMWorker):
         def __init__(self, server_args, *args, **kwargs):
             super().__init__(server_args, *args, **kwargs)
             self.ngram_corpus = make_corpus(server_args)
+            self._overlap_consistent = overlap_consistent(server_args)
 
         def forward_batch_generation(self, batch, *args, **kwargs):
-            admit_batch(batch)  # where each request ends, for the verify's run clamp (lumotree.sglang.finish)
-            return super().forward_batch_generation(batch, *args, **kwargs)
+            # where each request ends: the run clamp; the overlap scheduler's finished rows (lumotree.sglang.finish)
+            return forward_marked(getattr(self, "_overlap_consistent", False), batch,
+                                  lambda: super(HostCorpusWorker, self).forward_batch_generation(batch, *args, **kwargs))
+
+        def prepare_for_kv_cache_release(self, req) -> None:
+            keep_out_of_cache(getattr(self, "_overlap_consistent", False), req)
 
     return HostCorpusWorker
 

@@ -74,7 +74,7 @@ def worker_class():
 
     from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.decode_step import DecodeStep
-    from lumotree.sglang.finish import FinishedRows, admit_batch, trusts_device_finish
+    from lumotree.sglang.finish import forward_marked, keep_out_of_cache
     from lumotree.sglang.plugin import adaptive_tree_size
     from lumotree.sglang.scheduling import overlap_consistent
 
@@ -143,33 +143,12 @@ def worker_class():
                         "step from measured step times and acceptance", self.tree_policy.candidates)
 
         def forward_batch_generation(self, batch, *args, **kwargs):
-            prefill = batch.forward_mode.is_extend()
-            admit_batch(batch)  # where each request ends, for the verify's run clamp (lumotree.sglang.finish)
-            seq_lens, rows = batch.seq_lens, batch.req_pool_indices  # as the forward found them
-            out = self._forward(batch, *args, **kwargs)
-            fin = self._finished_rows(batch)
-            if fin is None or batch.forward_mode.is_idle() or getattr(out, "next_token_ids", None) is None:
-                return out
-            if prefill:  # the prefill's sampled token can finish a request too (a stop token, max_new_tokens 1)
-                bs = seq_lens.shape[0]
-                fin.mark_step(rows, out.next_token_ids, torch.ones(bs, dtype=torch.int32, device=seq_lens.device),
-                              seq_lens, 1)
-            elif getattr(out, "accept_lens", None) is not None:
-                fin.mark_step(rows, out.next_token_ids, out.accept_lens, out.new_seq_lens,
-                              out.speculative_num_draft_tokens)
-            return out
-
-        def _finished_rows(self, batch):
-            """The overlap scheduler's finished-row table (:mod:`lumotree.sglang.finish`), or ``None``."""
-            if not getattr(self, "_overlap_consistent", False):
-                return None
-            return FinishedRows.of(batch.req_to_token_pool)
+            # where each request ends: the run clamp; the overlap scheduler's finished rows (lumotree.sglang.finish)
+            return forward_marked(getattr(self, "_overlap_consistent", False), batch,
+                                  lambda: self._forward(batch, *args, **kwargs))
 
         def prepare_for_kv_cache_release(self, req) -> None:
-            """SGLang's hook before a finished request is released: with the overlap scheduler its state is
-            cached only if the device rule kept its slot as its last step left it."""
-            if getattr(self, "_overlap_consistent", False) and not trusts_device_finish(req):
-                req.skip_radix_cache_insert = True
+            keep_out_of_cache(getattr(self, "_overlap_consistent", False), req)
 
         def _forward(self, batch, *args, **kwargs):
             if batch.forward_mode.is_extend() or batch.is_extend_in_batch:

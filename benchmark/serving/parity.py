@@ -11,7 +11,9 @@ shape) it launches ``python -m sglang.launch_server``, then
    the radix cache (``cached_tokens > 0``);
 3. aborts a long request mid-way while 4 other greedy requests run (those must be unaffected);
 4. sends 8 sampled requests (temperature 0.8, top-p 0.95), which must all complete;
-5. records accept length, tokens/s, and the speculative memory SGLang logs at start-up
+5. sends inputs at the edges (:func:`edge_cases`: an empty prompt, ``max_new_tokens`` 0 and 1, stop
+   strings hit inside a draft), whose answers must equal the no-speculation server's;
+6. records accept length, tokens/s, and the speculative memory SGLang logs at start-up
    (``intermediate_ssm`` snapshots vs the replay buffers);
 
 and finally compares every configuration's greedy texts with the no-speculation server's.
@@ -113,6 +115,35 @@ def abort_and_sample(url, P, texts, name):
     return out
 
 
+EDGE_STOPS = ("\n", "):", " = ", "return")  # stop strings that code continuations hit, often inside a draft
+
+
+def edge_cases(url, P):
+    """Inputs at the edges, each answered as the no-speculation server answers it (compared as text):
+    an empty prompt, ``max_new_tokens`` 0 and 1, greedy requests ending on a stop string (which a
+    speculative step may accept in the middle of its run), and a stop string with ``no_stop_trim``.
+    An answer is ``text|finish type|completion tokens``, or ``error <HTTP status>``."""
+    import urllib.error
+
+    def ask(text, **sp):
+        try:
+            o = post(url + "/generate", {"text": text, "sampling_params": dict(temperature=0.0, **sp)}, timeout=120)
+        except urllib.error.HTTPError as e:
+            return [f"error {e.code}"] * (len(text) if isinstance(text, list) else 1)
+        outs = o if isinstance(o, list) else [o]
+        return ["%s|%s|%s" % (x["text"], (x["meta_info"].get("finish_reason") or {}).get("type"),
+                              x["meta_info"].get("completion_tokens")) for x in outs]
+
+    out = []
+    out += ask("", max_new_tokens=16)
+    out += ask(P[0], max_new_tokens=0)
+    out += ask(P[:4], max_new_tokens=1)
+    for stop in EDGE_STOPS:
+        out += ask(P[4:8], max_new_tokens=128, stop=[stop])
+    out += ask(P[8:10], max_new_tokens=128, stop=["\n"], no_stop_trim=True)
+    return out
+
+
 def workload(url, P, max_new_tokens, texts, name, abort=True):
     """The parity workload on a running server: greedy batches of 1, 7 and the rest; a second turn
     extending 8 prompts (radix hits); an aborted request beside greedy ones; sampled requests.
@@ -130,6 +161,7 @@ def workload(url, P, max_new_tokens, texts, name, abort=True):
     texts[name + "/turn2"] = [o["text"] for o in outs2]
     if name.startswith("none"):  # the reference's top-2 margins, to tell near-ties from errors where a text differs
         texts[name + "/margins"] = token_margins(url, P, max_new_tokens)
+    texts[name + "/edge"] = edge_cases(url, P)
     if abort:
         r.update(abort_and_sample(url, P, texts, name))
     return r
@@ -204,7 +236,7 @@ def compare(texts):
             if all_m:
                 cmp[name]["reference_margin_quantiles"] = {q: round(sorted(all_m)[int(q * (len(all_m) - 1))], 4)
                                                            for q in (0.01, 0.05, 0.5)}
-        for part in ("turn2", "beside_abort"):
+        for part in ("turn2", "beside_abort", "edge"):
             if f"{name}/{part}" in texts and f"{ref}/{part}" in texts:
                 cmp[name][f"{part}_identical"] = sum(s == t for s, t in zip(texts[f"{name}/{part}"],
                                                                             texts[f"{ref}/{part}"]))

@@ -524,3 +524,33 @@ with srv.sglang_server("no-model", port=0) as url:
             os.kill(int(pid), 0)
     finally:
         bench.kill()
+
+
+def test_edge_cases_answers_and_comparison(monkeypatch):
+    import io
+    import urllib.error
+
+    parity = load("parity")
+    seen = []
+
+    def fake_post(url, payload, timeout=600):
+        sp = payload["sampling_params"]
+        seen.append(sp)
+        if payload["text"] == "":
+            raise urllib.error.HTTPError(url, 400, "empty", {}, io.BytesIO(b""))
+        n = sp["max_new_tokens"]
+        one = lambda t: {"text": t[:n], "meta_info": {"finish_reason": {"type": "stop" if sp.get("stop") else "length"},  # noqa: E731
+                                                      "completion_tokens": n}}
+        return [one(t) for t in payload["text"]] if isinstance(payload["text"], list) else one(payload["text"])
+
+    monkeypatch.setattr(parity, "post", fake_post)
+    P = [f"prompt{i}" for i in range(12)]
+    ans = parity.edge_cases("http://x", P)
+    assert ans[0] == "error 400" and ans[1] == "|length|0" and ans[2:6] == ["p|length|1"] * 4
+    assert len(ans) == 1 + 1 + 4 + 4 * len(parity.EDGE_STOPS) + 2
+    assert [sp.get("stop") for sp in seen[3:]] == [[s] for s in parity.EDGE_STOPS] + [["\n"]]
+    assert seen[-1]["no_stop_trim"] and all(sp["temperature"] == 0.0 for sp in seen)
+    other = list(ans)
+    other[7] = "prompt5|length|128"  # a speculative server that ran past a stop string
+    cmp = parity.compare({"none": ["a"], "lumotree": ["a"], "none/edge": ans, "lumotree/edge": other})
+    assert cmp["lumotree"]["edge_identical"] == len(ans) - 1

@@ -38,7 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from parity import memory_report  # noqa: E402
-from sglang_server import accept_stats, generate, post, sglang_server  # noqa: E402
+from sglang_server import accept_stats, generate, log_health, post, sglang_server  # noqa: E402
 
 SHAPES = {  # Qwen3.5-27B's per-layer shapes, fewer layers (dummy weights)
     "qwen3.5-27b-8l": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=8, num_attention_heads=24,
@@ -296,7 +296,7 @@ def main():
                     json.dump(res, open(args.out, "w"), indent=1)
         except Exception as e:
             srv["error"] = repr(e)[:2000]
-        srv.update(memory_report(log))
+        srv.update(memory_report(log), **log_health(log))
         srv["state_slots"] = state_slots(srv.get("memory_log", []))
         res["servers"][label(name, args.scheduler)] = srv
         print(json.dumps({name: srv})[:2000], flush=True)

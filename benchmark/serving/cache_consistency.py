@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "models"))
 
-from sglang_server import generate, post, sglang_server  # noqa: E402
+from sglang_server import generate, log_health, post, sglang_server  # noqa: E402
 
 FOLLOW_UP = "\n# next\n"
 LENGTHS = (37, 50, 23, 64)
@@ -160,6 +160,7 @@ def main():
         except Exception as e:  # keep what was measured; the log says the rest
             res["runs"][name] = dict(error=repr(e)[:2000])
         res["runs"][name]["extra_args"] = args.extra
+        res["runs"][name].update(log_health(log))
         for key in (name, name + "/stop-token"):
             r = res["runs"].get(key, {})
             print(json.dumps({key: {k: v for k, v in r.items() if k != "rows"}}), flush=True)

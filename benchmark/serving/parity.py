@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "models"))
 
-from sglang_server import accept_stats, generate, post, sglang_server  # noqa: E402
+from sglang_server import accept_stats, generate, log_health, post, sglang_server  # noqa: E402
 
 TREE = ["--speculative-num-steps", "3", "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"]
 CONFIGS = {
@@ -267,7 +267,7 @@ def main():
                 r.update(workload(url, P, args.max_new_tokens, texts, name))
         except Exception as e:  # keep what was measured; the log says the rest
             r["error"] = repr(e)[:2000]
-        r.update(memory_report(log))
+        r.update(memory_report(log), **log_health(log))
         res["runs"][name] = r
         print(json.dumps({name: r})[:3000], flush=True)
         json.dump(res, open(args.out, "w"), indent=1)

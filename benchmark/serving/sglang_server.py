@@ -112,6 +112,22 @@ def sglang_server(model, extra_args=(), port=30000, log=None, timeout=300, base_
                 out.close()
 
 
+def log_health(log):
+    """What a server log says went wrong, for the result file: SGLang's "invalid eagle tree" warnings (a
+    draft-tree node selected without its parent: its tree builder can then hang) and Python tracebacks
+    (with the last line of the first)."""
+    try:
+        text = open(log, errors="replace").read()
+    except (OSError, TypeError):
+        return dict(invalid_eagle_trees=None, tracebacks=None, first_traceback=None)
+    tb = text.split("Traceback (most recent call last):")
+    first = None
+    if len(tb) > 1:
+        lines = [ln for ln in tb[1].splitlines() if ln.strip() and not ln.startswith((" ", "\t"))]
+        first = lines[0][:300] if lines else None
+    return dict(invalid_eagle_trees=text.count("invalid eagle tree"), tracebacks=len(tb) - 1, first_traceback=first)
+
+
 def generate(url, prompts, max_new_tokens, temperature=0.0, key="text", extra=None):
     """One /generate call with a batch of prompts (texts or token-id lists); returns SGLang's list.
     ``extra``: more top-level request fields (e.g. ``return_logprob``)."""

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "models"))
 import agent_loop  # noqa: E402
 import parity  # noqa: E402
 import replay_agent_sessions as replay  # noqa: E402
-from sglang_server import sglang_server  # noqa: E402
+from sglang_server import log_health, sglang_server  # noqa: E402
 
 
 def run(args):
@@ -91,7 +91,7 @@ def run(args):
             res["parity"]["runs"][name], res["replay"]["runs"][name], res["agent"]["runs"][name] = p, rp, ag
             json.dump(res, open(args.out, "w"), indent=1)
             raise
-        p.update(parity.memory_report(log))
+        p.update(parity.memory_report(log), **log_health(log))
         res["parity"]["runs"][name], res["replay"]["runs"][name], res["agent"]["runs"][name] = p, rp, ag
         print(json.dumps({name: {k: v for k, v in p.items() if k != "memory_log"}})[:3000], flush=True)
         json.dump(res, open(args.out, "w"), indent=1)

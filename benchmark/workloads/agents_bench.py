@@ -264,7 +264,7 @@ def main():
                          "recorded as the server's warmup_s, not in the rows (0: none)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from sglang_server import get, post, sglang_server
+    from sglang_server import get, log_health, post, sglang_server
 
     sessions = make_sessions(args.sessions, args.turns, args.seed)
     count = token_counter(args.model)
@@ -304,6 +304,7 @@ def main():
                     json.dump(res, open(args.out, "w"), indent=1)
         except Exception as e:  # a server that fails is recorded, the others still run
             res["servers"][name] = dict(error=repr(e)[:2000])
+        res["servers"].setdefault(name, {}).update(log_health(log))
         json.dump(res, open(args.out, "w"), indent=1)
         if args.replies_out:
             with gzip.open(args.replies_out, "wt") as f:

@@ -554,3 +554,15 @@ def test_edge_cases_answers_and_comparison(monkeypatch):
     other[7] = "prompt5|length|128"  # a speculative server that ran past a stop string
     cmp = parity.compare({"none": ["a"], "lumotree": ["a"], "none/edge": ans, "lumotree/edge": other})
     assert cmp["lumotree"]["edge_identical"] == len(ans) - 1
+
+
+def test_log_health_counts_invalid_trees_and_tracebacks(tmp_path):
+    srv = load("sglang_server")
+    log = tmp_path / "server.log"
+    log.write_text("ready\nWARNING: invalid eagle tree!!! Detected a token with no parent token selected.\n" * 2
+                   + "Scheduler hit an exception: Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+                   "    f()\nAttributeError: 'NoneType' object has no attribute 'shape'\n")
+    h = srv.log_health(str(log))
+    assert h == dict(invalid_eagle_trees=2, tracebacks=1,
+                     first_traceback="AttributeError: 'NoneType' object has no attribute 'shape'")
+    assert srv.log_health(str(tmp_path / "missing.log"))["tracebacks"] is None

@@ -145,7 +145,12 @@ def main():
     ap.add_argument("--tag", default="", help="suffix of the run names (runs with --extra)")
     ap.add_argument("--reference", default=None,
                     help="a result file holding the no-speculation runs (none, none/stop-token) for versus_none")
+    ap.add_argument("--request-timeout", type=int, default=120,
+                    help="seconds a request may take before the run is recorded as failed (a hung server)")
     args = ap.parse_args()
+    import sglang_server
+
+    sglang_server.REQUEST_TIMEOUT_S = args.request_timeout
     tok = AutoTokenizer.from_pretrained(args.model)
     texts = prompts(args.prompts)
     res = dict(model=args.model, command=" ".join(sys.argv), lengths=LENGTHS, runs={})

@@ -20,7 +20,11 @@ BASE_ARGS = ["--attention-backend", "triton", "--disable-piecewise-cuda-graph", 
              "--mem-fraction-static", "0.3", "--log-level", "warning"]
 
 
-def post(url, payload, timeout=600):
+REQUEST_TIMEOUT_S = 600  # a request's limit where the caller gives none (a script may lower it: a hung server)
+
+
+def post(url, payload, timeout=None):
+    timeout = timeout or REQUEST_TIMEOUT_S
     req = urllib.request.Request(url, data=json.dumps(payload).encode(), headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         body = r.read()

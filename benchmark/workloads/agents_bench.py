@@ -239,6 +239,10 @@ CONFIGS = {
     "lumotree": ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
                  "--speculative-num-draft-tokens", "6"],
 }
+# the same servers on SGLang's overlap scheduler with LumoTree's consistent cache (not the default yet)
+CONFIGS["lumotree-suffix-overlap"] = CONFIGS["lumotree-suffix"]
+CONFIGS["lumotree-overlap"] = CONFIGS["lumotree"]
+CONFIG_ENV = {"lumotree-suffix-overlap": {"LUMOTREE_OVERLAP": "1"}, "lumotree-overlap": {"LUMOTREE_OVERLAP": "1"}}
 
 
 def main():
@@ -280,10 +284,11 @@ def main():
         name = config + args.tag
         log = os.path.join(args.log_dir, f"agents-{name}.log")
         t0 = time.time()
+        env_c = {**env, **CONFIG_ENV.get(config, {})}
         try:
             with sglang_server(args.model, CONFIGS[config], port=args.port, log=log, timeout=args.server_timeout,
-                               base_args=base, env=env) as url:
-                res["servers"][name] = dict(ready_s=round(time.time() - t0, 1), args=CONFIGS[config] + base, env=env)
+                               base_args=base, env=env_c) as url:
+                res["servers"][name] = dict(ready_s=round(time.time() - t0, 1), args=CONFIGS[config] + base, env=env_c)
                 if args.warmup_sessions > 0:
                     warm = make_sessions(args.warmup_sessions, args.turns, args.seed + 1000)
                     t1 = time.time()

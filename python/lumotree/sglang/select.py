@@ -35,8 +35,16 @@ def _accept(candidates, target_predict, next_token, next_sibling):
         return accept_len, accept_nodes
     from lumotree.ops import tree_select_greedy
 
-    tree = TreeDescriptor.from_parents(parents_from_eagle(next_token, next_sibling), validate=False)
-    accept_len, accept_nodes, _ = tree_select_greedy(candidates.long(), target_predict.long(), tree)
+    # as the CUDA walk reads the links: forward ones only (a malformed tree from SGLang's builder), and a
+    # node no link reaches is never accepted (here: a root child whose token matches nothing)
+    idx = torch.arange(N, device=candidates.device)[None]
+    nt = torch.where(next_token.long() > idx, next_token.long(), -1)
+    ns = torch.where(next_sibling.long() > idx, next_sibling.long(), -1)
+    par = parents_from_eagle(nt, ns)
+    lost = (par < 0) & (idx > 0)
+    cand = torch.where(lost, -1, candidates.long())
+    tree = TreeDescriptor.from_parents(torch.where(lost, 0, par), validate=False)
+    accept_len, accept_nodes, _ = tree_select_greedy(cand, target_predict.long(), tree)
     return accept_len.to(candidates.device), accept_nodes.to(candidates.device)
 
 

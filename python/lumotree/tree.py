@@ -116,7 +116,7 @@ class TreeDescriptor:
         off = torch.where(valid & (idx[None, :] > 0), off, torch.zeros_like(off))
         pre = (mask.long() * off[:, None, :]).sum(-1)
         pre = torch.where(valid, pre, idx[None, :].expand(B, N))
-        order = torch.empty_like(pre).scatter_(1, pre, idx[None, :].expand(B, N).contiguous())
+        order = torch.zeros_like(pre).scatter_(1, pre, idx[None, :].expand(B, N).contiguous())  # a permutation when valid
         pfc = first_child.gather(1, par.clamp(min=0))
         is_head = valid & ((idx[None, :] == 0) | (pfc != idx[None, :]))
         head_in_order = is_head.gather(1, order)

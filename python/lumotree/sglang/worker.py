@@ -14,8 +14,8 @@ own (:mod:`lumotree.sglang.decode_step`), not SGLang's one-node verify, wherever
 (the one-node verify serves the others, its GDN layers running SGLang's decode kernels in place,
 :mod:`lumotree.sglang.backend`); the MTP layer's draft-extend is skipped (SGLang's
 ``_stub_skipped_draft_extend``, with first-level draft scores that keep the next tree whole:
-:func:`cold_draft_input`), and so are its draft CUDA graphs at start-up. The price: the MTP layer's KV cache has no entries for the
-tokens decoded without a draft, so a request that lives through a no-draft stretch drafts from a
+:func:`cold_draft_input`), and so are its draft CUDA graphs at start-up. The price: the MTP layer's
+KV cache has no entries for the tokens decoded without a draft, so a request that lives through a no-draft stretch drafts from a
 cold start and with those holes when drafting resumes -- which the policy only does when drafting
 pays at that batch size. The acceptance of the first drafted step after such a stretch is not
 counted (its draft comes from a stub).

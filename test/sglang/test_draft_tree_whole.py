@@ -68,3 +68,36 @@ def test_keys_order_children_below_parents_and_keep_score_order():
                       tie_break_keys([a.view(1, 1, -1)] * 64)[63].flatten()])
     assert torch.all(keys[:5][:-1] > keys[:5][1:]) and torch.all(keys[5:][:-1] > keys[5:][1:])
     assert torch.isfinite(tie_break_keys([torch.tensor([[[float("nan"), 1.0]]])])[0]).all()
+
+
+HOOKED = r"""
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.plugins.hook_registry import HookRegistry
+HookRegistry.apply_hooks()
+import torch
+import sglang.srt.speculative.eagle_utils as eu
+import sglang.srt.speculative.eagle_worker_v2 as ew
+assert ew.organize_draft_results is eu.organize_draft_results and hasattr(eu.organize_draft_results, "__wrapped__")
+bs, topk = 64, 2
+z = [torch.zeros(bs, 1, topk), torch.zeros(bs, topk, topk), torch.zeros(bs, topk, topk)]
+t = [torch.zeros(bs, topk, dtype=torch.long), torch.zeros(bs, topk * topk, dtype=torch.long),
+     torch.zeros(bs, topk * topk, dtype=torch.long)]
+p = [torch.arange(-1, topk).expand(bs, -1), torch.tensor([[2, 3]] * bs), torch.tensor([[6, 7]] * bs)]
+parent_list, sel, _ = eu.organize_draft_results(z, t, p, 6)
+orphans = sum(1 for b in range(bs) for s in sel[b].tolist() if s >= topk and int(parent_list[b, s // topk]) not in set(sel[b].tolist()))
+print("ORPHANS", orphans)
+"""
+
+
+def test_a_lumotree_server_process_selects_through_the_hook():
+    """In a LUMOTREE server's process (the plugin loaded, SGLang's hooks applied) SGLang's own
+    ``organize_draft_results`` -- in ``eagle_utils`` and where the V2 worker imported it -- is the
+    tie-breaking one: all-zero scores give whole trees."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", HOOKED], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, LUMOTREE_SGLANG_ACTIVE="1"))
+    assert "ORPHANS 0" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]

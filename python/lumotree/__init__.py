@@ -23,10 +23,8 @@ Environment variables:
                          (default: LumoTree's fused selection op).
     LUMOTREE_OVERLAP  ``1``: SGLang's overlap scheduler on a LUMOTREE / LUMOTREE_SUFFIX server with the
                          radix cache (default: the synchronous scheduler with the ``no_buffer`` state
-                         cache). LUMOTREE then keeps ``no_buffer`` and skips the state of requests the
-                         previous step finished (``lumotree.sglang.finish``); LUMOTREE_SUFFIX takes
-                         SGLang's ``extra_buffer`` cache, whose speculative states differ from a fresh
-                         prefill (``lumotree.sglang.scheduling``).
+                         cache). Both then keep ``no_buffer`` and skip the state of requests the
+                         previous step finished (``lumotree.sglang.finish``, ``lumotree.sglang.scheduling``).
     LUMOTREE_SGLANG_ACTIVE  (set by the plugin, not by users) ``1`` while a LUMOTREE /
                          LUMOTREE_SUFFIX server starts: its scheduler processes install the backend.
 """

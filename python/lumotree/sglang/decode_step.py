@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import time
 
@@ -48,28 +49,23 @@ def _non_speculative(model_runner):
         model_runner.spec_algorithm = spec
 
 
+@functools.cache
 def forward_batch_class():
     """SGLang's ``ForwardBatch`` whose decode M-RoPE positions (Qwen3.5 is an M-RoPE model) are built on
-    the device for text-only batches: the token's position on all three axes, which is what SGLang's
-    ``_compute_mrope_positions`` builds per request on the host from ``seq_lens_cpu`` -- a loop of
+    the device: the token's position on all three axes, which is what SGLang's
+    ``_compute_mrope_positions`` builds per request on the host from ``seq_lens_cpu`` for text -- a loop of
     small tensors per step, and a lookup SGLang's overlap scheduler cannot serve: a speculative batch
-    there has no host lengths (``seq_lens_cpu`` is ``None``). Multimodal batches take SGLang's own."""
-    global _DecodeForwardBatch
-    if _DecodeForwardBatch is None:
-        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+    there has no host lengths (``seq_lens_cpu`` is ``None``). Text-only batches only:
+    :meth:`DecodeStep.serves` leaves multimodal ones to the one-node verify."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
-        class DecodeForwardBatch(ForwardBatch):
-            def _compute_mrope_positions(self, model_runner, batch):
-                if self.forward_mode.is_decode() and all(m is None for m in (batch.multimodal_inputs or ())):
-                    self.mrope_positions = self.positions.to(torch.int64)[None].repeat(3, 1)
-                    return
-                super()._compute_mrope_positions(model_runner, batch)
+    class DecodeForwardBatch(ForwardBatch):
+        def _compute_mrope_positions(self, model_runner, batch):
+            if not self.forward_mode.is_decode():
+                return super()._compute_mrope_positions(model_runner, batch)
+            self.mrope_positions = self.positions.to(torch.int64)[None].repeat(3, 1)
 
-        _DecodeForwardBatch = DecodeForwardBatch
-    return _DecodeForwardBatch
-
-
-_DecodeForwardBatch = None
+    return DecodeForwardBatch
 
 
 class DecodeStep:

@@ -71,6 +71,15 @@ def stop_token_ids(req) -> Optional[set]:
     return {int(t) for t in ids}
 
 
+def ruled_stop_ids(req) -> Optional[set]:
+    """The stop ids of :func:`stop_token_ids` where the device rule covers ``req`` (at most
+    ``MAX_STOP_IDS`` of them and a ``max_new_tokens``), else ``None``."""
+    ids = stop_token_ids(req)
+    if ids is None or len(ids) > MAX_STOP_IDS or req.sampling_params.max_new_tokens is None:
+        return None
+    return ids
+
+
 class FinishedRows:
     """Per request-pool slot: the device finish rule's inputs and the finished mark (see the module
     docstring). One per request pool, shared by the worker (marks) and the GDN backends (masks).
@@ -108,12 +117,11 @@ class FinishedRows:
         max_len = torch.zeros(n, dtype=torch.int64)
         ruled = torch.zeros(n, dtype=torch.bool)
         for i, req in enumerate(reqs):
-            ids = stop_token_ids(req)
-            mnt = req.sampling_params.max_new_tokens
-            if ids is None or len(ids) > MAX_STOP_IDS or mnt is None:
+            ids = ruled_stop_ids(req)
+            if ids is None:
                 continue
             stop[i, :len(ids)] = torch.tensor(sorted(ids), dtype=torch.int64)
-            max_len[i] = len(req.origin_input_ids) + int(mnt) - 1
+            max_len[i] = len(req.origin_input_ids) + int(req.sampling_params.max_new_tokens) - 1
             ruled[i] = True
         dev = self.done.device
         if dev.type == "cuda":  # pinned, so that the copies are asynchronous: no wait for the step in flight
@@ -182,8 +190,8 @@ def trusts_device_finish(req) -> bool:
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH, FINISH_MATCHED_TOKEN
 
     reason = req.finished_reason
-    ids = stop_token_ids(req)
-    if ids is None or len(ids) > MAX_STOP_IDS or req.sampling_params.max_new_tokens is None:
+    ids = ruled_stop_ids(req)
+    if ids is None:
         return False
     if isinstance(reason, FINISH_LENGTH):
         return len(req.output_ids) >= req.sampling_params.max_new_tokens

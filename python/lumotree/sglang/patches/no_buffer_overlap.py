@@ -2,8 +2,8 @@
 
 Why: ``ServerArgs._validate_mamba_no_buffer`` (SGLang 0.5.17) asserts ``disable_overlap_schedule``
 for ``--mamba-radix-cache-strategy no_buffer``, because under overlap a finished request's state slot
-takes one more decode step before it is cached. A LUMOTREE server with ``LUMOTREE_OVERLAP=1`` skips
-exactly that step for the rows it finished (:mod:`lumotree.sglang.finish`), so for it the pairing
+takes one more decode step before it is cached. A LUMOTREE or LUMOTREE_SUFFIX server with
+``LUMOTREE_OVERLAP=1`` skips exactly that step for the rows it finished (:mod:`lumotree.sglang.finish`), so for it the pairing
 is consistent; there is no registry entry for such a check.
 
 How: SGLang's ``HookRegistry`` (``HookType.AROUND`` on the method): for server arguments that ask

@@ -148,9 +148,9 @@ def main():
     ap.add_argument("--request-timeout", type=int, default=120,
                     help="seconds a request may take before the run is recorded as failed (a hung server)")
     args = ap.parse_args()
-    import sglang_server
+    import sglang_server as server_module
 
-    sglang_server.REQUEST_TIMEOUT_S = args.request_timeout
+    server_module.REQUEST_TIMEOUT_S = args.request_timeout
     tok = AutoTokenizer.from_pretrained(args.model)
     texts = prompts(args.prompts)
     res = dict(model=args.model, command=" ".join(sys.argv), lengths=LENGTHS, runs={})

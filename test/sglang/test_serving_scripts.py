@@ -566,3 +566,43 @@ def test_log_health_counts_invalid_trees_and_tracebacks(tmp_path):
     assert h == dict(invalid_eagle_trees=2, tracebacks=1,
                      first_traceback="AttributeError: 'NoneType' object has no attribute 'shape'")
     assert srv.log_health(str(tmp_path / "missing.log"))["tracebacks"] is None
+
+
+def test_cache_consistency_main_runs_each_config_and_sets_the_request_timeout(tmp_path, monkeypatch):
+    """The script's own entry point, with the server, tokenizer and turns stood in: every configuration is
+    served, the request limit reaches the server module, and the reference file feeds versus_none."""
+    import contextlib
+    import json
+    import sys
+
+    import transformers
+
+    cc = load("cache_consistency")
+    server_module = sys.modules["sglang_server"]
+    served = []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, port, log, timeout):
+        served.append((model, args))
+        open(log, "w").close()
+        yield "http://x"
+
+    first = cc._plain([(7, {7: -0.1, 3: -2.5})])
+    monkeypatch.setattr(cc, "sglang_server", fake_server)
+    monkeypatch.setattr(cc, "run", lambda url, tok, texts, stop=None: dict(
+        of=1, same_first_token=1, max_logprob_gap=0.0, cached_first=first, fresh_first=first))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", staticmethod(lambda m: None))
+    monkeypatch.setattr(server_module, "REQUEST_TIMEOUT_S", server_module.REQUEST_TIMEOUT_S)
+    ref = tmp_path / "ref.json"
+    ref.write_text(json.dumps({"runs": {"none": {"fresh_first": first}, "none/stop-token": {"fresh_first": first}}}))
+    out = tmp_path / "cc.json"
+    monkeypatch.setattr(sys, "argv", ["cc", "--model", "m", "--configs", "lumotree", "--tag=-overlap", "--out",
+                                      str(out), "--log-dir", str(tmp_path), "--reference", str(ref),
+                                      "--request-timeout", "33"])
+    cc.main()
+    assert server_module.REQUEST_TIMEOUT_S == 33
+    assert [m for m, _ in served] == ["m"]
+    res = json.loads(out.read_text())
+    assert sorted(res["runs"]) == ["lumotree-overlap", "lumotree-overlap/stop-token"]
+    assert "error" not in res["runs"]["lumotree-overlap"]
+    assert res["versus_none"]["lumotree-overlap"]["cached"]["same_first_token"] == 1

@@ -19,10 +19,9 @@ fixed trees whose first branch carries the target's recorded greedy continuation
 probability P; each batch is sent twice and the second pass is measured (the first records the
 continuation).
 
-Scheduler: ``--scheduler default`` runs every server as its flags alone make it (SGLang's servers with its
-overlap scheduler; LumoTree's with the synchronous one while the radix cache is on,
-``lumotree.sglang.scheduling.consistent_prefix_cache``); ``overlap`` forces SGLang's overlap scheduler on every
-configuration (LumoTree with ``LUMOTREE_OVERLAP=1``), ``sync`` adds ``--disable-overlap-schedule`` to every one.
+Scheduler: ``--scheduler default`` runs every server as its flags alone make it (all with SGLang's overlap
+scheduler; LumoTree's with the ``no_buffer`` state cache, ``lumotree.sglang.scheduling``); ``sync`` adds
+``--disable-overlap-schedule`` to every one.
 """
 from __future__ import annotations
 
@@ -78,7 +77,8 @@ CONFIGS = {
     "nextn-chain-adaptive": spec("NEXTN", 3, 1, 4) + ["--speculative-adaptive"],
     "ngram": ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"],
     # LUMOTREE is adaptive by default (the tree or no draft, per step); this serves the tree on every step
-    "none-sync": ["--disable-overlap-schedule"],  # no speculation under LumoTree's default (synchronous) scheduler
+    "none-sync": ["--disable-overlap-schedule"],  # no speculation under the synchronous scheduler
+    "lumotree-topk2-sync": spec("LUMOTREE", 3, 2, 6) + ["--disable-overlap-schedule"],  # what overlap gains
     "lumotree-topk2-fixed": spec("LUMOTREE", 3, 2, 6) + [
         "--speculative-adaptive-config", os.path.join(HERE, "fixed_tree.json")],
 }
@@ -86,7 +86,6 @@ CONFIGS = {
 
 # variants of a configuration that differ only in LumoTree's server environment
 CONFIG_ENV = {
-    "lumotree-topk2-overlap": ("lumotree-topk2", {"LUMOTREE_OVERLAP": "1"}),  # what the synchronous default costs
     # SGLang's own greedy acceptance instead of LumoTree's selection op (what the selection costs a step)
     "lumotree-topk2-sgselect": ("lumotree-topk2", {"LUMOTREE_SGLANG_SELECT": "0"}),
 }
@@ -218,9 +217,8 @@ def main():
     ap.add_argument("--profile-dir", default=None,
                     help="after the measured pass, profile --profile-steps steps (torch profiler, CPU+GPU) at the "
                          "batch sizes in --profile-batches; summarise with profile_summary.py")
-    ap.add_argument("--scheduler", choices=("default", "overlap", "sync"), default="default",
-                    help="default: each server as its flags alone make it (what a user gets); overlap: SGLang's overlap "
-                         "scheduler for every configuration (LumoTree with LUMOTREE_OVERLAP=1); sync: "
+    ap.add_argument("--scheduler", choices=("default", "sync"), default="default",
+                    help="default: each server as its flags alone make it (what a user gets); sync: "
                          "--disable-overlap-schedule for every configuration")
     ap.add_argument("--profile-batches", default="1,8")
     ap.add_argument("--profile-steps", type=int, default=30)
@@ -253,8 +251,6 @@ def main():
             raise SystemExit(f"{name} needs --oracle-p")
         env = {"LUMOTREE_BENCH_ORACLE_P": str(args.oracle_p)} if oracle else {}
         env.update(CONFIG_ENV.get(name, (None, {}))[1])
-        if args.scheduler == "overlap":
-            env["LUMOTREE_OVERLAP"] = "1"
         srv["env"] = env
         try:
             with sglang_server(model, CONFIGS[name] + extra, port=args.port, log=log, timeout=args.server_timeout,

@@ -239,10 +239,9 @@ CONFIGS = {
     "lumotree": ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
                  "--speculative-num-draft-tokens", "6"],
 }
-# the same servers on SGLang's overlap scheduler with LumoTree's consistent cache (not the default yet)
-CONFIGS["lumotree-suffix-overlap"] = CONFIGS["lumotree-suffix"]
-CONFIGS["lumotree-overlap"] = CONFIGS["lumotree"]
-CONFIG_ENV = {"lumotree-suffix-overlap": {"LUMOTREE_OVERLAP": "1"}, "lumotree-overlap": {"LUMOTREE_OVERLAP": "1"}}
+# the same servers on the synchronous scheduler (what the overlap default gains)
+CONFIGS["lumotree-suffix-sync"] = CONFIGS["lumotree-suffix"] + ["--disable-overlap-schedule"]
+CONFIGS["lumotree-sync"] = CONFIGS["lumotree"] + ["--disable-overlap-schedule"]
 
 
 def main():
@@ -284,7 +283,7 @@ def main():
         name = config + args.tag
         log = os.path.join(args.log_dir, f"agents-{name}.log")
         t0 = time.time()
-        env_c = {**env, **CONFIG_ENV.get(config, {})}
+        env_c = dict(env)
         try:
             with sglang_server(args.model, CONFIGS[config], port=args.port, log=log, timeout=args.server_timeout,
                                base_args=base, env=env_c) as url:

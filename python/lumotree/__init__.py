@@ -21,10 +21,6 @@ Environment variables:
                          tree = 512 / --max-running-requests nodes, a power of two in [4, 32]).
     LUMOTREE_SGLANG_SELECT  ``0`` keeps SGLang's greedy tree verification in LUMOTREE servers
                          (default: LumoTree's fused selection op).
-    LUMOTREE_OVERLAP  ``1``: SGLang's overlap scheduler on a LUMOTREE / LUMOTREE_SUFFIX server with the
-                         radix cache (default: the synchronous scheduler with the ``no_buffer`` state
-                         cache). Both then keep ``no_buffer`` and skip the state of requests the
-                         previous step finished (``lumotree.sglang.finish``, ``lumotree.sglang.scheduling``).
     LUMOTREE_SGLANG_ACTIVE  (set by the plugin, not by users) ``1`` while a LUMOTREE /
                          LUMOTREE_SUFFIX server starts: its scheduler processes install the backend.
 """

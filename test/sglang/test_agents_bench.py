@@ -117,7 +117,7 @@ def test_main_runs_every_configuration_and_phase_with_the_flags_given(tmp_path, 
     monkeypatch.setattr(ss, "post", fake_post)
     monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
     out, rep = tmp_path / "a.json", tmp_path / "r.json.gz"
-    monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs", "none,lumotree,lumotree-overlap",
+    monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs", "none,lumotree,lumotree-sync",
                                       "--agents", "1,2", "--sessions", "3", "--turns", "4", "--tag=-exact",
                                       "--extra=--enable-deterministic-inference", "--env", "A=1",
                                       "--out", str(out), "--replies-out", str(rep)])
@@ -128,12 +128,13 @@ def test_main_runs_every_configuration_and_phase_with_the_flags_given(tmp_path, 
     res = json.load(open(out))
     assert [(r["config"], r["agents"], r["turns"]) for r in res["rows"]] == [
         ("none-exact", 1, 12), ("none-exact", 2, 12), ("lumotree-exact", 1, 12), ("lumotree-exact", 2, 12),
-        ("lumotree-overlap-exact", 1, 12), ("lumotree-overlap-exact", 2, 12)]
+        ("lumotree-sync-exact", 1, 12), ("lumotree-sync-exact", 2, 12)]
     assert all("--enable-deterministic-inference" in b for _, b, env in launched)
-    assert [env for _, _, env in launched] == [{"A": "1"}, {"A": "1"}, {"A": "1", "LUMOTREE_OVERLAP": "1"}]
+    assert [env for _, _, env in launched] == [{"A": "1"}] * 3
+    assert [("--disable-overlap-schedule" in a) for a, _, _ in launched] == [False, False, True]
     # each server warmed up on other sessions (not in the rows: 12 measured turns per phase), then flushed
-    assert flushed == ["none", "lumotree", "lumotree-overlap"] and all("warmup_s" in s for s in res["servers"].values())
+    assert flushed == ["none", "lumotree", "lumotree-sync"] and all("warmup_s" in s for s in res["servers"].values())
     assert res["parity"]["lumotree-exact/1"]["identical_turns"] == 6  # turns 0-1 of 3 sessions
     assert res["parity"]["lumotree-exact/2"]["first_difference"] == [0, 2]  # (session, turn), through JSON
     assert set(json.load(gzip.open(rep, "rt"))) == {"none-exact/1", "none-exact/2", "lumotree-exact/1", "lumotree-exact/2",
-                                                    "lumotree-overlap-exact/1", "lumotree-overlap-exact/2"}
+                                                    "lumotree-sync-exact/1", "lumotree-sync-exact/2"}

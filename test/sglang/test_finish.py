@@ -3,7 +3,7 @@
 ends at the token the host finishes on, so nothing is trimmed; runs of running requests unchanged) and
 its hook into ``eagle_sample``; the overlap scheduler's marks (a row marked exactly at the step the host
 finishes the request, never a running one), the state-index mask, the host fallback, the worker's
-bookkeeping and the backend's masking, and SGLang's argument resolution with ``LUMOTREE_OVERLAP=1``.
+bookkeeping and the backend's masking, and SGLang's argument resolution (overlap with ``no_buffer``).
 Served behaviour (cached states equal to a fresh prefill) is ``benchmark/serving/cache_consistency.py``
 on the GPU."""
 import os
@@ -283,14 +283,13 @@ for extra in (["--speculative-algorithm", "LUMOTREE"], ["--speculative-algorithm
 
 
 def test_lumotree_overlap_resolves_to_overlap_with_the_no_buffer_cache():
-    """With LUMOTREE_OVERLAP=1 SGLang's own argument resolution keeps the overlap scheduler and takes the
-    no_buffer state cache for LUMOTREE and LUMOTREE_SUFFIX (its check refusing the pair is bypassed for
-    them alone); with --disable-overlap-schedule SGLang resolves its own (synchronous) cache."""
+    """SGLang's own argument resolution keeps the overlap scheduler and takes the no_buffer state cache
+    for LUMOTREE and LUMOTREE_SUFFIX (its check refusing the pair is bypassed for them alone); with
+    --disable-overlap-schedule SGLang resolves its own (synchronous) cache."""
     if not os.path.isfile(os.path.join(CKPT, "config.json")):
         pytest.skip("tiny checkpoint not in this checkout")
-    env = dict(os.environ, LUMOTREE_OVERLAP="1")
     out = subprocess.run([sys.executable, "-c", SCRIPT, CKPT], capture_output=True, text=True, timeout=600,
-                         cwd=ROOT, env=env)
+                         cwd=ROOT)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines == ["False no_buffer True", "False no_buffer True", "True auto False"], \
         out.stdout[-2000:] + out.stderr[-4000:]

@@ -235,13 +235,10 @@ os.environ["LUMOTREE_SUFFIX_MERGE"] = "1"
 for slots, extra, overlap in ((None, [], None), (None, ["--disable-overlap-schedule"], None),
                               ("6", ["--disable-overlap-schedule"], None),
                               (None, ["--disable-overlap-schedule", "--speculative-algorithm", "LUMOTREE_SUFFIX"], None),
-                              (None, ["--disable-radix-cache"], None), (None, [], "1")):
+                              (None, ["--disable-radix-cache"], None)):
     os.environ.pop("LUMOTREE_SUFFIX_MERGE_SLOTS", None)
-    os.environ.pop("LUMOTREE_OVERLAP", None)
     if slots:
         os.environ["LUMOTREE_SUFFIX_MERGE_SLOTS"] = slots
-    if overlap:
-        os.environ["LUMOTREE_OVERLAP"] = overlap
     try:
         prepare_server_args(base + extra)
         print("RESULT ok")
@@ -251,20 +248,19 @@ for slots, extra, overlap in ((None, [], None), (None, ["--disable-overlap-sched
 
 
 def test_suffix_merge_flag_validation():
-    env = {k: v for k, v in os.environ.items() if k != "LUMOTREE_OVERLAP"}
     if not os.path.isfile(os.path.join(CKPT, "config.json")):
         pytest.skip("tiny checkpoint not in this checkout")
     out = subprocess.run([sys.executable, "-c", MERGE_SCRIPT, CKPT], capture_output=True, text=True, timeout=600,
-                         cwd=ROOT, env=env)
+                         cwd=ROOT)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert len(lines) == 6, out.stdout[-2000:] + out.stderr[-4000:]
-    # with the radix cache on the plugin turns overlap off itself (consistent_prefix_cache): no flag needed
+    assert len(lines) == 5, out.stdout[-2000:] + out.stderr[-4000:]
+    # with the radix cache on the plugin turns overlap off itself for the merged tree: no flag needed
     assert "runs its GDN kernels on CUDA" in lines[0]
     assert "runs its GDN kernels on CUDA" in lines[1]  # a valid merged configuration reaches the device check
     assert "LUMOTREE_SUFFIX_MERGE_SLOTS must be an integer in [1, 5]" in lines[2]
     assert "has no MTP tree" in lines[3]
-    # overlap kept (no radix cache, or LUMOTREE_OVERLAP=1): the merge needs the flag
-    assert "needs --disable-overlap-schedule" in lines[4] and "needs --disable-overlap-schedule" in lines[5]
+    # overlap kept (no radix cache): the merge needs the flag
+    assert "needs --disable-overlap-schedule" in lines[4]
 
 
 def test_hook_registers_the_merged_verify_input(monkeypatch):
@@ -334,30 +330,42 @@ def test_suffix_tree_size_follows_the_batch_the_server_is_sized_for():
         sized(32, env={"LUMOTREE_SUFFIX_TOKENS_PER_STEP": "lots"})
 
 
-def test_consistent_prefix_cache_turns_overlap_off_unless_asked(monkeypatch, caplog):
-    """With the radix cache on, LumoTree servers run SGLang's synchronous scheduler (no_buffer state
-    cache): SGLang 0.5.17's overlap path served speculative requests inconsistent cached states
-    (benchmark/results/cache_consistency_h200.json). LUMOTREE_OVERLAP=1 keeps overlap (with a warning); page size > 1 keeps it too."""
+def test_consistent_prefix_cache_keeps_overlap_with_the_no_buffer_cache(monkeypatch, caplog):
+    """With the radix cache on, LumoTree servers take the no_buffer state cache (SGLang 0.5.17's
+    extra_buffer path served speculative requests inconsistent cached states,
+    benchmark/results/cache_consistency_h200.json) and keep the overlap scheduler, except where the
+    finished-row skip does not apply (merged tree, mixed chunk, deterministic inference): there the
+    synchronous one. Page size > 1 keeps SGLang's own, with a warning."""
     from lumotree.sglang.plugin import consistent_prefix_cache
+
+    monkeypatch.delenv("LUMOTREE_SUFFIX_MERGE", raising=False)
 
     def args(**kw):
         base = dict(disable_radix_cache=False, disable_overlap_schedule=False, page_size=None,
-                    mamba_radix_cache_strategy="auto")
+                    mamba_radix_cache_strategy="auto", speculative_algorithm="LUMOTREE")
         base.update(kw)
         return SimpleNamespace(**base)
 
+    for algo in ("LUMOTREE", "LUMOTREE_SUFFIX", "LUMOTREE_ORACLE", "lumotree"):
+        sa = args(speculative_algorithm=algo)
+        assert consistent_prefix_cache(sa)
+        assert not sa.disable_overlap_schedule and sa.mamba_radix_cache_strategy == "no_buffer"
+    for kw in (dict(enable_mixed_chunk=True), dict(enable_deterministic_inference=True)):
+        sa = args(**kw)
+        assert consistent_prefix_cache(sa)
+        assert sa.disable_overlap_schedule and sa.mamba_radix_cache_strategy == "no_buffer"
+    monkeypatch.setenv("LUMOTREE_SUFFIX_MERGE", "1")
     sa = args()
-    assert consistent_prefix_cache(sa, env={})
-    assert sa.disable_overlap_schedule and sa.mamba_radix_cache_strategy == "no_buffer"
+    assert consistent_prefix_cache(sa) and sa.disable_overlap_schedule  # the merged tree's host drafts
+    sa = args(speculative_algorithm="LUMOTREE_SUFFIX")
+    assert consistent_prefix_cache(sa) and not sa.disable_overlap_schedule  # the merge is LUMOTREE's alone
+    monkeypatch.delenv("LUMOTREE_SUFFIX_MERGE")
     for kw in (dict(disable_radix_cache=True), dict(disable_overlap_schedule=True)):
         sa = args(**kw)
-        assert not consistent_prefix_cache(sa, env={}) and sa.mamba_radix_cache_strategy == "auto"
+        assert not consistent_prefix_cache(sa) and sa.mamba_radix_cache_strategy == "auto"
     caplog.set_level("WARNING")
-    sa = args()
-    assert not consistent_prefix_cache(sa, env={"LUMOTREE_OVERLAP": "1"}) and not sa.disable_overlap_schedule
-    assert "LUMOTREE_OVERLAP=1 keeps the overlap scheduler" in caplog.text
     sa = args(page_size=16)
-    assert not consistent_prefix_cache(sa, env={}) and not sa.disable_overlap_schedule
+    assert not consistent_prefix_cache(sa) and not sa.disable_overlap_schedule
     assert "--page-size 16 needs SGLang's extra_buffer" in caplog.text
 
 
@@ -374,19 +382,18 @@ for extra in (["--speculative-algorithm", "LUMOTREE"], ["--speculative-algorithm
 """
 
 
-def test_lumotree_servers_resolve_to_the_synchronous_scheduler():
+def test_lumotree_servers_resolve_to_overlap_with_the_no_buffer_cache():
     """Through SGLang's own argument resolution (its declaration pipeline, materialized after the
-    speculative hook): LUMOTREE and LUMOTREE_SUFFIX end with overlap off and the no_buffer strategy;
-    with --disable-radix-cache, and without speculation, nothing changes."""
+    speculative hook): LUMOTREE and LUMOTREE_SUFFIX keep the overlap scheduler with the no_buffer
+    strategy; with --disable-radix-cache, and without speculation, SGLang resolves its own cache."""
     if not os.path.isfile(os.path.join(CKPT, "config.json")):
         pytest.skip("tiny checkpoint not in this checkout")
-    env = {k: v for k, v in os.environ.items() if k != "LUMOTREE_OVERLAP"}
     out = subprocess.run([sys.executable, "-c", SCHED_SCRIPT, CKPT], capture_output=True, text=True, timeout=600,
-                         cwd=ROOT, env=env)
+                         cwd=ROOT)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     assert len(lines) == 4, out.stdout[-2000:] + out.stderr[-4000:]
-    assert lines[0] == lines[1] == "True no_buffer"
-    assert lines[2].startswith("False") and lines[3].startswith("False")
+    assert lines[0] == lines[1] == "False no_buffer"
+    assert not lines[2].endswith("no_buffer") and not lines[3].endswith("no_buffer")
 
 
 EXACT_SCRIPT = r"""

@@ -3,9 +3,9 @@ on the committed tiny model.) Turn 1 ends by a length (odd ``max_new_tokens``, s
 the end) or by a stop token; turn 2 = prompt + reply + a follow-up is answered from the radix cache and
 again after ``/flush_cache``; the two first tokens must agree for every request and their logprobs as
 closely as the no-speculation server's own cached-vs-fresh spread. Servers: no speculation (the
-control), LUMOTREE with its defaults (the synchronous scheduler; the verify's run cut at the request's
-end, ``lumotree.sglang.finish``) and LUMOTREE with ``LUMOTREE_OVERLAP=1`` (the overlap scheduler with
-the finished rows skipped on the device)."""
+control), LUMOTREE and LUMOTREE_SUFFIX with their defaults (the overlap scheduler with the finished
+rows skipped on the device, the verify's run cut at the request's end, ``lumotree.sglang.finish``) and
+LUMOTREE with ``--disable-overlap-schedule``."""
 import os
 import sys
 
@@ -40,9 +40,10 @@ def none_spread(tmp_path_factory):
     return max(by_length["max_logprob_gap"] or 0.0, by_stop["max_logprob_gap"] or 0.0)
 
 
-@pytest.mark.parametrize("env", [None, {"LUMOTREE_OVERLAP": "1"}], ids=["sync", "overlap"])
-def test_lumotree_caches_states_of_their_keys(tmp_path, none_spread, env):
-    for res in check(tmp_path, "lumotree", TREE, env=env):
+@pytest.mark.parametrize("args", [TREE, TREE + ["--disable-overlap-schedule"],
+                                  ["--speculative-algorithm", "LUMOTREE_SUFFIX"]], ids=["overlap", "sync", "suffix"])
+def test_lumotree_caches_states_of_their_keys(tmp_path, none_spread, args):
+    for res in check(tmp_path, "lumotree", args):
         assert res["same_first_token"] == res["of"], res["rows"]
         assert sum(res["turn1_verify_steps"]) > 0  # it speculated
         assert sum(res["cached_tokens"]) > 0  # turn 2 hit the cache

@@ -228,8 +228,8 @@ def test_bench_spec_reads_the_servers_decode_throughput_and_merges_lanes(tmp_pat
     assert bs.logged_running(str(log)) == (32, 11891.5)  # the most requests seen running, tokens/s then
     assert bs.logged_running(str(log), start=len(log.read_text().splitlines()[0]) + 1) == (32, 11891.5)
     assert bs.logged_running(str(tmp_path / "missing")) == (None, None)
-    assert bs.CONFIGS["lumotree-topk2-overlap"] == bs.CONFIGS["lumotree-topk2"]
-    assert bs.CONFIG_ENV["lumotree-topk2-overlap"][1] == {"LUMOTREE_OVERLAP": "1"}
+    assert bs.CONFIGS["lumotree-topk2-sgselect"] == bs.CONFIGS["lumotree-topk2"]
+    assert bs.CONFIG_ENV["lumotree-topk2-sgselect"][1] == {"LUMOTREE_SGLANG_SELECT": "0"}
     parts = []
     for i, cfg in enumerate(["nextn-topk2", "lumotree-topk2"]):
         p = tmp_path / f"p{i}.json"
@@ -383,7 +383,7 @@ def test_bench_spec_main_warms_each_batch_times_prefill_and_profiles_chosen_batc
     assert "profile" in rows[1] and "profile" not in rows[0]
     assert all(r["decode_step_ms"] <= r["step_ms"] for r in rows)
     assert res["servers"]["lumotree-topk2"]["state_slots"] is None  # no log lines from a fake server
-    # the default scheduler: each server with its flags alone (no LUMOTREE_OVERLAP, no --disable-overlap-schedule)
+    # the default scheduler: each server with its flags alone (no --disable-overlap-schedule, no environment)
     assert res["scheduler"] == "default" and all(r["scheduler"] == "default" for r in rows)
     assert res["servers"]["lumotree-topk2"]["env"] == {}
 
@@ -409,7 +409,7 @@ def test_bench_spec_sync_scheduler_disables_overlap_for_every_configuration(tmp_
                                       "--batches", "1", "--output-len", "4", "--out", str(out), "--log-dir",
                                       str(tmp_path), "--scheduler", "sync"])
     bs.main()
-    assert [("--disable-overlap-schedule" in b, "LUMOTREE_OVERLAP" in e) for b, e in seen] == [(True, False)] * 2
+    assert [("--disable-overlap-schedule" in b, e) for b, e in seen] == [(True, {})] * 2
     res = json.load(open(out))
     assert sorted(res["servers"]) == ["lumotree-topk2 [sync]", "nextn-topk2 [sync]"]
     assert "| lumotree-topk2 [sync] | 1 |" in bs.table(res["rows"], memory=res["servers"])

@@ -17,7 +17,7 @@ the run at its first finishing token, which becomes the step's bonus token: the 
 the commit stops where the key stops, and the KV cache of the request is what a non-speculative
 server's would be (the last token, the stop, has no KV).
 
-**The overlap scheduler with a consistent radix cache** (``LUMOTREE_OVERLAP=1``). SGLang's overlap
+**The overlap scheduler with a consistent radix cache** (the default with the radix cache on). SGLang's overlap
 scheduler launches decode step N+1 before it processes step N's results, so a request that finished in
 step N still takes part in step N+1. With the ``no_buffer`` state cache the finished request's own
 state slot is what the radix cache keeps (SGLang donates it), and by the time it is cached step N+1 has
@@ -40,9 +40,8 @@ strategy (interval snapshots) served speculative requests states that differ fro
 The device rule marks only requests the host also finishes (the same stop sets, the same length
 count; property-tested against SGLang's ``Req.update_finish_state``), so a running request is never
 cut or skipped. Both LumoTree workers (the LUMOTREE tree worker and the LUMOTREE_SUFFIX NGRAM-loop
-worker) wrap their forward in :func:`forward_marked`. The overlap form is served with ``LUMOTREE_OVERLAP=1``
-while it is measured on the GPU; the synchronous scheduler stays the default until then
-(:mod:`lumotree.sglang.scheduling`).
+worker, which LUMOTREE_ORACLE shares) wrap their forward in :func:`forward_marked`; which servers run
+the overlap form is :func:`lumotree.sglang.scheduling.overlap_applies`.
 """
 from __future__ import annotations
 

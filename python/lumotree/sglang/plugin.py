@@ -147,7 +147,7 @@ def configure_server_args(server_args) -> None:
       to LumoTree's tree verify.
     * ``mamba_ssm_dtype = float32`` (state math in fp32).
     * ``LUMOTREE_SGLANG_ACTIVE=1`` so the scheduler processes install the backend classes.
-    * :func:`consistent_prefix_cache`: SGLang's synchronous scheduler when the radix cache is on.
+    * :func:`consistent_prefix_cache`: the ``no_buffer`` state cache when the radix cache is on (overlap kept).
     """
     server_args.enable_linear_replayssm_spec = True
     if server_args.mamba_ssm_dtype is None:
@@ -333,7 +333,7 @@ def register() -> None:
         SpeculativeAlgorithm.register(SUFFIX_ALGORITHM, supports_overlap=True,
                                       validate_server_args=validate_suffix_server_args,
                                       spec_class=_suffix_spec_class())(_suffix_worker_factory)
-    from lumotree.sglang.patches import no_buffer_overlap  # a no-op unless LUMOTREE_OVERLAP=1 asks for it
+    from lumotree.sglang.patches import no_buffer_overlap  # SGLang's check, unchanged for all but LumoTree's overlap servers
 
     no_buffer_overlap.install()
     if os.environ.get("LUMOTREE_BENCH_ORACLE_P"):

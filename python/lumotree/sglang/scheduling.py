@@ -1,8 +1,9 @@
-"""Which SGLang scheduler a LumoTree server runs: with the radix cache on, the synchronous one and the
-``no_buffer`` state cache, so that only committed GDN state is cached (:func:`consistent_prefix_cache`);
-with ``LUMOTREE_OVERLAP=1`` a LUMOTREE or LUMOTREE_SUFFIX server runs SGLang's overlap scheduler with
-the ``no_buffer`` cache instead, finished requests' states skipped on the device (:func:`overlap_requested`,
-:mod:`lumotree.sglang.finish`).
+"""Which SGLang scheduler a LumoTree server runs with the radix cache on: SGLang's overlap scheduler
+with the ``no_buffer`` state cache, the state of each request a step finished skipped on the device by
+the step in flight (:func:`overlap_applies`, :mod:`lumotree.sglang.finish`), so that only committed
+GDN state is cached (:func:`consistent_prefix_cache`). Where that skip does not apply (the merged
+MTP + suffix tree, ``--enable-mixed-chunk``, ``--enable-deterministic-inference``) the synchronous
+scheduler with the same cache.
 
 A module of its own below :mod:`lumotree.sglang.plugin` and :mod:`lumotree.sglang.merge`, which both
 need it.
@@ -10,52 +11,60 @@ need it.
 from __future__ import annotations
 
 import logging
-import os
 
 logger = logging.getLogger(__name__)
 
-OVERLAP_ENV = "LUMOTREE_OVERLAP"
+# the algorithms whose workers mark the rows each step finished (lumotree.sglang.finish.forward_marked)
+OVERLAP_ALGORITHMS = ("LUMOTREE", "LUMOTREE_SUFFIX", "LUMOTREE_ORACLE")
+
+_EXTRA_BUFFER_WHY = ("SGLang 0.5.17's overlap scheduler with its extra_buffer state cache serves speculative requests "
+                     "cached hybrid states that differ from a fresh prefill (SGLang's NEXTN too)")
 
 
-_OVERLAP_WHY = ("SGLang 0.5.17's overlap scheduler (its extra_buffer state cache) serves speculative requests cached "
-                "hybrid states that differ from a fresh prefill (SGLang's NEXTN too)")
+def _algorithm(server_args) -> str:
+    return str(getattr(server_args, "speculative_algorithm", None) or "").upper()
 
 
-def turns_overlap_off(server_args, env=os.environ, warn: bool = False) -> bool:
-    """Whether :func:`consistent_prefix_cache` turns the overlap scheduler off for these arguments (radix
-    cache on, overlap on, no ``LUMOTREE_OVERLAP=1``, page size 1); ``warn``: say why not where it keeps it."""
-    if getattr(server_args, "disable_radix_cache", False) or getattr(server_args, "disable_overlap_schedule", False):
+def overlap_applies(server_args) -> bool:
+    """Whether this server runs SGLang's overlap scheduler with LumoTree's consistent ``no_buffer`` cache:
+    a LUMOTREE, LUMOTREE_SUFFIX or LUMOTREE_ORACLE server with the radix cache and the overlap scheduler on,
+    page size 1, and none of what needs the synchronous one: the merged tree (its host suffix drafts must
+    see the tokens the last verify accepted), ``--enable-mixed-chunk`` (admission resets a batch's rows),
+    ``--enable-deterministic-inference``."""
+    algo = _algorithm(server_args)
+    if algo not in OVERLAP_ALGORITHMS:
         return False
-    if env.get(OVERLAP_ENV) == "1":
-        if warn and not overlap_requested(server_args, env):
-            logger.warning("LumoTree: %s=1 keeps the overlap scheduler: %s.", OVERLAP_ENV, _OVERLAP_WHY)
+    if (getattr(server_args, "disable_radix_cache", False) or getattr(server_args, "disable_overlap_schedule", False)
+            or (getattr(server_args, "page_size", None) or 1) > 1
+            or getattr(server_args, "enable_deterministic_inference", False)
+            or getattr(server_args, "enable_mixed_chunk", False)):
+        return False
+    if algo == "LUMOTREE":
+        from lumotree.sglang import merge
+
+        return not merge.enabled()
+    return True
+
+
+def turns_overlap_off(server_args, warn: bool = False) -> bool:
+    """Whether :func:`consistent_prefix_cache` turns the overlap scheduler off for these arguments: radix
+    cache on, overlap on, page size 1, and :func:`overlap_applies` false. ``warn``: say why where a page
+    size > 1 keeps SGLang's own (inconsistent) cache."""
+    if getattr(server_args, "disable_radix_cache", False) or getattr(server_args, "disable_overlap_schedule", False):
         return False
     if (getattr(server_args, "page_size", None) or 1) > 1:
         if warn:
             logger.warning("LumoTree: --page-size %s needs SGLang's extra_buffer state cache and its overlap scheduler: "
                            "%s. Use --page-size 1 (or --disable-radix-cache) for consistent prefix caching.",
-                           server_args.page_size, _OVERLAP_WHY)
+                           server_args.page_size, _EXTRA_BUFFER_WHY)
         return False
-    return True
+    return not overlap_applies(server_args)
 
 
-def overlap_requested(server_args, env=os.environ) -> bool:
-    """``LUMOTREE_OVERLAP=1`` on a LUMOTREE or LUMOTREE_SUFFIX server with the radix cache and SGLang's
-    overlap scheduler on, page size 1: the overlap scheduler with LumoTree's consistent ``no_buffer``
-    cache (:mod:`lumotree.sglang.finish`; both workers mark the rows each step finished)."""
-    algo = str(getattr(server_args, "speculative_algorithm", None) or "").upper()
-    return (env.get(OVERLAP_ENV) == "1" and algo in ("LUMOTREE", "LUMOTREE_SUFFIX")
-            and not getattr(server_args, "disable_radix_cache", False)
-            and not getattr(server_args, "disable_overlap_schedule", False)
-            and (getattr(server_args, "page_size", None) or 1) == 1
-            and not getattr(server_args, "enable_deterministic_inference", False)
-            and not getattr(server_args, "enable_mixed_chunk", False))  # admission resets a batch's rows
-
-
-def overlap_consistent(server_args, env=os.environ) -> bool:
-    """Whether this (resolved) server runs the overlap scheduler with LumoTree's consistent cache: the
-    request of :func:`overlap_requested` and SGLang's ``no_buffer`` state cache in force."""
-    return overlap_requested(server_args, env) and getattr(server_args, "mamba_radix_cache_strategy", None) == "no_buffer"
+def overlap_consistent(server_args) -> bool:
+    """Whether this (resolved) server runs the overlap scheduler with LumoTree's consistent cache:
+    :func:`overlap_applies` and SGLang's ``no_buffer`` state cache in force."""
+    return overlap_applies(server_args) and getattr(server_args, "mamba_radix_cache_strategy", None) == "no_buffer"
 
 
 def _declare(server_args, fields: dict, name: str) -> None:
@@ -75,30 +84,29 @@ def _declare(server_args, fields: dict, name: str) -> None:
         object.__setattr__(server_args, k, v)
 
 
-def consistent_prefix_cache(server_args, env=os.environ) -> bool:
-    """Only committed GDN state is cached: with the radix cache on, a LumoTree server runs SGLang's
-    synchronous scheduler with the ``no_buffer`` state-cache strategy (what SGLang's own ``auto``
-    resolves to with ``--disable-overlap-schedule``). Returns whether it changed the arguments.
+def consistent_prefix_cache(server_args) -> bool:
+    """Only committed GDN state is cached. With the radix cache on a LumoTree server takes SGLang's
+    ``no_buffer`` state-cache strategy and keeps the overlap scheduler where :func:`overlap_applies`
+    (the finished-row skip of :mod:`lumotree.sglang.finish`), else runs the synchronous scheduler
+    (what SGLang's own ``auto`` resolves to with ``--disable-overlap-schedule``). Returns whether it
+    changed the arguments.
 
-    Why: with the overlap scheduler SGLang 0.5.17 caches hybrid-model states through its
-    ``extra_buffer`` strategy, and under speculative decoding the states it serves back from the
-    cache differ from a fresh prefill of the same key -- SGLang's own NEXTN too
-    (``benchmark/results/cache_consistency_h200.json``: NEXTN tree with overlap 15/16 and 11/16 first tokens,
-    logprob gaps up to 1.59; NEXTN, LUMOTREE and LUMOTREE_SUFFIX without it 16/16, gaps <= 0.073, the
-    no-speculation server's own spread is 0.091). ``LUMOTREE_OVERLAP=1`` keeps the overlap scheduler
-    with the ``no_buffer`` cache and LumoTree's finished-row skip (:func:`overlap_requested`; returns
-    True, the arguments changed) where it applies, else SGLang's overlap scheduler and its cache, with
-    the inconsistency warned; ``--disable-radix-cache`` needs neither. ``--page-size`` > 1 needs SGLang's ``extra_buffer`` strategy: kept, with a warning."""
-    if overlap_requested(server_args, env):
+    Why not SGLang's own pairing: with the overlap scheduler SGLang 0.5.17 caches hybrid-model states
+    through its ``extra_buffer`` strategy, and under speculative decoding the states it serves back
+    from the cache differ from a fresh prefill of the same key -- SGLang's own NEXTN too
+    (``benchmark/results/cache_consistency_h200.json``). ``--disable-radix-cache`` needs neither;
+    ``--page-size`` > 1 needs SGLang's ``extra_buffer`` strategy: kept, with a warning."""
+    if overlap_applies(server_args):
         _declare(server_args, dict(mamba_radix_cache_strategy="no_buffer"), "_lumotree_overlap_consistent_cache")
-        logger.warning("LumoTree: %s=1: SGLang's overlap scheduler with the no_buffer state cache; the state of a "
-                       "request that finished in the previous step is skipped by the step in flight "
-                       "(lumotree.sglang.finish). Not yet validated on a served model.", OVERLAP_ENV)
+        logger.info("LumoTree: radix cache on: SGLang's overlap scheduler with the no_buffer state cache; the state "
+                    "of a request that finished in the previous step is skipped by the step in flight "
+                    "(lumotree.sglang.finish).")
         return True
-    if not turns_overlap_off(server_args, env, warn=True):
+    if not turns_overlap_off(server_args, warn=True):
         return False
     _declare(server_args, dict(disable_overlap_schedule=True, mamba_radix_cache_strategy="no_buffer"),
              "_lumotree_consistent_prefix_cache")
-    logger.info("LumoTree: radix cache on, so the synchronous scheduler (--disable-overlap-schedule) with the "
-                "no_buffer state cache: %s. %s=1 keeps the overlap scheduler.", _OVERLAP_WHY, OVERLAP_ENV)
+    logger.info("LumoTree: radix cache on, and this server needs the synchronous scheduler (the merged MTP + suffix "
+                "tree, --enable-mixed-chunk or --enable-deterministic-inference): --disable-overlap-schedule with "
+                "the no_buffer state cache.")
     return True

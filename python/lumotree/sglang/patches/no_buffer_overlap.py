@@ -2,12 +2,12 @@
 
 Why: ``ServerArgs._validate_mamba_no_buffer`` (SGLang 0.5.17) asserts ``disable_overlap_schedule``
 for ``--mamba-radix-cache-strategy no_buffer``, because under overlap a finished request's state slot
-takes one more decode step before it is cached. A LUMOTREE or LUMOTREE_SUFFIX server with
-``LUMOTREE_OVERLAP=1`` skips exactly that step for the rows it finished (:mod:`lumotree.sglang.finish`), so for it the pairing
+takes one more decode step before it is cached. A LUMOTREE, LUMOTREE_SUFFIX or LUMOTREE_ORACLE server
+skips exactly that step for the rows it finished (:mod:`lumotree.sglang.finish`), so for it the pairing
 is consistent; there is no registry entry for such a check.
 
 How: SGLang's ``HookRegistry`` (``HookType.AROUND`` on the method): for server arguments that ask
-for LumoTree's overlap-consistent cache (:func:`lumotree.sglang.scheduling.overlap_requested`) the
+for LumoTree's overlap-consistent cache (:func:`lumotree.sglang.scheduling.overlap_applies`) the
 check runs on a view that reads the overlap scheduler as off; every other launch gets SGLang's
 check unchanged. Registered in every process (the check runs while the launcher parses arguments,
 before the LUMOTREE backend hooks are installed).
@@ -33,9 +33,9 @@ class _SynchronousView:
 
 
 def validate_no_buffer(original, self, view, *args, **kwargs):
-    from lumotree.sglang.scheduling import overlap_requested
+    from lumotree.sglang.scheduling import overlap_applies
 
-    if overlap_requested(view) or overlap_requested(self):
+    if overlap_applies(view) or overlap_applies(self):
         return original(self, _SynchronousView(view), *args, **kwargs)
     return original(self, view, *args, **kwargs)
 

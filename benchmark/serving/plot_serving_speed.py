@@ -27,11 +27,12 @@ def main():
             rows = [r for r in run["rows"] if r["config"] == cfg and r["batch"] in none]
             if not rows:
                 continue
+            acc = sum(r.get("accept_length") or 1.0 for r in rows) / len(rows)
             ax.plot([r["batch"] for r in rows], [r["tokens_per_s"] / none[r["batch"]] for r in rows], marker="o",
-                    ls="-" if i == 0 else ":", label=f"{cfg} (run {i + 1})")
+                    ls="-" if i == 0 else ":", label=f"{cfg}, accept {acc:.2f} (run {i + 1})")
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set(xscale="log", xlabel="batch", ylabel="tokens/s ÷ no speculation",
-           title="Cost of speculating (accept length 1.0), Qwen3.5-27B shapes, 32 layers, H200")
+           title="Serving speed vs no speculation, Qwen3.5-27B shapes, 32 layers, H200")
     ax.set_xticks([1, 8, 32, 64], ["1", "8", "32", "64"])
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -60,6 +60,48 @@ def test_policy_follows_a_change_of_acceptance():
     assert p.table()["buckets"][8]["chosen"] == 3
 
 
+def probe_starts(policy, batch, t_none, t_tree, accept, steps, seed=0):
+    """The steps at which a run of the candidate not chosen starts (after exploration)."""
+    rng, starts, prev_s = random.Random(seed), [], None
+    for i in range(steps):
+        s = policy.choose(batch)
+        policy.observe_time(batch, s, (t_tree if s else t_none) * (1 + 0.02 * rng.random()))
+        if not (s and prev_s == 0):
+            policy.observe_accept(s, [accept] * batch)
+        chosen = policy.buckets[bucket(batch)].chosen
+        if chosen is not None and s != chosen and prev_s == chosen:
+            starts.append(i)
+        prev_s = s
+    return starts
+
+
+def test_probes_back_off_while_they_confirm_the_choice():
+    """Drafts that never pay (dummy weights): the tree is probed after 128, 256, 512, then every 1024
+    served steps -- the probes were most of what such a server lost against no speculation."""
+    p = TreeSizePolicy([0, 3])
+    starts = probe_starts(p, 32, 0.0094, 0.0159, 0.0, steps=6000)
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    want = [256, 512, 1024, 1024, 1024]
+    assert len(gaps) >= len(want) and all(abs(g - w) <= 2 * adaptive.RUN for g, w in zip(gaps, want)), (starts, gaps)
+    assert p.table()["buckets"][32] == dict(p.table()["buckets"][32], chosen=0, probe_every=adaptive.PROBE_MAX)
+    # the probes' share of the steps: at most one run per PROBE_MAX steps once backed off
+    assert adaptive.RUN * len(starts) < 6000 * 0.01
+
+
+def test_probes_see_acceptance_come_back_within_the_longest_interval():
+    p = TreeSizePolicy([0, 3])
+    probe_starts(p, 8, 0.010, 0.014, 0.0, steps=4000)  # backed off to the longest interval
+    assert p.buckets[8].probe_every == adaptive.PROBE_MAX and p.buckets[8].chosen == 0
+    for i in range(adaptive.PROBE_MAX + 4 * adaptive.RUN):  # the workload starts accepting
+        s = p.choose(8)
+        p.observe_time(8, s, 0.014 if s else 0.010)
+        p.observe_accept(s, [2.0] * 8)
+        if p.buckets[8].chosen == 3:
+            break
+    assert p.buckets[8].chosen == 3, p.table()
+    assert p.buckets[8].probe_every == adaptive.PROBE_EVERY  # a changed choice probes early again
+
+
 def test_buckets_are_independent_and_explored_drafting_first_in_runs():
     p = TreeSizePolicy([0, 3])
     # no samples yet: draft first (it also measures the acceptance), for a run of consecutive steps

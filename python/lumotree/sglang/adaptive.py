@@ -16,8 +16,15 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   an average of such samples made a bucket serve its slower candidate;
 * the **acceptance** ``a`` is a moving average of the accepted drafts per request over the steps that drafted;
 * a bucket first **explores** (every candidate for a run of ``RUN`` consecutive steps), then serves the
-  candidate of most tokens per second, switching only past a ``MARGIN`` (hysteresis), and every
-  ``PROBE_EVERY`` steps serves the other candidate for one run so that both estimates stay current.
+  candidate of most tokens per second, switching only past a ``MARGIN`` (hysteresis), and now and
+  then serves the other candidate for one run (a **probe**) so that both estimates stay current: after
+  ``PROBE_EVERY`` steps at first, the interval doubling each time a probe leaves the choice as it was,
+  up to ``PROBE_MAX``, and back to ``PROBE_EVERY`` when the choice changes. A probe of a tree that does
+  not pay costs about ``RUN x (1 - its rate / the chosen rate)`` steps' worth of tokens; at a fixed
+  interval of 128 that was, by step count, about half of what a server whose drafts miss lost against
+  no speculation (27B shapes, batch 32, ``docs/performance.md``). Acceptance that drops while the tree is served is seen at once (every drafted step
+  measures it); acceptance that rises while no draft is served is seen at the next probe, within
+  ``PROBE_MAX`` steps.
   Runs, not single steps: the first drafted step after no-draft steps drafts from zeros (the worker
   skips the MTP draft-extend on no-draft steps) and its acceptance is not counted, so a drafted step
   between two no-draft steps would never measure the acceptance -- and a policy that alternated would
@@ -49,7 +56,8 @@ WINDOW = 9  # step-time samples per candidate and bucket the median is taken ove
 MIN_SAMPLES = 3  # step-time samples per candidate and bucket before the policy trusts the bucket
 RUN = MIN_SAMPLES + 1  # consecutive steps a candidate is explored or probed for (its first drafted step is cold)
 MARGIN = 0.03  # switch only when the other candidate is this much faster (tokens per second)
-PROBE_EVERY = 128  # steps of a bucket between probe runs of the candidate not chosen
+PROBE_EVERY = 128  # steps of a bucket before its first probe run of the candidate not chosen
+PROBE_MAX = 1024  # the longest interval between probe runs (doubling from PROBE_EVERY while probes confirm)
 
 
 def bucket(batch: int) -> int:
@@ -69,6 +77,8 @@ class _Bucket:
     since_probe: int = 0
     run: Optional[int] = None  # the candidate an exploration or probe run serves
     run_left: int = 0  # steps of that run still to serve
+    probe_every: int = PROBE_EVERY  # the current interval between probe runs
+    probed: bool = False  # a probe run ended and its outcome is not yet taken
 
 
 class TreeSizePolicy:
@@ -141,15 +151,20 @@ class TreeSizePolicy:
         if st.chosen is not None and st.chosen != best and \
                 self.rate(batch, best) < (1 + MARGIN) * self.rate(batch, st.chosen):
             best = st.chosen  # hysteresis
+        if st.probed and best == st.chosen:  # the decision right after a probe run left the choice
+            st.probe_every = min(2 * st.probe_every, PROBE_MAX)
+        st.probed = False
         if best != st.chosen:
+            st.probe_every = PROBE_EVERY
             logger.info("LumoTree adaptive: batch bucket %d -> %s (%s; accept %.2f)", bucket(batch),
                         "no draft" if best == 0 else f"{best}-step tree",
                         ", ".join(f"{c}: {self.rate(batch, c):.0f} tok/s" for c in self.candidates),
                         self.accept or 0.0)
             st.chosen = best
         st.since_probe += 1
-        if st.since_probe >= PROBE_EVERY:
+        if st.since_probe >= st.probe_every:
             st.since_probe = 0
+            st.probed = True
             others = [c for c in self.candidates if c != best]
             return self._start_run(st, min(others, key=lambda c: st.samples[c]))
         return best
@@ -163,7 +178,7 @@ class TreeSizePolicy:
     def table(self) -> dict:
         """The model as it stands: per bucket, the step-time estimates (ms) and the choice."""
         return {"accept": self.accept, "buckets": {
-            b: {"chosen": st.chosen, "samples": dict(st.samples),
+            b: {"chosen": st.chosen, "samples": dict(st.samples), "probe_every": st.probe_every,
                 "step_ms": {c: None if not t else round(statistics.median(t) * 1e3, 3) for c, t in st.times.items()}}
             for b, st in sorted(self.buckets.items())}}
 

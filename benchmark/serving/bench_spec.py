@@ -16,8 +16,15 @@ verify step at acceptance ~1, not end-to-end speedups. ``--oracle-p P`` adds the
 controlled-acceptance mode (``lumotree.sglang.oracle``, benchmark only): configurations
 ``ngram-oracle`` (SGLang's own hybrid path) and ``lumotree-oracle`` (LumoTree's) draft the same
 fixed trees whose first branch carries the target's recorded greedy continuation token by token with
-probability P; each batch is sent twice and the second pass is measured (the first records the
-continuation).
+probability P, through SGLang's NGRAM loop; on the loop LUMOTREE and NEXTN users run, every MTP
+configuration has an ``-oracle`` twin (``lumotree-topk2-oracle``, ``nextn-topk2-oracle``,
+``nextn-chain-oracle``, ...; ``lumotree.sglang.draft_oracle``) whose MTP drafts are rewritten before
+the verify so that the first-child chain carries the continuation with the same probability. Each
+batch is sent twice and the second pass is measured (the first records the continuation). An
+adaptive server (``lumotree-topk2-oracle``, ``nextn-chain-adaptive-oracle``) carries what the first
+pass taught it into the second: no acceptance then, so it starts the second pass on its no-draft
+choice and finds the acceptance at its next probe; ``lumotree-topk2-fixed-oracle`` serves the tree
+on every step.
 
 Scheduler: ``--scheduler default`` runs every server as its flags alone make it (all with SGLang's overlap
 scheduler; LumoTree's with the ``no_buffer`` state cache, ``lumotree.sglang.scheduling``); ``sync`` adds
@@ -91,6 +98,11 @@ CONFIG_ENV = {
 }
 for _name, (_base, _env) in CONFIG_ENV.items():
     CONFIGS[_name] = CONFIGS[_base]
+# controlled acceptance on the MTP draft loop (lumotree.sglang.draft_oracle): each MTP configuration's twin
+NGRAM_ORACLES = ("ngram-oracle", "lumotree-oracle")
+for _base in [c for c in CONFIGS if c.startswith(("lumotree-topk", "lumotree-chain", "nextn-"))
+              and not c.endswith(("-sgselect", "-sync"))]:
+    CONFIGS[_base + "-oracle"] = CONFIGS[_base]
 
 
 def write_config(out, shape):
@@ -249,7 +261,8 @@ def main():
         oracle = name.endswith("-oracle")
         if oracle and args.oracle_p is None:
             raise SystemExit(f"{name} needs --oracle-p")
-        env = {"LUMOTREE_BENCH_ORACLE_P": str(args.oracle_p)} if oracle else {}
+        env = ({"LUMOTREE_BENCH_ORACLE_P" if name in NGRAM_ORACLES else "LUMOTREE_BENCH_DRAFT_ORACLE_P": str(args.oracle_p)}
+               if oracle else {})
         env.update(CONFIG_ENV.get(name, (None, {}))[1])
         srv["env"] = env
         try:

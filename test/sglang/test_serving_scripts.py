@@ -606,3 +606,31 @@ def test_cache_consistency_main_runs_each_config_and_sets_the_request_timeout(tm
     assert sorted(res["runs"]) == ["lumotree-overlap", "lumotree-overlap/stop-token"]
     assert "error" not in res["runs"]["lumotree-overlap"]
     assert res["versus_none"]["lumotree-overlap"]["cached"]["same_first_token"] == 1
+
+
+def test_bench_spec_oracle_twins_set_the_oracle_of_their_loop(tmp_path, monkeypatch):
+    """MTP configurations' -oracle twins get the draft oracle (the MTP loop), the NGRAM-loop oracles
+    theirs."""
+    import contextlib
+    import sys
+
+    bs = load("bench_spec")
+    seen = []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, base_args=(), env=None, **kw):
+        seen.append((list(args), dict(env or {})))
+        yield "http://x"
+
+    monkeypatch.setattr(bs, "sglang_server", fake_server)
+    monkeypatch.setattr(bs, "generate", lambda url, batch, n, key="text": [
+        dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2))) for _ in batch])
+    assert bs.CONFIGS["nextn-topk2-oracle"] == bs.CONFIGS["nextn-topk2"]
+    assert "lumotree-topk2-sync-oracle" not in bs.CONFIGS
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs",
+                                      "lumotree-topk2-oracle,nextn-topk2-oracle,ngram-oracle", "--batches", "2",
+                                      "--output-len", "4", "--oracle-p", "0.8", "--out", str(tmp_path / "b.json"),
+                                      "--log-dir", str(tmp_path)])
+    bs.main()
+    assert [e for _, e in seen] == [{"LUMOTREE_BENCH_DRAFT_ORACLE_P": "0.8"}] * 2 + [{"LUMOTREE_BENCH_ORACLE_P": "0.8"}]
+    assert seen[0][0] == bs.CONFIGS["lumotree-topk2"]

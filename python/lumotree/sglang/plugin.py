@@ -338,6 +338,9 @@ def register() -> None:
     no_buffer_overlap.install()
     if os.environ.get("LUMOTREE_BENCH_ORACLE_P"):
         _register_oracle(SpeculativeAlgorithm, get_spec, float(os.environ["LUMOTREE_BENCH_ORACLE_P"]))
+    from lumotree.sglang import draft_oracle  # benchmark only: a no-op unless LUMOTREE_BENCH_DRAFT_ORACLE_P is set
+
+    draft_oracle.install()
     if os.environ.get(ENV_ACTIVE) == "1":
         from lumotree.sglang import merge
         from lumotree.sglang.patches import draft_tree_whole, eagle_sample_end, gdn_backend_classes, verify_tree_greedy

@@ -72,6 +72,7 @@ def _cold_rows(topk: int, device):
 def worker_class():
     import sglang.srt.speculative.eagle_worker_v2 as ew
 
+    from lumotree.sglang import draft_oracle
     from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.decode_step import DecodeStep
     from lumotree.sglang.finish import forward_marked, keep_out_of_cache
@@ -94,6 +95,7 @@ def worker_class():
             self._decodes = one_token_decode(server_args)
             self._step_chosen = False  # this decode step's tree size is chosen already
             self._overlap_consistent = overlap_consistent(server_args)
+            self._draft_oracle = draft_oracle.probability() is not None  # benchmark only
             if self.tree_policy is not None and 0 in self.tree_policy.candidates:
                 self._skip_draft_extend_without_draft()
 
@@ -168,7 +170,10 @@ def worker_class():
         def _no_draft_decode(self, batch, on_publish):
             """The no-draft step as a decode forward; what follows a one-node verify in SGLang's loop
             (publish the lengths, stub the skipped draft-extend) follows it too."""
+            seq_lens, rows = batch.seq_lens, batch.req_pool_indices
             out = self._decode_step.run(batch)
+            if getattr(self, "_draft_oracle", False):  # SGLang's step (hooked there) does not run
+                draft_oracle.after_step(batch, out, seq_lens, rows, prefill=False)
             if on_publish is not None:
                 on_publish(out.new_seq_lens)
             self._stub_skipped_draft_extend(batch, out)

@@ -433,7 +433,7 @@ import json, sys
 from sglang.srt.plugins import load_plugins
 load_plugins()
 from sglang.srt.server_args import prepare_server_args
-from lumotree.sglang.plugin import adaptive_tree_size
+from lumotree.sglang.adaptive import adaptive_tree_size
 base = ["--model-path", sys.argv[1], "--device", "cuda", "--attention-backend", "triton",
         "--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
         "--speculative-num-draft-tokens", "6"]  # parsing only: nothing touches a GPU

@@ -183,6 +183,20 @@ class TreeSizePolicy:
             for b, st in sorted(self.buckets.items())}}
 
 
+def adaptive_tree_size(server_args) -> bool:
+    """Whether a LUMOTREE server chooses its tree size per step: by default, except with
+    ``--enable-multi-layer-eagle``, the merged MTP + suffix tree (``LUMOTREE_SUFFIX_MERGE=1``), the
+    decode-exact mode, and more than one GPU per model (``--tp-size`` / ``--dp-size`` > 1: each rank
+    measures its own step times, and ranks choosing differently would launch different collectives),
+    which serve the configured tree."""
+    from lumotree.sglang.exact import exact_mode
+    from lumotree.sglang.scheduling import merge_enabled
+
+    multi = (getattr(server_args, "tp_size", 1) or 1) > 1 or (getattr(server_args, "dp_size", 1) or 1) > 1
+    return not (getattr(server_args, "enable_multi_layer_eagle", False) or merge_enabled()
+                or exact_mode(server_args) or multi)
+
+
 def candidate_steps(server_args) -> List[int]:
     """The draft steps a LUMOTREE server may serve: ``[0, --speculative-num-steps]``, or those of
     ``--speculative-adaptive-config`` (``{"candidate_steps": [...]}``). Raises ``ValueError`` naming

@@ -29,24 +29,24 @@ import torch
 
 from lumotree.drafters.suffix import make_suffix_drafter
 from lumotree.drafters.tree_merge import merge_trees
+from lumotree.sglang.scheduling import MERGE_ENV as ENV_FLAG
+from lumotree.sglang.scheduling import merge_enabled, turns_overlap_off
 from lumotree.tree import ancestor_mask, eagle_links, parents_from_eagle
 
 logger = logging.getLogger(__name__)
 
-ENV_FLAG = "LUMOTREE_SUFFIX_MERGE"
 ENV_SLOTS = "LUMOTREE_SUFFIX_MERGE_SLOTS"
 FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2  # SGLang's TreeMaskMode values
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_FLAG) == "1"
+    return merge_enabled()
 
 
 def validate(server_args) -> None:
     """Clear errors for flag combinations the merged tree cannot serve."""
     if not enabled():
         return
-    from lumotree.sglang.scheduling import turns_overlap_off
 
     # the plugin turns overlap off itself with the radix cache on (consistent_prefix_cache, applied after this check)
     if not getattr(server_args, "disable_overlap_schedule", False) and not turns_overlap_off(server_args):

@@ -159,19 +159,6 @@ def configure_server_args(server_args) -> None:
                 server_args.speculative_num_draft_tokens, server_args.speculative_eagle_topk)
 
 
-def adaptive_tree_size(server_args) -> bool:
-    """Whether a LUMOTREE server chooses its tree size per step (:mod:`lumotree.sglang.adaptive`): by
-    default, except with ``--enable-multi-layer-eagle``, the merged MTP + suffix tree
-    (``LUMOTREE_SUFFIX_MERGE=1``), the decode-exact mode, and more than one GPU per model
-    (``--tp-size`` / ``--dp-size`` > 1: each rank measures its own step times, and ranks choosing
-    differently would launch different collectives), which serve the configured tree."""
-    from lumotree.sglang import exact, merge
-
-    multi = (getattr(server_args, "tp_size", 1) or 1) > 1 or (getattr(server_args, "dp_size", 1) or 1) > 1
-    return not (getattr(server_args, "enable_multi_layer_eagle", False) or merge.enabled()
-                or exact.exact_mode(server_args) or multi)
-
-
 def _worker_factory(server_args):
     """The worker: SGLang's EAGLE V2 worker (MTP drafting, tree building, selection, KV bookkeeping),
     with LumoTree's backend doing the GDN verify and commit underneath, and the adaptive tree size
@@ -219,9 +206,9 @@ def _spec_class():
 
             _handle_eagle_family(server_args)
             configure_server_args(server_args)
-            if adaptive_tree_size(server_args):
-                from lumotree.sglang.adaptive import candidate_steps
+            from lumotree.sglang.adaptive import adaptive_tree_size, candidate_steps
 
+            if adaptive_tree_size(server_args):
                 logger.info("LumoTree: adaptive tree size over %s draft steps (0 = no draft)",
                             candidate_steps(server_args))  # a bad --speculative-adaptive-config fails here
 

@@ -11,11 +11,18 @@ need it.
 from __future__ import annotations
 
 import logging
+import os
 
 logger = logging.getLogger(__name__)
 
 # the algorithms whose workers mark the rows each step finished (lumotree.sglang.finish.forward_marked)
 OVERLAP_ALGORITHMS = ("LUMOTREE", "LUMOTREE_SUFFIX", "LUMOTREE_ORACLE")
+MERGE_ENV = "LUMOTREE_SUFFIX_MERGE"  # the merged MTP + suffix tree (lumotree.sglang.merge); here, below both
+
+
+def merge_enabled(env=os.environ) -> bool:
+    """Whether a LUMOTREE server merges suffix branches into its MTP tree (``LUMOTREE_SUFFIX_MERGE=1``)."""
+    return env.get(MERGE_ENV) == "1"
 
 _EXTRA_BUFFER_WHY = ("SGLang 0.5.17's overlap scheduler with its extra_buffer state cache serves speculative requests "
                      "cached hybrid states that differ from a fresh prefill (SGLang's NEXTN too)")
@@ -39,11 +46,7 @@ def overlap_applies(server_args) -> bool:
             or getattr(server_args, "enable_deterministic_inference", False)
             or getattr(server_args, "enable_mixed_chunk", False)):
         return False
-    if algo == "LUMOTREE":
-        from lumotree.sglang import merge
-
-        return not merge.enabled()
-    return True
+    return not (algo == "LUMOTREE" and merge_enabled())
 
 
 def turns_overlap_off(server_args, warn: bool = False) -> bool:

@@ -76,7 +76,6 @@ def worker_class():
     from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.decode_step import DecodeStep
     from lumotree.sglang.finish import forward_marked, keep_out_of_cache
-    from lumotree.sglang.plugin import adaptive_tree_size
     from lumotree.sglang.scheduling import overlap_consistent
 
     class LumoTreeWorker(ew.EAGLEWorkerV2):
@@ -84,7 +83,8 @@ def worker_class():
 
         def __init__(self, server_args, *args, **kwargs):
             super().__init__(server_args, *args, **kwargs)
-            steps = adaptive.candidate_steps(server_args) if adaptive_tree_size(server_args) else [self.speculative_num_steps]
+            steps = (adaptive.candidate_steps(server_args) if adaptive.adaptive_tree_size(server_args)
+                     else [self.speculative_num_steps])
             # one candidate that is the configured tree: a fixed tree, no policy ([0] pins the no-draft step)
             self.tree_policy = adaptive.TreeSizePolicy(steps) if steps != [self.speculative_num_steps] else None
             self._tree_states = {}

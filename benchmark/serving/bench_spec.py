@@ -261,8 +261,8 @@ def main():
         oracle = name.endswith("-oracle")
         if oracle and args.oracle_p is None:
             raise SystemExit(f"{name} needs --oracle-p")
-        env = ({"LUMOTREE_BENCH_ORACLE_P" if name in NGRAM_ORACLES else "LUMOTREE_BENCH_DRAFT_ORACLE_P": str(args.oracle_p)}
-               if oracle else {})
+        oracle_env = "LUMOTREE_BENCH_ORACLE_P" if name in NGRAM_ORACLES else "LUMOTREE_BENCH_DRAFT_ORACLE_P"
+        env = {oracle_env: str(args.oracle_p)} if oracle else {}
         env.update(CONFIG_ENV.get(name, (None, {}))[1])
         srv["env"] = env
         try:

@@ -21,10 +21,10 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   ``PROBE_EVERY`` steps at first, the interval doubling each time a probe leaves the choice as it was,
   up to ``PROBE_MAX``, and back to ``PROBE_EVERY`` when the choice changes. A probe of a tree that does
   not pay costs about ``RUN x (1 - its rate / the chosen rate)`` steps' worth of tokens; at a fixed
-  interval of 128 that was, by step count, about a third of what a server whose drafts miss lost against
-  no speculation (27B shapes, batch 32, ``docs/performance.md``). Acceptance that drops while the tree is served is seen at once (every drafted step
-  measures it); acceptance that rises while no draft is served is seen at the next probe, within
-  ``PROBE_MAX`` steps.
+  interval of 128 that was, by step count, about a third of what a server whose drafts miss lost
+  against no speculation (27B shapes, batch 32, ``docs/performance.md``). Acceptance that drops while
+  the tree is served is seen at once (every drafted step measures it); acceptance that rises while no
+  draft is served is seen at the next probe, within ``PROBE_MAX`` steps.
   Runs, not single steps: the first drafted step after no-draft steps drafts from zeros (the worker
   skips the MTP draft-extend on no-draft steps) and its acceptance is not counted, so a drafted step
   between two no-draft steps would never measure the acceptance -- and a policy that alternated would

@@ -205,7 +205,8 @@ class DraftOracle:
             chain.append(prev)
         chain = torch.stack(chain, 1)  # [bs, levels]
         on_chain = torch.zeros(bs, n + 1, dtype=torch.bool, device=dev)
-        on_chain.scatter_(1, torch.where(chain >= 0, chain, torch.full_like(chain, n)), torch.ones_like(chain, dtype=torch.bool))
+        on_chain.scatter_(1, torch.where(chain >= 0, chain, torch.full_like(chain, n)),
+                          torch.ones_like(chain, dtype=torch.bool))
         on_chain = on_chain[:, :n]
         depth = pos - pos[:, :1]
         lvl = (depth - 1).clamp(0, levels - 1)

@@ -24,6 +24,7 @@ def merge_enabled(env=os.environ) -> bool:
     """Whether a LUMOTREE server merges suffix branches into its MTP tree (``LUMOTREE_SUFFIX_MERGE=1``)."""
     return env.get(MERGE_ENV) == "1"
 
+
 _EXTRA_BUFFER_WHY = ("SGLang 0.5.17's overlap scheduler with its extra_buffer state cache serves speculative requests "
                      "cached hybrid states that differ from a fresh prefill (SGLang's NEXTN too)")
 

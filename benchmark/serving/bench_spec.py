@@ -181,6 +181,26 @@ def profile_pass(url, batch, args, key, tag):
     return out
 
 
+ADAPTIVE_LINE = re.compile(r"LumoTree adaptive: batch bucket (\d+) -> (no draft|(\d+)-step tree) \(([^;]*); accept ([\d.]+)\)")
+
+
+def adaptive_decisions(log):
+    """The adaptive tree size's decisions a LUMOTREE server logged, in order: per batch bucket the
+    choice (draft steps, 0 = none), its rate estimate per candidate (tokens/s) and the acceptance then --
+    the step-cost model the server measured while serving."""
+    try:
+        with open(log, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return []
+    out = []
+    for m in ADAPTIVE_LINE.finditer(text):
+        rates = {int(c): float(r) for c, r in re.findall(r"(\d+): ([\d.]+) tok/s", m.group(4))}
+        out.append(dict(bucket=int(m.group(1)), steps=0 if m.group(3) is None else int(m.group(3)),
+                        tokens_per_s=rates, accept=float(m.group(5))))
+    return out
+
+
 def state_slots(memory_log):
     """Request-state slots SGLang's memory solver gave the GDN state pool (``max_mamba_cache_size``):
     what the speculative buffers leave for requests at the same ``--mem-fraction-static``."""
@@ -307,6 +327,7 @@ def main():
             srv["error"] = repr(e)[:2000]
         srv.update(memory_report(log), **log_health(log))
         srv["state_slots"] = state_slots(srv.get("memory_log", []))
+        srv["adaptive"] = adaptive_decisions(log)
         res["servers"][label(name, args.scheduler)] = srv
         print(json.dumps({name: srv})[:2000], flush=True)
         json.dump(res, open(args.out, "w"), indent=1)

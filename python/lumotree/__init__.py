@@ -8,13 +8,16 @@ Environment variables:
                          benchmark/models/tiny-hybrid when present).
     LUMOTREE_BENCH_ORACLE_P  benchmark only: registers the controlled-acceptance algorithms
                          LUMOTREE_ORACLE / NGRAM_ORACLE with this per-token acceptance probability.
+    LUMOTREE_BENCH_DRAFT_ORACLE_P  benchmark only: LUMOTREE and NEXTN servers' MTP drafts rewritten
+                         before each verify so that each level is accepted with this probability
+                         (``lumotree.sglang.draft_oracle``).
     LUMOTREE_SGLANG_CHECK  ``1`` (diagnostics, with ``--disable-cuda-graph``): every served verify
                          and commit is cross-checked against SGLang's own tree-verify kernel;
                          ``LUMOTREE_SGLANG_CHECK_REPORT=FILE`` / ``LUMOTREE_SGLANG_CHECK_DUMP=DIR``
                          write the report / the failing inputs.
     LUMOTREE_SUFFIX_MERGE  ``1``: a LUMOTREE server merges each request's suffix draft into the MTP
-                         draft tree (needs the synchronous scheduler: the default with the radix cache,
-                         else ``--disable-overlap-schedule``).
+                         draft tree (needs the synchronous scheduler: chosen by LumoTree with the radix
+                         cache, else ``--disable-overlap-schedule``).
     LUMOTREE_SUFFIX_MERGE_SLOTS  draft nodes reserved for suffix branches (default half the tree).
     LUMOTREE_SUFFIX_TOKENS_PER_STEP  verify tokens per step a LUMOTREE_SUFFIX server sizes its draft
                          tree for when ``--speculative-num-draft-tokens`` is not given (default 512:

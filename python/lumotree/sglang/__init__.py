@@ -6,10 +6,12 @@
   snapshots, accepted-path replay commit into SGLang's state pool.
 - :mod:`lumotree.sglang.worker`, :mod:`lumotree.sglang.adaptive` -- the LUMOTREE tree worker and its
   adaptive tree size (the configured tree or no draft, per decode step, from measured step times).
-- :mod:`lumotree.sglang.scheduling` -- the synchronous scheduler with the radix cache.
+- :mod:`lumotree.sglang.scheduling` -- which scheduler and state cache a server runs with the radix cache
+  (SGLang's overlap scheduler with ``no_buffer``; the synchronous one where the merged tree needs it).
 - :mod:`lumotree.sglang.select` -- LumoTree's fused selection in SGLang's greedy-verify format.
 - :mod:`lumotree.sglang.suffix`, :mod:`lumotree.sglang.oracle` -- model-free drafting
-  (``LUMOTREE_SUFFIX``) and the benchmark-only controlled-acceptance drafter.
+  (``LUMOTREE_SUFFIX``) and the benchmark-only controlled-acceptance drafter;
+  :mod:`lumotree.sglang.draft_oracle` -- benchmark-only controlled acceptance on the MTP draft loop.
 - :mod:`lumotree.sglang.patches` -- the hooks SGLang's registries cannot express yet, one target
   per file (why / how / remove-when in each header).
 

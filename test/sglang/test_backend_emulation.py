@@ -40,3 +40,19 @@ def test_backend_verify_and_commit_on_gpu_at_qwen35_shapes():
     out = subprocess.run([sys.executable, script, "cuda", "exact"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, "exact\n" + out.stdout[-3000:] + out.stderr[-6000:]
     assert "backend emulation == references cuda tree exact" in out.stdout
+
+
+def test_a_pool_with_sglangs_unfolded_chain_replay_is_refused():
+    """A state pool with SGLang's chain-replay cursors (allocated when its fold is off at allocation):
+    SGLang's commit would advance them and return before LumoTree's commit; refused, not served wrong."""
+    from types import SimpleNamespace
+
+    import pytest
+    import torch
+
+    from lumotree.sglang.backend import adopt_pool
+
+    cache = SimpleNamespace(replayssm_rawk=torch.zeros(1), intermediate_ssm=None)
+    pool = SimpleNamespace(mamba_cache=cache, replayssm_cache_base=torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(RuntimeError, match="chain replay without the fold"):
+        adopt_pool(pool)

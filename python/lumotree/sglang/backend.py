@@ -113,6 +113,13 @@ def adopt_pool(pool) -> VerifyScratch:
     if getattr(cache, "replayssm_rawk", None) is None or getattr(cache, "intermediate_ssm", 0) is not None:
         raise RuntimeError("LUMOTREE needs the state pool built with enable_linear_replayssm_spec "
                            "(set by its server-argument handling); got a pool with per-node snapshots")
+    if getattr(pool, "replayssm_cache_base", None) is not None:
+        # SGLang's chain replay without the fold: commit_mamba_states_after_verify would advance its ring
+        # cursors and return before the backend's commit (LumoTree's) runs, and the radix cache would cut
+        # donated keys by those cursors
+        raise RuntimeError("LUMOTREE: this SGLang state pool was built for its chain replay without the fold "
+                           "(ring cursors allocated), whose commit would replace LumoTree's; SGLang 0.5.17 "
+                           "builds it only with its fold off at allocation, which LUMOTREE's arguments never ask for")
     layers, _, hk, nodes, dk = cache.replayssm_rawk.shape
     hv, dv = cache.replayssm_rawv.shape[2], cache.replayssm_rawv.shape[4]
     rows = cache.intermediate_conv_window[0].shape[1]  # max_running_requests + 1 (SGLang's padding row)

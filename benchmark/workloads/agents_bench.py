@@ -21,6 +21,10 @@ turns, prompt_tokens_max}``: completion tokens per second of wall time; per-turn
 ``--enable-cache-report``); ``accept_length``: the server's average since start-up, read after the
 phase (``/get_server_info``; phases run in the order of ``--agents``).
 
+``--abort-every K``: every K-th turn is first sent and aborted mid-way (a user interrupting it), then
+sent again, so that aborted requests' states meet the radix cache (``aborted_turns``; ``aborts_mid_run``:
+those whose abort found the request still running).
+
 Losslessness on the same traffic: every reply is kept (``--replies-out``, gzip JSON) and each
 configuration's phase is compared with the no-speculation server's same phase (:func:`compare`:
 turns whose reply is identical, sessions with a difference, the first differing turn). With
@@ -143,15 +147,50 @@ def token_counter(model_dir):
     return lambda msgs: sum(len(m["content"]) // 4 + 4 for m in msgs)
 
 
-def chat(url, messages, max_tokens, model="default", timeout=600):
+def chat(url, messages, max_tokens, model="default", timeout=600, rid=None):
     from sglang_server import post
 
-    return post(url + "/v1/chat/completions", dict(model=model, messages=messages, max_tokens=max_tokens,
-                                                   temperature=0), timeout=timeout)
+    body = dict(model=model, messages=messages, max_tokens=max_tokens, temperature=0)
+    if rid is not None:
+        body["rid"] = rid
+    return post(url + "/v1/chat/completions", body, timeout=timeout)
 
 
-def run_phase(url, sessions, agents: int, max_tokens: int, count_tokens, limit: int, send=chat):
-    """Run every session with ``agents`` concurrent agents; returns per-turn records and the wall time."""
+def aborted_turn(url, messages, max_tokens, rid: str, after_s: float, send=chat, abort=None):
+    """The turn as a user who interrupts it: the request is sent, aborted after ``after_s`` seconds
+    (SGLang's ``/abort_request``), and its (partial or error) answer dropped; the agent then sends the
+    turn again. Returns whether the abort found the request still running (an answer with
+    ``finish_reason`` abort, or an HTTP error)."""
+    if abort is None:
+        from sglang_server import post
+
+        def abort(rid):
+            post(url + "/abort_request", {"rid": rid})
+    box = {}
+
+    def first():
+        try:
+            box["r"] = send(url, messages, max_tokens, rid=rid)
+        except Exception as e:  # an aborted request may end with an HTTP error
+            box["e"] = e
+
+    th = threading.Thread(target=first)
+    th.start()
+    time.sleep(after_s)
+    abort(rid)
+    th.join()
+    if "e" in box:
+        return True
+    reason = ((box["r"].get("choices") or [{}])[0].get("finish_reason") or "")
+    return "abort" in str(reason)
+
+
+def run_phase(url, sessions, agents: int, max_tokens: int, count_tokens, limit: int, send=chat,
+              abort_every: int = 0, abort_after_s: float = 0.05, abort=None):
+    """Run every session with ``agents`` concurrent agents; returns per-turn records and the wall time.
+    ``abort_every`` K > 0: turn ``t`` of session ``s`` with ``(s + t) % K == K - 1`` is first sent and
+    aborted mid-way (:func:`aborted_turn`), then sent again (its record is the second answer's, with
+    ``aborted`` set)."""
     todo = list(sessions)
     lock = threading.Lock()
     turns = []
@@ -165,6 +204,11 @@ def run_phase(url, sessions, agents: int, max_tokens: int, count_tokens, limit: 
             msgs = [dict(role="system", content=s["system"]), dict(role="user", content=s["task"])]
             for obs in s["observations"]:
                 msgs = collapse(msgs, count_tokens, limit)
+                turn = sum(m["role"] == "assistant" for m in msgs)
+                interrupted = None
+                if abort_every > 0 and (int(s["id"]) + turn) % abort_every == abort_every - 1:
+                    interrupted = aborted_turn(url, msgs, max_tokens, f"agents-{s['id']}-{turn}-abort", abort_after_s,
+                                               send=send, abort=abort)
                 t0 = time.perf_counter()
                 r = send(url, msgs, max_tokens)
                 dt = time.perf_counter() - t0
@@ -172,10 +216,11 @@ def run_phase(url, sessions, agents: int, max_tokens: int, count_tokens, limit: 
                 details = usage.get("prompt_tokens_details") or {}
                 reply = r["choices"][0]["message"]["content"] or ""
                 with lock:
-                    turns.append(dict(session=s["id"], turn=sum(m["role"] == "assistant" for m in msgs), latency=dt,
+                    turns.append(dict(session=s["id"], turn=turn, latency=dt,
                                       completion_tokens=usage.get("completion_tokens", 0),
                                       prompt_tokens=usage.get("prompt_tokens", 0),
-                                      cached_tokens=details.get("cached_tokens", 0) or 0, reply=reply))
+                                      cached_tokens=details.get("cached_tokens", 0) or 0, reply=reply,
+                                      aborted=interrupted))
                 msgs += [dict(role="assistant", content=reply), dict(role="user", content="OBSERVATION:\n" + obs)]
 
     t0 = time.perf_counter()
@@ -193,7 +238,9 @@ def summarize(config, agents, turns, wall, accept_length=None):
                 accept_length=accept_length, latency_p50=statistics.median(lat) if lat else None,
                 latency_p95=lat[int(0.95 * (len(lat) - 1))] if lat else None,
                 cached_fraction=sum(t["cached_tokens"] for t in turns) / prompt if prompt else None,
-                prompt_tokens_max=max((t["prompt_tokens"] for t in turns), default=0))
+                prompt_tokens_max=max((t["prompt_tokens"] for t in turns), default=0),
+                aborted_turns=sum(t.get("aborted") is not None for t in turns),
+                aborts_mid_run=sum(bool(t.get("aborted")) for t in turns))
 
 
 def replies(turns):
@@ -265,6 +312,9 @@ def main():
                     help="per server, before the measured phases: this many other sessions (another seed) at each "
                          "--agents level, then /flush_cache -- what just-in-time compiles at new shapes costs is "
                          "recorded as the server's warmup_s, not in the rows (0: none)")
+    ap.add_argument("--abort-every", type=int, default=0,
+                    help="K > 0: every K-th turn (by session + turn) is first sent and aborted mid-way, then sent again")
+    ap.add_argument("--abort-after", type=float, default=0.05, help="seconds before such a turn's first send is aborted")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from sglang_server import get, log_health, post, sglang_server
@@ -296,7 +346,8 @@ def main():
                     res["servers"][name]["warmup_s"] = round(time.time() - t1, 1)
                     post(url + "/flush_cache", {})  # the measured phases start from an empty radix cache
                 for agents in (int(a) for a in args.agents.split(",")):
-                    turns, wall = run_phase(url, sessions, agents, args.max_tokens, count, args.collapse_tokens)
+                    turns, wall = run_phase(url, sessions, agents, args.max_tokens, count, args.collapse_tokens,
+                                            abort_every=args.abort_every, abort_after_s=args.abort_after)
                     info = json.loads(get(url + "/get_server_info"))
                     acc = next((s.get("avg_spec_accept_length") for s in info.get("internal_states", [])
                                 if s.get("avg_spec_accept_length")), None)

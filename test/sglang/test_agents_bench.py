@@ -138,3 +138,28 @@ def test_main_runs_every_configuration_and_phase_with_the_flags_given(tmp_path, 
     assert res["parity"]["lumotree-exact/2"]["first_difference"] == [0, 2]  # (session, turn), through JSON
     assert set(json.load(gzip.open(rep, "rt"))) == {"none-exact/1", "none-exact/2", "lumotree-exact/1", "lumotree-exact/2",
                                                     "lumotree-sync-exact/1", "lumotree-sync-exact/2"}
+
+
+def test_aborted_turns_are_sent_twice_and_recorded():
+    """--abort-every: the chosen turns are first sent with a request id and aborted, then sent again; the
+    record is the second answer's."""
+    ab = load()
+    sessions = ab.make_sessions(2, 4, seed=0)
+    sent, aborted, lock = [], [], threading.Lock()
+
+    def send(url, msgs, max_tokens, rid=None):
+        with lock:
+            sent.append((sum(m["role"] == "assistant" for m in msgs), rid))
+        reason = "abort" if rid is not None else "length"
+        return dict(choices=[dict(message=dict(content="x"), finish_reason=reason)],
+                    usage=dict(completion_tokens=3, prompt_tokens=10))
+
+    turns, _ = ab.run_phase("http://x", sessions, 2, 8, lambda m: 10, 10 ** 6, send=send, abort_every=3,
+                            abort_after_s=0.0, abort=lambda rid: aborted.append(rid))
+    chosen = {(int(s["id"]), t) for s in sessions for t in range(len(s["observations"])) if (int(s["id"]) + t) % 3 == 2}
+    assert sorted((int(t["session"]), t["turn"]) for t in turns if t["aborted"] is not None) == sorted(chosen)
+    assert all(t["aborted"] is True for t in turns if t["aborted"] is not None)
+    assert len(aborted) == len(chosen) == sum(rid is not None for _, rid in sent)
+    assert len(sent) == len(turns) + len(chosen)
+    row = ab.summarize("c", 2, turns, 1.0)
+    assert row["aborted_turns"] == row["aborts_mid_run"] == len(chosen)

@@ -238,3 +238,63 @@ def test_hooks_admit_record_and_inject(monkeypatch):
     vi.draft_token = torch.tensor([30, 7, 7, 7])
     draft_oracle.draft(lambda self, b: vi, None, batch)
     assert vi.draft_token.tolist() == [30, 7, 7, 7]
+
+
+APPLY_SCRIPT = r"""
+import os
+from types import SimpleNamespace
+import torch
+os.environ["LUMOTREE_BENCH_DRAFT_ORACLE_P"] = "1.0"
+from sglang.srt.plugins.hook_registry import HookRegistry
+import sglang.srt.speculative.eagle_worker_v2 as w
+from lumotree.sglang import draft_oracle
+
+class Mode:
+    def __init__(self, extend):
+        self.extend = extend
+    def is_extend(self):
+        return self.extend
+    def is_idle(self):
+        return False
+
+# SGLang's two methods, stood in before the hooks are applied (the real ones need a GPU worker)
+def step(self, batch, *a, **k):
+    if batch.forward_mode.is_extend():
+        return SimpleNamespace(next_token_ids=torch.tensor([30]))
+    return SimpleNamespace(next_token_ids=torch.tensor([31, 32, 0, 0]), accept_lens=torch.tensor([2]),
+                           speculative_num_draft_tokens=4)
+w.EAGLEWorkerV2.forward_batch_generation = step
+w.EagleDraftWorker.draft = lambda self, batch: SimpleNamespace(
+    draft_token=torch.tensor([30, 7, 7, 7]), positions=torch.tensor([3, 4, 5, 6]),
+    retrieve_next_token=torch.tensor([[1, 2, 3, -1]]), spec_steps=3)
+draft_oracle.install()
+HookRegistry.apply_hooks()
+pool = SimpleNamespace(req_to_token=torch.zeros(4, 16, dtype=torch.int32))
+req = SimpleNamespace(origin_input_ids=[3, 4, 5], req_pool_idx=2)
+def batch(extend):
+    return SimpleNamespace(req_to_token_pool=pool, forward_mode=Mode(extend), reqs=[req],
+                           seq_lens=torch.tensor([0 if extend else 3]), req_pool_indices=torch.tensor([2]))
+w.EAGLEWorkerV2.forward_batch_generation(None, batch(True))   # prefill: admitted, output 0 recorded
+w.EAGLEWorkerV2.forward_batch_generation(None, batch(False))  # a verify: outputs 1, 2 recorded
+vi = w.EagleDraftWorker.draft(None, batch(False))
+print("RESULT", vi.draft_token.tolist())
+"""
+
+
+def test_install_wraps_sglangs_methods():
+    """With the variable set, SGLang's HookRegistry wraps both methods as at start-up: a prefill and a
+    verify through the wrapped step record the continuation, the wrapped draft carries it."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", APPLY_SCRIPT], capture_output=True, text=True, timeout=600)
+    assert "RESULT [30, 31, 32, 7]" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
+
+
+def test_install_is_a_no_op_without_the_variable(monkeypatch):
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    monkeypatch.delenv(draft_oracle.ENV_P, raising=False)
+    before = {t: list(HookRegistry._hooks.get(t, [])) for t in (draft_oracle.DRAFT_TARGET, draft_oracle.STEP_TARGET)}
+    draft_oracle.install()
+    assert {t: list(HookRegistry._hooks.get(t, [])) for t in before} == before

@@ -21,10 +21,11 @@ configuration has an ``-oracle`` twin (``lumotree-topk2-oracle``, ``nextn-topk2-
 ``nextn-chain-oracle``, ...; ``lumotree.sglang.draft_oracle``) whose MTP drafts are rewritten before
 the verify so that the first-child chain carries the continuation with the same probability. Each
 batch is sent twice and the second pass is measured (the first records the continuation). An
-adaptive server (``lumotree-topk2-oracle``, ``nextn-chain-adaptive-oracle``) carries what the first
-pass taught it into the second: no acceptance then, so it starts the second pass on its no-draft
-choice and finds the acceptance at its next probe; ``lumotree-topk2-fixed-oracle`` serves the tree
-on every step.
+adaptive server (``lumotree-topk2-oracle``, ``nextn-chain-adaptive-oracle``; :func:`adapts`) would carry
+what the first pass taught it (no acceptance: the continuation is not known yet) into the measured
+one, so ``--oracle-warm-passes`` unmeasured passes at the controlled acceptance come between (default
+3: its probes, backed off to every 256 steps and more, need them to see the acceptance);
+``lumotree-topk2-fixed-oracle`` serves the tree on every step.
 
 Scheduler: ``--scheduler default`` runs every server as its flags alone make it (all with SGLang's overlap
 scheduler; LumoTree's with the ``no_buffer`` state cache, ``lumotree.sglang.scheduling``); ``sync`` adds
@@ -103,6 +104,14 @@ NGRAM_ORACLES = ("ngram-oracle", "lumotree-oracle")
 for _base in [c for c in CONFIGS if c.startswith(("lumotree-topk", "lumotree-chain", "nextn-"))
               and not c.endswith(("-sgselect", "-sync"))]:
     CONFIGS[_base + "-oracle"] = CONFIGS[_base]
+
+
+def adapts(name: str) -> bool:
+    """Whether the configuration's server picks its tree size from measured acceptance: LUMOTREE's MTP
+    configurations (adaptive by default) but the fixed-tree ones, and SGLang's ``--speculative-adaptive``."""
+    args = CONFIGS[name]
+    lumotree = "LUMOTREE" in args and "--speculative-adaptive-config" not in args
+    return lumotree or "--speculative-adaptive" in args
 
 
 def write_config(out, shape):
@@ -242,6 +251,9 @@ def main():
     ap.add_argument("--log-dir", default=".")
     ap.add_argument("--server-timeout", type=int, default=400)
     ap.add_argument("--oracle-p", type=float, default=None, help="controlled acceptance (oracle configs)")
+    ap.add_argument("--oracle-warm-passes", type=int, default=3,
+                    help="oracle configurations: unmeasured passes at the controlled acceptance after the recording "
+                         "pass, so that an adaptive server has seen the acceptance before the measured one")
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--mem-fraction-static", type=float, default=0.7,
                     help="SGLang's static memory share (the suite runs the tiny model at 0.3; at 0.7 its servers "
@@ -297,6 +309,8 @@ def main():
                     # non-graph kernels; seen costing seconds at a new size) and, for the oracle
                     # configurations, records the greedy continuation the measured pass drafts from
                     generate(url, batch, args.output_len, key=key)
+                    for _ in range(args.oracle_warm_passes if oracle and adapts(name) else 0):
+                        generate(url, batch, args.output_len, key=key)
                     t1 = time.time()
                     generate(url, batch, 1, key=key)  # prefill (+ one token) alone
                     prefill = time.time() - t1

@@ -622,9 +622,14 @@ def test_bench_spec_oracle_twins_set_the_oracle_of_their_loop(tmp_path, monkeypa
         seen.append((list(args), dict(env or {})))
         yield "http://x"
 
+    calls = []
+
+    def fake_generate(url, batch, n, key="text"):
+        calls.append(len(seen))
+        return [dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2))) for _ in batch]
+
     monkeypatch.setattr(bs, "sglang_server", fake_server)
-    monkeypatch.setattr(bs, "generate", lambda url, batch, n, key="text": [
-        dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2))) for _ in batch])
+    monkeypatch.setattr(bs, "generate", fake_generate)
     assert bs.CONFIGS["nextn-topk2-oracle"] == bs.CONFIGS["nextn-topk2"]
     assert "lumotree-topk2-sync-oracle" not in bs.CONFIGS
     monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs",
@@ -634,6 +639,10 @@ def test_bench_spec_oracle_twins_set_the_oracle_of_their_loop(tmp_path, monkeypa
     bs.main()
     assert [e for _, e in seen] == [{"LUMOTREE_BENCH_DRAFT_ORACLE_P": "0.8"}] * 2 + [{"LUMOTREE_BENCH_ORACLE_P": "0.8"}]
     assert seen[0][0] == bs.CONFIGS["lumotree-topk2"]
+    # warm-up, then per batch: the recording pass, (adaptive servers) 3 warm passes, prefill, the measured pass
+    assert [calls.count(i) for i in (1, 2, 3)] == [1 + 1 + 3 + 2, 1 + 1 + 2, 1 + 1 + 2]
+    assert bs.adapts("lumotree-topk2-oracle") and not bs.adapts("lumotree-topk2-fixed-oracle")
+    assert bs.adapts("nextn-chain-adaptive-oracle") and not bs.adapts("nextn-topk2-oracle")
 
 
 def test_bench_spec_reads_the_adaptive_decisions(tmp_path):

@@ -168,8 +168,7 @@ class DraftOracle:
         c = torch.where(keep, idx, torch.full_like(idx, self.max_len))
         self.cont.index_put_((s.reshape(-1), c.reshape(-1)), toks.reshape(-1))
         end = torch.where(keep, idx + 1, torch.zeros_like(idx)).amax(1)
-        self.filled.scatter_reduce_(0, s[:, 0], end, reduce="amax")
-        self.filled[self.slots] = 0
+        self.filled.scatter_reduce_(0, s[:, 0], end, reduce="amax")  # the trash slot's is never read
 
     # ------------------------------------------------------------------ device: injection
     def inject(self, draft_token: torch.Tensor, positions: torch.Tensor, next_token: torch.Tensor,

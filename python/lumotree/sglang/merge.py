@@ -30,17 +30,14 @@ import torch
 from lumotree.drafters.suffix import make_suffix_drafter
 from lumotree.drafters.tree_merge import merge_trees
 from lumotree.sglang.scheduling import MERGE_ENV as ENV_FLAG
-from lumotree.sglang.scheduling import merge_enabled, turns_overlap_off
+from lumotree.sglang.scheduling import merge_enabled as enabled
+from lumotree.sglang.scheduling import turns_overlap_off
 from lumotree.tree import ancestor_mask, eagle_links, parents_from_eagle
 
 logger = logging.getLogger(__name__)
 
 ENV_SLOTS = "LUMOTREE_SUFFIX_MERGE_SLOTS"
 FULL_MASK, QLEN_ONLY, QLEN_ONLY_BITPACKING = 0, 1, 2  # SGLang's TreeMaskMode values
-
-
-def enabled() -> bool:
-    return merge_enabled()
 
 
 def validate(server_args) -> None:

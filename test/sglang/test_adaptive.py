@@ -181,19 +181,22 @@ def test_worker_attributes_step_times_and_switches_states(monkeypatch):
     w._pending_steps = collections.deque(maxlen=8)
     w._prev_steps = 3
     w._step_chosen = False
-    clock = iter([1.0, 1.5, 1.6, 3.0])
+    clock = iter([1.0, 1.5, 1.6, 3.0, 3.2])
     monkeypatch.setattr("lumotree.sglang.worker.time.perf_counter", lambda: next(clock))
     monkeypatch.setattr(adaptive, "RUN", 1)  # one step per exploration run: a switch on every step
     w.activate_step_by_batch(8)   # explores the tree first: no switch
     w.activate_step_by_batch(8)   # 0.5 s attributed to the 3-step tree at bucket 8, then no draft
     assert switched == [0] and w.tree_policy.buckets[8].samples == {0: 0, 3: 1}
-    w.activate_step_by_batch(0)   # idle: 0.1 s attributed to no draft, nothing chosen
-    assert w.tree_policy.buckets[8].samples == {0: 1, 3: 1}
-    w.activate_step_by_batch(8)   # after an idle step: no time attributed; the tree again, after a no-draft step
+    w.activate_step_by_batch(0)   # idle: the 0.1 s of the no-draft step dropped (it followed a switch: under the
+    assert w.tree_policy.buckets[8].samples == {0: 0, 3: 1}  # overlap scheduler it timed the tree before it)
+    w.activate_step_by_batch(8)   # after an idle step: no time attributed; no draft (fewer samples), no switch
+    assert w.tree_policy.buckets[8].samples == {0: 0, 3: 1} and switched == [0]
+    w.activate_step_by_batch(8)   # 0.2 s attributed to no draft; the tree again, after a no-draft step
     assert w.tree_policy.buckets[8].samples == {0: 1, 3: 1} and switched == [0, 3]
-    # acceptance arrives in launch order: the first result is the tree's, the second the no-draft step's
+    # acceptance arrives in launch order: the first result is the tree's, the next two the no-draft steps'
     w.on_verify_complete_cpu([2, 2])
     assert w.tree_policy.accept == 2.0
+    w.on_verify_complete_cpu([0, 0])
     w.on_verify_complete_cpu([0, 0])
     assert w.tree_policy.accept == 2.0
     # the first tree after a no-draft step drafted from zeros (draft-extend skipped): not an acceptance
@@ -239,3 +242,82 @@ def test_a_slow_outlier_does_not_decide_a_bucket():
         p.observe_time(32, 0, 1.2 if i == 0 else 0.012)
         p.observe_time(32, 3, 0.024)
     assert p.choose(32) == 0
+
+
+def simulate_overlap(policy, batch, t_none, t_tree, accept, steps, seed=0):
+    """As :func:`simulate`, timed as SGLang's overlap scheduler times a step: the host interval after a
+    launch is the previous step's GPU time, and results (acceptance) arrive one step late. Returns the
+    candidates served, in order."""
+    rng, served, pending, prev = random.Random(seed), [], None, None
+    for _ in range(steps):
+        s = policy.choose(batch)
+        if prev is not None:
+            policy.observe_time(batch, prev[0], prev[1], after_switch=prev[2])
+        if pending is not None:
+            policy.observe_accept(*pending)
+        t_prev = (t_tree if (served[-1] if served else s) else t_none) * (1 + 0.02 * rng.random())
+        cold = s and served and served[-1] == 0
+        pending = None if cold or not s else (s, [accept] * batch)
+        prev = (s, t_prev, bool(served) and served[-1] != s)
+        served.append(s)
+    return served
+
+
+def test_a_probe_shows_risen_acceptance_at_once():
+    """Batch 32, no-draft step 9.4 ms, tree step 15.9 ms (27B shapes, H200): the tree pays from 0.7 accepted
+    drafts. The server first sees no acceptance (a prompt's first pass), then 1.4 per step: the first probe
+    after the change must switch to the tree -- an average still weighted by the zeros before the no-draft
+    stretch needed a second probe, up to PROBE_MAX steps later, and served no draft meanwhile."""
+    p = TreeSizePolicy([0, 3])
+    simulate_overlap(p, 32, 0.0094, 0.0159, 0.0, steps=700)
+    assert p.buckets[32].chosen == 0 and p.buckets[32].probe_every > adaptive.PROBE_EVERY
+    served = simulate_overlap(p, 32, 0.0094, 0.0159, 1.4, steps=p.buckets[32].probe_every + 3 * adaptive.RUN, seed=1)
+    assert p.buckets[32].chosen == 3, p.table()
+    first_tree = served.index(3)
+    assert served[first_tree:].count(0) <= adaptive.RUN, served[first_tree:]  # one probe of no draft at most
+
+
+def test_overlap_timing_learns_each_candidate_s_own_step_time():
+    """Under the overlap scheduler's one-step lag, a run's first sample is the other candidate's step:
+    dropped, the estimates are each candidate's own."""
+    p = TreeSizePolicy([0, 3])
+    simulate_overlap(p, 8, 0.010, 0.030, 0.0, steps=60)
+    st = p.table()["buckets"][8]["step_ms"]
+    assert st[0] == pytest.approx(10.0, rel=0.03) and st[3] == pytest.approx(30.0, rel=0.03), st
+
+
+def test_acceptance_leaves_out_rows_a_step_holds_after_they_finished(monkeypatch):
+    """Under the overlap scheduler a decode step still holds the requests the step before finished; their
+    drafts' acceptance is not the workload's and must not enter the average (a batch ending together
+    once dragged it from 1.5 to 0.8 accepted drafts, and the policy dropped a tree that paid)."""
+    pytest.importorskip("sglang")
+    import collections
+
+    import torch
+
+    from lumotree.sglang.finish import FinishedRows
+    from lumotree.sglang.worker import worker_class
+
+    w = object.__new__(worker_class())
+    w.speculative_num_steps = 3
+    w.apply_runtime_state = lambda state: None
+    w.tree_policy = TreeSizePolicy([3, 0])
+    w.tree_policy.choose = lambda batch: 3
+    w._tree_states, w._last_decode, w._prev_steps, w._step_chosen = {0: 0, 3: 3}, None, 3, False
+    w._pending_steps = collections.deque(maxlen=8)
+    w._overlap_consistent = True
+    pool = SimpleNamespace(req_to_token=torch.zeros(8, 4, dtype=torch.int32))
+    fin = FinishedRows.of(pool)
+    fin.done[torch.tensor([2, 5])] = True  # finished by the step before
+    batch = SimpleNamespace(req_to_token_pool=pool, req_pool_indices=torch.tensor([1, 2, 5, 6]),
+                            seq_lens=torch.tensor([9, 9, 9, 9]))
+    w.activate_step_by_batch(4)
+    w._note_live_rows(batch)
+    w.on_verify_complete_cpu([2, 0, 0, 2])
+    assert w.tree_policy.accept == 2.0
+    # without the consistent overlap cache every row is the workload's
+    w._overlap_consistent = False
+    w.activate_step_by_batch(4)
+    w._note_live_rows(batch)
+    w.on_verify_complete_cpu([0, 0, 0, 0])
+    assert w.tree_policy.accept == pytest.approx(2.0 * (1 - adaptive.EMA))

@@ -287,12 +287,16 @@ def test_profile_pass_asks_sglang_for_a_bounded_cpu_gpu_trace(tmp_path, monkeypa
     calls = []
     monkeypatch.setattr(bs, "post", lambda url, payload, **kw: calls.append((url, payload)) or {})
     monkeypatch.setattr(bs, "generate", lambda url, batch, n, key="text": calls.append(("gen", len(batch), n)) or [])
+    slept = []
+    monkeypatch.setattr(bs.time, "sleep", lambda s: slept.append(s))
     args = argparse.Namespace(profile_dir=str(tmp_path / "prof"), profile_steps=30, output_len=128)
-    out = bs.profile_pass("http://x", [[1, 2]] * 8, args, "input_ids", "lumotree-topk2-bs8")
+    out = bs.profile_pass("http://x", [[1, 2]] * 8, args, "input_ids", "lumotree-topk2-bs8", 0.4)
     assert out == str(tmp_path / "prof" / "lumotree-topk2-bs8") and (tmp_path / "prof" / "lumotree-topk2-bs8").is_dir()
-    url, payload = calls[0]
+    # the requests first, the profiler once their prefill is over: the window holds decode steps only
+    assert calls[0] == ("gen", 8, 128) and slept == [pytest.approx(0.7)]
+    url, payload = calls[1]
     assert url == "http://x/start_profile" and payload["num_steps"] == 30 and payload["activities"] == ["CPU", "GPU"]
-    assert payload["output_dir"] == out and calls[1] == ("gen", 8, 128)
+    assert payload["output_dir"] == out
 
 
 def test_suite_runs_the_abort_step_last_and_keeps_texts_when_it_fails(tmp_path, monkeypatch):
@@ -376,7 +380,7 @@ def test_bench_spec_main_warms_each_batch_times_prefill_and_profiles_chosen_batc
     bs.main()
     # warm-up (1 request), then per batch: warm pass, prefill (1 token), measured pass [, profile]
     assert calls == [(1, 16, "text"), (1, 16, "text"), (1, 1, "text"), (1, 16, "text"),
-                     (8, 16, "text"), (8, 1, "text"), (8, 16, "text"), ("profile", 30), (8, 16, "text")]
+                     (8, 16, "text"), (8, 1, "text"), (8, 16, "text"), (8, 16, "text"), ("profile", 30)]
     res = json.load(open(out))
     rows = res["rows"]
     assert [r["batch"] for r in rows] == [1, 8] and rows[0]["accept_length"] == 2.0

@@ -14,7 +14,12 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   drafting, selection, commit and the scheduler's host work of the step. A median, because single
   steps can take 100x the usual (a first compile at a new shape, a profiler starting): on the H200
   an average of such samples made a bucket serve its slower candidate;
-* the **acceptance** ``a`` is a moving average of the accepted drafts per request over the steps that drafted;
+  A step's sample is dropped when the step before it served the other candidate: under SGLang's
+  overlap scheduler the host interval after a launch ends when the *previous* step's results are in,
+  so the first sample of a run measures the candidate before it;
+* the **acceptance** ``a`` is a moving average of the accepted drafts per request over the steps that
+  drafted -- restarted at each drafted run that follows no-draft steps (its samples then outweigh the
+  estimate from before the gap: a probe must be able to show within its run that the acceptance rose);
 * a bucket first **explores** (every candidate for a run of ``RUN`` consecutive steps), then serves the
   candidate of most tokens per second, switching only past a ``MARGIN`` (hysteresis), and now and
   then serves the other candidate for one run (a **probe**) so that both estimates stay current: after
@@ -52,9 +57,12 @@ from typing import Dict, List, Optional, Sequence
 logger = logging.getLogger(__name__)
 
 EMA = 0.2  # weight of a new sample in the acceptance average
-WINDOW = 9  # step-time samples per candidate and bucket the median is taken over
+GAP_SAMPLES = 4  # samples after a no-draft gap averaged with the estimate from before it (weight 1) before the EMA resumes
+WINDOW = 5  # step-time samples per candidate and bucket the median is taken over (a probe's run outweighs older ones)
 MIN_SAMPLES = 3  # step-time samples per candidate and bucket before the policy trusts the bucket
-RUN = MIN_SAMPLES + 1  # consecutive steps a candidate is explored or probed for (its first drafted step is cold)
+# consecutive steps a candidate is explored or probed for: its first step's time sample is the step before's
+# (overlap) and a drafted first step is cold; one more because its results arrive a step late (overlap)
+RUN = MIN_SAMPLES + 2
 MARGIN = 0.03  # switch only when the other candidate is this much faster (tokens per second)
 PROBE_EVERY = 128  # steps of a bucket before its first probe run of the candidate not chosen
 PROBE_MAX = 1024  # the longest interval between probe runs (doubling from PROBE_EVERY while probes confirm)
@@ -96,6 +104,8 @@ class TreeSizePolicy:
         self.candidates: List[int] = cands
         self.accept: Optional[float] = prior_accept
         self.buckets: Dict[int, _Bucket] = {}
+        self._last: Optional[int] = None  # the candidate of the last step chosen (any bucket)
+        self._gap: Optional[list] = None  # after a no-draft gap: [estimate before it, sum, count] of new samples
 
     # ------------------------------------------------------------------ estimates
     def tokens_per_step(self, steps: int) -> float:
@@ -111,9 +121,10 @@ class TreeSizePolicy:
                                       {c: 0 for c in self.candidates})
         return self.buckets[b]
 
-    def observe_time(self, batch: int, steps: int, seconds: float) -> None:
-        """Wall time of one decode step of ``batch`` requests served with ``steps`` draft steps."""
-        if steps not in self.candidates or not seconds > 0:
+    def observe_time(self, batch: int, steps: int, seconds: float, after_switch: bool = False) -> None:
+        """Wall time of one decode step of ``batch`` requests served with ``steps`` draft steps;
+        ``after_switch``: the step before it served another candidate (the sample is dropped)."""
+        if steps not in self.candidates or not seconds > 0 or after_switch:
             return
         st = self._bucket(batch)
         st.times[steps].append(seconds)
@@ -123,7 +134,14 @@ class TreeSizePolicy:
         """Accepted draft tokens per request of one step served with ``steps`` draft steps."""
         if steps == 0 or not accepted_drafts:
             return
-        self.accept = _ema(self.accept, sum(accepted_drafts) / len(accepted_drafts))
+        a = sum(accepted_drafts) / len(accepted_drafts)
+        if self._gap is None:
+            self.accept = _ema(self.accept, a)
+            return
+        old, total, n = self._gap
+        total, n = total + a, n + 1
+        self.accept = (total + old) / (n + 1) if old is not None else total / n
+        self._gap = None if n >= GAP_SAMPLES else [old, total, n]
 
     def step_time(self, batch: int, steps: int) -> Optional[float]:
         """Estimated seconds of a step of ``batch`` with ``steps``; ``None`` before a time sample."""
@@ -140,6 +158,13 @@ class TreeSizePolicy:
         """The draft steps of the next decode step of ``batch`` requests."""
         if len(self.candidates) == 1:
             return self.candidates[0]
+        steps = self._choose(batch)
+        if steps > 0 and self._last == 0:  # drafting resumes: its acceptance is measured afresh
+            self._gap = [self.accept, 0.0, 0]
+        self._last = steps
+        return steps
+
+    def _choose(self, batch: int) -> int:
         st = self._bucket(batch)
         if st.run_left > 0:
             st.run_left -= 1

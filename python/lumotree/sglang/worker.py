@@ -75,7 +75,7 @@ def worker_class():
     from lumotree.sglang import draft_oracle
     from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.decode_step import DecodeStep
-    from lumotree.sglang.finish import forward_marked, keep_out_of_cache
+    from lumotree.sglang.finish import FinishedRows, forward_marked, keep_out_of_cache
     from lumotree.sglang.scheduling import overlap_consistent
 
     class LumoTreeWorker(ew.EAGLEWorkerV2):
@@ -88,8 +88,8 @@ def worker_class():
             # one candidate that is the configured tree: a fixed tree, no policy ([0] pins the no-draft step)
             self.tree_policy = adaptive.TreeSizePolicy(steps) if steps != [self.speculative_num_steps] else None
             self._tree_states = {}
-            self._last_decode = None  # (batch, steps, host time) of the previous decode step
-            self._pending_steps = collections.deque(maxlen=8)  # (steps, cold) of decode steps not yet reported
+            self._last_decode = None  # (batch, steps, host time, after a switch) of the previous decode step
+            self._pending_steps = collections.deque(maxlen=8)  # [steps, cold, live rows] of decode steps not yet reported
             self._prev_steps = self.speculative_num_steps
             self._decode_step = None  # the no-draft step as a decode forward (built with the CUDA graphs)
             self._decodes = one_token_decode(server_args)
@@ -155,13 +155,35 @@ def worker_class():
         def _forward(self, batch, *args, **kwargs):
             if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
                 self._last_decode = None  # a prefill between two decode steps: no step time to attribute
-            elif self._decode_step is not None and not batch.forward_mode.is_idle():
+            elif self.tree_policy is not None and not batch.forward_mode.is_idle():
                 self.activate_step_by_batch(batch.seq_lens.shape[0])
                 self._step_chosen = True  # SGLang's loop asks again: the choice stands
-                if self.speculative_num_steps == 0 and self._decode_step.serves(batch):
+                self._note_live_rows(batch)
+                if self._decode_step is not None and self.speculative_num_steps == 0 and self._decode_step.serves(batch):
                     self._step_chosen = False
                     return self._no_draft_decode(batch, kwargs.get("on_publish", args[0] if args else None))
             return super().forward_batch_generation(batch, *args, **kwargs)
+
+        def _note_live_rows(self, batch) -> None:
+            """With the overlap scheduler's consistent cache: which rows of this decode step are still
+            running, copied to the host with the step (its acceptance sample leaves the others out).
+
+            Why: a step launched before the previous step's results were processed still holds the
+            requests that step finished (their state rows masked, :mod:`lumotree.sglang.finish`); their
+            "accepted drafts" are whatever the verify of a finished request gave -- zeros with the
+            benchmark's drafts -- and SGLang reports them with the rest. Where a batch of requests ends
+            together, each such step pulled the acceptance average down by most of its value, and the
+            policy dropped a tree that paid (27B shapes, batch 32, H200)."""
+            if self.tree_policy is None or not getattr(self, "_overlap_consistent", False) or not self._pending_steps:
+                return
+            entry = self._pending_steps[-1]  # this step's (chosen just now, by SGLang's loop or by _forward)
+            if entry[2] is not None:
+                return
+            rows = FinishedRows.of(batch.req_to_token_pool)
+            live = ~rows.done[batch.req_pool_indices[:batch.seq_lens.shape[0]].long()]
+            host = torch.empty(live.shape, dtype=torch.bool, pin_memory=live.is_cuda)
+            host.copy_(live, non_blocking=live.is_cuda)  # before SGLang's copy of the results on this stream
+            entry[2] = host
 
         def _stub_skipped_draft_extend(self, batch, batch_output):
             super()._stub_skipped_draft_extend(batch, batch_output)
@@ -187,25 +209,31 @@ def worker_class():
                 return
             now = time.perf_counter()
             if self._last_decode is not None:
-                b, s, t = self._last_decode
-                self.tree_policy.observe_time(b, s, now - t)
+                b, s, t, switched = self._last_decode
+                self.tree_policy.observe_time(b, s, now - t, after_switch=switched)
             if batch_size <= 0:  # idle batch
                 self._last_decode = None
                 return
             steps = self.tree_policy.choose(batch_size)
             if steps != self.speculative_num_steps:
                 self.apply_runtime_state(self._tree_states[steps])
-            self._last_decode = (batch_size, steps, now)
-            # the first drafted step after no-draft steps drafts from zeros (draft-extend skipped): not an acceptance
-            self._pending_steps.append((steps, steps > 0 and self._prev_steps == 0))
+            self._last_decode = (batch_size, steps, now, steps != self._prev_steps)
+            # the first drafted step after no-draft steps drafts from zeros (draft-extend skipped): not an acceptance;
+            # the third entry: the step's running rows on the host (_note_live_rows), or None (all of them)
+            self._pending_steps.append([steps, steps > 0 and self._prev_steps == 0, None])
             self._prev_steps = steps
 
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
             if self.tree_policy is None:
                 return
             # results arrive in launch order (one step late under the overlap scheduler)
-            steps, cold = self._pending_steps.popleft() if self._pending_steps else (self.speculative_num_steps, False)
-            if not cold:
-                self.tree_policy.observe_accept(steps, num_correct_drafts_per_req)
+            steps, cold, live = (self._pending_steps.popleft() if self._pending_steps
+                                 else (self.speculative_num_steps, False, None))
+            if cold:
+                return
+            drafts = list(num_correct_drafts_per_req)
+            if live is not None and len(live) == len(drafts):  # the step's results are in: so is its copy
+                drafts = [d for d, running in zip(drafts, live.tolist()) if running]
+            self.tree_policy.observe_accept(steps, drafts)
 
     return LumoTreeWorker

@@ -1,5 +1,6 @@
 """docs/serving_speed_h200.png from benchmark/results/serving_speed_h200.json (needs matplotlib):
-client tokens/s relative to no speculation, per batch, for every configuration of each run.
+client tokens/s relative to no speculation, per batch, for every configuration of each run (a run without
+no-speculation rows at a batch takes them from the runs its ``none_from`` names).
 
     python3 benchmark/serving/plot_serving_speed.py
 """
@@ -18,9 +19,13 @@ OUT = os.path.join(HERE, "..", "..", "docs", "serving_speed_h200.png")
 
 def main():
     runs = json.load(open(RES))["runs"]
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    by_name = {run.get("run"): run for run in runs}
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
     for i, run in enumerate(runs):
-        none = {r["batch"]: r["tokens_per_s"] for r in run["rows"] if r["config"] == "none"}
+        # the run's own no-speculation rows; batches it lacks from the runs it names (``none_from``)
+        none = {}
+        for src in reversed([run] + [by_name[n] for n in run.get("none_from", []) if n in by_name]):
+            none.update({r["batch"]: r["tokens_per_s"] for r in src["rows"] if r["config"] == "none"})
         for cfg in dict.fromkeys(r["config"] for r in run["rows"]):
             if cfg == "none" or not none:
                 continue
@@ -29,7 +34,8 @@ def main():
                 continue
             acc = sum(r.get("accept_length") or 1.0 for r in rows) / len(rows)
             ax.plot([r["batch"] for r in rows], [r["tokens_per_s"] / none[r["batch"]] for r in rows], marker="o",
-                    ls="-" if i == 0 else ":", label=f"{cfg}, accept {acc:.2f} (run {i + 1})")
+                    ls="-" if cfg.startswith("lumotree") else ":",
+                    label=f"{cfg}, accept {acc:.2f} (run {run.get('run', i + 1)})")
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set(xscale="log", xlabel="batch", ylabel="tokens/s ÷ no speculation",
            title="Serving speed vs no speculation, Qwen3.5-27B shapes, 32 layers, H200")

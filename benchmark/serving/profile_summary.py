@@ -1,7 +1,7 @@
 """Summarise torch-profiler traces of a serving step (written by ``bench_spec.py --profile-dir``):
 where a speculative decode step's time goes, GPU side and host side.
 
-    python3 benchmark/serving/profile_summary.py DIR_OR_TRACE [...] [--out summary.json]
+    python3 benchmark/serving/profile_summary.py DIR_OR_TRACE [...] [--steps N] [--out summary.json]
 
 Per trace: the window from the first to the last GPU activity, the time the GPU was busy (union
 of kernel / memcpy / memset intervals) and so the idle share -- a step the GPU waits for is
@@ -24,6 +24,28 @@ FOCUS = ("lumotree", "verify_tree_greedy", "update_mamba_state_after_mtp_verify"
          "replay", "synchronize", "tolist", "item")
 
 
+# what a step's GPU time is spent on: kernel name patterns, first match wins (the rest is "other")
+PARTS = (
+    ("GDN verify (LumoTree mix)", ("gdn_tree_mix",)),
+    ("GDN commit (LumoTree replay)", ("gdn_tree_commit",)),
+    ("GDN recurrence (SGLang)", ("fused_recurrent_gated_delta_rule", "fused_sigmoid_gating_delta_rule", "chunk_gated_delta")),
+    ("conv", ("causal_conv1d",)),
+    ("state / conv scatter", ("mamba_state_scatter", "conv_window_scatter")),
+    ("norm", ("RMSNorm", "norm::", "rmsnorm")),
+    ("attention", ("_fwd_kernel", "_fwd_grouped_kernel", "flash", "fmha", "attention")),
+    ("selection", ("tree_select", "verify_tree")),
+    ("dense GEMM", ("nvjet", "gemm", "cutlass", "cublas", "splitKreduce", "sm90_xmma")),
+    ("torch elementwise / index", ("at::native",)),
+)
+
+
+def part_of(name: str) -> str:
+    for part, pats in PARTS:
+        if any(p in name for p in pats):
+            return part
+    return "other"
+
+
 def load(path):
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
@@ -41,7 +63,10 @@ def busy_union(intervals):
     return total
 
 
-def summarize(events, focus=FOCUS, top=12):
+def summarize(events, focus=FOCUS, top=12, steps=None):
+    """The trace's window, GPU busy time and idle share, launches, heaviest kernels, runtime calls and
+    focus functions; ``gpu_by_part``: kernel time per :data:`PARTS` entry (ms, per step when ``steps`` --
+    the forward steps in the window, e.g. ``--profile-steps`` of a decode-only profile -- is given)."""
     xs = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
     gpu = [e for e in xs if e.get("cat") in GPU_CATS]
     if not gpu:
@@ -65,6 +90,12 @@ def summarize(events, focus=FOCUS, top=12):
             p[0] += 1
             p[1] += e["dur"]
 
+    parts = collections.defaultdict(float)
+    for e in gpu:
+        parts[part_of(e["name"])] += e["dur"]
+    div = 1e3 * (steps or 1)
+    by_part = {k: round(v / div, 3) for k, v in sorted(parts.items(), key=lambda x: -x[1])}
+
     def rows(d, n):
         return [dict(name=k, count=c, total_us=round(t, 1)) for k, (c, t) in sorted(d.items(), key=lambda x: -x[1][1])[:n]]
 
@@ -72,7 +103,8 @@ def summarize(events, focus=FOCUS, top=12):
                 gpu_idle_fraction=round(1 - busy / (t1 - t0), 4) if t1 > t0 else 0.0,
                 gpu_events=len(gpu), graph_launches=rt["cudaGraphLaunch"][0] if "cudaGraphLaunch" in rt else 0,
                 kernel_launches=sum(c for k, (c, _) in rt.items() if "LaunchKernel" in k),
-                top_kernels=rows(kern, top), runtime_calls=rows(rt, top), python_focus=rows(py, top))
+                top_kernels=rows(kern, top), runtime_calls=rows(rt, top), python_focus=rows(py, top),
+                gpu_by_part=by_part, gpu_by_part_unit="ms per step" if steps else "ms", steps=steps)
 
 
 def traces(paths):
@@ -91,10 +123,13 @@ def main(argv=None):
     ap.add_argument("paths", nargs="+")
     ap.add_argument("--out", default=None)
     ap.add_argument("--top", type=int, default=12, help="rows per table")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="forward steps in each trace's window (a decode-only profile's --profile-steps): GPU time "
+                         "per part is then per step")
     args = ap.parse_args(argv)
     res = {}
     for t in traces(args.paths):
-        res[t] = summarize(load(t), top=args.top)
+        res[t] = summarize(load(t), top=args.top, steps=args.steps)
         s = res[t]
         print(f"{t}: window {s.get('window_ms')} ms, GPU busy {s.get('gpu_busy_ms')} ms "
               f"(idle {100 * s.get('gpu_idle_fraction', 0):.0f}%), graph launches {s.get('graph_launches')}, "

@@ -204,6 +204,12 @@ def test_profile_summary_measures_gpu_idle_time_and_focus_functions(tmp_path):
     assert s["graph_launches"] == 1 and s["kernel_launches"] == 1
     assert s["top_kernels"][0] == dict(name="gdn_tree_mix_apply_fwd_kernel", count=2, total_us=50.0)
     assert [p["name"] for p in s["python_focus"]] == ["backend.py(206): commit_after_verify"]
+    # kernel time by part of the step, per step with --steps (a decode-only window of 2 steps)
+    assert s["gpu_by_part"] == {"GDN verify (LumoTree mix)": 0.05, "state / conv scatter": 0.01}
+    s2 = ps.main([str(f), "--steps", "2"])[str(f)]
+    assert s2["gpu_by_part"] == {"GDN verify (LumoTree mix)": 0.025, "state / conv scatter": 0.005}
+    assert s2["gpu_by_part_unit"] == "ms per step"
+    assert ps.part_of("nvjet_sm90_tst_144x128_64x6_2x1_v_bz_TNN") == "dense GEMM" and ps.part_of("mystery") == "other"
 
 
 def test_bench_spec_reads_the_servers_decode_throughput_and_merges_lanes(tmp_path):

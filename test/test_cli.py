@@ -50,7 +50,9 @@ def test_demo_checkpoint_without_tokenizer_or_with_a_broken_config(capsys, tmp_p
     pytest.param(["--model-path", "./nowhere"], ["--model-path ./nowhere: no such directory"], id="no-model"),
     pytest.param(["--model-path", __file__], ["not a checkpoint directory"], id="model-is-a-file"),
     pytest.param(["--model-path", "org/m", "--steps", "0"], ["--steps must be a positive integer"], id="steps-0"),
-    pytest.param(["--model-path", "org/m", "--draft-tokens", "40"], ["--draft-tokens must be in [2, 7]"], id="tree-too-big"),
+    pytest.param(["--model-path", "org/m", "--draft-tokens", "40"], ["--draft-tokens must be in [2, 4]"], id="chain-too-big"),
+    pytest.param(["--model-path", "org/m", "--topk", "2", "--draft-tokens", "40"], ["--draft-tokens must be in [2, 7]"],
+                 id="tree-too-big"),
     pytest.param(["--model-path", "org/m", "--", "--speculative-algorithm", "NEXTN"],
                  ["--speculative-algorithm is set by lumotree serve", "--suffix"], id="algorithm-twice"),
     pytest.param(["--model-path", "org/m", "--speculative-num-draft-tokens=8"], ["use its --draft-tokens option"],
@@ -72,3 +74,17 @@ def test_serve_suffix_builds_the_model_free_command(capsys):
     out = capsys.readouterr().out.split()
     assert out[out.index("--speculative-algorithm") + 1] == "LUMOTREE_SUFFIX"
     assert "--speculative-num-steps" not in out and "--speculative-num-draft-tokens" not in out
+
+
+@pytest.mark.parametrize("argv,want", [
+    pytest.param([], ("3", "1", "4"), id="default-chain"),
+    pytest.param(["--topk", "2"], ("3", "2", "6"), id="topk2-tree"),
+    pytest.param(["--steps", "5", "--topk", "4"], ("5", "4", "10"), id="wide-tree"),
+    pytest.param(["--topk", "2", "--draft-tokens", "5"], ("3", "2", "5"), id="given"),
+])
+def test_serve_defaults_to_a_chain_and_sizes_trees(capsys, argv, want):
+    assert main(["serve", "--model-path", CKPT, "--dry-run", *argv]) == 0
+    out = capsys.readouterr().out.split()
+    got = tuple(out[out.index(f) + 1] for f in ("--speculative-num-steps", "--speculative-eagle-topk",
+                                                  "--speculative-num-draft-tokens"))
+    assert out[out.index("--speculative-algorithm") + 1] == "LUMOTREE" and got == want

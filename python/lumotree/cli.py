@@ -135,6 +135,8 @@ def check_serve(args, rest, cuda_available=None) -> None:
     if not args.suffix:
         _positive("--steps", args.steps, 16)
         _positive("--topk", args.topk, 8)
+        if args.draft_tokens is None:  # a chain's every node; a tree's two per level (3 steps, topk 2: 6)
+            args.draft_tokens = min(64, args.steps * args.topk + 1, args.steps + 1 if args.topk == 1 else 2 * args.steps)
         if not 2 <= args.draft_tokens <= min(64, args.steps * args.topk + 1):
             raise UsageError(f"--draft-tokens must be in [2, {min(64, args.steps * args.topk + 1)}] for --steps "
                              f"{args.steps} --topk {args.topk} (a tree of at most steps x topk + 1 nodes, at most 64; "
@@ -194,9 +196,13 @@ def main(argv=None) -> int:
                        "(other flags go to SGLang)")
     s.add_argument("--model-path", required=True, help="a Qwen3.5 / Qwen3-Next hybrid checkpoint (directory or "
                    "Hugging Face repo id) with an MTP layer (any, with --suffix)")
-    s.add_argument("--steps", type=int, default=3, help="--speculative-num-steps (tree depth)")
-    s.add_argument("--topk", type=int, default=2, help="--speculative-eagle-topk (branching)")
-    s.add_argument("--draft-tokens", type=int, default=6, help="--speculative-num-draft-tokens (tree nodes)")
+    # the default is a 3-step chain: at controlled acceptance on the 27B shapes (H200, docs/performance.md) a
+    # LUMOTREE step with the topk-2 tree cost 1.2-1.9x the chain's step (batch 1-32), more than a tree can
+    # win back in acceptance; --topk 2 --draft-tokens 6 serves the tree
+    s.add_argument("--steps", type=int, default=3, help="--speculative-num-steps (draft depth)")
+    s.add_argument("--topk", type=int, default=1, help="--speculative-eagle-topk (branching; 1: a chain)")
+    s.add_argument("--draft-tokens", type=int, default=None,
+                   help="--speculative-num-draft-tokens (tree nodes; default: steps + 1 for a chain, 2 x steps for a tree)")
     s.add_argument("--suffix", action="store_true", help="model-free suffix drafting (LUMOTREE_SUFFIX; for agents "
                    "and models without an MTP layer); --steps/--topk/--draft-tokens do not apply")
     s.add_argument("--exact", action="store_true", help="greedy outputs token-identical to the server without "

@@ -1,10 +1,21 @@
 """The serving scripts' own logic (the servers run on the GPU machine), with fake HTTP calls."""
+import contextlib
+
 import pytest
 from utils import load_script
 
 
 def load(name):
     return load_script("serving", name)
+
+
+def recording_server(seen, record):
+    """A stand-in for ``sglang_server`` that appends ``record(args, base_args, env)`` to ``seen`` per server."""
+    @contextlib.contextmanager
+    def fake_server(model, args, base_args=(), env=None, **kw):
+        seen.append(record(list(args), list(base_args), dict(env or {})))
+        yield "http://x"
+    return fake_server
 
 
 def out(text, n):
@@ -399,19 +410,12 @@ def test_bench_spec_main_warms_each_batch_times_prefill_and_profiles_chosen_batc
 
 
 def test_bench_spec_sync_scheduler_disables_overlap_for_every_configuration(tmp_path, monkeypatch):
-    import contextlib
     import json
     import sys
 
     bs = load("bench_spec")
     seen = []
-
-    @contextlib.contextmanager
-    def fake_server(model, args, base_args=(), env=None, **kw):
-        seen.append((list(base_args), dict(env or {})))
-        yield "http://x"
-
-    monkeypatch.setattr(bs, "sglang_server", fake_server)
+    monkeypatch.setattr(bs, "sglang_server", recording_server(seen, lambda args, base, env: (base, env)))
     monkeypatch.setattr(bs, "generate", lambda url, batch, n, key="text": [
         dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2))) for _ in batch])
     out = tmp_path / "b.json"
@@ -621,24 +625,17 @@ def test_cache_consistency_main_runs_each_config_and_sets_the_request_timeout(tm
 def test_bench_spec_oracle_twins_set_the_oracle_of_their_loop(tmp_path, monkeypatch):
     """MTP configurations' -oracle twins get the draft oracle (the MTP loop), the NGRAM-loop oracles
     theirs."""
-    import contextlib
     import sys
 
     bs = load("bench_spec")
     seen = []
-
-    @contextlib.contextmanager
-    def fake_server(model, args, base_args=(), env=None, **kw):
-        seen.append((list(args), dict(env or {})))
-        yield "http://x"
-
     calls = []
 
     def fake_generate(url, batch, n, key="text"):
         calls.append(len(seen))
         return [dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2))) for _ in batch]
 
-    monkeypatch.setattr(bs, "sglang_server", fake_server)
+    monkeypatch.setattr(bs, "sglang_server", recording_server(seen, lambda args, base, env: (args, env)))
     monkeypatch.setattr(bs, "generate", fake_generate)
     assert bs.CONFIGS["nextn-topk2-oracle"] == bs.CONFIGS["nextn-topk2"]
     assert "lumotree-topk2-sync-oracle" not in bs.CONFIGS

@@ -20,7 +20,9 @@ probability P, through SGLang's NGRAM loop; on the loop LUMOTREE and NEXTN users
 configuration has an ``-oracle`` twin (``lumotree-topk2-oracle``, ``nextn-topk2-oracle``,
 ``nextn-chain-oracle``, ...; ``lumotree.sglang.draft_oracle``) whose MTP drafts are rewritten before
 the verify so that the first-child chain carries the continuation with the same probability. Each
-batch is sent twice and the second pass is measured (the first records the continuation). An
+batch is sent twice and the second pass is measured (the first records the continuation). ``--miss``
+adds, per batch and oracle configuration, a row of the same server with drafts that miss (prompts it
+has never seen, so the MTP layer's own dummy-weight drafts are verified: ``accept_p`` 0). An
 adaptive server (``lumotree-topk2-oracle``, ``nextn-chain-adaptive-oracle``; :func:`adapts`) would carry
 what the first pass taught it (no acceptance: the continuation is not known yet) into the measured
 one, so ``--oracle-warm-passes`` unmeasured passes at the controlled acceptance come between (default
@@ -264,6 +266,9 @@ def main():
     ap.add_argument("--oracle-warm-passes", type=int, default=3,
                     help="oracle configurations: unmeasured passes at the controlled acceptance after the recording "
                          "pass, so that an adaptive server has seen the acceptance before the measured one")
+    ap.add_argument("--miss", action="store_true",
+                    help="oracle configurations: after each batch's controlled-acceptance row, a row of the same server "
+                         "with drafts that miss (fresh prompts the oracle has no continuation for; accept_p 0)")
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--mem-fraction-static", type=float, default=0.7,
                     help="SGLang's static memory share (the suite runs the tiny model at 0.3; at 0.7 its servers "
@@ -319,34 +324,24 @@ def main():
                     # non-graph kernels; seen costing seconds at a new size) and, for the oracle
                     # configurations, records the greedy continuation the measured pass drafts from
                     generate(url, batch, args.output_len, key=key)
-                    for _ in range(args.oracle_warm_passes if oracle and adapts(name) else 0):
-                        generate(url, batch, args.output_len, key=key)
-                    t1 = time.time()
-                    generate(url, batch, 1, key=key)  # prefill (+ one token) alone
-                    prefill = time.time() - t1
-                    t1 = time.time()
-                    at = log_size(log)
-                    outs = generate(url, batch, args.output_len, key=key)
-                    wall = time.time() - t1
-                    time.sleep(0.5)  # the log line of the last interval
-                    st = accept_stats(outs)
-                    steps = (st["verify_steps"] / bs) if st["verify_steps"] else args.output_len
-                    row = dict(config=name, batch=bs, oracle_p=args.oracle_p if oracle else None, seconds=round(wall, 3),
-                               prefill_seconds=round(prefill, 3), tokens_per_s=st["completion_tokens"] / wall,
-                               step_ms=1000 * wall / steps, decode_step_ms=1000 * max(wall - prefill, 0.0) / steps,
-                               decode_tokens_per_s=st["completion_tokens"] / max(wall - prefill, 1e-9),
-                               accept_length=st["accept_length"], scheduler=args.scheduler)
-                    row.update(request_spread(outs, wall))
-                    res["rows"].append(row)
-                    best, med, vals = logged_decode(log, bs, at)  # the measured pass only
-                    most, at_most = logged_running(log, at)
-                    row.update(logged_decode_tokens_per_s=best, logged_decode_median_tokens_per_s=med,
-                               logged_decode_intervals=vals, logged_max_running=most,
-                               logged_decode_at_max_running=at_most)
-                    if args.profile_dir and bs in [int(x) for x in args.profile_batches.split(",")]:
-                        row["profile"] = profile_pass(url, batch, args, key, f"{name}-bs{bs}", prefill)
-                    print(json.dumps(row), flush=True)
-                    json.dump(res, open(args.out, "w"), indent=1)
+                    warm = args.oracle_warm_passes if oracle and adapts(name) else 0
+                    phases = [(args.oracle_p if oracle else None, lambda: batch)]
+                    if oracle and args.miss:  # the same server with drafts that miss: prompts never seen
+                        phases.append((0.0, lambda: fresh_prompts(rng, bs, args.input_len)))
+                    for accept_p, prompts_of in phases:
+                        for _ in range(warm if accept_p is not None else 0):
+                            generate(url, prompts_of(), args.output_len, key=key)
+                        measured = prompts_of()
+                        row = measure(url, measured, args, key, log)
+                        row.update(config=name, shape=None if args.model else args.shape, tp=1, batch=bs,
+                                   oracle_p=accept_p, accept_p=accept_p, scheduler=args.scheduler)
+                        res["rows"].append(row)
+                        if (args.profile_dir and accept_p == phases[0][0]
+                                and bs in [int(x) for x in args.profile_batches.split(",")]):
+                            row["profile"] = profile_pass(url, measured, args, key, f"{name}-bs{bs}",
+                                                          row["prefill_seconds"])
+                        print(json.dumps(row), flush=True)
+                        json.dump(res, open(args.out, "w"), indent=1)
         except Exception as e:
             srv["error"] = repr(e)[:2000]
         srv.update(memory_report(log), **log_health(log))
@@ -356,6 +351,38 @@ def main():
         print(json.dumps({name: srv})[:2000], flush=True)
         json.dump(res, open(args.out, "w"), indent=1)
     print(table(res["rows"], memory=res["servers"]))
+
+
+def fresh_prompts(rng, n, length):
+    """``n`` random prompts of ``length`` token ids that no server has seen: the draft oracle has no
+    continuation for them, so the MTP layer's own drafts are verified (dummy weights: they miss)."""
+    return [[rng.randrange(1000, 100000) for _ in range(length)] for _ in range(n)]
+
+
+def measure(url, batch, args, key, log):
+    """The batch's prefill (one token) alone, then the measured pass of ``--output-len`` tokens: the
+    row's timings, acceptance and the server's own decode throughput over that pass."""
+    bs = len(batch)
+    t1 = time.time()
+    generate(url, batch, 1, key=key)  # prefill (+ one token) alone
+    prefill = time.time() - t1
+    t1 = time.time()
+    at = log_size(log)
+    outs = generate(url, batch, args.output_len, key=key)
+    wall = time.time() - t1
+    time.sleep(0.5)  # the log line of the last interval
+    st = accept_stats(outs)
+    steps = (st["verify_steps"] / bs) if st["verify_steps"] else args.output_len
+    row = dict(seconds=round(wall, 3), prefill_seconds=round(prefill, 3), tokens_per_s=st["completion_tokens"] / wall,
+               step_ms=1000 * wall / steps, decode_step_ms=1000 * max(wall - prefill, 0.0) / steps,
+               decode_tokens_per_s=st["completion_tokens"] / max(wall - prefill, 1e-9),
+               accept_length=st["accept_length"])
+    row.update(request_spread(outs, wall))
+    best, med, vals = logged_decode(log, bs, at)  # the measured pass only
+    most, at_most = logged_running(log, at)
+    row.update(logged_decode_tokens_per_s=best, logged_decode_median_tokens_per_s=med,
+               logged_decode_intervals=vals, logged_max_running=most, logged_decode_at_max_running=at_most)
+    return row
 
 
 def request_spread(outs, wall):
@@ -380,8 +407,8 @@ def label(config, scheduler):
 
 def table(rows, memory=None):
     """Markdown table; ``memory``: the servers' entries, for the speculative-memory column."""
-    out = ["| config | batch | new tokens | tokens/s (client) | ms per step (client) | decode tokens/s (server log, best) | "
-           "median | accept length | spec. memory |", "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| config | batch | accept_p | new tokens | tokens/s (client) | ms per step (client) | decode tokens/s (server log, best) | "
+           "median | accept length | spec. memory |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         acc = f"{r['accept_length']:.2f}" if r["accept_length"] else "–"
         dec = f"{r['logged_decode_tokens_per_s']:.0f}" if r.get("logged_decode_tokens_per_s") else "–"
@@ -392,7 +419,8 @@ def table(rows, memory=None):
         cfg = label(r["config"], r.get("scheduler"))
         mem = (memory or {}).get(cfg, {}).get("speculative_bytes", {}).get("total")
         mem = f"{mem / 2**20:.0f} MiB" if mem is not None else "–"
-        out.append(f"| {cfg} | {r['batch']} | {r.get('output_len') or '–'} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {dec} | {acc} | {mem} |")
+        ap = r.get("accept_p", r.get("oracle_p"))
+        out.append(f"| {cfg} | {r['batch']} | {'–' if ap is None else ap} | {r.get('output_len') or '–'} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {dec} | {acc} | {mem} |")
     return "\n".join(out)
 
 

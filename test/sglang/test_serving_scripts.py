@@ -263,7 +263,7 @@ def test_bench_spec_reads_the_servers_decode_throughput_and_merges_lanes(tmp_pat
     assert res2["commands"] == ["cmd0", "cmd1", "cmd0"]
     assert [r["command"] for r in res2["rows"]] == ["cmd0", "cmd1", "cmd0"]
     t = bs.table(res["rows"], memory=res["servers"])
-    assert "| lumotree-topk2 | 8 | 128 | 101 | 5.00 | 1000 | – | 1.00 | 1 MiB |" in t and "| 10 MiB |" in t
+    assert "| lumotree-topk2 | 8 | – | 128 | 101 | 5.00 | 1000 | – | 1.00 | 1 MiB |" in t and "| 10 MiB |" in t
 
 
 def test_tagged_runs_are_compared_with_the_reference_of_the_same_tag():
@@ -650,6 +650,44 @@ def test_bench_spec_oracle_twins_set_the_oracle_of_their_loop(tmp_path, monkeypa
     assert [calls.count(i) for i in (1, 2, 3)] == [1 + 1 + 3 + 2, 1 + 1 + 2, 1 + 1 + 2]
     assert bs.adapts("lumotree-topk2-oracle") and not bs.adapts("lumotree-topk2-fixed-oracle")
     assert bs.adapts("nextn-chain-adaptive-oracle") and not bs.adapts("nextn-topk2-oracle")
+
+
+def test_bench_spec_miss_rows_come_from_the_same_server_with_prompts_it_never_saw(tmp_path, monkeypatch):
+    """``--miss``: per batch, after the controlled-acceptance row, a row of the same server whose prompts are
+    new to it (the oracle knows no continuation: drafts miss), warmed like the first; none for no speculation."""
+    import json
+    import sys
+
+    bs = load("bench_spec")
+    seen, sent = [], []
+
+    def fake_generate(url, batch, n, key="text"):
+        sent.append((len(seen), tuple(tuple(p) for p in batch), n))
+        return [dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2))) for _ in batch]
+
+    monkeypatch.setattr(bs, "sglang_server", recording_server(seen, lambda args, base, env: env))
+    monkeypatch.setattr(bs, "generate", fake_generate)
+    out = tmp_path / "b.json"
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--configs", "none,lumotree-chain-oracle,nextn-chain-oracle",
+                                      "--batches", "2", "--input-len", "8", "--output-len", "4", "--oracle-p", "0.8",
+                                      "--miss", "--out", str(out), "--log-dir", str(tmp_path)])
+    bs.main()
+    rows = json.load(open(out))["rows"]
+    assert [(r["config"], r["accept_p"], r["shape"], r["tp"]) for r in rows] == [
+        ("none", None, "qwen3.5-27b-8l", 1), ("lumotree-chain-oracle", 0.8, "qwen3.5-27b-8l", 1),
+        ("lumotree-chain-oracle", 0.0, "qwen3.5-27b-8l", 1), ("nextn-chain-oracle", 0.8, "qwen3.5-27b-8l", 1),
+        ("nextn-chain-oracle", 0.0, "qwen3.5-27b-8l", 1)]
+    lumo = [(p, n) for s, p, n in sent if s == 2][1:]  # after the warm-up request
+    recorded = lumo[0][0]
+    # recording pass, 3 warm passes, prefill, measured (the recorded prompts); then 3 warm passes with
+    # prompts never sent before, the prefill and the measured pass on one more new set
+    assert [p == recorded for p, _ in lumo[:6]] == [True] * 6 and [n for _, n in lumo[4:6]] == [1, 4]
+    miss = [p for p, _ in lumo[6:]]
+    assert len(miss) == 5 and miss[3] == miss[4] and len(set(miss[:4])) == 4
+    before = {p for _, p, _ in sent[:sent.index((2, miss[0], 4))]}
+    assert not set(miss) & before
+    nextn = [p for s, p, _ in sent if s == 3][1:]
+    assert len(nextn) == 3 + 2  # no warm passes for a server that does not adapt
 
 
 def test_bench_spec_reads_the_adaptive_decisions(tmp_path):

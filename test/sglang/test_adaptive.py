@@ -44,9 +44,14 @@ def test_policy_serves_the_faster_candidate(batch, t_none, t_tree, accept, want)
     p = TreeSizePolicy([0, 3])
     counts = simulate(p, batch, t_none / 1e3, t_tree / 1e3, accept)
     other = 3 - want
-    # after exploring it serves the faster candidate, probing the other for one run per PROBE_EVERY steps
-    assert counts[want] > 0.95 * sum(counts.values()), counts
-    assert 0 < counts[other] <= adaptive.RUN * (sum(counts.values()) // adaptive.PROBE_EVERY + 1), counts
+    # after exploring it serves the faster candidate, probing the other for one run per PROBE_EVERY steps;
+    # a served tree measures its acceptance itself: no draft is probed only every PROBE_MAX steps
+    n = sum(counts.values())
+    assert counts[want] > 0.95 * n, counts
+    if want:
+        assert counts[other] <= adaptive.RUN * (n // adaptive.PROBE_MAX + 1), counts
+    else:
+        assert 0 < counts[other] <= adaptive.RUN * (n // adaptive.PROBE_EVERY + 1), counts
     assert p.table()["buckets"][bucket(batch)]["chosen"] == want
 
 
@@ -99,7 +104,60 @@ def test_probes_see_acceptance_come_back_within_the_longest_interval():
         if p.buckets[8].chosen == 3:
             break
     assert p.buckets[8].chosen == 3, p.table()
-    assert p.buckets[8].probe_every == adaptive.PROBE_EVERY  # a changed choice probes early again
+    # the served tree measures its acceptance on every step: no draft, whose time the bucket has, is
+    # probed only every PROBE_MAX steps
+    assert p.buckets[8].probe_every == adaptive.PROBE_MAX
+
+
+def test_a_changed_choice_to_no_draft_probes_the_tree_early_again():
+    p = TreeSizePolicy([0, 3])
+    simulate(p, 8, 0.010, 0.014, 2.0, steps=300)
+    assert p.buckets[8].chosen == 3
+    simulate(p, 8, 0.010, 0.014, 0.0, steps=40, seed=1)
+    assert p.buckets[8].chosen == 0 and p.buckets[8].probe_every == adaptive.PROBE_EVERY
+
+
+def test_buckets_met_later_borrow_step_times_and_serve_their_best_at_once():
+    """A batch of 32 whose requests end one after another passes through buckets 16, 8, 4, 2 and 1: each
+    serves the tree that pays at once, from the step times of the nearest bucket measured, instead of
+    exploring no draft for a run in the middle of the pass (27B shapes, H200: about a tenth of a
+    128-token pass's steps); the bucket's own samples take over once it has them."""
+    p = TreeSizePolicy([0, 3])
+    simulate(p, 32, 0.0094, 0.0159, 1.9, steps=60)
+    assert p.buckets[32].chosen == 3
+    for b in (16, 8, 4, 2, 1):
+        assert [p.choose(b) for _ in range(adaptive.RUN)] == [3] * adaptive.RUN, b
+        for _ in range(adaptive.RUN):
+            p.observe_time(b, 3, 0.0094 + 0.0002 * b)
+    assert p.step_time(16, 3) == pytest.approx(0.0094 + 0.0032) and p.step_time(16, 0) == pytest.approx(0.0094, rel=0.03)
+    # nearest first, ties to the larger bucket (its steps are the longer: the estimate leans to no draft)
+    assert p.step_time(64, 0) == p.step_time(32, 0) and p.step_time(128, 3) == p.step_time(32, 3)
+    q = TreeSizePolicy([0, 3])
+    for b, t in ((2, 0.001), (8, 0.004)):
+        for c in (0, 3):
+            for _ in range(adaptive.MIN_SAMPLES):
+                q.observe_time(b, c, t)
+    assert q.step_time(4, 0) == pytest.approx(0.004)
+
+
+def test_a_probe_of_a_measured_candidate_is_short():
+    """A probe of a tree whose step time the bucket has is for its acceptance: PROBE_RUN steps (a cold one,
+    then samples), not the RUN an unmeasured candidate's exploration takes."""
+    p = TreeSizePolicy([0, 3])
+    served = simulate_overlap(p, 32, 0.0094, 0.0159, 0.0, steps=2 * adaptive.RUN + adaptive.PROBE_EVERY + 20)
+    probe = served[2 * adaptive.RUN:]
+    first = probe.index(3)
+    assert probe[first:first + adaptive.PROBE_RUN + 1] == [3] * adaptive.PROBE_RUN + [0], probe
+
+
+def test_borrowed_times_never_serve_a_tree_that_does_not_pay():
+    """Drafts that miss: a bucket met later serves no draft from its first step (the tree's borrowed
+    time with nothing accepted loses) and probes the tree after PROBE_EVERY steps."""
+    p = TreeSizePolicy([0, 3])
+    simulate(p, 32, 0.0094, 0.0159, 0.0, steps=60)
+    assert p.buckets[32].chosen == 0
+    served = [p.choose(64) for _ in range(adaptive.PROBE_EVERY - 1)]
+    assert set(served) == {0}
 
 
 def test_buckets_are_independent_and_explored_drafting_first_in_runs():

@@ -20,15 +20,25 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
 * the **acceptance** ``a`` is a moving average of the accepted drafts per request over the steps that
   drafted -- restarted at each drafted run that follows no-draft steps (its samples then outweigh the
   estimate from before the gap: a probe must be able to show within its run that the acceptance rose);
-* a bucket first **explores** (every candidate for a run of ``RUN`` consecutive steps), then serves the
-  candidate of most tokens per second, switching only past a ``MARGIN`` (hysteresis), and now and
-  then serves the other candidate for one run (a **probe**) so that both estimates stay current: after
-  ``PROBE_EVERY`` steps at first, the interval doubling each time a probe leaves the choice as it was,
-  up to ``PROBE_MAX``, and back to ``PROBE_EVERY`` when the choice changes. A probe of a tree that does
-  not pay costs about ``RUN x (1 - its rate / the chosen rate)`` steps' worth of tokens; at a fixed
-  interval of 128 that was, by step count, about a third of what a server whose drafts miss lost
-  against no speculation (27B shapes, batch 32, ``docs/performance.md``). Acceptance that drops while
-  the tree is served is seen at once (every drafted step measures it); acceptance that rises while no
+* the server's first bucket **explores** (every candidate for a run of ``RUN`` consecutive steps); a
+  bucket met later **borrows** the step times it lacks from the nearest bucket that has them (its own
+  samples replace them as they come), so it serves its best estimate at once. Why: a batch shrinks
+  through every smaller bucket as its requests end; exploring each of them there served no draft in
+  the middle of drafted passes, about a tenth of the steps of a 128-token pass (27B shapes, batch 8
+  and 32, H200). They come from the nearest bucket, the larger on a tie; from a smaller one the tree's
+  time is the further off (a step's time grows with the batch, the tree's faster than no draft's),
+  which leans the estimate towards a tree until the bucket's own samples are in;
+* a bucket serves the candidate of most tokens per second, switching only past a ``MARGIN``
+  (hysteresis), and now and then serves the other candidate for one run (a **probe**) so that both
+  estimates stay current: after ``PROBE_EVERY`` steps at first, the interval doubling each time a
+  probe leaves the choice as it was, up to ``PROBE_MAX``, and back to ``PROBE_EVERY`` when the choice
+  changes. A probe is ``RUN`` steps long where the bucket has no time samples of the candidate yet, else
+  ``PROBE_RUN``. A probe of a tree that does not pay costs about ``PROBE_RUN x (1 - its rate / the chosen rate)``
+  steps' worth of tokens; at a fixed interval of 128 that was, by step count, about a third of what a
+  server whose drafts miss lost against no speculation (27B shapes, batch 32, ``docs/performance.md``).
+  Acceptance that drops while the tree is served is seen at once (every drafted step measures it), so
+  while a tree is served a probe of no draft only refreshes the decode step's time: once the bucket
+  has its own samples of it, such probes come every ``PROBE_MAX`` steps. Acceptance that rises while no
   draft is served is seen at the next probe, within ``PROBE_MAX`` steps.
   Runs, not single steps: the first drafted step after no-draft steps drafts from zeros (the worker
   skips the MTP draft-extend on no-draft steps) and its acceptance is not counted, so a drafted step
@@ -63,6 +73,9 @@ MIN_SAMPLES = 3  # step-time samples per candidate and bucket before the policy 
 # consecutive steps a candidate is explored or probed for: its first step's time sample is the step before's
 # (overlap) and a drafted first step is cold; one more because its results arrive a step late (overlap)
 RUN = MIN_SAMPLES + 2
+# a probe of a candidate whose step time the bucket has measured is there for the acceptance: a drafted
+# step after no-draft steps is cold, the next ones are samples
+PROBE_RUN = 3
 MARGIN = 0.03  # switch only when the other candidate is this much faster (tokens per second)
 PROBE_EVERY = 128  # steps of a bucket before its first probe run of the candidate not chosen
 PROBE_MAX = 1024  # the longest interval between probe runs (doubling from PROBE_EVERY while probes confirm)
@@ -106,6 +119,7 @@ class TreeSizePolicy:
         self.buckets: Dict[int, _Bucket] = {}
         self._last: Optional[int] = None  # the candidate of the last step chosen (any bucket)
         self._gap: Optional[list] = None  # after a no-draft gap: [estimate before it, sum, count] of new samples
+        self._borrows = False  # a bucket has measured every candidate: new buckets borrow its step times
 
     # ------------------------------------------------------------------ estimates
     def tokens_per_step(self, steps: int) -> float:
@@ -144,8 +158,17 @@ class TreeSizePolicy:
         self._gap = None if n >= GAP_SAMPLES else [old, total, n]
 
     def step_time(self, batch: int, steps: int) -> Optional[float]:
-        """Estimated seconds of a step of ``batch`` with ``steps``; ``None`` before a time sample."""
-        times = self._bucket(batch).times[steps]
+        """Estimated seconds of a step of ``batch`` with ``steps``: the median of the bucket's own samples
+        once it has ``MIN_SAMPLES``, else those of the nearest bucket that has them (ties: the larger);
+        ``None`` when no bucket has."""
+        b = bucket(batch)
+        st = self._bucket(batch)
+        if st.samples[steps] < MIN_SAMPLES:
+            known = [k for k, o in self.buckets.items() if o.samples[steps] >= MIN_SAMPLES]
+            if known:
+                b = min(known, key=lambda k: (abs(k.bit_length() - b.bit_length()), -k))
+                st = self.buckets[b]
+        times = st.times[steps]
         return statistics.median(times) if times else None
 
     def rate(self, batch: int, steps: int) -> Optional[float]:
@@ -169,9 +192,11 @@ class TreeSizePolicy:
         if st.run_left > 0:
             st.run_left -= 1
             return st.run
-        unexplored = [c for c in self.candidates if st.samples[c] < MIN_SAMPLES]
+        unexplored = [c for c in self.candidates if self.step_time(batch, c) is None
+                      or (st.samples[c] < MIN_SAMPLES and not self._borrows)]
         if unexplored:  # fewest samples first; drafting first, which also measures the acceptance
             return self._start_run(st, min(unexplored, key=lambda c: (st.samples[c], -c)))
+        self._borrows = True  # every candidate measured somewhere: later buckets borrow what they lack
         best = max(self.candidates, key=lambda c: self.rate(batch, c))
         if st.chosen is not None and st.chosen != best and \
                 self.rate(batch, best) < (1 + MARGIN) * self.rate(batch, st.chosen):
@@ -179,25 +204,27 @@ class TreeSizePolicy:
         if st.probed and best == st.chosen:  # the decision right after a probe run left the choice
             st.probe_every = min(2 * st.probe_every, PROBE_MAX)
         st.probed = False
-        if best != st.chosen:
-            st.probe_every = PROBE_EVERY
+        if best != st.chosen:  # the interval restarts: a first probe PROBE_EVERY steps after the change
+            st.probe_every, st.since_probe = PROBE_EVERY, 0
             logger.info("LumoTree adaptive: batch bucket %d -> %s (%s; accept %.2f)", bucket(batch),
                         "no draft" if best == 0 else f"{best}-step tree",
                         ", ".join(f"{c}: {self.rate(batch, c):.0f} tok/s" for c in self.candidates),
                         self.accept or 0.0)
             st.chosen = best
+        if best > 0 and 0 in st.samples and st.samples[0] >= MIN_SAMPLES:
+            st.probe_every = PROBE_MAX  # a drafting choice measures its acceptance itself (module docstring)
         st.since_probe += 1
         if st.since_probe >= st.probe_every:
             st.since_probe = 0
             st.probed = True
-            others = [c for c in self.candidates if c != best]
-            return self._start_run(st, min(others, key=lambda c: st.samples[c]))
+            other = min((c for c in self.candidates if c != best), key=lambda c: st.samples[c])
+            return self._start_run(st, other, PROBE_RUN if st.samples[other] >= MIN_SAMPLES else RUN)
         return best
 
     @staticmethod
-    def _start_run(st: _Bucket, steps: int) -> int:
-        """Serve ``steps`` now and for the next ``RUN - 1`` steps of the bucket."""
-        st.run, st.run_left = steps, RUN - 1
+    def _start_run(st: _Bucket, steps: int, length: Optional[int] = None) -> int:
+        """Serve ``steps`` now and for the next ``length - 1`` steps of the bucket (default ``RUN``)."""
+        st.run, st.run_left = steps, (RUN if length is None else length) - 1
         return steps
 
     def table(self) -> dict:

@@ -1,6 +1,7 @@
 """docs/serving_speed_h200.png from benchmark/results/serving_speed_h200.json (needs matplotlib):
-client tokens/s relative to no speculation, per batch, for every configuration of each run (a run without
-no-speculation rows at a batch takes them from the runs its ``none_from`` names).
+client tokens/s relative to no speculation, per batch, for every configuration of each run, one panel per
+controlled acceptance (``accept_p``; 0.0: drafts that miss). A run without no-speculation rows at a batch
+takes them from the runs its ``none_from`` names.
 
     python3 benchmark/serving/plot_serving_speed.py
 """
@@ -17,30 +18,42 @@ RES = os.path.join(HERE, "..", "results", "serving_speed_h200.json")
 OUT = os.path.join(HERE, "..", "..", "docs", "serving_speed_h200.png")
 
 
-def main():
-    runs = json.load(open(RES))["runs"]
+def ratios(runs):
+    """``{(accept_p, label): [(batch, tokens/s ÷ no speculation, accept length)]}`` over all runs."""
     by_name = {run.get("run"): run for run in runs}
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    out = {}
     for i, run in enumerate(runs):
-        # the run's own no-speculation rows; batches it lacks from the runs it names (``none_from``)
-        none = {}
+        none = {}  # the run's own no-speculation rows; batches it lacks from the runs it names
         for src in reversed([run] + [by_name[n] for n in run.get("none_from", []) if n in by_name]):
             none.update({r["batch"]: r["tokens_per_s"] for r in src["rows"] if r["config"] == "none"})
-        for cfg in dict.fromkeys(r["config"] for r in run["rows"]):
-            if cfg == "none" or not none:
+        for r in run["rows"]:
+            if r["config"] == "none" or r["batch"] not in none:
                 continue
-            rows = [r for r in run["rows"] if r["config"] == cfg and r["batch"] in none]
-            if not rows:
+            tag = f", {run['tag']}" if run.get("tag") else ""
+            key = (r.get("accept_p", r.get("oracle_p")), f"{r['config']} (run {run.get('run', i + 1)}{tag})")
+            out.setdefault(key, []).append((r["batch"], r["tokens_per_s"] / none[r["batch"]], r.get("accept_length") or 1.0))
+    return out
+
+
+def main():
+    runs = json.load(open(RES))["runs"]
+    series = ratios(runs)
+    panels = sorted({p for p, _ in series}, key=lambda p: -(p or 0.0))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), squeeze=False)
+    batches = sorted({b for pts in series.values() for b, _, _ in pts})
+    for ax, p in zip(axes[0], panels):
+        for (q, label), pts in sorted(series.items(), key=lambda kv: kv[0][1]):
+            if q != p:
                 continue
-            acc = sum(r.get("accept_length") or 1.0 for r in rows) / len(rows)
-            ax.plot([r["batch"] for r in rows], [r["tokens_per_s"] / none[r["batch"]] for r in rows], marker="o",
-                    ls="-" if cfg.startswith("lumotree") else ":",
-                    label=f"{cfg}, accept {acc:.2f} (run {run.get('run', i + 1)})")
-    ax.axhline(1.0, color="black", lw=0.8)
-    ax.set(xscale="log", xlabel="batch", ylabel="tokens/s ÷ no speculation",
-           title="Serving speed vs no speculation, Qwen3.5-27B shapes, 32 layers, H200")
-    ax.set_xticks([1, 8, 32, 64], ["1", "8", "32", "64"])
-    ax.legend(fontsize=7)
+            acc = sum(a for _, _, a in pts) / len(pts)
+            ax.plot([b for b, _, _ in pts], [x for _, x, _ in pts], marker="o",
+                    ls="-" if label.startswith("lumotree") else ":", label=f"{label}, accept {acc:.2f}")
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set(xscale="log", xlabel="batch", ylabel="tokens/s ÷ no speculation",
+               title="drafts that miss" if not p else f"controlled acceptance p = {p}")
+        ax.set_xticks(batches, [str(b) for b in batches])
+        ax.legend(fontsize=7)
+    fig.suptitle("Serving speed vs no speculation, Qwen3.5-27B shapes, 32 layers, one H200")
     fig.tight_layout()
     fig.savefig(OUT, dpi=110)
     print(OUT)

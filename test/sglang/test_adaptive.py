@@ -140,6 +140,25 @@ def test_buckets_met_later_borrow_step_times_and_serve_their_best_at_once():
     assert q.step_time(4, 0) == pytest.approx(0.004)
 
 
+def test_after_a_gap_a_probe_s_rows_outweigh_the_old_estimate():
+    """Batch 128, no-draft step 15 ms, chain step 36 ms (needs ~1.4 accepted drafts): the drafts missed for
+    a while, then are accepted again (1.9). The first probe's two counted steps hold 256 requests' samples;
+    the estimate from before the gap weighs as one of them, so the probe switches to the tree. At batch 1
+    one counted step is one row: the old estimate still damps a single request's sample."""
+    p = TreeSizePolicy([0, 3])
+    simulate_overlap(p, 128, 0.015, 0.036, 0.0, steps=300)
+    assert p.buckets[128].chosen == 0
+    served = simulate_overlap(p, 128, 0.015, 0.036, 1.9, steps=p.buckets[128].probe_every + 2 * adaptive.RUN, seed=1)
+    assert p.buckets[128].chosen == 3, (p.table(), served)
+    q = TreeSizePolicy([0, 3])
+    q.accept = 0.1
+    q._gap = [0.1, 0.0, 0, 0]
+    q.observe_accept(3, [2])
+    assert q.accept == pytest.approx(1.05)
+    q.observe_accept(3, [2] * 8)
+    assert q.accept == pytest.approx((0.1 + 18) / 10)
+
+
 def test_a_probe_of_a_measured_candidate_is_short():
     """A probe of a tree whose step time the bucket has is for its acceptance: PROBE_RUN steps (a cold one,
     then samples), not the RUN an unmeasured candidate's exploration takes."""

@@ -18,8 +18,13 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   overlap scheduler the host interval after a launch ends when the *previous* step's results are in,
   so the first sample of a run measures the candidate before it;
 * the **acceptance** ``a`` is a moving average of the accepted drafts per request over the steps that
-  drafted -- restarted at each drafted run that follows no-draft steps (its samples then outweigh the
-  estimate from before the gap: a probe must be able to show within its run that the acceptance rose);
+  drafted -- restarted at each drafted run that follows no-draft steps: its first ``GAP_SAMPLES`` steps
+  are averaged over their rows (requests) with the estimate from before the gap weighing as one row, so
+  a probe shows within its run that the acceptance rose. Why rows: a probe of ``PROBE_RUN`` steps has two
+  counted steps; with the old estimate weighing as a whole step, a probe of a batch of 128 whose drafts
+  were accepted again (1.9 per step after 0.1) estimated 1.3 -- below the ~1.4 a chain step needed
+  there -- and the bucket served no draft through passes whose drafts were accepted (27B shapes, H200).
+  At batch 1 a row is a step, as before;
 * the server's first bucket **explores** (every candidate for a run of ``RUN`` consecutive steps); a
   bucket met later **borrows** the step times it lacks from the nearest bucket that has them (its own
   samples replace them as they come), so it serves its best estimate at once. Why: a batch shrinks
@@ -67,7 +72,7 @@ from typing import Dict, List, Optional, Sequence
 logger = logging.getLogger(__name__)
 
 EMA = 0.2  # weight of a new sample in the acceptance average
-GAP_SAMPLES = 4  # samples after a no-draft gap averaged with the estimate from before it (weight 1) before the EMA resumes
+GAP_SAMPLES = 4  # steps after a no-draft gap averaged with the estimate from before it before the EMA resumes
 WINDOW = 5  # step-time samples per candidate and bucket the median is taken over (a probe's run outweighs older ones)
 MIN_SAMPLES = 3  # step-time samples per candidate and bucket before the policy trusts the bucket
 # consecutive steps a candidate is explored or probed for: its first step's time sample is the step before's
@@ -118,7 +123,8 @@ class TreeSizePolicy:
         self.accept: Optional[float] = prior_accept
         self.buckets: Dict[int, _Bucket] = {}
         self._last: Optional[int] = None  # the candidate of the last step chosen (any bucket)
-        self._gap: Optional[list] = None  # after a no-draft gap: [estimate before it, sum, count] of new samples
+        # after a no-draft gap: [estimate before it, accepted drafts summed over rows, rows, steps] of new samples
+        self._gap: Optional[list] = None
         self._borrows = False  # a bucket has measured every candidate: new buckets borrow its step times
 
     # ------------------------------------------------------------------ estimates
@@ -152,10 +158,10 @@ class TreeSizePolicy:
         if self._gap is None:
             self.accept = _ema(self.accept, a)
             return
-        old, total, n = self._gap
-        total, n = total + a, n + 1
-        self.accept = (total + old) / (n + 1) if old is not None else total / n
-        self._gap = None if n >= GAP_SAMPLES else [old, total, n]
+        old, total, rows, n = self._gap
+        total, rows, n = total + sum(accepted_drafts), rows + len(accepted_drafts), n + 1
+        self.accept = (total + old) / (rows + 1) if old is not None else total / rows
+        self._gap = None if n >= GAP_SAMPLES else [old, total, rows, n]
 
     def step_time(self, batch: int, steps: int) -> Optional[float]:
         """Estimated seconds of a step of ``batch`` with ``steps``: the median of the bucket's own samples
@@ -183,7 +189,7 @@ class TreeSizePolicy:
             return self.candidates[0]
         steps = self._choose(batch)
         if steps > 0 and self._last == 0:  # drafting resumes: its acceptance is measured afresh
-            self._gap = [self.accept, 0.0, 0]
+            self._gap = [self.accept, 0.0, 0, 0]
         self._last = steps
         return steps
 

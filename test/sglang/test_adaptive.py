@@ -398,3 +398,9 @@ def test_acceptance_leaves_out_rows_a_step_holds_after_they_finished(monkeypatch
     w._note_live_rows(batch)
     w.on_verify_complete_cpu([0, 0, 0, 0])
     assert w.tree_policy.accept == pytest.approx(2.0 * (1 - adaptive.EMA))
+    # a no-draft step has no acceptance sample: its rows are not copied to the host
+    w._overlap_consistent = True
+    w.tree_policy.choose = lambda batch: 0
+    w.activate_step_by_batch(4)
+    w._note_live_rows(batch)
+    assert w._pending_steps[-1] == [0, False, None]

@@ -177,7 +177,7 @@ def worker_class():
             if self.tree_policy is None or not getattr(self, "_overlap_consistent", False) or not self._pending_steps:
                 return
             entry = self._pending_steps[-1]  # this step's (chosen just now, by SGLang's loop or by _forward)
-            if entry[2] is not None:
+            if entry[2] is not None or entry[0] == 0:  # a no-draft step has no acceptance sample to filter
                 return
             rows = FinishedRows.of(batch.req_to_token_pool)
             live = ~rows.done[batch.req_pool_indices[:batch.seq_lens.shape[0]].long()]

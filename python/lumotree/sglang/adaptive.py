@@ -125,7 +125,6 @@ class TreeSizePolicy:
         self._last: Optional[int] = None  # the candidate of the last step chosen (any bucket)
         # after a no-draft gap: [estimate before it, accepted drafts summed over rows, rows, steps] of new samples
         self._gap: Optional[list] = None
-        self._borrows = False  # a bucket has measured every candidate: new buckets borrow its step times
 
     # ------------------------------------------------------------------ estimates
     def tokens_per_step(self, steps: int) -> float:
@@ -198,11 +197,12 @@ class TreeSizePolicy:
         if st.run_left > 0:
             st.run_left -= 1
             return st.run
+        # until one bucket has measured every candidate, each bucket explores; after that they borrow
+        borrows = any(min(o.samples.values()) >= MIN_SAMPLES for o in self.buckets.values())
         unexplored = [c for c in self.candidates if self.step_time(batch, c) is None
-                      or (st.samples[c] < MIN_SAMPLES and not self._borrows)]
+                      or (st.samples[c] < MIN_SAMPLES and not borrows)]
         if unexplored:  # fewest samples first; drafting first, which also measures the acceptance
             return self._start_run(st, min(unexplored, key=lambda c: (st.samples[c], -c)))
-        self._borrows = True  # every candidate measured somewhere: later buckets borrow what they lack
         best = max(self.candidates, key=lambda c: self.rate(batch, c))
         if st.chosen is not None and st.chosen != best and \
                 self.rate(batch, best) < (1 + MARGIN) * self.rate(batch, st.chosen):

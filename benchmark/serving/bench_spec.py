@@ -29,6 +29,12 @@ one, so ``--oracle-warm-passes`` unmeasured passes at the controlled acceptance 
 3: its probes, backed off to every 256 steps and more, need them to see the acceptance);
 ``lumotree-topk2-fixed-oracle`` serves the tree on every step.
 
+Shapes: Qwen3.5-27B's layers cut to 8 or 32 (one GPU), and ``qwen3-next-80b-moe-24l``, Qwen3-Next-80B-A3B's
+MoE layers (512 experts, top 10, a shared expert) cut to 24, its own architecture, for ``--tp 2``:
+
+    python3 benchmark/serving/bench_spec.py --shape qwen3-next-80b-moe-24l --tp 2 --output-len 128 --oracle-p 0.8 \
+        --miss --batches 1,8,32,64,128 --configs none,lumotree-chain-oracle,nextn-chain-replayssm-oracle --out ...
+
 Scheduler: ``--scheduler default`` runs every server as its flags alone make it (all with SGLang's overlap
 scheduler; LumoTree's with the ``no_buffer`` state cache, ``lumotree.sglang.scheduling``); ``sync`` adds
 ``--disable-overlap-schedule`` to every one.
@@ -62,6 +68,17 @@ SHAPES = {  # Qwen3.5-27B's per-layer shapes, fewer layers (dummy weights)
                                     linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
                                     linear_value_head_dim=128),
 }
+# Qwen3-Next-80B-A3B's per-layer config (its MoE: 512 experts, top 10, a shared expert) cut to 24 layers
+# (18 GDN + 6 attention), its own architecture; ~82 GB of bf16 weights with the MTP layer: served with --tp 2
+MOE_SHAPES = {
+    "qwen3-next-80b-moe-24l": dict(hidden_size=2048, intermediate_size=5120, num_hidden_layers=24,
+                                   num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                                   linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
+                                   linear_value_head_dim=128, num_experts=512, num_experts_per_tok=10,
+                                   moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                                   norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
+}
+SHAPES.update(MOE_SHAPES)
 
 
 def spec(algo, steps, topk, n):
@@ -119,10 +136,21 @@ def adapts(name: str) -> bool:
 
 
 def write_config(out, shape):
-    """A dummy-weight Qwen3.5 text checkpoint directory (config only) of the given shape."""
+    """A dummy-weight checkpoint directory (config only) of the given shape: a Qwen3.5 text model, or for
+    ``MOE_SHAPES`` a Qwen3-Next MoE model."""
     os.makedirs(out, exist_ok=True)
     c = dict(SHAPES[shape])
     L = c["num_hidden_layers"]
+    if shape in MOE_SHAPES:  # Qwen3-Next's own config class: layer pattern from full_attention_interval
+        c.update(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", vocab_size=151936,
+                 hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6, attention_bias=False,
+                 attention_dropout=0.0, tie_word_embeddings=False, full_attention_interval=4,
+                 linear_conv_kernel_dim=4, rope_theta=10000000, partial_rotary_factor=0.25,
+                 mtp_num_hidden_layers=1, torch_dtype="bfloat16", bos_token_id=151643, eos_token_id=151645,
+                 use_cache=True)
+        json.dump(c, open(os.path.join(out, "config.json"), "w"), indent=1)
+        json.dump({"bos_token_id": 151643, "eos_token_id": 151645}, open(os.path.join(out, "generation_config.json"), "w"))
+        return out
     c.update(architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", vocab_size=151936, hidden_act="silu",
              max_position_embeddings=32768, rms_norm_eps=1e-6, attn_output_gate=True, attention_bias=False,
              attention_dropout=0.0, tie_word_embeddings=False, full_attention_interval=4, linear_conv_kernel_dim=4,
@@ -266,6 +294,7 @@ def main():
     ap.add_argument("--oracle-warm-passes", type=int, default=3,
                     help="oracle configurations: unmeasured passes at the controlled acceptance after the recording "
                          "pass, so that an adaptive server has seen the acceptance before the measured one")
+    ap.add_argument("--tp", type=int, default=1, help="--tp-size of every server (rows record it)")
     ap.add_argument("--miss", action="store_true",
                     help="oracle configurations: after each batch's controlled-acceptance row, a row of the same server "
                          "with drafts that miss (fresh prompts the oracle has no continuation for; accept_p 0)")
@@ -294,11 +323,12 @@ def main():
         extra = ["--load-format", "dummy", "--skip-tokenizer-init"]
     base = ["--attention-backend", "triton", "--disable-piecewise-cuda-graph", "--cuda-graph-max-bs", str(max(batches)),
             "--max-running-requests", str(max(batches)), "--mem-fraction-static", str(args.mem_fraction_static),
-            "--log-level", "info"]
+            "--log-level", "info"] + (["--tp-size", str(args.tp)] if args.tp > 1 else [])
     rng = random.Random(0)
     prompts = [[rng.randrange(1000, 100000) for _ in range(args.input_len)] for _ in range(max(batches))]
     res = dict(command="python3 " + " ".join(sys.argv), model=model, shape=None if args.model else SHAPES[args.shape],
-               input_len=args.input_len, output_len=args.output_len, scheduler=args.scheduler, rows=[], servers={})
+               input_len=args.input_len, output_len=args.output_len, scheduler=args.scheduler, tp=args.tp, rows=[],
+               servers={})
     if args.scheduler == "sync":
         base.append("--disable-overlap-schedule")
     for name in args.configs.split(","):
@@ -333,7 +363,7 @@ def main():
                             generate(url, prompts_of(), args.output_len, key=key)
                         measured = prompts_of()
                         row = measure(url, measured, args, key, log)
-                        row.update(config=name, shape=None if args.model else args.shape, tp=1, batch=bs,
+                        row.update(config=name, shape=None if args.model else args.shape, tp=args.tp, batch=bs,
                                    oracle_p=accept_p, accept_p=accept_p, scheduler=args.scheduler)
                         res["rows"].append(row)
                         if (args.profile_dir and accept_p == phases[0][0]

@@ -700,3 +700,38 @@ def test_bench_spec_reads_the_adaptive_decisions(tmp_path):
         dict(bucket=1, steps=0, tokens_per_s={0: 133.0, 3: 119.0}, accept=0.0),
         dict(bucket=32, steps=3, tokens_per_s={0: 1290.0, 3: 1349.0}, accept=1.57)]
     assert bs.adaptive_decisions(str(tmp_path / "missing")) == []
+
+
+def test_bench_spec_moe_shape_is_a_qwen3_next_model_lumotree_serves_and_tp_reaches_every_server(tmp_path, monkeypatch):
+    """The Qwen3-Next-80B-A3B-shaped MoE (512 experts, top 10, a shared expert; 24 layers) parses with SGLang's
+    own config class as a hybrid with an MTP layer that LUMOTREE accepts and SGLang's NEXTN drafts from; ``--tp``
+    reaches every server as ``--tp-size`` and every row."""
+    import json
+    import sys
+
+    pytest.importorskip("sglang")
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.configs.qwen3_next import Qwen3NextConfig
+
+    from lumotree.sglang.plugin import check_model_config
+
+    bs = load("bench_spec")
+    d = bs.write_config(str(tmp_path / "moe"), "qwen3-next-80b-moe-24l")
+    cfg = Qwen3NextConfig.from_pretrained(d)
+    assert cfg.layers_block_type.count("linear_attention") == 18 and cfg.layers_block_type.count("attention") == 6
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.shared_expert_intermediate_size) == (512, 10, 512)
+    check_model_config(cfg, d)  # raises for a model LUMOTREE cannot serve
+    assert ModelConfig(d, is_draft_model=True).hf_config.architectures == ["Qwen3NextForCausalLMMTP"]
+
+    seen = []
+    monkeypatch.setattr(bs, "sglang_server", recording_server(seen, lambda args, base, env: base))
+    monkeypatch.setattr(bs, "generate", lambda url, batch, n, key="text": [
+        dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2))) for _ in batch])
+    out = tmp_path / "b.json"
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--shape", "qwen3-next-80b-moe-24l", "--tp", "2", "--configs",
+                                      "none,lumotree-chain", "--batches", "1", "--output-len", "4", "--out", str(out),
+                                      "--log-dir", str(tmp_path)])
+    bs.main()
+    assert all(b[b.index("--tp-size") + 1] == "2" for b in seen) and len(seen) == 2
+    res = json.load(open(out))
+    assert res["tp"] == 2 and {(r["tp"], r["shape"]) for r in res["rows"]} == {(2, "qwen3-next-80b-moe-24l")}

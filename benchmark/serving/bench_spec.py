@@ -141,24 +141,19 @@ def write_config(out, shape):
     os.makedirs(out, exist_ok=True)
     c = dict(SHAPES[shape])
     L = c["num_hidden_layers"]
+    c.update(vocab_size=151936, hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6,
+             attention_bias=False, attention_dropout=0.0, tie_word_embeddings=False, full_attention_interval=4,
+             linear_conv_kernel_dim=4, mtp_num_hidden_layers=1, torch_dtype="bfloat16", bos_token_id=151643,
+             eos_token_id=151645, use_cache=True)
     if shape in MOE_SHAPES:  # Qwen3-Next's own config class: layer pattern from full_attention_interval
-        c.update(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", vocab_size=151936,
-                 hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6, attention_bias=False,
-                 attention_dropout=0.0, tie_word_embeddings=False, full_attention_interval=4,
-                 linear_conv_kernel_dim=4, rope_theta=10000000, partial_rotary_factor=0.25,
-                 mtp_num_hidden_layers=1, torch_dtype="bfloat16", bos_token_id=151643, eos_token_id=151645,
-                 use_cache=True)
-        json.dump(c, open(os.path.join(out, "config.json"), "w"), indent=1)
-        json.dump({"bos_token_id": 151643, "eos_token_id": 151645}, open(os.path.join(out, "generation_config.json"), "w"))
-        return out
-    c.update(architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", vocab_size=151936, hidden_act="silu",
-             max_position_embeddings=32768, rms_norm_eps=1e-6, attn_output_gate=True, attention_bias=False,
-             attention_dropout=0.0, tie_word_embeddings=False, full_attention_interval=4, linear_conv_kernel_dim=4,
-             rope_parameters={"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
-                              "mrope_interleaved": True, "mrope_section": [11, 11, 10]},
-             layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(L)],
-             mtp_num_hidden_layers=1, num_nextn_predict_layers=1, torch_dtype="bfloat16",
-             bos_token_id=151643, eos_token_id=151645, use_cache=True)
+        c.update(architectures=["Qwen3NextForCausalLM"], model_type="qwen3_next", rope_theta=10000000,
+                 partial_rotary_factor=0.25)
+    else:
+        c.update(architectures=["Qwen3_5ForCausalLM"], model_type="qwen3_5_text", attn_output_gate=True,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                                  "mrope_interleaved": True, "mrope_section": [11, 11, 10]},
+                 layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(L)],
+                 num_nextn_predict_layers=1)
     json.dump(c, open(os.path.join(out, "config.json"), "w"), indent=1)
     json.dump({"bos_token_id": 151643, "eos_token_id": 151645}, open(os.path.join(out, "generation_config.json"), "w"))
     return out
@@ -359,12 +354,12 @@ def main():
                     if oracle and args.miss:  # the same server with drafts that miss: prompts never seen
                         phases.append((0.0, lambda: fresh_prompts(rng, bs, args.input_len)))
                     for accept_p, prompts_of in phases:
-                        for _ in range(warm if accept_p is not None else 0):
+                        for _ in range(warm):
                             generate(url, prompts_of(), args.output_len, key=key)
                         measured = prompts_of()
                         row = measure(url, measured, args, key, log)
                         row.update(config=name, shape=None if args.model else args.shape, tp=args.tp, batch=bs,
-                                   oracle_p=accept_p, accept_p=accept_p, scheduler=args.scheduler)
+                                   accept_p=accept_p, scheduler=args.scheduler)
                         res["rows"].append(row)
                         if (args.profile_dir and accept_p == phases[0][0]
                                 and bs in [int(x) for x in args.profile_batches.split(",")]):

@@ -30,7 +30,7 @@ def ratios(runs):
             if r["config"] == "none" or r["batch"] not in none:
                 continue
             tag = f", {run['tag']}" if run.get("tag") else ""
-            key = (r.get("accept_p", r.get("oracle_p")), f"{r['config']} (run {run.get('run', i + 1)}{tag})")
+            key = (r.get("accept_p"), f"{r['config']} (run {run.get('run', i + 1)}{tag})")
             out.setdefault(key, []).append((r["batch"], r["tokens_per_s"] / none[r["batch"]], r.get("accept_length") or 1.0))
     return out
 

@@ -361,10 +361,9 @@ def main():
                         row.update(config=name, shape=None if args.model else args.shape, tp=args.tp, batch=bs,
                                    accept_p=accept_p, scheduler=args.scheduler)
                         res["rows"].append(row)
-                        if (args.profile_dir and accept_p == phases[0][0]
-                                and bs in [int(x) for x in args.profile_batches.split(",")]):
-                            row["profile"] = profile_pass(url, measured, args, key, f"{name}-bs{bs}",
-                                                          row["prefill_seconds"])
+                        if args.profile_dir and bs in [int(x) for x in args.profile_batches.split(",")]:
+                            tag = f"{name}-bs{bs}" + ("-miss" if accept_p == 0.0 else "")
+                            row["profile"] = profile_pass(url, measured, args, key, tag, row["prefill_seconds"])
                         print(json.dumps(row), flush=True)
                         json.dump(res, open(args.out, "w"), indent=1)
         except Exception as e:

@@ -107,6 +107,41 @@ def summarize(events, focus=FOCUS, top=12, steps=None):
                 gpu_by_part=by_part, gpu_by_part_unit="ms per step" if steps else "ms", steps=steps)
 
 
+LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync", "cudaGraphLaunch")
+
+
+def launches_by_caller(events, steps=None, top=40):
+    """Eager launches (kernels, copies, memsets, graph replays) per Python caller: ``inclusive`` counts a
+    launch for every frame on its stack, ``innermost`` for the innermost frame of SGLang or LumoTree
+    (torch's own frames skipped). Per step when ``steps`` is given. What a host-bound step launches
+    outside its CUDA graphs, and from where."""
+    per_tid = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") != "X" or "dur" not in e or "ts" not in e:
+            continue
+        if e.get("cat") == "python_function":
+            per_tid[e.get("tid")].append((e["ts"], -e["dur"], 0, e["name"][:120], e["ts"] + e["dur"]))
+        elif e.get("cat") == "cuda_runtime" and e["name"] in LAUNCHES:
+            per_tid[e.get("tid")].append((e["ts"], -e["dur"], 1, e["name"], e["ts"] + e["dur"]))
+    incl, inner = collections.Counter(), collections.Counter()
+    for evs in per_tid.values():
+        stack = []
+        for ts, _, kind, name, end in sorted(evs):
+            while stack and stack[-1][1] <= ts:
+                stack.pop()
+            if kind == 0:
+                stack.append((name, end))
+                continue
+            for frame in {f for f, _ in stack}:
+                incl[frame] += 1
+            own = next((f for f, _ in reversed(stack) if ("sglang/" in f or "lumotree/" in f)), "(no project frame)")
+            inner[own] += 1
+    div = steps or 1
+    return dict(inclusive=[(k, round(v / div, 1)) for k, v in incl.most_common(top)],
+                innermost=[(k, round(v / div, 1)) for k, v in inner.most_common(top)],
+                unit="launches per step" if steps else "launches")
+
+
 def traces(paths):
     for p in paths:
         if os.path.isdir(p):
@@ -126,10 +161,15 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=None,
                     help="forward steps in each trace's window (a decode-only profile's --profile-steps): GPU time "
                          "per part is then per step")
+    ap.add_argument("--callers", action="store_true",
+                    help="also count eager launches per Python caller (traces written with_stack)")
     args = ap.parse_args(argv)
     res = {}
     for t in traces(args.paths):
-        res[t] = summarize(load(t), top=args.top, steps=args.steps)
+        events = load(t)
+        res[t] = summarize(events, top=args.top, steps=args.steps)
+        if args.callers:
+            res[t]["launches_by_caller"] = launches_by_caller(events, steps=args.steps)
         s = res[t]
         print(f"{t}: window {s.get('window_ms')} ms, GPU busy {s.get('gpu_busy_ms')} ms "
               f"(idle {100 * s.get('gpu_idle_fraction', 0):.0f}%), graph launches {s.get('graph_launches')}, "

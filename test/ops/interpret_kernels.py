@@ -5,6 +5,7 @@ import sys
 
 assert os.environ.get("TRITON_INTERPRET") == "1"
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
 import torch  # noqa: E402
 
@@ -196,7 +197,15 @@ def gdn_large_tree_public_op():
     assert_close("walk, 100 nodes", ref, o, 1e-5)
 
 
+def finish_rule():
+    """The device finish rule's kernels vs its reference (test/ops/finish_cases.py)."""
+    from finish_cases import compare_finish_rule
+
+    compare_finish_rule("cpu")
+
+
 if __name__ == "__main__":
+    finish_rule()
     gdn_large_tree_public_op()
     commit_layers()
     for kind in ("chain", "star", "caterpillar", "random", "eagle"):

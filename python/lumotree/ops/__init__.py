@@ -11,6 +11,7 @@ import torch
 
 from lumotree.ops.commit.naive import CommitPlan, commit_plan
 from lumotree.ops.conv_tree import naive as _conv_naive
+from lumotree.ops.finish import naive as _finish_naive
 from lumotree.ops.gdn_tree import naive as _gdn_naive
 from lumotree.ops.select import naive as _select_naive
 from lumotree.ops.select.naive import probs_from_logits
@@ -18,7 +19,7 @@ from lumotree.ops.select.naive import probs_from_logits
 __all__ = [
     "gdn_tree_verify", "gdn_tree_verify_per_node", "gdn_tree_commit", "conv_tree_verify",
     "conv_tree_commit", "tree_select_greedy", "tree_select_sample", "commit_plan", "CommitPlan",
-    "probs_from_logits", "backend_for", "tree_select_and_plan",
+    "probs_from_logits", "backend_for", "tree_select_and_plan", "mark_finished", "clamp_run",
 ]
 
 
@@ -103,3 +104,23 @@ def tree_select_sample(draft_tokens, target_probs, tree, coins=None, coins_final
         return _fused("select.cuda").tree_select_sample(draft_tokens, target_probs, tree, coins, coins_final,
                                                          generator)
     return _select_naive.tree_select_sample(draft_tokens, target_probs, tree, coins, coins_final, generator)
+
+
+def mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids, accept_lens, new_seq_lens, stride):
+    if backend_for(done.device) == "triton":
+        return _fused("finish.triton").mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids,
+                                                     accept_lens, new_seq_lens, stride)
+    return _finish_naive.mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids, accept_lens,
+                                       new_seq_lens, stride)
+
+
+def clamp_run(stop, max_len, ruled, req_pool_indices, seq_lens, predict, accept_lens, accept_index):
+    if backend_for(stop.device) == "triton":
+        return _fused("finish.triton").clamp_run(stop, max_len, ruled, req_pool_indices, seq_lens, predict,
+                                                 accept_lens, accept_index)
+    return _finish_naive.clamp_run(stop, max_len, ruled, req_pool_indices, seq_lens, predict, accept_lens,
+                                   accept_index)
+
+
+mark_finished.__doc__ = _finish_naive.mark_finished.__doc__
+clamp_run.__doc__ = _finish_naive.clamp_run.__doc__

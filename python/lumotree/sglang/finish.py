@@ -49,6 +49,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from lumotree import ops
+
 MAX_STOP_IDS = 16  # stop token ids per request the device table holds; a request with more is not device-ruled
 
 
@@ -137,17 +139,10 @@ class FinishedRows:
         """Mark the rows this decode step finished (device ops only, no sync; a mark stays until the slot's
         next request is admitted: the step after a finish is the one to skip). ``next_token_ids``
         ``[bs * stride]``: each row's accepted tokens first (SGLang's V2 layout), ``accept_lens`` ``[bs]``
-        drafts + bonus, ``new_seq_lens`` ``[bs]`` the KV length after the step."""
-        bs = accept_lens.shape[0]
-        if bs == 0:
-            return
-        idx = req_pool_indices[:bs].long()
-        tok = next_token_ids[:bs * stride].view(bs, stride).long()
-        valid = torch.arange(stride, device=tok.device)[None] < accept_lens[:, None].long()
-        stop = self.stop[idx]  # [bs, S]
-        hit = ((tok[:, :, None] == stop[:, None, :]) & (stop[:, None, :] >= 0) & valid[:, :, None]).flatten(1).any(1)
-        full = new_seq_lens[:bs].long() >= self.max_len[idx]
-        self.done[idx] = self.done[idx] | ((hit | full) & self.ruled[idx])
+        drafts + bonus, ``new_seq_lens`` ``[bs]`` the KV length after the step
+        (:func:`lumotree.ops.mark_finished`: one kernel launch on CUDA)."""
+        ops.mark_finished(self.done, self.stop, self.max_len, self.ruled, req_pool_indices, next_token_ids,
+                          accept_lens, new_seq_lens, stride)
 
     # ------------------------------------------------------------------ device: a verify's accepted run
     def clamp_run(self, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, predict: torch.Tensor,
@@ -155,23 +150,9 @@ class FinishedRows:
         """Cut each row's accepted run at its first finishing token (device ops only). ``accept_index``
         ``[bs, W]``: the run's tree nodes into ``predict`` (root first, ``-1`` past the run; modified in
         place), ``accept_lens`` ``[bs]`` drafts + bonus, ``seq_lens`` ``[bs]`` the KV length before the
-        step. Returns the new ``accept_lens``."""
-        bs, width = accept_index.shape
-        if bs == 0:
-            return accept_lens
-        idx = req_pool_indices[:bs].long()
-        pos = torch.arange(width, device=accept_index.device)[None]
-        valid = pos < accept_lens[:, None].long()
-        tok = predict[accept_index.clamp(min=0).long()].long()  # run token j: the target's token at node j
-        stop = self.stop[idx]
-        hit = ((tok[:, :, None] == stop[:, None, :]) & (stop[:, None, :] >= 0)).any(-1)
-        # run token j brings the output to (seq_len - prompt + 1) + j + 1 tokens: full from j >= max_len - seq_len - 1
-        full = pos >= (self.max_len[idx] - seq_lens[:bs].long() - 1)[:, None]
-        ends = (hit | full) & valid & self.ruled[idx][:, None]
-        first = torch.where(ends.any(1), ends.int().argmax(1), accept_lens.long() - 1)
-        new_lens = torch.minimum(accept_lens.long(), first + 1).to(accept_lens.dtype)
-        accept_index.masked_fill_(pos >= new_lens[:, None].long(), -1)
-        return new_lens
+        step. Returns the new ``accept_lens`` (:func:`lumotree.ops.clamp_run`: one kernel launch on CUDA)."""
+        return ops.clamp_run(self.stop, self.max_len, self.ruled, req_pool_indices, seq_lens, predict, accept_lens,
+                             accept_index)
 
     # ------------------------------------------------------------------ device: before a forward
     def mask_rows(self, state_indices: torch.Tensor, req_pool_indices: torch.Tensor) -> None:

@@ -1,0 +1,94 @@
+"""The device finish rule (:mod:`lumotree.ops.finish.naive`) as one kernel launch each.
+
+Why: the rule runs outside the CUDA graphs on every decode step (:meth:`mark_finished`) and every
+verify (:meth:`clamp_run`); as torch ops it was ~15 and ~25 eager launches, host time of a step that
+is host-bound at small batches (27B shapes, H200: a drafted step's GPU time is ~8 ms of a ~12.5 ms
+step at batch 1). One program per request row; the row's stop ids and tokens fit one block.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def mark_finished_fwd_kernel(p_done, p_stop, p_max_len, p_ruled, p_rows, p_tok, p_acc, p_len, stride, stop_stride,
+                             S: tl.constexpr, BLOCK_J: tl.constexpr):
+    b = tl.program_id(0)
+    r = tl.load(p_rows + b).to(tl.int64)
+    j = tl.arange(0, BLOCK_J)
+    s = tl.arange(0, S)
+    acc = tl.load(p_acc + b).to(tl.int64)
+    m_j = (j < stride) & (j < acc)
+    b_tok = tl.load(p_tok + b * stride + j, mask=m_j, other=-1).to(tl.int64)
+    b_stop = tl.load(p_stop + r * stop_stride + s).to(tl.int64)
+    hit = (b_tok[:, None] == b_stop[None, :]) & (b_stop[None, :] >= 0) & m_j[:, None]
+    any_hit = tl.max(tl.max(hit.to(tl.int32), axis=1), axis=0) > 0
+    full = tl.load(p_len + b).to(tl.int64) >= tl.load(p_max_len + r)
+    fin = (any_hit | full) & (tl.load(p_ruled + r) != 0)
+    old = tl.load(p_done + r) != 0
+    tl.store(p_done + r, (old | fin).to(tl.uint8))
+
+
+@triton.jit
+def clamp_run_fwd_kernel(p_stop, p_max_len, p_ruled, p_rows, p_seq, p_predict, p_acc, p_index, p_out, W,
+                         stop_stride, S: tl.constexpr, BLOCK_W: tl.constexpr):
+    b = tl.program_id(0)
+    r = tl.load(p_rows + b).to(tl.int64)
+    j = tl.arange(0, BLOCK_W)
+    s = tl.arange(0, S)
+    in_w = j < W
+    acc = tl.load(p_acc + b).to(tl.int64)
+    b_idx = tl.load(p_index + b * W + j, mask=in_w, other=-1)
+    b_tok = tl.load(p_predict + tl.maximum(b_idx, 0).to(tl.int64), mask=in_w, other=-1).to(tl.int64)
+    b_stop = tl.load(p_stop + r * stop_stride + s).to(tl.int64)
+    hit = tl.max(((b_tok[:, None] == b_stop[None, :]) & (b_stop[None, :] >= 0)).to(tl.int32), axis=1) > 0
+    lim = tl.load(p_max_len + r) - tl.load(p_seq + b).to(tl.int64) - 1
+    ends = (hit | (j >= lim)) & (j < acc) & in_w & (tl.load(p_ruled + r) != 0)
+    first = tl.min(tl.where(ends, j, BLOCK_W), axis=0).to(tl.int64)
+    first = tl.where(first < BLOCK_W, first, acc - 1)
+    new_len = tl.minimum(acc, first + 1)
+    tl.store(p_out + b, new_len.to(p_out.dtype.element_ty))
+    tl.store(p_index + b * W + j, tl.where(j >= new_len, -1, b_idx), mask=in_w)
+
+
+def _check_tables(done, stop, max_len, ruled) -> None:
+    s = stop.shape[1]
+    if stop.stride(1) != 1 or s & (s - 1):
+        raise ValueError(f"finish rule: the stop table must be [slots, S] with unit column stride and S a power of "
+                         f"two, got shape {tuple(stop.shape)} strides {stop.stride()}")
+    for name, t in (("done", done), ("max_len", max_len), ("ruled", ruled)):
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"finish rule: {name} must be contiguous")
+
+
+def _u8(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype == torch.bool else t
+
+
+def mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids, accept_lens, new_seq_lens,
+                  stride: int) -> None:
+    bs = accept_lens.shape[0]
+    if bs == 0:
+        return
+    _check_tables(done, stop, max_len, ruled)
+    mark_finished_fwd_kernel[(bs,)](_u8(done), stop, max_len, _u8(ruled), req_pool_indices.contiguous(),
+                                    next_token_ids.contiguous(), accept_lens.contiguous(), new_seq_lens.contiguous(),
+                                    stride, stop.stride(0), S=stop.shape[1],
+                                    BLOCK_J=triton.next_power_of_2(max(int(stride), 1)))
+
+
+def clamp_run(stop, max_len, ruled, req_pool_indices, seq_lens, predict, accept_lens, accept_index):
+    bs, width = accept_index.shape
+    if bs == 0:
+        return accept_lens
+    _check_tables(None, stop, max_len, ruled)
+    if not accept_index.is_contiguous():
+        raise ValueError("clamp_run: accept_index must be contiguous (it is cut in place)")
+    out = torch.empty_like(accept_lens)
+    clamp_run_fwd_kernel[(bs,)](stop, max_len, _u8(ruled), req_pool_indices.contiguous(), seq_lens.contiguous(),
+                                predict.contiguous(), accept_lens.contiguous(),
+                                accept_index, out, width, stop.stride(0), S=stop.shape[1],
+                                BLOCK_W=triton.next_power_of_2(max(int(width), 1)))
+    return out

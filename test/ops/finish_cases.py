@@ -1,0 +1,48 @@
+"""Cases of the device finish rule shared by the interpreter run (interpret_kernels.py, CPU) and the
+GPU test (test_finish_gpu.py): the Triton kernels of lumotree.ops.finish against its reference."""
+import torch
+
+
+def compare_finish_rule(device):
+    """The device finish rule's kernels vs its reference: stop hits inside and past the accepted run,
+    length limits, rows the rule does not cover, marks that stay, int32 and int64 token ids."""
+    from lumotree.ops.finish import naive as fin_naive, triton as fin_tri
+
+    g = torch.Generator().manual_seed(11)
+
+    def on(*ts):
+        return [t.to(device) for t in ts]
+
+    slots, S = 12, 16
+    cuts = marks = 0
+    for trial in range(6):
+        stop = torch.full((slots, S), -1, dtype=torch.int64)
+        for r in range(slots):
+            n = int(torch.randint(0, 4, (1,), generator=g))
+            stop[r, :n] = torch.randint(0, 8, (n,), generator=g)
+        max_len = torch.randint(20, 30, (slots,), generator=g)
+        ruled = torch.rand(slots, generator=g) < 0.8
+        done = torch.rand(slots, generator=g) < 0.2
+        bs, stride = 7, 4
+        rows = torch.randperm(slots, generator=g)[:bs]
+        dt = torch.int32 if trial % 2 else torch.int64
+        tokens = torch.randint(0, 24, (bs * stride,), generator=g).to(dt)
+        acc = torch.randint(1, stride + 1, (bs,), generator=g).to(torch.int32)
+        seq = torch.randint(16, 30, (bs,), generator=g)
+        d1, d2 = done.clone(), done.clone().to(device)
+        fin_naive.mark_finished(d1, stop, max_len, ruled, rows, tokens, acc, seq + acc, stride)
+        fin_tri.mark_finished(d2, *on(stop, max_len, ruled, rows, tokens, acc, seq + acc), stride)
+        assert torch.equal(d1, d2.cpu()), (trial, d1, d2)
+        n_nodes = 5
+        predict = torch.randint(0, 24, (bs * n_nodes,), generator=g).to(dt)
+        index = torch.full((bs, stride), -1, dtype=torch.int32 if trial % 2 else torch.int64)
+        for b in range(bs):
+            index[b, :int(acc[b])] = b * n_nodes + torch.randperm(n_nodes, generator=g)[:int(acc[b])].to(index.dtype)
+        i1, i2 = index.clone(), index.clone().to(device)
+        l1 = fin_naive.clamp_run(stop, max_len, ruled, rows, seq, predict, acc, i1)
+        l2 = fin_tri.clamp_run(*on(stop, max_len, ruled, rows, seq, predict, acc), i2)
+        assert l1.dtype == l2.dtype and torch.equal(l1, l2.cpu()), (trial, l1, l2)
+        assert torch.equal(i1, i2.cpu()), (trial, i1, i2)
+        cuts += int((l1 < acc).sum())
+        marks += int((d1 & ~done).sum())
+    assert cuts > 0 and marks > 0, (cuts, marks)  # the draws exercised both rules

@@ -298,3 +298,17 @@ def test_install_is_a_no_op_without_the_variable(monkeypatch):
     before = {t: list(HookRegistry._hooks.get(t, [])) for t in (draft_oracle.DRAFT_TARGET, draft_oracle.STEP_TARGET)}
     draft_oracle.install()
     assert {t: list(HookRegistry._hooks.get(t, [])) for t in before} == before
+
+
+def test_kernels_in_the_interpreter_equal_the_torch_forms():
+    """The CUDA path's one-launch recording and injection (draft_oracle_kernels) against the torch ops
+    above, in Triton's CPU interpreter (a subprocess: TRITON_INTERPRET must be set before import)."""
+    import os
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "interpret_draft_oracle.py")
+    out = subprocess.run([sys.executable, script], env=dict(os.environ, TRITON_INTERPRET="1"), capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "oracle kernels == torch forms" in out.stdout

@@ -21,7 +21,8 @@ drafted tokens before the verify, so the step costs what it costs and accepts wh
 
 The expected accept length is ``1 + p + p^2 + ... + p^D`` for chains of ``D`` draft levels (fewer
 where the tree's first-child chain is shorter). No host sync: admission writes the request-pool row's
-slot with pinned copies; recording and injection are device ops outside the CUDA graphs.
+slot with pinned copies; recording and injection are device ops outside the CUDA graphs, one kernel
+launch each on CUDA (:mod:`lumotree.sglang.draft_oracle_kernels`).
 
 Hooks (SGLang's ``HookRegistry``, ``AROUND``): ``EagleDraftWorker.draft`` (injection) and
 ``EAGLEWorkerV2.forward_batch_generation`` (admission and recording); LumoTree's no-draft decode step
@@ -148,10 +149,13 @@ class DraftOracle:
                accept_lens: Optional[torch.Tensor], stride: int, prefill: bool) -> None:
         """Write what a step produced. Prefill: ``tokens[b]`` is output 0 of row ``b``. Otherwise
         ``tokens`` ``[bs * stride]`` holds each row's accepted run first (``accept_lens[b]`` tokens),
-        following the root at output index ``seq_lens[b] - prompt length``."""
+        following the root at output index ``seq_lens[b] - prompt length``. On CUDA one kernel launch
+        (:mod:`lumotree.sglang.draft_oracle_kernels`), these torch ops elsewhere."""
         bs = seq_lens.shape[0]
         if bs == 0:
             return
+        if self.cont.is_cuda:
+            return _kernels().record(self, req_pool_indices, seq_lens, tokens, accept_lens, stride, prefill)
         rows = req_pool_indices[:bs].long()
         slot = self.row_slot[rows]
         if prefill:
@@ -175,10 +179,13 @@ class DraftOracle:
                req_pool_indices: torch.Tensor, levels: int) -> None:
         """Rewrite ``draft_token`` ``[bs * N]`` in place (node 0 of each row: the root, kept); the
         tree's depths from ``positions`` ``[bs * N]``, its first children from ``next_token`` ``[bs, N]``
-        (SGLang's ``retrieve_next_token``, -1 for none); ``levels``: the draft steps."""
+        (SGLang's ``retrieve_next_token``, -1 for none); ``levels``: the draft steps. On CUDA one kernel
+        launch (:mod:`lumotree.sglang.draft_oracle_kernels`), these torch ops elsewhere."""
         bs, n = next_token.shape[0], next_token.shape[1]
         if bs == 0 or levels <= 0:
             return
+        if self.cont.is_cuda:
+            return _kernels().inject(self, draft_token, positions, next_token, req_pool_indices, levels)
         dev = draft_token.device
         tok = draft_token.view(bs, n)
         pos = positions.view(bs, n).long()
@@ -216,6 +223,12 @@ class DraftOracle:
         clash = valid_at & (new == truth_at) & ~(on_chain & (depth <= k[:, None]))
         new = torch.where(clash, wrong(truth_at), new)
         tok.copy_(new.to(tok.dtype))
+
+
+def _kernels():
+    from lumotree.sglang import draft_oracle_kernels
+
+    return draft_oracle_kernels
 
 
 # ---------------------------------------------------------------------------- hooks

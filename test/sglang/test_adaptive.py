@@ -2,6 +2,7 @@
 acceptance), the config flag, and the worker's bookkeeping (step-time attribution, state switches,
 acceptance in launch order) on a worker object without a GPU."""
 import json
+import math
 import random
 from types import SimpleNamespace
 
@@ -163,10 +164,27 @@ def test_a_probe_of_a_measured_candidate_is_short():
     """A probe of a tree whose step time the bucket has is for its acceptance: PROBE_RUN steps (a cold one,
     then samples), not the RUN an unmeasured candidate's exploration takes."""
     p = TreeSizePolicy([0, 3])
-    served = simulate_overlap(p, 32, 0.0094, 0.0159, 0.0, steps=2 * adaptive.RUN + adaptive.PROBE_EVERY + 20)
+    floor = math.ceil(adaptive.PROBE_RUN * (0.0159 - 0.0094) / (adaptive.PROBE_BUDGET * 0.0094))
+    served = simulate_overlap(p, 32, 0.0094, 0.0159, 0.0, steps=2 * adaptive.RUN + floor + 40)
     probe = served[2 * adaptive.RUN:]
     first = probe.index(3)
     assert probe[first:first + adaptive.PROBE_RUN + 1] == [3] * adaptive.PROBE_RUN + [0], probe
+
+
+def test_probes_of_a_tree_that_does_not_pay_cost_at_most_the_budget():
+    """Drafts that miss (batch 32, decode 9.4 ms, tree 15.9 ms, as on the H200): a 3-step probe loses
+    3 x 6.5 ms, so probes come at least ~208 steps apart (1 % of the time), not every PROBE_EVERY steps."""
+    p = TreeSizePolicy([0, 3])
+    served = simulate_overlap(p, 32, 0.0094, 0.0159, 0.0, steps=3000)
+    start = 2 * adaptive.RUN + 10
+    assert p.buckets[32].chosen == 0
+    probes = [i for i in range(start, len(served)) if served[i] == 3 and served[i - 1] == 0]
+    assert probes, served
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert probes[0] >= 2 * adaptive.RUN + 200 and min(gaps) >= 200, (probes, gaps)  # floor 208 (+-2 % noise)
+    extra = sum(served[start:]) / 3 * (0.0159 - 0.0094)  # seconds the probes' steps added
+    assert extra <= 0.012 * (len(served) - start) * 0.0094
+    assert TreeSizePolicy([0, 3])._probe_floor(32, 0) == 0  # no own step times of the tree: it is explored
 
 
 def test_borrowed_times_never_serve_a_tree_that_does_not_pay():

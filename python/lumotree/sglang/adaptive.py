@@ -37,8 +37,14 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   (hysteresis), and now and then serves the other candidate for one run (a **probe**) so that both
   estimates stay current: after ``PROBE_EVERY`` steps at first, the interval doubling each time a
   probe leaves the choice as it was, up to ``PROBE_MAX``, and back to ``PROBE_EVERY`` when the choice
-  changes. A probe is ``RUN`` steps long where the bucket has no time samples of the candidate yet, else
-  ``PROBE_RUN``. A probe of a tree that does not pay costs about ``PROBE_RUN x (1 - its rate / the chosen rate)``
+  changes, and never sooner than the probe's cost allows: a probe of a candidate that does not pay loses
+  ``PROBE_RUN x (T_other - T_best x tokens it served / tokens the best would have)`` seconds, and the
+  interval is at least that over ``PROBE_BUDGET`` (1 %) of ``T_best`` (:meth:`TreeSizePolicy._probe_floor`).
+  Why: where drafts miss, a tree step costs 1.7x (batch 1) to 2.2x (batch 32) a decode step (27B shapes,
+  H200), so a 3-step probe every 128 steps lost 1.6-2.6 % against no speculation -- most of what a
+  server whose drafts miss lost; with the floor the first probe after a switch to no draft comes after
+  ~200 (batch 1) to ~350 (batch 32) steps. A probe is ``RUN`` steps long where the bucket has no time
+  samples of the candidate yet, else ``PROBE_RUN``. A probe of a tree that does not pay costs about ``PROBE_RUN x (1 - its rate / the chosen rate)``
   steps' worth of tokens; at a fixed interval of 128 that was, by step count, about a third of what a
   server whose drafts miss lost against no speculation (27B shapes, batch 32, ``docs/performance.md``).
   Acceptance that drops while the tree is served is seen at once (every drafted step measures it), so
@@ -64,6 +70,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 import json
 import logging
 import statistics
@@ -84,6 +91,7 @@ PROBE_RUN = 3
 MARGIN = 0.03  # switch only when the other candidate is this much faster (tokens per second)
 PROBE_EVERY = 128  # steps of a bucket before its first probe run of the candidate not chosen
 PROBE_MAX = 1024  # the longest interval between probe runs (doubling from PROBE_EVERY while probes confirm)
+PROBE_BUDGET = 0.01  # share of the time served a probe of a candidate that does not pay may cost (interval floor)
 
 
 def bucket(batch: int) -> int:
@@ -220,12 +228,26 @@ class TreeSizePolicy:
         if best > 0 and 0 in st.samples and st.samples[0] >= MIN_SAMPLES:
             st.probe_every = PROBE_MAX  # a drafting choice measures its acceptance itself (module docstring)
         st.since_probe += 1
-        if st.since_probe >= st.probe_every:
+        if st.since_probe >= max(st.probe_every, self._probe_floor(batch, best)):
             st.since_probe = 0
             st.probed = True
             other = min((c for c in self.candidates if c != best), key=lambda c: st.samples[c])
             return self._start_run(st, other, PROBE_RUN if st.samples[other] >= MIN_SAMPLES else RUN)
         return best
+
+    def _probe_floor(self, batch: int, best: int) -> int:
+        """The fewest steps between probe runs for which a probe of a candidate that does not pay costs at
+        most ``PROBE_BUDGET`` of the time served: its ``PROBE_RUN`` steps take ``PROBE_RUN x T_other``,
+        of which ``rate_other / rate_best`` is what they serve, the rest lost. 0 where the bucket has no
+        own step times of the candidate (it is explored) or the estimates say the candidate pays."""
+        st = self._bucket(batch)
+        other = min((c for c in self.candidates if c != best), key=lambda c: st.samples[c])
+        if st.samples[other] < MIN_SAMPLES:
+            return 0
+        t_other, t_best = self.step_time(batch, other), self.step_time(batch, best)
+        r_other, r_best = self.rate(batch, other), self.rate(batch, best)
+        loss = PROBE_RUN * t_other * (1.0 - r_other / r_best)
+        return 0 if loss <= 0 else math.ceil(loss / (PROBE_BUDGET * t_best))
 
     @staticmethod
     def _start_run(st: _Bucket, steps: int, length: Optional[int] = None) -> int:

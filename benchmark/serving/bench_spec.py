@@ -353,18 +353,24 @@ def main():
                     phases = [(args.oracle_p if oracle else None, lambda: batch)]
                     if oracle and args.miss:  # the same server with drafts that miss: prompts never seen
                         phases.append((0.0, lambda: fresh_prompts(rng, bs, args.input_len)))
+                    measured_rows = []
                     for accept_p, prompts_of in phases:
                         for _ in range(warm):
                             generate(url, prompts_of(), args.output_len, key=key)
-                        measured = prompts_of()
-                        row = measure(url, measured, args, key, log)
+                        row = measure(url, prompts_of(), args, key, log)
                         row.update(config=name, shape=None if args.model else args.shape, tp=args.tp, batch=bs,
                                    accept_p=accept_p, scheduler=args.scheduler)
                         res["rows"].append(row)
-                        if args.profile_dir and bs in [int(x) for x in args.profile_batches.split(",")]:
-                            tag = f"{name}-bs{bs}" + ("-miss" if accept_p == 0.0 else "")
-                            row["profile"] = profile_pass(url, measured, args, key, tag, row["prefill_seconds"])
+                        measured_rows.append((row, prompts_of))
                         print(json.dumps(row), flush=True)
+                        json.dump(res, open(args.out, "w"), indent=1)
+                    # profiles after every measured phase of the batch: a profiled pass's steps are slow (the
+                    # profiler's host time), and an adaptive server's step-time samples take them in -- a
+                    # phase measured after one was seen serving its slower candidate throughout
+                    if args.profile_dir and bs in [int(x) for x in args.profile_batches.split(",")]:
+                        for row, prompts_of in measured_rows:
+                            tag = f"{name}-bs{bs}" + ("-miss" if row["accept_p"] == 0.0 else "")
+                            row["profile"] = profile_pass(url, prompts_of(), args, key, tag, row["prefill_seconds"])
                         json.dump(res, open(args.out, "w"), indent=1)
         except Exception as e:
             srv["error"] = repr(e)[:2000]

@@ -409,6 +409,41 @@ def test_bench_spec_main_warms_each_batch_times_prefill_and_profiles_chosen_batc
     assert res["servers"]["lumotree-topk2"]["env"] == {}
 
 
+def test_bench_spec_profiles_a_batch_after_all_its_measured_phases(tmp_path, monkeypatch):
+    """A profiled pass's steps are slow and an adaptive server learns from them: with --miss both phases of
+    a batch are measured before either is profiled (a miss phase measured right after a profiled pass was
+    seen serving drafts throughout)."""
+    import contextlib
+    import json
+    import sys
+
+    bs = load("bench_spec")
+    calls = []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, **kw):
+        yield "http://x"
+
+    def fake_generate(url, batch, n, key="text"):
+        calls.append((len(batch), n))
+        return [dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2))) for _ in batch]
+
+    monkeypatch.setattr(bs, "sglang_server", fake_server)
+    monkeypatch.setattr(bs, "generate", fake_generate)
+    monkeypatch.setattr(bs, "post", lambda url, payload, **kw: calls.append(("profile", payload["profile_prefix"])) or {})
+    out = tmp_path / "b.json"
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs", "lumotree-chain-oracle", "--oracle-p",
+                                      "0.8", "--miss", "--oracle-warm-passes", "0", "--batches", "2", "--output-len",
+                                      "16", "--out", str(out), "--log-dir", str(tmp_path), "--profile-dir",
+                                      str(tmp_path / "prof"), "--profile-batches", "2"])
+    bs.main()
+    # warm-up; the batch's recording pass; per phase prefill + measured pass; then the two profiled passes
+    assert calls == [(1, 16), (2, 16), (2, 1), (2, 16), (2, 1), (2, 16),
+                     (2, 16), ("profile", "lumotree-chain-oracle-bs2"), (2, 16), ("profile", "lumotree-chain-oracle-bs2-miss")]
+    rows = json.load(open(out))["rows"]
+    assert [r["accept_p"] for r in rows] == [0.8, 0.0] and all("profile" in r for r in rows)
+
+
 def test_bench_spec_sync_scheduler_disables_overlap_for_every_configuration(tmp_path, monkeypatch):
     import json
     import sys

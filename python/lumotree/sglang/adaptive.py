@@ -70,9 +70,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import math
+import functools
 import json
 import logging
+import math
 import statistics
 from typing import Dict, List, Optional, Sequence
 
@@ -94,6 +95,7 @@ PROBE_MAX = 1024  # the longest interval between probe runs (doubling from PROBE
 PROBE_BUDGET = 0.01  # share of the time served a probe of a candidate that does not pay may cost (interval floor)
 
 
+@functools.lru_cache(maxsize=4096)
 def bucket(batch: int) -> int:
     """The batch bucket a step's time is kept under: the next power of two (CUDA-graph padding)."""
     return 1 << max(0, int(batch) - 1).bit_length()
@@ -113,6 +115,7 @@ class _Bucket:
     run_left: int = 0  # steps of that run still to serve
     probe_every: int = PROBE_EVERY  # the current interval between probe runs
     probed: bool = False  # a probe run ended and its outcome is not yet taken
+    medians: Dict[int, float] = dataclasses.field(default_factory=dict)  # of ``times``, until the next sample
 
 
 class TreeSizePolicy:
@@ -130,6 +133,8 @@ class TreeSizePolicy:
         self.candidates: List[int] = cands
         self.accept: Optional[float] = prior_accept
         self.buckets: Dict[int, _Bucket] = {}
+        self._measured: Dict[int, set] = {c: set() for c in cands}  # buckets with MIN_SAMPLES times of a candidate
+        self._borrows = False  # a bucket has measured every candidate: later buckets borrow (_choose)
         self._last: Optional[int] = None  # the candidate of the last step chosen (any bucket)
         # after a no-draft gap: [estimate before it, accepted drafts summed over rows, rows, steps] of new samples
         self._gap: Optional[list] = None
@@ -156,6 +161,10 @@ class TreeSizePolicy:
         st = self._bucket(batch)
         st.times[steps].append(seconds)
         st.samples[steps] += 1
+        st.medians.pop(steps, None)
+        if st.samples[steps] == MIN_SAMPLES:
+            self._measured[steps].add(bucket(batch))
+            self._borrows = self._borrows or min(st.samples.values()) >= MIN_SAMPLES
 
     def observe_accept(self, steps: int, accepted_drafts: Sequence[int]) -> None:
         """Accepted draft tokens per request of one step served with ``steps`` draft steps."""
@@ -177,12 +186,14 @@ class TreeSizePolicy:
         b = bucket(batch)
         st = self._bucket(batch)
         if st.samples[steps] < MIN_SAMPLES:
-            known = [k for k, o in self.buckets.items() if o.samples[steps] >= MIN_SAMPLES]
+            known = self._measured[steps]
             if known:
                 b = min(known, key=lambda k: (abs(k.bit_length() - b.bit_length()), -k))
                 st = self.buckets[b]
-        times = st.times[steps]
-        return statistics.median(times) if times else None
+        m = st.medians.get(steps)
+        if m is None and st.times[steps]:
+            m = st.medians[steps] = statistics.median(st.times[steps])
+        return m
 
     def rate(self, batch: int, steps: int) -> Optional[float]:
         """Estimated tokens per second of the batch with ``steps``; ``None`` before a time sample."""
@@ -206,14 +217,13 @@ class TreeSizePolicy:
             st.run_left -= 1
             return st.run
         # until one bucket has measured every candidate, each bucket explores; after that they borrow
-        borrows = any(min(o.samples.values()) >= MIN_SAMPLES for o in self.buckets.values())
         unexplored = [c for c in self.candidates if self.step_time(batch, c) is None
-                      or (st.samples[c] < MIN_SAMPLES and not borrows)]
+                      or (st.samples[c] < MIN_SAMPLES and not self._borrows)]
         if unexplored:  # fewest samples first; drafting first, which also measures the acceptance
             return self._start_run(st, min(unexplored, key=lambda c: (st.samples[c], -c)))
-        best = max(self.candidates, key=lambda c: self.rate(batch, c))
-        if st.chosen is not None and st.chosen != best and \
-                self.rate(batch, best) < (1 + MARGIN) * self.rate(batch, st.chosen):
+        rates = {c: self.rate(batch, c) for c in self.candidates}
+        best = max(self.candidates, key=rates.__getitem__)
+        if st.chosen is not None and st.chosen != best and rates[best] < (1 + MARGIN) * rates[st.chosen]:
             best = st.chosen  # hysteresis
         if st.probed and best == st.chosen:  # the decision right after a probe run left the choice
             st.probe_every = min(2 * st.probe_every, PROBE_MAX)
@@ -222,13 +232,13 @@ class TreeSizePolicy:
             st.probe_every, st.since_probe = PROBE_EVERY, 0
             logger.info("LumoTree adaptive: batch bucket %d -> %s (%s; accept %.2f)", bucket(batch),
                         "no draft" if best == 0 else f"{best}-step tree",
-                        ", ".join(f"{c}: {self.rate(batch, c):.0f} tok/s" for c in self.candidates),
+                        ", ".join(f"{c}: {rates[c]:.0f} tok/s" for c in self.candidates),
                         self.accept or 0.0)
             st.chosen = best
         if best > 0 and 0 in st.samples and st.samples[0] >= MIN_SAMPLES:
             st.probe_every = PROBE_MAX  # a drafting choice measures its acceptance itself (module docstring)
         st.since_probe += 1
-        if st.since_probe >= max(st.probe_every, self._probe_floor(batch, best)):
+        if st.since_probe >= st.probe_every and st.since_probe >= self._probe_floor(batch, best):
             st.since_probe = 0
             st.probed = True
             other = min((c for c in self.candidates if c != best), key=lambda c: st.samples[c])

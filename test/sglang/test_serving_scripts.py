@@ -371,25 +371,29 @@ def test_suite_runs_the_abort_step_last_and_keeps_texts_when_it_fails(tmp_path, 
     assert saved["parity"]["texts"]["lumotree"] == ["t", "t"]
 
 
-def test_bench_spec_main_warms_each_batch_times_prefill_and_profiles_chosen_batches(tmp_path, monkeypatch):
-    import contextlib
-    import json
-    import sys
-
-    bs = load("bench_spec")
-    calls = []
-
+def fake_bench_endpoints(monkeypatch, bs, on_generate, on_profile):
+    """bench_spec's server, generate and profiler calls replaced: every request "accepts" 2 tokens a step."""
     @contextlib.contextmanager
     def fake_server(model, args, **kw):
         yield "http://x"
 
     def fake_generate(url, batch, n, key="text"):
-        calls.append((len(batch), n, key))
+        on_generate(batch, n, key)
         return [dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2))) for _ in batch]
 
     monkeypatch.setattr(bs, "sglang_server", fake_server)
     monkeypatch.setattr(bs, "generate", fake_generate)
-    monkeypatch.setattr(bs, "post", lambda url, payload, **kw: calls.append(("profile", payload["num_steps"])) or {})
+    monkeypatch.setattr(bs, "post", lambda url, payload, **kw: on_profile(payload) or {})
+
+
+def test_bench_spec_main_warms_each_batch_times_prefill_and_profiles_chosen_batches(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    bs = load("bench_spec")
+    calls = []
+    fake_bench_endpoints(monkeypatch, bs, lambda batch, n, key: calls.append((len(batch), n, key)),
+                         lambda payload: calls.append(("profile", payload["num_steps"])))
     out = tmp_path / "b.json"
     monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs", "lumotree-topk2", "--batches", "1,8",
                                       "--output-len", "16", "--out", str(out), "--log-dir", str(tmp_path),
@@ -413,24 +417,13 @@ def test_bench_spec_profiles_a_batch_after_all_its_measured_phases(tmp_path, mon
     """A profiled pass's steps are slow and an adaptive server learns from them: with --miss both phases of
     a batch are measured before either is profiled (a miss phase measured right after a profiled pass was
     seen serving drafts throughout)."""
-    import contextlib
     import json
     import sys
 
     bs = load("bench_spec")
     calls = []
-
-    @contextlib.contextmanager
-    def fake_server(model, args, **kw):
-        yield "http://x"
-
-    def fake_generate(url, batch, n, key="text"):
-        calls.append((len(batch), n))
-        return [dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2))) for _ in batch]
-
-    monkeypatch.setattr(bs, "sglang_server", fake_server)
-    monkeypatch.setattr(bs, "generate", fake_generate)
-    monkeypatch.setattr(bs, "post", lambda url, payload, **kw: calls.append(("profile", payload["profile_prefix"])) or {})
+    fake_bench_endpoints(monkeypatch, bs, lambda batch, n, key: calls.append((len(batch), n)),
+                         lambda payload: calls.append(("profile", payload["profile_prefix"])))
     out = tmp_path / "b.json"
     monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs", "lumotree-chain-oracle", "--oracle-p",
                                       "0.8", "--miss", "--oracle-warm-passes", "0", "--batches", "2", "--output-len",

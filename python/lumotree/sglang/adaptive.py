@@ -38,16 +38,13 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   estimates stay current: after ``PROBE_EVERY`` steps at first, the interval doubling each time a
   probe leaves the choice as it was, up to ``PROBE_MAX``, and back to ``PROBE_EVERY`` when the choice
   changes, and never sooner than the probe's cost allows: a probe of a candidate that does not pay loses
-  ``PROBE_RUN x (T_other - T_best x tokens it served / tokens the best would have)`` seconds, and the
-  interval is at least that over ``PROBE_BUDGET`` (1 %) of ``T_best`` (:meth:`TreeSizePolicy._probe_floor`).
-  Why: where drafts miss, a tree step costs 1.7x (batch 1) to 2.2x (batch 32) a decode step (27B shapes,
-  H200), so a 3-step probe every 128 steps lost 1.6-2.6 % against no speculation -- most of what a
-  server whose drafts miss lost; with the floor the first probe after a switch to no draft comes after
-  ~200 (batch 1) to ~350 (batch 32) steps. A probe is ``RUN`` steps long where the bucket has no time
-  samples of the candidate yet, else ``PROBE_RUN``. A probe of a tree that does not pay costs about ``PROBE_RUN x (1 - its rate / the chosen rate)``
-  steps' worth of tokens; at a fixed interval of 128 that was, by step count, about a third of what a
-  server whose drafts miss lost against no speculation (27B shapes, batch 32, ``docs/performance.md``).
-  Acceptance that drops while the tree is served is seen at once (every drafted step measures it), so
+  ``PROBE_RUN x T_other x (1 - rate_other / rate_best)`` seconds, and the interval is at least that
+  over ``PROBE_BUDGET`` (1 %) of ``T_best`` (:meth:`TreeSizePolicy._probe_floor`). Why: where drafts
+  miss, a tree step costs about 1.7x (batch 1) to 2x (batch 32) a decode step (27B shapes, H200), so a
+  3-step probe every 128 steps lost 1.6-2.3 % against no speculation -- most of what a server whose drafts miss
+  lost; with the floor the first probe after a switch to no draft comes after ~200 (batch 1) to ~350
+  (batch 32) steps. A probe is ``RUN`` steps long where the bucket has no time samples of the candidate
+  yet, else ``PROBE_RUN``. Acceptance that drops while the tree is served is seen at once (every drafted step measures it), so
   while a tree is served a probe of no draft only refreshes the decode step's time: once the bucket
   has its own samples of it, such probes come every ``PROBE_MAX`` steps. Acceptance that rises while no
   draft is served is seen at the next probe, within ``PROBE_MAX`` steps.

@@ -15,8 +15,9 @@ What: for a LUMOTREE server whose verify tree is a chain (``--speculative-eagle-
 merged MTP + suffix tree, not the decode-exact mode, which has its own attention) each hybrid backend
 of the target model turns ``use_verify_splitkv`` on for its Triton full-attention backend, after a
 start-up check on the device (:func:`check_on_device`): the kernel, run eagerly and replayed from a
-CUDA graph, must equal ``extend_attention_fwd`` on a small problem of the model's head shapes. A
-failed check leaves SGLang's path and logs why. The kernel's scratch starts finite
+CUDA graph, must equal ``extend_attention_fwd`` on a small problem of the model's head shapes, and be
+the faster of the two on a batch-32 verify (timed there, from CUDA graphs). A failed check leaves
+SGLang's path and logs why, with the times. The kernel's scratch starts finite
 (:mod:`lumotree.sglang.patches.verify_splitkv_scratch`).
 
 Greedy outputs of the default mode may differ from SGLang's prefill-kernel path in the last bits (a
@@ -74,9 +75,10 @@ def enable(hybrid_backend, server_args) -> bool:
 @functools.lru_cache(maxsize=None)
 def check_on_device(h_q: int, h_kv: int, head_dim: int, v_head_dim: int, dtype, device: str,
                     n: int = 4) -> Tuple[bool, str]:
-    """The split-KV verify against ``extend_attention_fwd`` on a small chain problem of these head
-    shapes (3 requests, prefixes of 5 / 37 / 300 keys, ``n`` draft tokens), eagerly and replayed from
-    a CUDA graph. Returns ``(ok, what was seen)``; any exception is a failed check."""
+    """The split-KV verify against ``extend_attention_fwd`` at these head shapes and ``n`` draft tokens:
+    equal on a small chain problem (3 requests, prefixes of 5 / 37 / 300 keys), eagerly and replayed from
+    a CUDA graph, and faster on a batch-32 verify of 512-token prefixes (each kernel timed from a CUDA
+    graph). Returns ``(ok, what was seen)``; any exception is a failed check."""
     try:
         return _check(h_q, h_kv, head_dim, v_head_dim, dtype, torch.device(device), n)
     except Exception as e:  # a kernel that does not compile or capture here: SGLang's path stays
@@ -84,31 +86,69 @@ def check_on_device(h_q: int, h_kv: int, head_dim: int, v_head_dim: int, dtype, 
 
 
 def _check(h_q, h_kv, head_dim, v_head_dim, dtype, device, n) -> Tuple[bool, str]:
-    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
-    from sglang.kernels.ops.attention.verify_splitkv import verify_splitkv_fwd
-
-    (q, k, v, kb, vb, qo_indptr, kv_indptr, kv_indices), ref = chain_problem(h_q, h_kv, head_dim, v_head_dim, dtype,
-                                                                              device, n)
-    causal_chain = (None, True, None, n, 1.0, 1.0)  # no custom mask, causal, n tokens a request, no fp8 scales
-    extend_attention_fwd(q, k, v, ref, kb, vb, qo_indptr, kv_indptr, kv_indices, *causal_chain)
-    out = torch.full_like(ref, float("nan"))
-
-    def run() -> bool:
-        return verify_splitkv_fwd(q, k, v, out, kb, vb, qo_indptr, kv_indptr, kv_indices, *causal_chain,
-                                  max_bs=qo_indptr.shape[0] - 1)
-
-    if not run():
+    small = _Problem(h_q, h_kv, head_dim, v_head_dim, dtype, device, n, prefixes=(5, 37, 300))
+    small.prefill()
+    out = torch.full_like(small.ref, float("nan"))
+    if not small.split_kv(out):
         return False, "the kernel declined the problem (can_handle)"
-    eager = _gap(out, ref)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads' CUDA calls unaffected
-        run()
+    eager = _gap(out, small.ref)
+    graph = _captured(lambda: small.split_kv(out))
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize(device)
-    replayed = _gap(out, ref)
-    ok = eager is not None and replayed is not None and max(eager, replayed) <= CHECK_ATOL
-    return ok, f"max |split-KV - prefill kernel| {eager} eager, {replayed} from a CUDA graph (tolerance {CHECK_ATOL})"
+    replayed = _gap(out, small.ref)
+    if eager is None or replayed is None or max(eager, replayed) > CHECK_ATOL:
+        return False, f"max |split-KV - prefill kernel| {eager} eager, {replayed} from a CUDA graph (tolerance {CHECK_ATOL})"
+    # and faster, on a batch-32 verify of 512-token prefixes, each kernel replayed from a CUDA graph
+    big = _Problem(h_q, h_kv, head_dim, v_head_dim, dtype, device, n, prefixes=(512,) * 32)
+    big.prefill()
+    t_split = _time(lambda: big.split_kv(big.out), device)
+    t_prefill = _time(big.prefill, device)
+    return t_split < t_prefill, (f"equal to the prefill kernel within {max(eager, replayed):.1e}; batch 32 x 512 "
+                                 f"keys: {t_split * 1e3:.1f} us against {t_prefill * 1e3:.1f} us")
+
+
+class _Problem:
+    """A causal chain verify of ``n`` draft tokens a request (:func:`chain_problem`), run by either kernel."""
+
+    def __init__(self, h_q, h_kv, head_dim, v_head_dim, dtype, device, n, prefixes):
+        (self.q, self.k, self.v, self.kb, self.vb, self.qo, self.kvp, self.kvi), self.ref = chain_problem(
+            h_q, h_kv, head_dim, v_head_dim, dtype, device, n, prefixes=prefixes, pool=max(512, 2 * sum(prefixes)))
+        self.out = torch.empty_like(self.ref)
+        self.chain = (None, True, None, n, 1.0, 1.0)  # no custom mask, causal, n tokens a request, no fp8 scales
+
+    def prefill(self) -> None:
+        from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+        extend_attention_fwd(self.q, self.k, self.v, self.ref, self.kb, self.vb, self.qo, self.kvp, self.kvi, *self.chain)
+
+    def split_kv(self, out) -> bool:
+        from sglang.kernels.ops.attention.verify_splitkv import verify_splitkv_fwd
+
+        return verify_splitkv_fwd(self.q, self.k, self.v, out, self.kb, self.vb, self.qo, self.kvp, self.kvi,
+                                  *self.chain, max_bs=self.qo.shape[0] - 1)
+
+
+def _captured(fn, times: int = 1):
+    fn()  # compiles, allocates the kernel's scratch
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other threads' CUDA calls unaffected
+        for _ in range(times):
+            fn()
+    return graph
+
+
+def _time(fn, device, calls: int = 10, replays: int = 5) -> float:
+    """Milliseconds per call of ``fn``, ``calls`` of it captured in one CUDA graph (no launch gaps)."""
+    graph = _captured(fn, calls)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize(device)
+    return start.elapsed_time(end) / (calls * replays)
 
 
 def chain_problem(h_q, h_kv, head_dim, v_head_dim, dtype, device, n, prefixes=(5, 37, 300), pool=512, seed=0):

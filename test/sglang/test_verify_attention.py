@@ -112,3 +112,24 @@ def test_the_scratch_hook_is_registered_around_the_allocation():
     finally:
         HookRegistry._hooks[hook.TARGET] = saved
         patches._installed.discard(hook.TARGET)
+
+
+@pytest.mark.parametrize("passed", [True, False])
+def test_bench_spec_reads_what_the_server_logged(monkeypatch, caplog, tmp_path, passed):
+    """bench_spec records a LUMOTREE server's verify-attention line (on, or why not) with its servers."""
+    import importlib.util
+    import logging
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_spec", os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "serving", "bench_spec.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.delenv("LUMOTREE_SUFFIX_MERGE", raising=False)
+    monkeypatch.setattr(verify_attention, "check_on_device", lambda *a: (passed, "numbers (1.0 us against 2.0 us)"))
+    with caplog.at_level(logging.INFO, logger=verify_attention.__name__):
+        verify_attention.enable(hybrid(), args())
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"[time] {r.getMessage()}\n" for r in caplog.records))
+    got = bench.verify_attention(str(log))
+    assert got is not None and "numbers (1.0 us against 2.0 us)" in got
+    assert got.startswith("chain verify attention by SGLang's split-KV kernel") is passed

@@ -1,4 +1,5 @@
 """Helpers shared by the tests: one comparison, one set of tree strategies."""
+import contextlib
 import random
 
 import torch
@@ -60,3 +61,21 @@ def load_script(folder, name):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@contextlib.contextmanager
+def fresh_hook(hook_module):
+    """A LumoTree patch module's hook target with SGLang's ``HookRegistry`` entries and LumoTree's
+    installed-once mark saved, cleared for the test, and restored after it; yields the registry's hooks."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from lumotree.sglang import patches
+
+    target = hook_module.TARGET
+    saved = list(HookRegistry._hooks.get(target, []))
+    try:
+        patches._installed.discard(target)
+        yield HookRegistry._hooks
+    finally:
+        HookRegistry._hooks[target] = saved
+        patches._installed.discard(target)

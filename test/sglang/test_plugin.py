@@ -125,25 +125,21 @@ def test_cli_flags_parse_and_validate(parsed):
 
 
 def test_hook_registers_the_selection(monkeypatch):
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.plugins.hook_registry import HookType
 
     from lumotree.sglang import select
-    from lumotree.sglang import patches
     from lumotree.sglang.patches import verify_tree_greedy as hook
+    from utils import fresh_hook
 
-    saved = list(HookRegistry._hooks.get(hook.TARGET, []))
-    try:
+    with fresh_hook(hook) as hooks:
+        saved = list(hooks.get(hook.TARGET, []))
         monkeypatch.setenv("LUMOTREE_SGLANG_SELECT", "0")
-        patches._installed.discard(hook.TARGET)
         hook.install()
-        assert list(HookRegistry._hooks.get(hook.TARGET, [])) == saved  # opted out
+        assert list(hooks.get(hook.TARGET, [])) == saved  # opted out
         monkeypatch.delenv("LUMOTREE_SGLANG_SELECT")
         hook.install()
-        last = HookRegistry._hooks[hook.TARGET][-1]
+        last = hooks[hook.TARGET][-1]
         assert (last[0], last[1]) == (HookType.REPLACE, select.verify_tree_greedy)
-    finally:
-        HookRegistry._hooks[hook.TARGET] = saved
-        patches._installed.discard(hook.TARGET)
 
 
 def test_hook_registers_backend_classes():

@@ -98,20 +98,14 @@ def test_split_kv_chain_verify_passes_the_device_check_at_qwen35_shapes():
 
 
 def test_the_scratch_hook_is_registered_around_the_allocation():
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.plugins.hook_registry import HookType
 
-    from lumotree.sglang import patches
     from lumotree.sglang.patches import verify_splitkv_scratch as hook
+    from utils import fresh_hook
 
-    saved = list(HookRegistry._hooks.get(hook.TARGET, []))
-    try:
-        patches._installed.discard(hook.TARGET)
+    with fresh_hook(hook) as hooks:
         hook.install()
-        last = HookRegistry._hooks[hook.TARGET][-1]
-        assert (last[0], last[1]) == (HookType.AROUND, hook.alloc_finite)
-    finally:
-        HookRegistry._hooks[hook.TARGET] = saved
-        patches._installed.discard(hook.TARGET)
+        assert (hooks[hook.TARGET][-1][0], hooks[hook.TARGET][-1][1]) == (HookType.AROUND, hook.alloc_finite)
 
 
 @pytest.mark.parametrize("passed", [True, False])

@@ -127,3 +127,18 @@ def test_bench_spec_reads_what_the_server_logged(monkeypatch, caplog, tmp_path, 
     got = bench.verify_attention(str(log))
     assert got is not None and "numbers (1.0 us against 2.0 us)" in got
     assert got.startswith("chain verify attention by SGLang's split-KV kernel") is passed
+
+
+def test_kernel_benchmark_table():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_verify_attention",
+        os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "kernels", "bench_verify_attention.py"))
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = [dict(batch=32, context=1024, draft_tokens=4, prefill_kernel_us=250.0, split_kv_us=50.0, speedup=5.0,
+                 max_gap=3.9e-3),
+            dict(batch=1, context=256, draft_tokens=4, error="the split-KV kernel declined the problem")]
+    text = bench.table(rows)
+    assert "| 32 | 1024 | 250.0 | 50.0 | 5.0x | 3.9e-03 |" in text and "declined" in text

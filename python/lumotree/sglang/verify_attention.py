@@ -86,7 +86,7 @@ def check_on_device(h_q: int, h_kv: int, head_dim: int, v_head_dim: int, dtype, 
 
 
 def _check(h_q, h_kv, head_dim, v_head_dim, dtype, device, n) -> Tuple[bool, str]:
-    small = _Problem(h_q, h_kv, head_dim, v_head_dim, dtype, device, n, prefixes=(5, 37, 300))
+    small = ChainProblem(h_q, h_kv, head_dim, v_head_dim, dtype, device, n, prefixes=(5, 37, 300))
     small.prefill()
     out = torch.full_like(small.ref, float("nan"))
     if not small.split_kv(out):
@@ -100,15 +100,15 @@ def _check(h_q, h_kv, head_dim, v_head_dim, dtype, device, n) -> Tuple[bool, str
     if eager is None or replayed is None or max(eager, replayed) > CHECK_ATOL:
         return False, f"max |split-KV - prefill kernel| {eager} eager, {replayed} from a CUDA graph (tolerance {CHECK_ATOL})"
     # and faster, on a batch-32 verify of 512-token prefixes, each kernel replayed from a CUDA graph
-    big = _Problem(h_q, h_kv, head_dim, v_head_dim, dtype, device, n, prefixes=(512,) * 32)
+    big = ChainProblem(h_q, h_kv, head_dim, v_head_dim, dtype, device, n, prefixes=(512,) * 32)
     big.prefill()
-    t_split = _time(lambda: big.split_kv(big.out), device)
-    t_prefill = _time(big.prefill, device)
+    t_split = graph_ms(lambda: big.split_kv(big.out), device)
+    t_prefill = graph_ms(big.prefill, device)
     return t_split < t_prefill, (f"equal to the prefill kernel within {max(eager, replayed):.1e}; batch 32 x 512 "
                                  f"keys: {t_split * 1e3:.1f} us against {t_prefill * 1e3:.1f} us")
 
 
-class _Problem:
+class ChainProblem:
     """A causal chain verify of ``n`` draft tokens a request (:func:`chain_problem`), run by either kernel."""
 
     def __init__(self, h_q, h_kv, head_dim, v_head_dim, dtype, device, n, prefixes):
@@ -138,7 +138,7 @@ def _captured(fn, times: int = 1):
     return graph
 
 
-def _time(fn, device, calls: int = 10, replays: int = 5) -> float:
+def graph_ms(fn, device, calls: int = 10, replays: int = 5) -> float:
     """Milliseconds per call of ``fn``, ``calls`` of it captured in one CUDA graph (no launch gaps)."""
     graph = _captured(fn, calls)
     graph.replay()

@@ -245,21 +245,6 @@ def adaptive_decisions(log):
     return out
 
 
-VERIFY_ATTENTION_LINE = re.compile(r"LumoTree: (chain verify attention by SGLang's split-KV kernel \(.*\)|"
-                                   r"SGLang's split-KV verify kernel not used \(.*\); chain verify attention by its prefill kernel)")
-
-
-def verify_attention(log):
-    """What a LUMOTREE server logged about its chain verify attention (lumotree/sglang/verify_attention.py):
-    the split-KV kernel on, or why not, with the start-up check's numbers; ``None`` if it logged neither."""
-    try:
-        with open(log, errors="replace") as f:
-            m = VERIFY_ATTENTION_LINE.search(f.read())
-    except OSError:
-        return None
-    return m.group(1) if m else None
-
-
 def state_slots(memory_log):
     """Request-state slots SGLang's memory solver gave the GDN state pool (``max_mamba_cache_size``):
     what the speculative buffers leave for requests at the same ``--mem-fraction-static``."""
@@ -392,7 +377,6 @@ def main():
         srv.update(memory_report(log), **log_health(log))
         srv["state_slots"] = state_slots(srv.get("memory_log", []))
         srv["adaptive"] = adaptive_decisions(log)
-        srv["verify_attention"] = verify_attention(log)
         res["servers"][label(name, args.scheduler)] = srv
         print(json.dumps({name: srv})[:2000], flush=True)
         json.dump(res, open(args.out, "w"), indent=1)

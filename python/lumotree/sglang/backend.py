@@ -145,7 +145,6 @@ class LumoTreeGDNBackend(GDNAttnBackend):
 
     def __init__(self, model_runner):
         super().__init__(model_runner)
-        self.server_args = model_runner.server_args
         self.lumotree = lumotree_active(model_runner.server_args) and not model_runner.is_draft_worker
         self._first_gdn_layer = 1 << 30
         self._cur_tree = None
@@ -349,15 +348,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
 
 class LumoTreeHybridBackend(HybridLinearAttnBackend):
     """``HybridLinearAttnBackend`` whose post-verify state update is LumoTree's replay commit (and, in
-    the decode-exact mode, whose full-attention verify is one decode query per node; for chains, by
-    SGLang's split-KV verify kernel: :mod:`lumotree.sglang.verify_attention`)."""
-
-    def __init__(self, full_attn_backend, linear_attn_backend, full_attn_layers):
-        super().__init__(full_attn_backend, linear_attn_backend, full_attn_layers)
-        if getattr(linear_attn_backend, "lumotree", False):
-            from lumotree.sglang import verify_attention
-
-            verify_attention.enable(self, linear_attn_backend.server_args)
+    the decode-exact mode, whose full-attention verify is one decode query per node)."""
 
     def forward_extend(self, layer, forward_batch, save_kv_cache: bool = True, q=None, k=None, v=None,
                        mixed_qkv=None, a=None, b=None, **kwargs):

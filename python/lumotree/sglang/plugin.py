@@ -330,14 +330,12 @@ def register() -> None:
     draft_oracle.install()
     if os.environ.get(ENV_ACTIVE) == "1":
         from lumotree.sglang import merge
-        from lumotree.sglang.patches import (draft_tree_whole, eagle_sample_end, gdn_backend_classes, verify_splitkv_scratch,
-                                             verify_tree_greedy)
+        from lumotree.sglang.patches import (draft_tree_whole, eagle_sample_end, gdn_backend_classes, verify_tree_greedy)
 
         gdn_backend_classes.install()
         draft_tree_whole.install()
         verify_tree_greedy.install()
         eagle_sample_end.install()
-        verify_splitkv_scratch.install()
         if merge.enabled():
             from lumotree.sglang.patches import eagle_verify_input
 

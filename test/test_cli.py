@@ -88,3 +88,49 @@ def test_serve_defaults_to_a_chain_and_sizes_trees(capsys, argv, want):
     got = tuple(out[out.index(f) + 1] for f in ("--speculative-num-steps", "--speculative-eagle-topk",
                                                   "--speculative-num-draft-tokens"))
     assert out[out.index("--speculative-algorithm") + 1] == "LUMOTREE" and got == want
+
+
+@pytest.mark.parametrize("fa3,argv,backend", [
+    pytest.param(True, [], None, id="fa3-sglang-picks"),
+    pytest.param(False, [], "triton", id="no-fa3-triton"),
+    pytest.param(False, ["--", "--attention-backend", "flashinfer"], "flashinfer", id="no-fa3-user-choice"),
+    pytest.param(False, ["--exact"], "triton", id="no-fa3-exact-once"),
+])
+def test_serve_falls_back_to_triton_attention_without_fa3(capsys, monkeypatch, fa3, argv, backend):
+    from lumotree import cli
+
+    monkeypatch.setattr(cli, "fa3_installed", lambda: fa3)
+    assert main(["serve", "--model-path", CKPT, "--dry-run", *argv]) == 0
+    cap = capsys.readouterr()
+    out = cap.out.split()
+    assert out.count("--attention-backend") == (0 if backend is None else 1)
+    if backend is not None:
+        assert out[out.index("--attention-backend") + 1] == backend
+    assert ("no FlashAttention-3" in cap.err) == (not fa3 and not argv)
+
+
+def test_fa3_probe_finds_sgl_kernels_extension_file():
+    import glob
+    import importlib.util
+
+    from lumotree.cli import fa3_installed
+
+    spec = importlib.util.find_spec("sgl_kernel")
+    has = spec is not None and bool(glob.glob(os.path.join(os.path.dirname(spec.origin), "flash_ops*.so")))
+    assert fa3_installed() is has
+    assert has  # sglang==0.5.17's sgl-kernel wheel (this project's pin) carries FA3
+
+
+def test_fa3_probe_without_the_extension(monkeypatch, tmp_path):
+    import importlib.machinery
+    import importlib.util
+
+    from lumotree import cli
+
+    (tmp_path / "__init__.py").write_text("")
+    spec = importlib.machinery.ModuleSpec("sgl_kernel", None, is_package=True)
+    spec.submodule_search_locations = [str(tmp_path)]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    assert cli.fa3_installed() is False
+    (tmp_path / "flash_ops.abi3.so").write_bytes(b"")
+    assert cli.fa3_installed() is True

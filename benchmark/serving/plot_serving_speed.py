@@ -29,8 +29,9 @@ def ratios(runs):
         for r in run["rows"]:
             if r["config"] == "none" or r["batch"] not in none:
                 continue
-            tag = f", {run['tag']}" if run.get("tag") else ""
-            key = (r.get("accept_p"), f"{r['config']} (run {run.get('run', i + 1)}{tag})")
+            tag = [f"run {run.get('run', i + 1)}"] if len(runs) > 1 else []
+            tag += [run["tag"]] if run.get("tag") else []
+            key = (r.get("accept_p"), r["config"] + (f" ({', '.join(tag)})" if tag else ""))
             out.setdefault(key, []).append((r["batch"], r["tokens_per_s"] / none[r["batch"]], r.get("accept_length") or 1.0))
     return out
 

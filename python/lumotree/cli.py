@@ -159,6 +159,25 @@ def check_serve(args, rest, cuda_available=None) -> None:
                          "supported); on this machine run `lumotree demo` instead, or add --dry-run to print the command")
 
 
+def _names_attention_backend(rest) -> bool:
+    return any(r == "--attention-backend" or r.startswith("--attention-backend=") for r in rest)
+
+
+def fa3_installed() -> bool:
+    """Whether the installed sgl-kernel carries its FlashAttention-3 extension (``sgl_kernel.flash_ops``),
+    which SGLang's default attention backend on Hopper imports; looked up as a file, without importing
+    sgl-kernel (its import loads CUDA libraries)."""
+    import glob
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec("sgl_kernel")
+    except (ImportError, ValueError):
+        return False
+    dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+    return any(glob.glob(os.path.join(d, "flash_ops*.so")) for d in dirs)
+
+
 def serve(args, rest) -> int:
     """``python -m sglang.launch_server`` with LUMOTREE's flags; everything after ``--`` (or any
     unknown flag) is passed through to SGLang unchanged."""
@@ -166,14 +185,22 @@ def serve(args, rest) -> int:
     exact = []
     if args.exact:  # the decode-exact verify (lumotree.sglang.exact) runs on SGLang's Triton attention backend
         exact = ["--enable-deterministic-inference"]
-        if not any(r == "--attention-backend" or r.startswith("--attention-backend=") for r in rest):
+        if not _names_attention_backend(rest):
             exact += ["--attention-backend", "triton"]
     if args.suffix:  # model-free suffix drafting; the tree size follows --max-running-requests unless given
         tree = ["--speculative-algorithm", "LUMOTREE_SUFFIX"]
     else:
         tree = ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", str(args.steps),
                 "--speculative-eagle-topk", str(args.topk), "--speculative-num-draft-tokens", str(args.draft_tokens)]
-    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model_path, *tree, *exact, *rest]
+    backend = []
+    if not exact and not _names_attention_backend(rest) and not fa3_installed():
+        # SGLang picks FlashAttention-3 on Hopper and stops at start-up ("Can not import FA3 in sgl_kernel")
+        # when its sgl-kernel build lacks it; its Triton backend serves every LumoTree path
+        print("lumotree serve: sgl-kernel has no FlashAttention-3 kernels (sgl_kernel.flash_ops); serving with "
+              "--attention-backend triton", file=sys.stderr, flush=True)
+        backend = ["--attention-backend", "triton"]
+    cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", args.model_path, *tree, *exact, *backend,
+           *rest]
     print(" ".join(cmd), flush=True)
     if args.dry_run:
         return 0

@@ -46,6 +46,7 @@ import json
 import os
 import random
 import re
+import statistics
 import sys
 import time
 
@@ -293,6 +294,9 @@ def main():
     ap.add_argument("--miss", action="store_true",
                     help="oracle configurations: after each batch's controlled-acceptance row, a row of the same server "
                          "with drafts that miss (fresh prompts the oracle has no continuation for; accept_p 0)")
+    ap.add_argument("--prefill-samples", type=int, default=3,
+                    help="one-token passes of the batch before each measured pass; the row's prefill_seconds is "
+                         "their median (single ones varied by ~30 ms at batch 1)")
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--mem-fraction-static", type=float, default=0.7,
                     help="SGLang's static memory share (the suite runs the tiny model at 0.3; at 0.7 its servers "
@@ -393,9 +397,12 @@ def measure(url, batch, args, key, log):
     """The batch's prefill (one token) alone, then the measured pass of ``--output-len`` tokens: the
     row's timings, acceptance and the server's own decode throughput over that pass."""
     bs = len(batch)
-    t1 = time.time()
-    generate(url, batch, 1, key=key)  # prefill (+ one token) alone
-    prefill = time.time() - t1
+    samples = []
+    for _ in range(max(1, args.prefill_samples)):  # prefill (+ one token) alone; the median of a few
+        t1 = time.time()
+        generate(url, batch, 1, key=key)
+        samples.append(time.time() - t1)
+    prefill = statistics.median(samples)
     t1 = time.time()
     at = log_size(log)
     outs = generate(url, batch, args.output_len, key=key)
@@ -403,7 +410,8 @@ def measure(url, batch, args, key, log):
     time.sleep(0.5)  # the log line of the last interval
     st = accept_stats(outs)
     steps = (st["verify_steps"] / bs) if st["verify_steps"] else args.output_len
-    row = dict(seconds=round(wall, 3), prefill_seconds=round(prefill, 3), tokens_per_s=st["completion_tokens"] / wall,
+    row = dict(seconds=round(wall, 3), prefill_seconds=round(prefill, 3),
+               prefill_samples=[round(x, 4) for x in samples], tokens_per_s=st["completion_tokens"] / wall,
                step_ms=1000 * wall / steps, decode_step_ms=1000 * max(wall - prefill, 0.0) / steps,
                decode_tokens_per_s=st["completion_tokens"] / max(wall - prefill, 1e-9),
                accept_length=st["accept_length"])

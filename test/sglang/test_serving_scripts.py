@@ -399,11 +399,13 @@ def test_bench_spec_main_warms_each_batch_times_prefill_and_profiles_chosen_batc
                                       "--output-len", "16", "--out", str(out), "--log-dir", str(tmp_path),
                                       "--profile-dir", str(tmp_path / "prof"), "--profile-batches", "8"])
     bs.main()
-    # warm-up (1 request), then per batch: warm pass, prefill (1 token), measured pass [, profile]
-    assert calls == [(1, 16, "text"), (1, 16, "text"), (1, 1, "text"), (1, 16, "text"),
-                     (8, 16, "text"), (8, 1, "text"), (8, 16, "text"), (8, 16, "text"), ("profile", 30)]
+    # warm-up (1 request), then per batch: warm pass, prefill (1 token) x 3 (the median), measured pass [, profile]
+    assert calls == [(1, 16, "text"), (1, 16, "text")] + [(1, 1, "text")] * 3 + [(1, 16, "text"),
+                     (8, 16, "text")] + [(8, 1, "text")] * 3 + [(8, 16, "text"), (8, 16, "text"), ("profile", 30)]
     res = json.load(open(out))
     rows = res["rows"]
+    assert all(len(r["prefill_samples"]) == 3 and abs(r["prefill_seconds"] - sorted(r["prefill_samples"])[1]) < 1e-3
+               for r in rows)
     assert [r["batch"] for r in rows] == [1, 8] and rows[0]["accept_length"] == 2.0
     assert "profile" in rows[1] and "profile" not in rows[0]
     assert all(r["decode_step_ms"] <= r["step_ms"] for r in rows)
@@ -426,7 +428,7 @@ def test_bench_spec_profiles_a_batch_after_all_its_measured_phases(tmp_path, mon
                          lambda payload: calls.append(("profile", payload["profile_prefix"])))
     out = tmp_path / "b.json"
     monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs", "lumotree-chain-oracle", "--oracle-p",
-                                      "0.8", "--miss", "--oracle-warm-passes", "0", "--batches", "2", "--output-len",
+                                      "0.8", "--miss", "--oracle-warm-passes", "0", "--prefill-samples", "1", "--batches", "2", "--output-len",
                                       "16", "--out", str(out), "--log-dir", str(tmp_path), "--profile-dir",
                                       str(tmp_path / "prof"), "--profile-batches", "2"])
     bs.main()
@@ -670,7 +672,7 @@ def test_bench_spec_oracle_twins_set_the_oracle_of_their_loop(tmp_path, monkeypa
     monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs",
                                       "lumotree-topk2-oracle,nextn-topk2-oracle,ngram-oracle", "--batches", "2",
                                       "--output-len", "4", "--oracle-p", "0.8", "--out", str(tmp_path / "b.json"),
-                                      "--log-dir", str(tmp_path)])
+                                      "--log-dir", str(tmp_path), "--prefill-samples", "1"])
     bs.main()
     assert [e for _, e in seen] == [{"LUMOTREE_BENCH_DRAFT_ORACLE_P": "0.8"}] * 2 + [{"LUMOTREE_BENCH_ORACLE_P": "0.8"}]
     assert seen[0][0] == bs.CONFIGS["lumotree-topk2"]
@@ -698,7 +700,7 @@ def test_bench_spec_miss_rows_come_from_the_same_server_with_prompts_it_never_sa
     out = tmp_path / "b.json"
     monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--configs", "none,lumotree-chain-oracle,nextn-chain-oracle",
                                       "--batches", "2", "--input-len", "8", "--output-len", "4", "--oracle-p", "0.8",
-                                      "--miss", "--out", str(out), "--log-dir", str(tmp_path)])
+                                      "--miss", "--out", str(out), "--log-dir", str(tmp_path), "--prefill-samples", "1"])
     bs.main()
     rows = json.load(open(out))["rows"]
     assert [(r["config"], r["accept_p"], r["shape"], r["tp"]) for r in rows] == [

@@ -364,6 +364,10 @@ def main():
                         row = measure(url, prompts_of(), args, key, log)
                         row.update(config=name, shape=None if args.model else args.shape, tp=args.tp, batch=bs,
                                    accept_p=accept_p, scheduler=args.scheduler)
+                        why = suspect(row)
+                        if why:
+                            row["suspect"] = why
+                            print(f"SUSPECT {name} batch {bs}: {why}", file=sys.stderr, flush=True)
                         res["rows"].append(row)
                         measured_rows.append((row, prompts_of))
                         print(json.dumps(row), flush=True)
@@ -437,6 +441,21 @@ def request_spread(outs, wall):
     return out
 
 
+MISS_ACCEPT_MAX = 1.3  # accept length above which a row whose drafts should miss is not believed
+
+
+def suspect(row):
+    """Why a row's acceptance cannot be right, or ``None``: a row whose drafts should miss (``accept_p``
+    0, dummy-weight drafts) that accepted them anyway means the verify's outputs are degenerate (a constant
+    token the dummy drafts also propose). Seen once: a verify attention kernel that passed its start-up
+    check broke the outputs from batch 8 on, and its miss rows accepted 3.5-3.9 tokens per step."""
+    acc = row.get("accept_length")
+    if row.get("accept_p") == 0.0 and acc is not None and acc > MISS_ACCEPT_MAX:
+        return (f"accept length {acc:.2f} with drafts that should miss (above {MISS_ACCEPT_MAX}): "
+                "degenerate outputs?")
+    return None
+
+
 def label(config, scheduler):
     """A configuration's name in tables and the servers map: the scheduler is named unless the server ran
     with its flags alone (``default``)."""
@@ -458,6 +477,7 @@ def table(rows, memory=None):
         mem = (memory or {}).get(cfg, {}).get("speculative_bytes", {}).get("total")
         mem = f"{mem / 2**20:.0f} MiB" if mem is not None else "–"
         ap = r.get("accept_p", r.get("oracle_p"))
+        cfg += " **suspect**" if r.get("suspect") else ""
         out.append(f"| {cfg} | {r['batch']} | {'–' if ap is None else ap} | {r.get('output_len') or '–'} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {dec} | {acc} | {mem} |")
     return "\n".join(out)
 

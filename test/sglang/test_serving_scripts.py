@@ -765,3 +765,15 @@ def test_bench_spec_moe_shape_is_a_qwen3_next_model_lumotree_serves_and_tp_reach
     assert all(b[b.index("--tp-size") + 1] == "2" for b in seen) and len(seen) == 2
     res = json.load(open(out))
     assert res["tp"] == 2 and {(r["tp"], r["shape"]) for r in res["rows"]} == {(2, "qwen3-next-80b-moe-24l")}
+
+
+def test_bench_spec_flags_miss_rows_that_accepted_their_drafts():
+    bs = load("bench_spec")
+    assert bs.suspect(dict(accept_p=0.0, accept_length=1.008)) is None
+    assert bs.suspect(dict(accept_p=0.8, accept_length=3.9)) is None  # controlled acceptance: expected
+    assert bs.suspect(dict(accept_p=None, accept_length=None)) is None  # no speculation
+    why = bs.suspect(dict(accept_p=0.0, accept_length=3.54))
+    assert why and "3.54" in why
+    row = dict(config="lumotree-chain-oracle", batch=8, accept_p=0.0, tokens_per_s=1341.0, step_ms=21.1,
+               accept_length=3.54, suspect=why)
+    assert "**suspect**" in bs.table([row])

@@ -126,6 +126,21 @@ def main():
         r = resources(tm.tree_merge_layout_fwd_kernel, consts, 4, BATCH)
         rows.append(dict(kernel="tree merge + layout", nodes=N, suffix_width=M, warps=4, **r))
         print(json.dumps(rows[-1]), flush=True)
+    from lumotree.ops.tree_attention import triton as ta
+
+    TYPES.update(k_buffer="*bf16", v_buffer="*bf16", kv_indptr="*i32", kv_indices="*i64", anc="*i8", o_part="*fp32",
+                 lse_part="*fp32", out="*bf16", scale_log2="fp32", S="i32")
+    for nodes, bs in ((4, 32), (8, 8), (16, 4)):  # a full-attention layer's verify at Qwen3.5-27B's heads (24 / 4, 256)
+        BM, MB, S = ta.tree_attention_config(bs, nodes, 24, 4, SMS)
+        warps = 4 if BM <= 32 else 8  # as the launcher picks (BM x Dv accumulator)
+        consts = dict(N=nodes, G=6, MB=MB, BM=BM, D=256, DV=256, BD=256, BDV=256)
+        r = resources(ta.tree_attention_prefix_fwd_kernel, dict(consts, BLOCK_N=32), warps, bs * 4 * MB * S)
+        rows.append(dict(kernel="tree verify attention, prefix splits", nodes=nodes, batch=bs, splits=S, warps=warps, **r))
+        print(json.dumps(rows[-1]), flush=True)
+        r = resources(ta.tree_attention_merge_fwd_kernel, dict(consts, NP=max(16, nodes), HAS_ANC=nodes > 4), warps,
+                      bs * 4 * MB)
+        rows.append(dict(kernel="tree verify attention, merge", nodes=nodes, batch=bs, warps=warps, **r))
+        print(json.dumps(rows[-1]), flush=True)
     json.dump(dict(command="python3 " + " ".join(sys.argv), target="sm_90 (H200), Triton " + triton.__version__,
                    batch=BATCH, shape=SHAPE, rows=rows), open(sys.argv[1], "w"), indent=1)
 

@@ -204,7 +204,35 @@ def finish_rule():
     compare_finish_rule("cpu")
 
 
+def tree_attention():
+    """The tree verify attention's kernels vs its reference (test/ops/tree_attention_cases.py), and vs
+    SGLang's prefill kernel with the verify's custom mask as benchmark/kernels/bench_tree_attention.py
+    builds it (chain and EAGLE tree)."""
+    from tree_attention_cases import compare_tree_attention
+    from lumotree.ops.tree_attention import naive as ta_naive, triton as ta_tri
+    from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+
+    compare_tree_attention("cpu")
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "kernels"))
+    import bench_tree_attention as bench
+
+    for tree, nodes in (("chain", 4), ("eagle", 8)):
+        p, anc, (mask, mask_indptr, qo) = bench.inputs(2, 24, nodes, tree, heads=(4, 2, 32), dtype=torch.float32,
+                                                       device="cpu")
+        ref = ta_naive.tree_verify_attention(**p, anc=anc)
+        sg = torch.empty_like(ref)
+        extend_attention_fwd(p["q"], p["k"], p["v"], sg, p["k_buffer"], p["v_buffer"], qo, p["kv_indptr"],
+                             p["kv_indices"], mask, True, mask_indptr, nodes, 1.0, 1.0)
+        assert_close(f"SGLang's prefill kernel, {tree} (the benchmark's inputs)", ref, sg, 1e-5)
+        assert_close(f"tree attention, {tree} (the benchmark's inputs)", ref, ta_tri.tree_verify_attention(**p, anc=anc),
+                     1e-5)
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["tree_attention"]:  # its own process: the suite runs it beside the others
+        tree_attention()
+        print("interpreted tree attention == reference")
+        sys.exit(0)
     finish_rule()
     gdn_large_tree_public_op()
     commit_layers()

@@ -15,11 +15,13 @@ from lumotree.ops.finish import naive as _finish_naive
 from lumotree.ops.gdn_tree import naive as _gdn_naive
 from lumotree.ops.select import naive as _select_naive
 from lumotree.ops.select.naive import probs_from_logits
+from lumotree.ops.tree_attention import naive as _attn_naive
 
 __all__ = [
     "gdn_tree_verify", "gdn_tree_verify_per_node", "gdn_tree_commit", "conv_tree_verify",
     "conv_tree_commit", "tree_select_greedy", "tree_select_sample", "commit_plan", "CommitPlan",
     "probs_from_logits", "backend_for", "tree_select_and_plan", "mark_finished", "clamp_run",
+    "tree_verify_attention",
 ]
 
 
@@ -124,3 +126,13 @@ def clamp_run(stop, max_len, ruled, req_pool_indices, seq_lens, predict, accept_
 
 mark_finished.__doc__ = _finish_naive.mark_finished.__doc__
 clamp_run.__doc__ = _finish_naive.clamp_run.__doc__
+
+
+def tree_verify_attention(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, anc=None, scale=None):
+    if backend_for(q.device) == "triton":
+        return _fused("tree_attention.triton").tree_verify_attention(q, k, v, k_buffer, v_buffer, kv_indptr,
+                                                                      kv_indices, anc, scale)
+    return _attn_naive.tree_verify_attention(q, k, v, k_buffer, v_buffer, kv_indptr, kv_indices, anc, scale)
+
+
+tree_verify_attention.__doc__ = _attn_naive.tree_verify_attention.__doc__

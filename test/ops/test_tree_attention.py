@@ -1,0 +1,66 @@
+"""The tree verify attention's reference (lumotree.ops.tree_attention.naive) against attention written
+out densely, and the public op's input checks. Kernels: test_kernels_interpret.py (CPU interpreter),
+test_tree_attention_gpu.py."""
+import pytest
+import torch
+
+from tree_attention_cases import problem
+from utils import assert_close
+
+
+def dense(p, n):
+    """Softmax attention over [prefix ; verify tokens] with the visibility matrix built explicitly."""
+    q, k, v, kb, vb, ptr, idx, anc = (p[x] for x in ("q", "k", "v", "k_buffer", "v_buffer", "kv_indptr",
+                                                     "kv_indices", "anc"))
+    bs, hq, hkv = ptr.numel() - 1, q.shape[1], k.shape[1]
+    outs = []
+    for b in range(bs):
+        slots = idx[ptr[b]:ptr[b + 1]]
+        for i in range(n):
+            for h in range(hq):
+                kk = torch.cat([kb[slots, h * hkv // hq], k[b * n:(b + 1) * n, h * hkv // hq]])
+                vv = torch.cat([vb[slots, h * hkv // hq], v[b * n:(b + 1) * n, h * hkv // hq]])
+                vis = [True] * len(slots) + [bool(anc[b, i, j]) if anc is not None else j <= i for j in range(n)]
+                s = (kk @ q[b * n + i, h]) / q.shape[-1] ** 0.5
+                s[~torch.tensor(vis)] = float("-inf")
+                outs.append(torch.softmax(s, 0) @ vv)
+    return torch.stack(outs).view(bs * n, hq, -1)
+
+
+@pytest.mark.parametrize("tree", [None, "tree", "star"])
+def test_reference_is_attention_over_prefix_and_ancestors(tree):
+    from lumotree.ops.tree_attention.naive import tree_verify_attention
+
+    p = problem(3, 6, 4, 2, 16, 8, (4, 0, 19), torch.float64, "cpu", tree)
+    assert_close(f"reference ({tree})", dense(p, 6), tree_verify_attention(**p), 1e-6)  # fp32 math
+
+
+def test_a_root_without_prefix_sees_only_itself():
+    from lumotree.ops.tree_attention.naive import tree_verify_attention
+
+    p = problem(1, 4, 2, 1, 8, 8, (0,), torch.float64, "cpu", None)
+    o = tree_verify_attention(**p)
+    assert torch.allclose(o[0], p["v"][0].expand(2, 8))  # node 0: its own value, both query heads
+
+
+@pytest.mark.parametrize("change,needle", [
+    pytest.param(dict(q=torch.zeros(10, 4, 16)), "do not split evenly", id="tokens-vs-requests"),
+    pytest.param(dict(q=torch.zeros(12, 3, 16)), "multiple of KV heads", id="gqa"),
+    pytest.param(dict(anc=torch.zeros(3, 4, 5, dtype=torch.int8)), "anc must be [3, 4, 4]", id="anc-shape"),
+    pytest.param(dict(k_buffer=torch.zeros(40, 2, 8)), "KV pool", id="pool-heads"),
+])
+def test_public_op_rejects_inconsistent_shapes(change, needle):
+    from lumotree.ops.tree_attention.triton import tree_verify_attention
+
+    p = problem(3, 4, 4, 2, 16, 16, (3, 4, 5), torch.float32, "cpu", None)
+    p.update(change)
+    with pytest.raises(ValueError, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        tree_verify_attention(**p)
+
+
+def test_public_op_on_cpu_is_the_reference():
+    from lumotree import ops
+    from lumotree.ops.tree_attention import naive
+
+    p = problem(2, 5, 4, 2, 16, 16, (7, 3), torch.float32, "cpu", "tree")
+    assert torch.equal(ops.tree_verify_attention(**p), naive.tree_verify_attention(**p))

@@ -35,6 +35,19 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _online_softmax_step(b_m, b_l, b_acc, b_s, b_v):
+    """One block of keys into a running softmax: scores ``b_s`` `[BM, BN]` (log2 units, ``-inf`` where
+    unseen), values ``b_v`` `[BN, BDV]`; returns the new row maxima, sums and accumulator. A row that has
+    seen no key yet keeps weight 0 (no ``-inf - -inf``)."""
+    b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+    b_ref = tl.where(b_mn == float("-inf"), 0., b_mn)
+    b_p = tl.exp2(b_s - b_ref[:, None])
+    b_alpha = tl.exp2(b_m - b_ref)
+    b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v)
+    return b_mn, b_l * b_alpha + tl.sum(b_p, 1), b_acc
+
+
+@triton.jit
 def tree_attention_prefix_fwd_kernel(
         q, k_buffer, v_buffer, kv_indptr, kv_indices, o_part, lse_part, scale_log2, S,
         stride_qt, stride_qh, stride_kbs, stride_kbh, stride_vbs, stride_vbh,
@@ -68,14 +81,9 @@ def tree_attention_prefix_fwd_kernel(
                       mask=m_n[None, :] & (o_d[:, None] < D), other=0.)
         b_s = tl.dot(b_q, b_k) * scale_log2
         b_s = tl.where(m_n[None, :], b_s, float("-inf"))
-        b_mn = tl.maximum(b_m, tl.max(b_s, 1))
-        b_p = tl.exp2(b_s - b_mn[:, None])
-        b_alpha = tl.exp2(b_m - b_mn)
         b_v = tl.load(v_buffer + slot[:, None] * stride_vbs + i_hk * stride_vbh + o_dv[None, :],
                       mask=m_n[:, None] & (o_dv[None, :] < DV), other=0.)
-        b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v)
-        b_l = b_l * b_alpha + tl.sum(b_p, 1)
-        b_m = b_mn
+        b_m, b_l, b_acc = _online_softmax_step(b_m, b_l, b_acc, b_s, b_v)
 
     seen = b_l > 0
     b_o = tl.where(seen[:, None], b_acc / tl.where(seen, b_l, 1.)[:, None], 0.)
@@ -133,14 +141,9 @@ def tree_attention_merge_fwd_kernel(
         sees = o_j[None, :] <= node[:, None]
     sees = sees & m_j[None, :]
     b_s = tl.where(sees, b_s, float("-inf"))
-    b_mn = tl.maximum(b_m, tl.max(b_s, 1))
-    b_ref = tl.where(b_mn == float("-inf"), 0., b_mn)  # padded rows only: a node always sees itself
-    b_p = tl.exp2(b_s - b_ref[:, None])
-    b_alpha = tl.exp2(b_m - b_ref)
     b_v = tl.load(v + tok_j[:, None] * stride_vt + i_hk * stride_vh + o_dv[None, :],
                   mask=m_j[:, None] & (o_dv[None, :] < DV), other=0.)
-    b_acc = b_acc * b_alpha[:, None] + tl.dot(b_p.to(b_v.dtype), b_v)
-    b_l = b_l * b_alpha + tl.sum(b_p, 1)
+    b_m, b_l, b_acc = _online_softmax_step(b_m, b_l, b_acc, b_s, b_v)
     b_o = b_acc / tl.where(b_l > 0, b_l, 1.)[:, None]
     p_out = out + tok[:, None].to(tl.int64) * stride_outt + head[:, None] * stride_outh + o_dv[None, :]
     tl.store(p_out, b_o.to(out.dtype.element_ty), mask=m_m[:, None] & (o_dv[None, :] < DV))

@@ -20,7 +20,6 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "..", "test"))
 
 from bench_verify_forms import bench_graph  # noqa: E402
 

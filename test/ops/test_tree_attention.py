@@ -48,6 +48,8 @@ def test_a_root_without_prefix_sees_only_itself():
     pytest.param(dict(q=torch.zeros(12, 3, 16)), "multiple of KV heads", id="gqa"),
     pytest.param(dict(anc=torch.zeros(3, 4, 5, dtype=torch.int8)), "anc must be [3, 4, 4]", id="anc-shape"),
     pytest.param(dict(k_buffer=torch.zeros(40, 2, 8)), "KV pool", id="pool-heads"),
+    pytest.param(dict(out=torch.zeros(12, 4, 8)), "out must be [12, 4, 16]", id="out-shape"),
+    pytest.param(dict(out=torch.zeros(12, 4, 32)[..., ::2]), "contiguous last dimension", id="out-strided"),
 ])
 def test_public_op_rejects_inconsistent_shapes(change, needle):
     from lumotree.ops.tree_attention.triton import tree_verify_attention

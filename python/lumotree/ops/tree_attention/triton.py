@@ -188,11 +188,13 @@ def tree_verify_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_b
         raise ValueError(f"KV pool {tuple(k_buffer.shape)} / {tuple(v_buffer.shape)} does not match k / v heads")
     if anc is not None and tuple(anc.shape) != (bs, n, n):
         raise ValueError(f"anc must be [{bs}, {n}, {n}], got {tuple(anc.shape)}")
-    for t in (q, k, v, k_buffer, v_buffer):
-        if t.stride(-1) != 1:
-            raise ValueError("q, k, v and the KV pool need a contiguous last dimension")
     if out is None:
         out = torch.empty(T, Hq, Dv, dtype=q.dtype, device=q.device)
+    elif tuple(out.shape) != (T, Hq, Dv):
+        raise ValueError(f"out must be [{T}, {Hq}, {Dv}], got {tuple(out.shape)}")
+    for t in (q, k, v, k_buffer, v_buffer, out):
+        if t.stride(-1) != 1:
+            raise ValueError("q, k, v, out and the KV pool need a contiguous last dimension")
     sms = _sm_count(q.device.index or 0) if q.is_cuda else 132
     BM, MB, S = tree_attention_config(bs, n, Hq, Hkv, sms)
     S = splits or S

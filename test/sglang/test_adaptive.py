@@ -422,3 +422,43 @@ def test_acceptance_leaves_out_rows_a_step_holds_after_they_finished(monkeypatch
     w.activate_step_by_batch(4)
     w._note_live_rows(batch)
     assert w._pending_steps[-1] == [0, False, None]
+
+
+def simulate_overlap_draws(policy, batch, t_none, t_tree, p, levels, steps, seed=0):
+    """:func:`simulate_overlap` with each request's accepted drafts drawn as the draft oracle draws them:
+    the leading successes of ``levels`` Bernoulli(``p``) draws (p 0.8, 3 levels: 0 a fifth of the time)."""
+    rng, served, pending, prev = random.Random(seed), [], None, None
+    for _ in range(steps):
+        s = policy.choose(batch)
+        if prev is not None:
+            policy.observe_time(batch, prev[0], prev[1], after_switch=prev[2])
+        if pending is not None:
+            policy.observe_accept(*pending)
+        t_prev = (t_tree if (served[-1] if served else s) else t_none) * (1 + 0.02 * rng.random())
+        cold = s and served and served[-1] == 0
+
+        def draw():
+            k = 0
+            while k < levels and rng.random() < p:
+                k += 1
+            return k
+        pending = None if cold or not s else (s, [draw() for _ in range(batch)])
+        prev = (s, t_prev, bool(served) and served[-1] != s)
+        served.append(s)
+    return served
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_at_batch_1_a_probe_s_decision_rests_on_several_accept_samples(seed):
+    """Batch 1, decode step 7.5 ms, 3-step chain 10 ms (27B shapes cut to 32 layers, H200): a pass whose drafts
+    miss (the tree is dropped), then drafts accepted as the oracle draws them at p 0.8 (1.95 per step on
+    average, none a fifth of the time). Seen on the H200: a probe whose decision rested on one counted step
+    (its first is cold, its last arrives after the decision) averaged with the old estimate went back to no
+    draft more than a third of the time and the next probe came ~200 steps later -- a measured pass served
+    no draft. The probe now runs until PROBE_ROWS accepted-draft samples are in before it decides."""
+    p = TreeSizePolicy([0, 3])
+    simulate_overlap(p, 1, 0.0075, 0.010, 0.0, steps=128, seed=seed)
+    assert p.buckets[1].chosen == 0
+    served = simulate_overlap_draws(p, 1, 0.0075, 0.010, 0.8, 3, steps=3 * 128, seed=seed)
+    assert p.buckets[1].chosen == 3, p.table()
+    assert served[-128:].count(3) >= 120, served[-128:]  # the last 128-token pass drafts

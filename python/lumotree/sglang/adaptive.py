@@ -38,13 +38,13 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   estimates stay current: after ``PROBE_EVERY`` steps at first, the interval doubling each time a
   probe leaves the choice as it was, up to ``PROBE_MAX``, and back to ``PROBE_EVERY`` when the choice
   changes, and never sooner than the probe's cost allows: a probe of a candidate that does not pay loses
-  ``PROBE_RUN x T_other x (1 - rate_other / rate_best)`` seconds, and the interval is at least that
+  ``probe_run x T_other x (1 - rate_other / rate_best)`` seconds, and the interval is at least that
   over ``PROBE_BUDGET`` (1 %) of ``T_best`` (:meth:`TreeSizePolicy._probe_floor`). Why: where drafts
   miss, a tree step costs about 1.7x (batch 1) to 2x (batch 32) a decode step (27B shapes, H200), so a
   3-step probe every 128 steps lost 1.6-2.3 % against no speculation -- most of what a server whose drafts miss
   lost; with the floor the first probe after a switch to no draft comes after ~200 (batch 1) to ~350
   (batch 32) steps. A probe is ``RUN`` steps long where the bucket has no time samples of the candidate
-  yet, else ``PROBE_RUN``. Acceptance that drops while the tree is served is seen at once (every drafted step measures it), so
+  yet, else ``probe_run`` (3 steps; at batch 1-2 long enough for four samples). Acceptance that drops while the tree is served is seen at once (every drafted step measures it), so
   while a tree is served a probe of no draft only refreshes the decode step's time: once the bucket
   has its own samples of it, such probes come every ``PROBE_MAX`` steps. Acceptance that rises while no
   draft is served is seen at the next probe, within ``PROBE_MAX`` steps.
@@ -84,12 +84,24 @@ MIN_SAMPLES = 3  # step-time samples per candidate and bucket before the policy 
 # (overlap) and a drafted first step is cold; one more because its results arrive a step late (overlap)
 RUN = MIN_SAMPLES + 2
 # a probe of a candidate whose step time the bucket has measured is there for the acceptance: a drafted
-# step after no-draft steps is cold, the next ones are samples
+# step after no-draft steps is cold, the next ones are samples, and the last one's arrives after the
+# decision (overlap); it runs until PROBE_ROWS request samples are in (probe_run)
 PROBE_RUN = 3
+PROBE_ROWS = 4
 MARGIN = 0.03  # switch only when the other candidate is this much faster (tokens per second)
 PROBE_EVERY = 128  # steps of a bucket before its first probe run of the candidate not chosen
 PROBE_MAX = 1024  # the longest interval between probe runs (doubling from PROBE_EVERY while probes confirm)
 PROBE_BUDGET = 0.01  # share of the time served a probe of a candidate that does not pay may cost (interval floor)
+
+
+@functools.lru_cache(maxsize=4096)
+def probe_run(batch: int) -> int:
+    """Steps of a probe of a measured candidate at ``batch``: a cold step, enough counted steps for
+    ``PROBE_ROWS`` request samples before the decision, and the step whose sample arrives after it --
+    ``PROBE_RUN`` (3) from batch 4 on, 6 at batch 1. Why: at batch 1 a 3-step probe decided on one
+    request's one step (p 0.8 oracle drafts: none accepted a fifth of the time), averaged with the
+    estimate from before the gap; on the H200 a measured pass served no draft after such probes."""
+    return max(PROBE_RUN, 2 + -(-PROBE_ROWS // bucket(batch)))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -239,12 +251,12 @@ class TreeSizePolicy:
             st.since_probe = 0
             st.probed = True
             other = min((c for c in self.candidates if c != best), key=lambda c: st.samples[c])
-            return self._start_run(st, other, PROBE_RUN if st.samples[other] >= MIN_SAMPLES else RUN)
+            return self._start_run(st, other, probe_run(batch) if st.samples[other] >= MIN_SAMPLES else RUN)
         return best
 
     def _probe_floor(self, batch: int, best: int) -> int:
         """The fewest steps between probe runs for which a probe of a candidate that does not pay costs at
-        most ``PROBE_BUDGET`` of the time served: its ``PROBE_RUN`` steps take ``PROBE_RUN x T_other``,
+        most ``PROBE_BUDGET`` of the time served: its ``probe_run`` steps take ``probe_run x T_other``,
         of which ``rate_other / rate_best`` is what they serve, the rest lost. 0 where the bucket has no
         own step times of the candidate (it is explored) or the estimates say the candidate pays."""
         st = self._bucket(batch)
@@ -253,7 +265,7 @@ class TreeSizePolicy:
             return 0
         t_other, t_best = self.step_time(batch, other), self.step_time(batch, best)
         r_other, r_best = self.rate(batch, other), self.rate(batch, best)
-        loss = PROBE_RUN * t_other * (1.0 - r_other / r_best)
+        loss = probe_run(batch) * t_other * (1.0 - r_other / r_best)
         return 0 if loss <= 0 else math.ceil(loss / (PROBE_BUDGET * t_best))
 
     @staticmethod

@@ -9,6 +9,10 @@ void tree_select(const at::Tensor& draft_tokens, const at::Tensor& target, const
                  const at::Tensor& coins_final, const at::Tensor& cache_slots, bool greedy, at::Tensor& accept_len,
                  at::Tensor& accept_nodes, at::Tensor& bonus, at::Tensor& conv_src, at::Tensor& kv_accept_slots,
                  at::Tensor& kv_free_slots, at::Tensor& kv_num_free);
+void verify_tree_greedy_sglang(at::Tensor& predicts, at::Tensor& accept_index, at::Tensor& accept_token_num,
+                               const at::Tensor& candidates, const at::Tensor& retrieve_index,
+                               const at::Tensor& retrieve_next_token, const at::Tensor& retrieve_next_sibling,
+                               const at::Tensor& target_predict);
 }  // namespace lumotree
 
 TORCH_LIBRARY_FRAGMENT(lumotree, m) {
@@ -17,9 +21,16 @@ TORCH_LIBRARY_FRAGMENT(lumotree, m) {
       "Tensor num_nodes, Tensor coins, Tensor coins_final, Tensor cache_slots, bool greedy, "
       "Tensor! accept_len, Tensor! accept_nodes, Tensor! bonus, Tensor! conv_src, Tensor! kv_accept_slots, "
       "Tensor! kv_free_slots, Tensor! kv_num_free) -> ()");
+  m.def(
+      "verify_tree_greedy_sglang(Tensor! predicts, Tensor! accept_index, Tensor! accept_token_num, "
+      "Tensor candidates, Tensor retrieve_index, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
+      "Tensor target_predict) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(lumotree, CUDA, m) { m.impl("tree_select", &lumotree::tree_select); }
+TORCH_LIBRARY_IMPL(lumotree, CUDA, m) {
+  m.impl("tree_select", &lumotree::tree_select);
+  m.impl("verify_tree_greedy_sglang", &lumotree::verify_tree_greedy_sglang);
+}
 
 // A module with no Python functions: importing it runs the registrations above. Limited API
 // (abi3), so one build loads under Python 3.11 and 3.12.

@@ -1,4 +1,5 @@
-// Fused tree selection + commit plan, one launch for the whole batch, no host synchronisation.
+// Fused tree selection + commit plan, one launch for the whole batch, no host synchronisation; and SGLang's
+// greedy tree verification in its own output format, one launch (what a LUMOTREE server's EAGLE loop calls).
 //
 // One thread block per request. Thread 0 walks the tree (greedy or lossless stochastic, the
 // semantics of python/lumotree/ops/select/naive.py); the block cooperates on the vocabulary-wide
@@ -208,6 +209,39 @@ __global__ void tree_select_kernel(Args a) {
   }
 }
 
+// SGLang's greedy tree verification, in its own output format (``verify_tree_greedy_func``): one thread per
+// request walks the tree from the root along the child whose draft token equals the target's token after the
+// current node (forward links only, at most W - 1 steps); ``accept_index[b]``: the flat (retrieve) indices of
+// the accepted path, root first, -1 padded; ``accept_token_num[b]``: accepted drafts; ``predicts[i]`` for each
+// accepted flat index i: the target's token after it (the last one: the bonus token). ``target_predict`` is read
+// at flat indices, as SGLang's kernel reads it.
+__global__ void verify_greedy_sglang_kernel(const int64_t* cand, const int64_t* ridx, const int64_t* next_token,
+                                            const int64_t* next_sibling, const int64_t* target, int32_t* predicts,
+                                            int32_t* accept_index, int32_t* accept_num, int B, int N, int W) {
+  const int b = blockIdx.x * blockDim.x + threadIdx.x;
+  if (b >= B) return;
+  const int64_t row = (int64_t)b * N;
+  int32_t* acc = accept_index + (int64_t)b * W;
+  int cur = 0, len = 1;
+  int64_t last = ridx[row];
+  acc[0] = (int32_t)last;
+  while (len < W) {
+    const int64_t want = target[last];
+    int nxt = -1;
+    for (int64_t prev = cur, c = next_token[row + cur]; c > prev && c < N; prev = c, c = next_sibling[row + c]) {
+      if (cand[row + c] == want) { nxt = (int)c; break; }
+    }
+    if (nxt < 0) break;
+    predicts[last] = (int32_t)want;
+    cur = nxt;
+    last = ridx[row + cur];
+    acc[len++] = (int32_t)last;
+  }
+  for (int i = len; i < W; ++i) acc[i] = -1;
+  accept_num[b] = len - 1;
+  predicts[last] = (int32_t)target[last];
+}
+
 void check(const at::Tensor& t, const char* name, at::ScalarType dt, int64_t dim0) {
   TORCH_CHECK(t.is_cuda(), "lumotree::tree_select: ", name, " must be a CUDA tensor");
   TORCH_CHECK(t.scalar_type() == dt, "lumotree::tree_select: ", name, " has dtype ", t.scalar_type(),
@@ -270,6 +304,41 @@ void tree_select(const at::Tensor& draft_tokens, const at::Tensor& target, const
   if (B == 0) return;
   const c10::cuda::CUDAGuard guard(draft_tokens.device());
   tree_select_kernel<<<(unsigned)B, kThreads, 0, c10::cuda::getCurrentCUDAStream()>>>(a);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+
+void verify_tree_greedy_sglang(at::Tensor& predicts, at::Tensor& accept_index, at::Tensor& accept_token_num,
+                               const at::Tensor& candidates, const at::Tensor& retrieve_index,
+                               const at::Tensor& retrieve_next_token, const at::Tensor& retrieve_next_sibling,
+                               const at::Tensor& target_predict) {
+  const int64_t B = candidates.size(0), N = candidates.dim() == 2 ? candidates.size(1) : 0;
+  TORCH_CHECK(candidates.dim() == 2 && N >= 1, "lumotree::verify_tree_greedy_sglang: candidates must be [B, N]");
+  check(candidates, "candidates", at::kLong, B);
+  check(retrieve_index, "retrieve_index", at::kLong, B);
+  check(retrieve_next_token, "retrieve_next_token", at::kLong, B);
+  check(retrieve_next_sibling, "retrieve_next_sibling", at::kLong, B);
+  check(accept_index, "accept_index", at::kInt, B);
+  check(accept_token_num, "accept_token_num", at::kInt, B);
+  TORCH_CHECK(target_predict.is_cuda() && target_predict.scalar_type() == at::kLong && target_predict.is_contiguous() &&
+                  target_predict.numel() == B * N,
+              "lumotree::verify_tree_greedy_sglang: target_predict must be contiguous int64 with B * N elements");
+  TORCH_CHECK(predicts.is_cuda() && predicts.scalar_type() == at::kInt && predicts.is_contiguous() &&
+                  predicts.numel() >= B * N,
+              "lumotree::verify_tree_greedy_sglang: predicts must be contiguous int32 with at least B * N elements");
+  for (const at::Tensor* t : {&retrieve_index, &retrieve_next_token, &retrieve_next_sibling})
+    TORCH_CHECK(t->dim() == 2 && t->size(1) == N, "lumotree::verify_tree_greedy_sglang: retrieve_* must be [B, N]");
+  TORCH_CHECK(accept_index.dim() == 2 && accept_index.size(1) >= 1,
+              "lumotree::verify_tree_greedy_sglang: accept_index must be [B, W]");
+  if (B == 0) return;
+  const c10::cuda::CUDAGuard guard(candidates.device());
+  const int threads = 128;
+  verify_greedy_sglang_kernel<<<(unsigned)((B + threads - 1) / threads), threads, 0,
+                                c10::cuda::getCurrentCUDAStream()>>>(
+      candidates.data_ptr<int64_t>(), retrieve_index.data_ptr<int64_t>(), retrieve_next_token.data_ptr<int64_t>(),
+      retrieve_next_sibling.data_ptr<int64_t>(), target_predict.data_ptr<int64_t>(), predicts.data_ptr<int32_t>(),
+      accept_index.data_ptr<int32_t>(), accept_token_num.data_ptr<int32_t>(), (int)B, (int)N,
+      (int)accept_index.size(1));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -4,9 +4,11 @@
 ``sglang.srt.speculative.eagle_utils.verify_tree_greedy_func`` (``predicts`` flat `[B*N]`: the
 target's token after every accepted node; ``accept_index`` `[B, W]`: flat indices of the accepted
 path, root first, ``-1`` padded; ``accept_token_num`` `[B]`: accepted drafts, root excluded), and
-computes them with ``torch.ops.lumotree.tree_select`` (one launch, the tree walked on the device
-straight from SGLang's first-child / next-sibling links), then a few static-shaped gathers and
-scatters: no host synchronisation. Without the CUDA extension it uses LumoTree's torch fallback.
+computes them on CUDA with ``torch.ops.lumotree.verify_tree_greedy_sglang`` (one launch: the tree walked
+on the device straight from SGLang's first-child / next-sibling links, SGLang's outputs written by the
+kernel; it replaced the selection op plus ~13 eager gathers and scatters, a third of a LUMOTREE step's
+eager launches at batch 1 on the H200). No host synchronisation. Without the CUDA extension: LumoTree's
+torch fallback of the selection.
 Installed by :mod:`lumotree.sglang.patches.gdn_backend_classes` together with the backend.
 """
 from __future__ import annotations
@@ -50,7 +52,18 @@ def _accept(candidates, target_predict, next_token, next_sibling):
 
 def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, retrieve_index, retrieve_next_token,
                        retrieve_next_sibling, target_predict, topk: int = -1):
-    """Drop-in for SGLang's ``verify_tree_greedy_func`` (outputs written in place and returned)."""
+    """Drop-in for SGLang's ``verify_tree_greedy_func`` (outputs written in place and returned). On CUDA with
+    the extension built and SGLang's dtypes: ``torch.ops.lumotree.verify_tree_greedy_sglang``, one launch that
+    writes SGLang's outputs itself; elsewhere the selection op plus gathers and scatters."""
+    from lumotree.ops.select import cuda
+
+    if (candidates.is_cuda and cuda.available() and predicts.dtype == accept_index.dtype == accept_token_num.dtype
+            == torch.int32 and all(t.dtype == torch.int64 for t in (candidates, retrieve_index, retrieve_next_token,
+                                                                    retrieve_next_sibling, target_predict))):
+        torch.ops.lumotree.verify_tree_greedy_sglang(
+            predicts, accept_index, accept_token_num, candidates.contiguous(), retrieve_index.contiguous(),
+            retrieve_next_token.contiguous(), retrieve_next_sibling.contiguous(), target_predict.contiguous())
+        return predicts, accept_index, accept_token_num
     B, N = candidates.shape
     W = accept_index.shape[1]
     accept_len, accept_nodes = _accept(candidates, target_predict, retrieve_next_token, retrieve_next_sibling)

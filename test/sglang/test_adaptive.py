@@ -272,6 +272,7 @@ def test_worker_attributes_step_times_and_switches_states(monkeypatch):
     w.tree_policy = TreeSizePolicy([0, 3])
     w._tree_states = {0: 0, 3: 3}
     w._last_decode = None
+    w._after_prefill = False
     import collections
     w._pending_steps = collections.deque(maxlen=8)
     w._prev_steps = 3
@@ -399,6 +400,7 @@ def test_acceptance_leaves_out_rows_a_step_holds_after_they_finished(monkeypatch
     w.tree_policy = TreeSizePolicy([3, 0])
     w.tree_policy.choose = lambda batch: 3
     w._tree_states, w._last_decode, w._prev_steps, w._step_chosen = {0: 0, 3: 3}, None, 3, False
+    w._after_prefill = False
     w._pending_steps = collections.deque(maxlen=8)
     w._overlap_consistent = True
     pool = SimpleNamespace(req_to_token=torch.zeros(8, 4, dtype=torch.int32))
@@ -462,3 +464,54 @@ def test_at_batch_1_a_probe_s_decision_rests_on_several_accept_samples(seed):
     served = simulate_overlap_draws(p, 1, 0.0075, 0.010, 0.8, 3, steps=3 * 128, seed=seed)
     assert p.buckets[1].chosen == 3, p.table()
     assert served[-128:].count(3) >= 120, served[-128:]  # the last 128-token pass drafts
+
+
+def test_worker_drops_the_step_time_of_the_first_decode_step_after_a_prefill(monkeypatch):
+    """Under the overlap scheduler the host interval after the first decode step that follows a prefill ends
+    when the prefill's results are in: it times the prefill, not the step, and is dropped; the next one counts."""
+    pytest.importorskip("sglang")
+    import collections
+
+    import torch
+
+    from lumotree.sglang.worker import worker_class
+
+    w = object.__new__(worker_class())
+    w.speculative_num_steps = 3
+    w.apply_runtime_state = lambda state: None
+    w.tree_policy = TreeSizePolicy([0, 3])
+    w.tree_policy.choose = lambda batch: 3
+    w._tree_states, w._last_decode, w._prev_steps, w._step_chosen = {0: 0, 3: 3}, None, 3, False
+    w._after_prefill = False
+    w._pending_steps = collections.deque(maxlen=8)
+    w._overlap_consistent, w._decode_step = False, None
+    monkeypatch.setattr(type(w).__mro__[1], "forward_batch_generation", lambda self, batch, *a, **k: "sglang")
+    clock = iter([1.0, 1.5, 1.51, 1.52])
+    monkeypatch.setattr("lumotree.sglang.worker.time.perf_counter", lambda: next(clock))
+    mode = SimpleNamespace(is_extend=lambda: True, is_idle=lambda: False)
+    prefill = SimpleNamespace(forward_mode=mode, is_extend_in_batch=True)
+    decode = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
+                             is_extend_in_batch=False, seq_lens=torch.full((4,), 9))
+    assert w._forward(prefill) == "sglang"
+    for _ in range(4):  # launched at 1.0 (its interval: the prefill's 0.5 s), then 1.5, 1.51, 1.52
+        w._forward(decode)
+        w._step_chosen = False
+    assert w.tree_policy.buckets[4].samples[3] == 2  # the 0.01 s intervals; the 0.5 s one dropped
+    assert w.tree_policy.step_time(4, 3) == pytest.approx(0.01)
+
+
+def test_a_small_bucket_is_never_estimated_slower_than_a_larger_one():
+    """A bucket met while a pass's batch ramps up has few samples, and those a stray prefill inflates: its
+    estimate is capped by the next larger measured bucket's, so it does not serve no draft on a tree step
+    "slower" than the larger batch's (seen: 55 ms at bucket 4 against 13 ms at bucket 8)."""
+    p = TreeSizePolicy([0, 3])
+    for _ in range(adaptive.MIN_SAMPLES):
+        p.observe_time(8, 3, 0.013)
+        p.observe_time(8, 0, 0.0083)
+        p.observe_time(4, 3, 0.055)
+        p.observe_time(4, 0, 0.0080)
+    p.accept = 1.9
+    assert p.step_time(4, 3) == pytest.approx(0.013) and p.step_time(4, 0) == pytest.approx(0.0080)
+    assert p.step_time(8, 3) == pytest.approx(0.013)
+    p.buckets[4].chosen = 0
+    assert p.choose(4) == 3

@@ -191,7 +191,9 @@ class TreeSizePolicy:
     def step_time(self, batch: int, steps: int) -> Optional[float]:
         """Estimated seconds of a step of ``batch`` with ``steps``: the median of the bucket's own samples
         once it has ``MIN_SAMPLES``, else those of the nearest bucket that has them (ties: the larger);
-        ``None`` when no bucket has."""
+        never above the estimate of the next larger bucket that has measured ``steps`` (a step's time grows
+        with the batch: a small bucket's few samples, taken while a pass's batch ramps up, are the ones a
+        stray prefill or compile inflates); ``None`` when no bucket has."""
         b = bucket(batch)
         st = self._bucket(batch)
         if st.samples[steps] < MIN_SAMPLES:
@@ -202,6 +204,10 @@ class TreeSizePolicy:
         m = st.medians.get(steps)
         if m is None and st.times[steps]:
             m = st.medians[steps] = statistics.median(st.times[steps])
+        if m is not None:  # a step of a smaller batch is never slower than one of a larger (padded graphs)
+            above = [k for k in self._measured[steps] if k > b]
+            if above:
+                m = min(m, self.step_time(min(above), steps))
         return m
 
     def rate(self, batch: int, steps: int) -> Optional[float]:

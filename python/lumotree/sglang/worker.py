@@ -89,6 +89,7 @@ def worker_class():
             self.tree_policy = adaptive.TreeSizePolicy(steps) if steps != [self.speculative_num_steps] else None
             self._tree_states = {}
             self._last_decode = None  # (batch, steps, host time, after a switch) of the previous decode step
+            self._after_prefill = False  # the next decode step's interval holds a prefill's GPU time (overlap)
             self._pending_steps = collections.deque(maxlen=8)  # [steps, cold, live rows] of decode steps not yet reported
             self._prev_steps = self.speculative_num_steps
             self._decode_step = None  # the no-draft step as a decode forward (built with the CUDA graphs)
@@ -154,7 +155,10 @@ def worker_class():
 
         def _forward(self, batch, *args, **kwargs):
             if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
-                self._last_decode = None  # a prefill between two decode steps: no step time to attribute
+                # a prefill between two decode steps: no step time to attribute, and under the overlap scheduler
+                # the next decode step's host interval ends when the prefill's results are in (its GPU time)
+                self._last_decode = None
+                self._after_prefill = True
             elif self.tree_policy is not None and not batch.forward_mode.is_idle():
                 self.activate_step_by_batch(batch.seq_lens.shape[0])
                 self._step_chosen = True  # SGLang's loop asks again: the choice stands
@@ -217,7 +221,12 @@ def worker_class():
             steps = self.tree_policy.choose(batch_size)
             if steps != self.speculative_num_steps:
                 self.apply_runtime_state(self._tree_states[steps])
-            self._last_decode = (batch_size, steps, now, steps != self._prev_steps)
+            # a sample after a switch times the candidate before it, one after a prefill the prefill: both dropped.
+            # Why the prefill: batches ramp up through smaller buckets as a pass's requests are admitted, and their
+            # few samples held prefills -- a bucket-4 tree step "took" 55 ms against 13 ms at bucket 8 and the
+            # bucket served no draft (27B shapes, batch 8, H200)
+            self._last_decode = (batch_size, steps, now, steps != self._prev_steps or self._after_prefill)
+            self._after_prefill = False
             # the first drafted step after no-draft steps drafts from zeros (draft-extend skipped): not an acceptance;
             # the third entry: the step's running rows on the host (_note_live_rows), or None (all of them)
             self._pending_steps.append([steps, steps > 0 and self._prev_steps == 0, None])

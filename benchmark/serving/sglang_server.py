@@ -119,17 +119,19 @@ def sglang_server(model, extra_args=(), port=30000, log=None, timeout=300, base_
 def log_health(log):
     """What a server log says went wrong, for the result file: SGLang's "invalid eagle tree" warnings (a
     draft-tree node selected without its parent: its tree builder can then hang) and Python tracebacks
-    (with the last line of the first)."""
+    (with the last line of the first), and which kernel a LUMOTREE server verifies its full attention with."""
     try:
         text = open(log, errors="replace").read()
     except (OSError, TypeError):
-        return dict(invalid_eagle_trees=None, tracebacks=None, first_traceback=None)
+        return dict(invalid_eagle_trees=None, tracebacks=None, first_traceback=None, verify_attention=None)
     tb = text.split("Traceback (most recent call last):")
     first = None
     if len(tb) > 1:
         lines = [ln for ln in tb[1].splitlines() if ln.strip() and not ln.startswith((" ", "\t"))]
         first = lines[0][:300] if lines else None
-    return dict(invalid_eagle_trees=text.count("invalid eagle tree"), tracebacks=len(tb) - 1, first_traceback=first)
+    va = [ln.split("LumoTree: ", 1)[1].strip() for ln in text.splitlines() if "LumoTree: verify attention by" in ln]
+    return dict(invalid_eagle_trees=text.count("invalid eagle tree"), tracebacks=len(tb) - 1, first_traceback=first,
+                verify_attention=va[0] if va else None)
 
 
 def generate(url, prompts, max_new_tokens, temperature=0.0, key="text", extra=None):

@@ -1,6 +1,8 @@
-"""GPU, end to end: a LUMOTREE server on the committed tiny model, with the in-server cross-check
-(``LUMOTREE_SGLANG_CHECK=1``): every served verify against SGLang 0.5.17's own tree-verify kernel
-and every commit against that kernel's per-node snapshot of the accepted node, on the same inputs.
+"""GPU, end to end: a LUMOTREE server on the committed tiny model (SGLang's Triton attention backend), with
+the in-server cross-check (``LUMOTREE_SGLANG_CHECK=1``): every served GDN verify against SGLang 0.5.17's own
+tree-verify kernel, every commit against that kernel's per-node snapshot of the accepted node, and every
+full-attention verify (LumoTree's tree verify attention) against SGLang's prefill kernel with the verify's
+mask, on the same inputs.
 (Greedy text parity is measured by benchmark/serving/suite.py; it is not a unit test because
 speculative kernels are not bit-identical to decode kernels.)"""
 import json
@@ -28,7 +30,8 @@ def test_served_verify_and_commit_equal_sglang_kernel(tmp_path, tree):
     model = os.path.join(ROOT, "benchmark", "models", "tiny-hybrid")
     port = int(os.environ.get("LUMOTREE_TEST_PORT", "30000"))
     with sglang_server(model, args, port=port, log=str(tmp_path / "server.log"), timeout=400,
-                       env={"LUMOTREE_SGLANG_CHECK": "1", "LUMOTREE_SGLANG_CHECK_REPORT": str(report)}) as url:
+                       env={"LUMOTREE_SGLANG_CHECK": "1", "LUMOTREE_SGLANG_CHECK_REPORT": str(report),
+                            "LUMOTREE_VERIFY_ATTENTION": "1"}) as url:
         outs = generate(url, ["import os\n", "def main():\n", "class Tree:\n", "# utils\n"], 48)
     assert all(o["meta_info"]["completion_tokens"] == 48 for o in outs)
     r = json.loads(report.read_text())
@@ -36,3 +39,5 @@ def test_served_verify_and_commit_equal_sglang_kernel(tmp_path, tree):
     assert r["steps"] >= 10
     assert r["worst_rel_err"]["verify"] < 1e-2  # bf16 outputs
     assert r["worst_rel_err"]["commit"] < 1e-4  # fp32 states: the accepted node's snapshot
+    assert r["attention_checks"] >= r["steps"]  # every verify's full-attention layers went through LumoTree's kernel
+    assert r["worst_rel_err"]["attention"] < 1e-2  # bf16 outputs

@@ -605,10 +605,12 @@ def test_log_health_counts_invalid_trees_and_tracebacks(tmp_path):
     log = tmp_path / "server.log"
     log.write_text("ready\nWARNING: invalid eagle tree!!! Detected a token with no parent token selected.\n" * 2
                    + "Scheduler hit an exception: Traceback (most recent call last):\n  File \"x.py\", line 1\n"
-                   "    f()\nAttributeError: 'NoneType' object has no attribute 'shape'\n")
+                   "    f()\nAttributeError: 'NoneType' object has no attribute 'shape'\n"
+                   "[2026-01-01 00:00:00] LumoTree: verify attention by LumoTree's tree kernel (split prefix + tree merge)\n")
     h = srv.log_health(str(log))
     assert h == dict(invalid_eagle_trees=2, tracebacks=1,
-                     first_traceback="AttributeError: 'NoneType' object has no attribute 'shape'")
+                     first_traceback="AttributeError: 'NoneType' object has no attribute 'shape'",
+                     verify_attention="verify attention by LumoTree's tree kernel (split prefix + tree merge)")
     assert srv.log_health(str(tmp_path / "missing.log"))["tracebacks"] is None
 
 

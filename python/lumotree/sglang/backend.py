@@ -49,6 +49,7 @@ from lumotree.sglang.crosscheck import CrossCheck
 from lumotree.sglang.exact import ExactAttention, exact_mode
 from lumotree.sglang.finish import FinishedRows
 from lumotree.sglang.scheduling import overlap_consistent
+from lumotree.sglang import verify_attention
 from lumotree.tree import ancestor_mask
 
 logger = logging.getLogger(__name__)
@@ -148,8 +149,10 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         self.lumotree = lumotree_active(model_runner.server_args) and not model_runner.is_draft_worker
         self._first_gdn_layer = 1 << 30
         self._cur_tree = None
+        self._cur_chain = True  # the step's tree is a chain (no retrieve_parent_token): causal attention
         self._first_verify_done = False
         self.exact = False
+        self.verify_attention_on = False  # full-attention verifies by LumoTree's kernel (LumoTreeHybridBackend)
         self.finished = None  # lumotree.sglang.finish.FinishedRows with the overlap scheduler's consistent cache
         self._verify_tokens = None  # draft tokens per request of this backend's verifies (one runtime state each)
         if not self.lumotree:
@@ -162,6 +165,7 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         # --enable-deterministic-inference: every node computed as the one-token decode at its position
         # (lumotree.sglang.exact); greedy outputs then equal a non-speculative server's, token for token
         self.exact = exact_mode(model_runner.server_args)
+        self.verify_attention_on = verify_attention.applies(model_runner.server_args)
         if self.exact:
             logger.info("LumoTree: decode-exact verify (--enable-deterministic-inference): GDN by the decode "
                         "recurrence along each node's root path, decode conv, per-node decode attention")
@@ -199,11 +203,22 @@ class LumoTreeGDNBackend(GDNAttnBackend):
             parents = md.retrieve_parent_token
             par = parents[:bs] if parents is not None else chain_parents(bs, n, device)
             self._cur_tree = (ancestor_mask(par).to(torch.int8), torch.full((bs,), n, dtype=torch.long, device=device))
+            self._cur_chain = parents is None
         anc, num_nodes = self._cur_tree
         if tuple(anc.shape) != (bs, n, n):
             raise RuntimeError(f"LumoTree: GDN layer {layer_id} sees a [{bs}, {n}] verify, but the first GDN layer "
                                f"({self._first_gdn_layer}) built trees of shape {tuple(anc.shape)}")
         return anc, num_nodes
+
+    def tree_mask(self, layer_id: int, bs: int, n: int):
+        """For a full-attention layer ``layer_id`` of a ``[bs, n]`` verify: ``(True, anc)`` with the step's
+        ancestor mask (int8 ``[bs, n, n]``, ``None`` for a chain or a one-token verify), or ``(False, None)``
+        where this forward's trees are not built yet (the layer comes before every GDN layer)."""
+        if n == 1:
+            return True, None
+        if self._cur_tree is None or layer_id < self._first_gdn_layer or tuple(self._cur_tree[0].shape) != (bs, n, n):
+            return False, None
+        return True, (None if self._cur_chain else self._cur_tree[0])
 
     # ------------------------------------------------------------------ verify
     def _decodes_in_place(self) -> bool:
@@ -347,8 +362,9 @@ class LumoTreeGDNBackend(GDNAttnBackend):
 
 
 class LumoTreeHybridBackend(HybridLinearAttnBackend):
-    """``HybridLinearAttnBackend`` whose post-verify state update is LumoTree's replay commit (and, in
-    the decode-exact mode, whose full-attention verify is one decode query per node)."""
+    """``HybridLinearAttnBackend`` whose post-verify state update is LumoTree's replay commit and whose
+    full-attention verify is LumoTree's tree verify attention (:mod:`lumotree.sglang.verify_attention`;
+    in the decode-exact mode, one decode query per node)."""
 
     def forward_extend(self, layer, forward_batch, save_kv_cache: bool = True, q=None, k=None, v=None,
                        mixed_qkv=None, a=None, b=None, **kwargs):
@@ -360,6 +376,19 @@ class LumoTreeHybridBackend(HybridLinearAttnBackend):
                 exact = self._exact_attention = ExactAttention(self.full_attn_backend)
             return exact.forward(q, k, v, layer, forward_batch, lin.forward_metadata.retrieve_parent_token,
                                  forward_batch.spec_info.draft_token_num, save_kv_cache)
+        if (getattr(lin, "verify_attention_on", False) and forward_batch.forward_mode.is_target_verify()
+                and self._is_full_attn(layer, kwargs.get("layer_id"))):
+            va = getattr(self, "_verify_attention", None)
+            if va is None:
+                va = self._verify_attention = verify_attention.VerifyAttention(self.full_attn_backend)
+                va.check = getattr(lin, "check", None)
+            n = forward_batch.spec_info.draft_token_num
+            built, anc = lin.tree_mask(layer.layer_id, q.shape[0] // n, n)
+            if built and va.serves(layer, k, v, kwargs):
+                live = None
+                if va.check is not None:
+                    live = lin.forward_metadata.mamba_cache_indices[: q.shape[0] // n] >= 0
+                return va.forward(q, k, v, layer, forward_batch, anc, n, save_kv_cache, live)
         return super().forward_extend(layer, forward_batch, save_kv_cache, q, k, v, mixed_qkv, a, b, **kwargs)
 
     def update_mamba_state_after_mtp_verify(self, last_correct_step_indices, mamba_track_indices,

@@ -29,7 +29,8 @@ class CrossCheck:
     def __init__(self):
         self.snapshots = {}
         self.steps = 0
-        self.worst = dict(verify=0.0, commit=0.0)
+        self.worst = dict(verify=0.0, commit=0.0, attention=0.0)
+        self.attention_checks = 0
         self.dump_dir = os.environ.get("LUMOTREE_SGLANG_CHECK_DUMP")  # tensors of the first steps, for offline replay
         self.dump = {}
         self.report = os.environ.get("LUMOTREE_SGLANG_CHECK_REPORT")  # JSON with the worst errors so far
@@ -47,6 +48,11 @@ class CrossCheck:
         Hv, V = v.shape[2], v.shape[3]
         snaps = torch.zeros(bs, n, Hv, V, K, dtype=torch.float32, device=q.device)
         par = md.retrieve_parent_token
+        if par is not None:  # rows without a state slot (finished, padded): SGLang's conv kernel skips them and
+            # leaves their parents unwritten (torch.empty in eager mode); SGLang's kernel below would index its
+            # snapshot buffer with them, so those rows get a chain (their outputs are not compared)
+            chain = (torch.arange(n, device=par.device) - 1).clamp(min=0).to(par.dtype)[None].expand(bs, n)
+            par = torch.where((rows[:bs] >= 0)[:, None], par[:bs], chain)
         ref = fused_sigmoid_gating_delta_rule_update(
             A_log=layer.A_log, a=a, dt_bias=layer.dt_bias, softplus_beta=1.0, softplus_threshold=20.0,
             q=q.reshape(1, bs * n, Hk, K), k=k.reshape(1, bs * n, Hk, K), v=v.reshape(1, bs * n, Hv, V), b=b,
@@ -66,6 +72,23 @@ class CrossCheck:
                    S0=temporal[rows.clamp(min=0).long()], rows=rows, snaps=snaps, parents=par)
         if self.steps < 3:
             logger.warning("LumoTree check: layer %d verify rel err %.2e (bs %d, n %d)", li, err, bs, n)
+
+    def attention(self, fa, q, k, v, layer, forward_batch, o, n: int, live=None):
+        """LumoTree's verify attention output ``o`` of one full-attention layer against SGLang's Triton
+        backend on the same inputs (its prefill kernel with the verify's custom mask; the K/V are in the pool
+        already), over the rows in ``live`` (``[bs]`` bool, default all). Skipped inside CUDA-graph capture."""
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return
+        got = o.detach().float().clone()  # a copy: SGLang's backend may write into the same buffer (forward_batch._attn_output)
+        ref = fa.forward_extend(q, k, v, layer, forward_batch, save_kv_cache=False).float().reshape(got.shape)
+        if live is not None:
+            got, ref = (t.reshape(live.shape[0], n, -1)[live] for t in (got, ref))
+        err = ((got - ref).abs().max() / ref.abs().max().clamp(min=1e-6)).item() if ref.numel() else 0.0
+        self.worst["attention"] = max(self.worst["attention"], err)
+        self.attention_checks += 1
+        if self.attention_checks <= 3:
+            logger.warning("LumoTree check: layer %d verify attention rel err %.2e (%d tokens)", layer.layer_id, err,
+                           q.shape[0])
 
     def expected_commit(self, rows, last):
         exp = {}
@@ -89,7 +112,7 @@ class CrossCheck:
         self.worst["commit"] = max(self.worst["commit"], err)
         if self.report:
             with open(self.report, "w") as f:
-                json.dump(dict(steps=self.steps + 1, worst_rel_err=self.worst), f)
+                json.dump(dict(steps=self.steps + 1, worst_rel_err=self.worst, attention_checks=self.attention_checks), f)
         if self.steps < 3 or self.steps % 200 == 0:
             logger.warning("LumoTree check: step %d commit rel err %.2e; worst so far %s (last %s)", self.steps, err,
                            {k: f"{v:.2e}" for k, v in self.worst.items()}, last[:4].tolist())

@@ -226,6 +226,21 @@ def profile_pass(url, batch, args, key, tag, prefill_s):
     return out
 
 
+def profile_prefill_pass(url, batch, args, key, tag):
+    """One-token passes of the batch (its prefill and what a speculative server runs with it: the MTP
+    draft-extend over the prompt, the first draft) under SGLang's torch profiler, started before the
+    requests and stopped by the server after ``--profile-prefill-steps`` forward steps; two passes are sent
+    so that the count is reached whatever a pass holds. The trace lands in ``--profile-dir/tag``."""
+    out = os.path.abspath(os.path.join(args.profile_dir, tag))
+    os.makedirs(out, exist_ok=True)
+    post(url + "/start_profile", dict(output_dir=out, num_steps=args.profile_prefill_steps, activities=["CPU", "GPU"],
+                                      with_stack=True, profile_prefix=tag))
+    time.sleep(0.2)
+    for _ in range(2):
+        generate(url, batch, 1, key=key)
+    return out
+
+
 ADAPTIVE_LINE = re.compile(r"LumoTree adaptive: batch bucket (\d+) -> (no draft|(\d+)-step tree) \(([^;]*); accept ([\d.]+)\)")
 
 
@@ -309,6 +324,9 @@ def main():
                          "--disable-overlap-schedule for every configuration")
     ap.add_argument("--profile-batches", default="1,8")
     ap.add_argument("--profile-steps", type=int, default=30)
+    ap.add_argument("--profile-prefill", action="store_true",
+                    help="also profile one-token passes (the prefill) at --profile-batches, after the decode profiles")
+    ap.add_argument("--profile-prefill-steps", type=int, default=2)
     args = ap.parse_args()
     if args.merge:
         res = merge(args.merge, args.out)
@@ -379,6 +397,10 @@ def main():
                         for row, prompts_of in measured_rows:
                             tag = f"{name}-bs{bs}" + ("-miss" if row["accept_p"] == 0.0 else "")
                             row["profile"] = profile_pass(url, prompts_of(), args, key, tag, row["prefill_seconds"])
+                        if args.profile_prefill:  # the prompts of the first phase (a known prompt for oracles)
+                            row, prompts_of = measured_rows[0]
+                            row["profile_prefill"] = profile_prefill_pass(url, prompts_of(), args, key,
+                                                                          f"{name}-bs{bs}-prefill")
                         json.dump(res, open(args.out, "w"), indent=1)
         except Exception as e:
             srv["error"] = repr(e)[:2000]

@@ -779,3 +779,25 @@ def test_bench_spec_flags_miss_rows_that_accepted_their_drafts():
     row = dict(config="lumotree-chain-oracle", batch=8, accept_p=0.0, tokens_per_s=1341.0, step_ms=21.1,
                accept_length=3.54, suspect=why)
     assert "**suspect**" in bs.table([row])
+
+
+def test_bench_spec_profiles_one_token_passes_when_asked(tmp_path, monkeypatch):
+    """--profile-prefill: after a batch's decode profiles, the profiler starts before two one-token passes
+    (the per-request prefill a speculative server pays more for), bounded by --profile-prefill-steps."""
+    import json
+    import sys
+
+    bs = load("bench_spec")
+    calls = []
+    monkeypatch.setattr(bs.time, "sleep", lambda s: None)
+    fake_bench_endpoints(monkeypatch, bs, lambda batch, n, key: calls.append((len(batch), n)),
+                         lambda payload: calls.append(("profile", payload["profile_prefix"], payload["num_steps"])))
+    out = tmp_path / "b.json"
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs", "none", "--prefill-samples", "1",
+                                      "--batches", "2", "--output-len", "16", "--out", str(out), "--log-dir",
+                                      str(tmp_path), "--profile-dir", str(tmp_path / "prof"), "--profile-batches", "2",
+                                      "--profile-prefill"])
+    bs.main()
+    assert calls[-5:] == [(2, 16), ("profile", "none-bs2", 30), ("profile", "none-bs2-prefill", 2), (2, 1), (2, 1)]
+    row = json.load(open(out))["rows"][0]
+    assert row["profile_prefill"].endswith("none-bs2-prefill")

@@ -242,12 +242,12 @@ __global__ void verify_greedy_sglang_kernel(const int64_t* cand, const int64_t* 
   predicts[last] = (int32_t)target[last];
 }
 
-void check(const at::Tensor& t, const char* name, at::ScalarType dt, int64_t dim0) {
-  TORCH_CHECK(t.is_cuda(), "lumotree::tree_select: ", name, " must be a CUDA tensor");
-  TORCH_CHECK(t.scalar_type() == dt, "lumotree::tree_select: ", name, " has dtype ", t.scalar_type(),
-              ", expected ", dt);
-  TORCH_CHECK(t.is_contiguous(), "lumotree::tree_select: ", name, " must be contiguous");
-  TORCH_CHECK(t.size(0) == dim0, "lumotree::tree_select: ", name, " has batch ", t.size(0), ", expected ", dim0);
+void check(const at::Tensor& t, const char* name, at::ScalarType dt, int64_t dim0,
+           const char* op = "lumotree::tree_select") {
+  TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor");
+  TORCH_CHECK(t.scalar_type() == dt, op, ": ", name, " has dtype ", t.scalar_type(), ", expected ", dt);
+  TORCH_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous");
+  TORCH_CHECK(t.size(0) == dim0, op, ": ", name, " has batch ", t.size(0), ", expected ", dim0);
 }
 
 }  // namespace
@@ -312,14 +312,15 @@ void verify_tree_greedy_sglang(at::Tensor& predicts, at::Tensor& accept_index, a
                                const at::Tensor& candidates, const at::Tensor& retrieve_index,
                                const at::Tensor& retrieve_next_token, const at::Tensor& retrieve_next_sibling,
                                const at::Tensor& target_predict) {
+  constexpr const char* kOp = "lumotree::verify_tree_greedy_sglang";
   const int64_t B = candidates.size(0), N = candidates.dim() == 2 ? candidates.size(1) : 0;
   TORCH_CHECK(candidates.dim() == 2 && N >= 1, "lumotree::verify_tree_greedy_sglang: candidates must be [B, N]");
-  check(candidates, "candidates", at::kLong, B);
-  check(retrieve_index, "retrieve_index", at::kLong, B);
-  check(retrieve_next_token, "retrieve_next_token", at::kLong, B);
-  check(retrieve_next_sibling, "retrieve_next_sibling", at::kLong, B);
-  check(accept_index, "accept_index", at::kInt, B);
-  check(accept_token_num, "accept_token_num", at::kInt, B);
+  check(candidates, "candidates", at::kLong, B, kOp);
+  check(retrieve_index, "retrieve_index", at::kLong, B, kOp);
+  check(retrieve_next_token, "retrieve_next_token", at::kLong, B, kOp);
+  check(retrieve_next_sibling, "retrieve_next_sibling", at::kLong, B, kOp);
+  check(accept_index, "accept_index", at::kInt, B, kOp);
+  check(accept_token_num, "accept_token_num", at::kInt, B, kOp);
   TORCH_CHECK(target_predict.is_cuda() && target_predict.scalar_type() == at::kLong && target_predict.is_contiguous() &&
                   target_predict.numel() == B * N,
               "lumotree::verify_tree_greedy_sglang: target_predict must be contiguous int64 with B * N elements");

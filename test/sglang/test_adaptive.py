@@ -342,8 +342,9 @@ def test_a_slow_outlier_does_not_decide_a_bucket():
 
 def simulate_overlap(policy, batch, t_none, t_tree, accept, steps, seed=0):
     """As :func:`simulate`, timed as SGLang's overlap scheduler times a step: the host interval after a
-    launch is the previous step's GPU time, and results (acceptance) arrive one step late. Returns the
-    candidates served, in order."""
+    launch is the previous step's GPU time, and results (acceptance) arrive one step late. ``accept``: each
+    request's accepted drafts, or a function drawing them from a ``random.Random``. Returns the candidates
+    served, in order."""
     rng, served, pending, prev = random.Random(seed), [], None, None
     for _ in range(steps):
         s = policy.choose(batch)
@@ -353,7 +354,8 @@ def simulate_overlap(policy, batch, t_none, t_tree, accept, steps, seed=0):
             policy.observe_accept(*pending)
         t_prev = (t_tree if (served[-1] if served else s) else t_none) * (1 + 0.02 * rng.random())
         cold = s and served and served[-1] == 0
-        pending = None if cold or not s else (s, [accept] * batch)
+        rows = [accept(rng) for _ in range(batch)] if callable(accept) else [accept] * batch
+        pending = None if cold or not s else (s, rows)
         prev = (s, t_prev, bool(served) and served[-1] != s)
         served.append(s)
     return served
@@ -426,28 +428,15 @@ def test_acceptance_leaves_out_rows_a_step_holds_after_they_finished(monkeypatch
     assert w._pending_steps[-1] == [0, False, None]
 
 
-def simulate_overlap_draws(policy, batch, t_none, t_tree, p, levels, steps, seed=0):
-    """:func:`simulate_overlap` with each request's accepted drafts drawn as the draft oracle draws them:
-    the leading successes of ``levels`` Bernoulli(``p``) draws (p 0.8, 3 levels: 0 a fifth of the time)."""
-    rng, served, pending, prev = random.Random(seed), [], None, None
-    for _ in range(steps):
-        s = policy.choose(batch)
-        if prev is not None:
-            policy.observe_time(batch, prev[0], prev[1], after_switch=prev[2])
-        if pending is not None:
-            policy.observe_accept(*pending)
-        t_prev = (t_tree if (served[-1] if served else s) else t_none) * (1 + 0.02 * rng.random())
-        cold = s and served and served[-1] == 0
-
-        def draw():
-            k = 0
-            while k < levels and rng.random() < p:
-                k += 1
-            return k
-        pending = None if cold or not s else (s, [draw() for _ in range(batch)])
-        prev = (s, t_prev, bool(served) and served[-1] != s)
-        served.append(s)
-    return served
+def oracle_draws(p, levels):
+    """Accepted drafts of one request as the draft oracle draws them: the leading successes of ``levels``
+    Bernoulli(``p``) draws (p 0.8, 3 levels: 0 a fifth of the time)."""
+    def draw(rng):
+        k = 0
+        while k < levels and rng.random() < p:
+            k += 1
+        return k
+    return draw
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -461,7 +450,7 @@ def test_at_batch_1_a_probe_s_decision_rests_on_several_accept_samples(seed):
     p = TreeSizePolicy([0, 3])
     simulate_overlap(p, 1, 0.0075, 0.010, 0.0, steps=128, seed=seed)
     assert p.buckets[1].chosen == 0
-    served = simulate_overlap_draws(p, 1, 0.0075, 0.010, 0.8, 3, steps=3 * 128, seed=seed)
+    served = simulate_overlap(p, 1, 0.0075, 0.010, oracle_draws(0.8, 3), steps=3 * 128, seed=seed)
     assert p.buckets[1].chosen == 3, p.table()
     assert served[-128:].count(3) >= 120, served[-128:]  # the last 128-token pass drafts
 

@@ -118,6 +118,9 @@ CONFIGS = {
 CONFIG_ENV = {
     # SGLang's own greedy acceptance instead of LumoTree's selection op (what the selection costs a step)
     "lumotree-topk2-sgselect": ("lumotree-topk2", {"LUMOTREE_SGLANG_SELECT": "0"}),
+    # full-attention verifies by LumoTree's tree verify attention (opt-in until measured served)
+    "lumotree-chain-va": ("lumotree-chain", {"LUMOTREE_VERIFY_ATTENTION": "1"}),
+    "lumotree-topk2-va": ("lumotree-topk2", {"LUMOTREE_VERIFY_ATTENTION": "1"}),
 }
 for _name, (_base, _env) in CONFIG_ENV.items():
     CONFIGS[_name] = CONFIGS[_base]
@@ -126,6 +129,11 @@ NGRAM_ORACLES = ("ngram-oracle", "lumotree-oracle")
 for _base in [c for c in CONFIGS if c.startswith(("lumotree-topk", "lumotree-chain", "nextn-"))
               and not c.endswith(("-sgselect", "-sync"))]:
     CONFIGS[_base + "-oracle"] = CONFIGS[_base]
+
+
+def config_env(name: str) -> dict:
+    """LumoTree's server environment of a configuration (its ``-oracle`` twin's too)."""
+    return dict(CONFIG_ENV.get(name, CONFIG_ENV.get(name.removesuffix("-oracle"), (None, {})))[1])
 
 
 def adapts(name: str) -> bool:
@@ -357,7 +365,7 @@ def main():
             raise SystemExit(f"{name} needs --oracle-p")
         oracle_env = "LUMOTREE_BENCH_ORACLE_P" if name in NGRAM_ORACLES else "LUMOTREE_BENCH_DRAFT_ORACLE_P"
         env = {oracle_env: str(args.oracle_p)} if oracle else {}
-        env.update(CONFIG_ENV.get(name, (None, {}))[1])
+        env.update(config_env(name))
         srv["env"] = env
         try:
             with sglang_server(model, CONFIGS[name] + extra, port=args.port, log=log, timeout=args.server_timeout,

@@ -801,3 +801,11 @@ def test_bench_spec_profiles_one_token_passes_when_asked(tmp_path, monkeypatch):
     assert calls[-5:] == [(2, 16), ("profile", "none-bs2", 30), ("profile", "none-bs2-prefill", 2), (2, 1), (2, 1)]
     row = json.load(open(out))["rows"][0]
     assert row["profile_prefill"].endswith("none-bs2-prefill")
+
+
+def test_bench_spec_variants_carry_their_environment_into_their_oracle_twins():
+    bs = load("bench_spec")
+    assert bs.config_env("lumotree-chain-va") == {"LUMOTREE_VERIFY_ATTENTION": "1"}
+    assert bs.config_env("lumotree-chain-va-oracle") == {"LUMOTREE_VERIFY_ATTENTION": "1"}
+    assert bs.CONFIGS["lumotree-chain-va-oracle"] == bs.CONFIGS["lumotree-chain"]
+    assert bs.config_env("lumotree-chain-oracle") == {} and bs.config_env("none") == {}

@@ -124,7 +124,7 @@ class _Bucket:
     run_left: int = 0  # steps of that run still to serve
     probe_every: int = PROBE_EVERY  # the current interval between probe runs
     probed: bool = False  # a probe run ended and its outcome is not yet taken
-    medians: Dict[int, float] = dataclasses.field(default_factory=dict)  # of ``times``, until the next sample
+    medians: Dict[int, float] = dataclasses.field(default_factory=dict)  # step_time's, until the next sample
 
 
 class TreeSizePolicy:
@@ -170,7 +170,8 @@ class TreeSizePolicy:
         st = self._bucket(batch)
         st.times[steps].append(seconds)
         st.samples[steps] += 1
-        st.medians.pop(steps, None)
+        for other in self.buckets.values():  # every bucket's estimate may be capped by this one's (step_time)
+            other.medians.pop(steps, None)
         if st.samples[steps] == MIN_SAMPLES:
             self._measured[steps].add(bucket(batch))
             self._borrows = self._borrows or min(st.samples.values()) >= MIN_SAMPLES
@@ -203,11 +204,11 @@ class TreeSizePolicy:
                 st = self.buckets[b]
         m = st.medians.get(steps)
         if m is None and st.times[steps]:
-            m = st.medians[steps] = statistics.median(st.times[steps])
-        if m is not None:  # a step of a smaller batch is never slower than one of a larger (padded graphs)
+            m = statistics.median(st.times[steps])
             above = [k for k in self._measured[steps] if k > b]
-            if above:
+            if above:  # a step of a smaller batch is never slower than one of a larger (padded graphs)
                 m = min(m, self.step_time(min(above), steps))
+            st.medians[steps] = m
         return m
 
     def rate(self, batch: int, steps: int) -> Optional[float]:

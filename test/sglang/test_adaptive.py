@@ -384,6 +384,23 @@ def test_overlap_timing_learns_each_candidate_s_own_step_time():
     assert st[0] == pytest.approx(10.0, rel=0.03) and st[3] == pytest.approx(30.0, rel=0.03), st
 
 
+def bare_worker(cls, policy, overlap_consistent):
+    """A LUMOTREE worker without SGLang underneath (no GPU): only its adaptive bookkeeping, the policy
+    choosing the 3-step tree on every step."""
+    import collections
+
+    w = object.__new__(cls)
+    w.speculative_num_steps = 3
+    w.apply_runtime_state = lambda state: None
+    w.tree_policy = policy
+    w.tree_policy.choose = lambda batch: 3
+    w._tree_states, w._last_decode, w._prev_steps, w._step_chosen = {0: 0, 3: 3}, None, 3, False
+    w._after_prefill = False
+    w._pending_steps = collections.deque(maxlen=8)
+    w._overlap_consistent, w._decode_step = overlap_consistent, None
+    return w
+
+
 def test_acceptance_leaves_out_rows_a_step_holds_after_they_finished(monkeypatch):
     """Under the overlap scheduler a decode step still holds the requests the step before finished; their
     drafts' acceptance is not the workload's and must not enter the average (a batch ending together
@@ -396,15 +413,7 @@ def test_acceptance_leaves_out_rows_a_step_holds_after_they_finished(monkeypatch
     from lumotree.sglang.finish import FinishedRows
     from lumotree.sglang.worker import worker_class
 
-    w = object.__new__(worker_class())
-    w.speculative_num_steps = 3
-    w.apply_runtime_state = lambda state: None
-    w.tree_policy = TreeSizePolicy([3, 0])
-    w.tree_policy.choose = lambda batch: 3
-    w._tree_states, w._last_decode, w._prev_steps, w._step_chosen = {0: 0, 3: 3}, None, 3, False
-    w._after_prefill = False
-    w._pending_steps = collections.deque(maxlen=8)
-    w._overlap_consistent = True
+    w = bare_worker(worker_class(), TreeSizePolicy([3, 0]), overlap_consistent=True)
     pool = SimpleNamespace(req_to_token=torch.zeros(8, 4, dtype=torch.int32))
     fin = FinishedRows.of(pool)
     fin.done[torch.tensor([2, 5])] = True  # finished by the step before
@@ -465,15 +474,7 @@ def test_worker_drops_the_step_time_of_the_first_decode_step_after_a_prefill(mon
 
     from lumotree.sglang.worker import worker_class
 
-    w = object.__new__(worker_class())
-    w.speculative_num_steps = 3
-    w.apply_runtime_state = lambda state: None
-    w.tree_policy = TreeSizePolicy([0, 3])
-    w.tree_policy.choose = lambda batch: 3
-    w._tree_states, w._last_decode, w._prev_steps, w._step_chosen = {0: 0, 3: 3}, None, 3, False
-    w._after_prefill = False
-    w._pending_steps = collections.deque(maxlen=8)
-    w._overlap_consistent, w._decode_step = False, None
+    w = bare_worker(worker_class(), TreeSizePolicy([0, 3]), overlap_consistent=False)
     monkeypatch.setattr(type(w).__mro__[1], "forward_batch_generation", lambda self, batch, *a, **k: "sglang")
     clock = iter([1.0, 1.5, 1.51, 1.52])
     monkeypatch.setattr("lumotree.sglang.worker.time.perf_counter", lambda: next(clock))

@@ -406,8 +406,6 @@ def test_acceptance_leaves_out_rows_a_step_holds_after_they_finished(monkeypatch
     drafts' acceptance is not the workload's and must not enter the average (a batch ending together
     once dragged it from 1.5 to 0.8 accepted drafts, and the policy dropped a tree that paid)."""
     pytest.importorskip("sglang")
-    import collections
-
     import torch
 
     from lumotree.sglang.finish import FinishedRows
@@ -468,8 +466,6 @@ def test_worker_drops_the_step_time_of_the_first_decode_step_after_a_prefill(mon
     """Under the overlap scheduler the host interval after the first decode step that follows a prefill ends
     when the prefill's results are in: it times the prefill, not the step, and is dropped; the next one counts."""
     pytest.importorskip("sglang")
-    import collections
-
     import torch
 
     from lumotree.sglang.worker import worker_class

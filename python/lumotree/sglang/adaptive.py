@@ -16,7 +16,11 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   an average of such samples made a bucket serve its slower candidate;
   A step's sample is dropped when the step before it served the other candidate: under SGLang's
   overlap scheduler the host interval after a launch ends when the *previous* step's results are in,
-  so the first sample of a run measures the candidate before it;
+  so the first sample of a run measures the candidate before it; for the same reason the worker drops
+  the sample of the first decode step after a prefill (it measures the prefill). A bucket's estimate is
+  never above the next larger measured bucket's (a step's time grows with the batch), which keeps a
+  bucket met while a pass's batch ramps up -- few samples, the ones a stray prefill inflates -- from
+  serving the wrong candidate;
 * the **acceptance** ``a`` is a moving average of the accepted drafts per request over the steps that
   drafted -- restarted at each drafted run that follows no-draft steps: its first ``GAP_SAMPLES`` steps
   are averaged over their rows (requests) with the estimate from before the gap weighing as one row, so

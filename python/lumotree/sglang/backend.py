@@ -369,25 +369,24 @@ class LumoTreeHybridBackend(HybridLinearAttnBackend):
     def forward_extend(self, layer, forward_batch, save_kv_cache: bool = True, q=None, k=None, v=None,
                        mixed_qkv=None, a=None, b=None, **kwargs):
         lin = self.linear_attn_backend
-        if (getattr(lin, "exact", False) and forward_batch.forward_mode.is_target_verify()
-                and self._is_full_attn(layer, kwargs.get("layer_id"))):
+        verify_full_attn = (forward_batch.forward_mode.is_target_verify()
+                            and self._is_full_attn(layer, kwargs.get("layer_id")))
+        if verify_full_attn and getattr(lin, "exact", False):
             exact = getattr(self, "_exact_attention", None)
             if exact is None:
                 exact = self._exact_attention = ExactAttention(self.full_attn_backend)
             return exact.forward(q, k, v, layer, forward_batch, lin.forward_metadata.retrieve_parent_token,
                                  forward_batch.spec_info.draft_token_num, save_kv_cache)
-        if (getattr(lin, "verify_attention_on", False) and forward_batch.forward_mode.is_target_verify()
-                and self._is_full_attn(layer, kwargs.get("layer_id"))):
+        if verify_full_attn and getattr(lin, "verify_attention_on", False):
             va = getattr(self, "_verify_attention", None)
             if va is None:
                 va = self._verify_attention = verify_attention.VerifyAttention(self.full_attn_backend)
                 va.check = getattr(lin, "check", None)
             n = forward_batch.spec_info.draft_token_num
-            built, anc = lin.tree_mask(layer.layer_id, q.shape[0] // n, n)
+            bs = q.shape[0] // n
+            built, anc = lin.tree_mask(layer.layer_id, bs, n)
             if built and va.serves(layer, k, v, kwargs):
-                live = None
-                if va.check is not None:
-                    live = lin.forward_metadata.mamba_cache_indices[: q.shape[0] // n] >= 0
+                live = lin.forward_metadata.mamba_cache_indices[:bs] >= 0 if va.check is not None else None
                 return va.forward(q, k, v, layer, forward_batch, anc, n, save_kv_cache, live)
         return super().forward_extend(layer, forward_batch, save_kv_cache, q, k, v, mixed_qkv, a, b, **kwargs)
 

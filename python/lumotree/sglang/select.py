@@ -19,22 +19,8 @@ from lumotree.tree import TreeDescriptor, parents_from_eagle
 
 
 def _accept(candidates, target_predict, next_token, next_sibling):
-    """(accept_len [B] incl. the root, accept_nodes [B, N] root first, -1 padded)."""
-    from lumotree.ops.select import cuda
-
+    """The torch fallback's walk: (accept_len [B] incl. the root, accept_nodes [B, N] root first, -1 padded)."""
     B, N = candidates.shape
-    if candidates.is_cuda and cuda.available():
-        dev = candidates.device
-        long = dict(dtype=torch.long, device=dev)
-        accept_len, accept_nodes, bonus = torch.empty(B, **long), torch.empty(B, N, **long), torch.empty(B, **long)
-        conv_src = torch.empty(B, 0, **long)
-        kv_acc, kv_free, kv_num = torch.empty(B, N, **long), torch.empty(B, N, **long), torch.empty(B, **long)
-        empty = torch.empty(B, 0, device=dev)
-        torch.ops.lumotree.tree_select(
-            candidates.long().contiguous(), target_predict.long().contiguous(), next_token.long().contiguous(),
-            next_sibling.long().contiguous(), torch.full((B,), N, **long), empty, empty,
-            torch.full((B, N), -1, **long), True, accept_len, accept_nodes, bonus, conv_src, kv_acc, kv_free, kv_num)
-        return accept_len, accept_nodes
     from lumotree.ops import tree_select_greedy
 
     # as the CUDA walk reads the links: forward ones only (a malformed tree from SGLang's builder), and a
@@ -54,7 +40,7 @@ def verify_tree_greedy(predicts, accept_index, accept_token_num, candidates, ret
                        retrieve_next_sibling, target_predict, topk: int = -1):
     """Drop-in for SGLang's ``verify_tree_greedy_func`` (outputs written in place and returned). On CUDA with
     the extension built and SGLang's dtypes: ``torch.ops.lumotree.verify_tree_greedy_sglang``, one launch that
-    writes SGLang's outputs itself; elsewhere the selection op plus gathers and scatters."""
+    writes SGLang's outputs itself; elsewhere LumoTree's torch selection plus gathers and scatters."""
     from lumotree.ops.select import cuda
 
     if (candidates.is_cuda and cuda.available() and predicts.dtype == accept_index.dtype == accept_token_num.dtype

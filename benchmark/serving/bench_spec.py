@@ -118,9 +118,6 @@ CONFIGS = {
 CONFIG_ENV = {
     # SGLang's own greedy acceptance instead of LumoTree's selection op (what the selection costs a step)
     "lumotree-topk2-sgselect": ("lumotree-topk2", {"LUMOTREE_SGLANG_SELECT": "0"}),
-    # full-attention verifies by LumoTree's tree verify attention (opt-in until measured served)
-    "lumotree-chain-va": ("lumotree-chain", {"LUMOTREE_VERIFY_ATTENTION": "1"}),
-    "lumotree-topk2-va": ("lumotree-topk2", {"LUMOTREE_VERIFY_ATTENTION": "1"}),
 }
 for _name, (_base, _env) in CONFIG_ENV.items():
     CONFIGS[_name] = CONFIGS[_base]

@@ -24,9 +24,6 @@ Environment variables:
                          tree = 512 / --max-running-requests nodes, a power of two in [4, 32]).
     LUMOTREE_SGLANG_SELECT  ``0`` keeps SGLang's greedy tree verification in LUMOTREE servers
                          (default: LumoTree's fused selection op).
-    LUMOTREE_VERIFY_ATTENTION  ``1``: LUMOTREE / LUMOTREE_SUFFIX servers verify their full-attention
-                         layers with LumoTree's tree verify attention instead of SGLang's prefill kernel
-                         (opt-in until measured served; lumotree.sglang.verify_attention).
     LUMOTREE_SGLANG_ACTIVE  (set by the plugin, not by users) ``1`` while a LUMOTREE /
                          LUMOTREE_SUFFIX server starts: its scheduler processes install the backend.
 """

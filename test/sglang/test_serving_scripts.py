@@ -805,7 +805,7 @@ def test_bench_spec_profiles_one_token_passes_when_asked(tmp_path, monkeypatch):
 
 def test_bench_spec_variants_carry_their_environment_into_their_oracle_twins():
     bs = load("bench_spec")
-    assert bs.config_env("lumotree-chain-va") == {"LUMOTREE_VERIFY_ATTENTION": "1"}
-    assert bs.config_env("lumotree-chain-va-oracle") == {"LUMOTREE_VERIFY_ATTENTION": "1"}
-    assert bs.CONFIGS["lumotree-chain-va-oracle"] == bs.CONFIGS["lumotree-chain"]
+    assert bs.config_env("lumotree-topk2-sgselect") == {"LUMOTREE_SGLANG_SELECT": "0"}
+    assert bs.config_env("lumotree-topk2-sgselect-oracle") == {"LUMOTREE_SGLANG_SELECT": "0"}
+    assert bs.CONFIGS["lumotree-topk2-sgselect"] == bs.CONFIGS["lumotree-topk2"]
     assert bs.config_env("lumotree-chain-oracle") == {} and bs.config_env("none") == {}

@@ -156,16 +156,13 @@ def test_verify_attention_keeps_sglang_path_where_it_cannot_serve(reference_kern
     assert "layer 3 has a sliding window" in caplog.text
 
 
-def test_applies_when_asked_to_lumotree_servers_but_not_exact_or_merged(monkeypatch):
+def test_applies_to_lumotree_servers_but_not_exact_or_merged(monkeypatch):
     from lumotree.sglang.verify_attention import applies
 
     def sa(algo, det=False):
         return SimpleNamespace(speculative_algorithm=algo, enable_deterministic_inference=det)
 
     monkeypatch.delenv("LUMOTREE_SUFFIX_MERGE", raising=False)
-    monkeypatch.delenv("LUMOTREE_VERIFY_ATTENTION", raising=False)
-    assert not applies(sa("LUMOTREE")) and not applies(sa("LUMOTREE_SUFFIX"))  # opt-in until measured served
-    monkeypatch.setenv("LUMOTREE_VERIFY_ATTENTION", "1")
     assert applies(sa("LUMOTREE")) and applies(sa("LUMOTREE_SUFFIX"))
     assert not applies(sa("NEXTN")) and not applies(sa(None)) and not applies(sa("LUMOTREE", det=True))
     monkeypatch.setenv("LUMOTREE_SUFFIX_MERGE", "1")

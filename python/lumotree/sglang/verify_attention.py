@@ -6,16 +6,14 @@ kernel: one program per (request, query head, query tile) walks the request's wh
 key block is read once per query head. LumoTree's kernel reads each block once per KV head for all of
 a request's verify rows (``nodes x Hq / Hkv``), splits the prefix over about two waves of programs and
 adds the tree block under the ancestor mask (``benchmark/kernels/bench_tree_attention.py``, H200,
-Qwen3.5-27B heads: 1.6-11x faster per layer).
+Qwen3.5-27B heads: 1.2-11x faster per layer).
 
-Opt-in (``LUMOTREE_VERIFY_ATTENTION=1``) until it is measured served: on the H200 a tiny-model
-LUMOTREE server's in-server cross-check against SGLang's kernel matched on every step of a 4-token chain,
-while a topk-2 tree run failed its check -- on rows the overlap scheduler had already finished, whose
-``retrieve_parent_token`` SGLang's conv kernel never writes (``torch.empty`` memory in eager mode), which
-also sent the cross-check's own call of SGLang's GDN kernel out of bounds (fixed in
-:mod:`lumotree.sglang.crosscheck`; not re-run on a GPU).
+On by default for LUMOTREE and LUMOTREE_SUFFIX servers: served on the H200 it made the drafted step faster
+than SGLang's prefill kernel did in the same server, and the in-server cross-check against that kernel
+(``test/sglang/test_served_crosscheck_gpu.py``, a chain and a topk-2 tree) matched on every step
+(``benchmark/results/serving_speed_h200.json``, ``docs/performance.md``).
 
-Served, where enabled and where its result is the one SGLang's kernel would give (:func:`backend_why_not`,
+Served where its result is the one SGLang's kernel would give (:func:`backend_why_not`,
 :func:`layer_why_not`): a target verify of LUMOTREE or LUMOTREE_SUFFIX (not the decode-exact mode, whose
 attention is one decode query per node, nor the merged MTP + suffix tree) on SGLang's Triton backend with
 plain GQA layers -- no sliding window, logit cap, attention sinks, scaled (fp8) KV cache, decode context
@@ -30,7 +28,6 @@ SGLang's path for that step. Static shapes and no host sync: it runs inside the 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
 import torch
@@ -38,18 +35,14 @@ import torch
 logger = logging.getLogger(__name__)
 
 ALGORITHMS = ("LUMOTREE", "LUMOTREE_SUFFIX")
-ENV = "LUMOTREE_VERIFY_ATTENTION"
 
 
-def applies(server_args, env=os.environ) -> bool:
+def applies(server_args) -> bool:
     """Whether a server's target verifies use LumoTree's attention (the backend is checked later):
-    ``LUMOTREE_VERIFY_ATTENTION=1``, LUMOTREE / LUMOTREE_SUFFIX, not the decode-exact mode, not the merged
-    MTP + suffix tree."""
+    LUMOTREE / LUMOTREE_SUFFIX, not the decode-exact mode, not the merged MTP + suffix tree."""
     from lumotree.sglang.exact import exact_mode
     from lumotree.sglang.scheduling import merge_enabled
 
-    if env.get(ENV) != "1":
-        return False
     algo = (getattr(server_args, "speculative_algorithm", None) or "").upper()
     return algo in ALGORITHMS and not exact_mode(server_args) and not (algo == "LUMOTREE" and merge_enabled())
 

@@ -48,7 +48,7 @@ def main():
                 continue
             acc = sum(a for _, _, a in pts) / len(pts)
             ax.plot([b for b, _, _ in pts], [x for _, x, _ in pts], marker="o",
-                    ls="-" if label.startswith("lumotree") else ":", label=f"{label}, accept {acc:.2f}")
+                    ls="-" if label.startswith("lumotree") else ":", label=f"{label}, mean accept {acc:.2f}")
         ax.axhline(1.0, color="black", lw=0.8)
         ax.set(xscale="log", xlabel="batch", ylabel="tokens/s ÷ no speculation",
                title="drafts that miss" if not p else f"controlled acceptance p = {p}")

@@ -10,7 +10,14 @@ were accepted), then drafted (``SuffixCorpus.batch_get``: observe + draft + SGLa
 ``--nodes`` nodes. Reports the median and p95 ms per step of ``batch_get`` over ``--steps`` steps,
 after the requests' admission (indexing their prompts), which is timed apart. Both drafters: the
 Python reference (``SuffixDrafter``) and the C++ one (``NativeSuffixDrafter``), behind the same
-``SuffixCorpus`` (context tracking and SGLang's layout stay Python).
+``SuffixCorpus`` (context tracking and SGLang's layout stay Python). Beside them, in the same process on
+the same contexts, SGLang's NGRAM corpus (``sglang.srt.speculative.cpp_ngram.ngram_corpus.NgramCorpus``,
+C++, with SGLang's default NGRAM settings) doing what SGLang's NGRAM worker does on the scheduler's thread
+per step: wait for the previous step's asynchronous insert, match the batch's last
+``--speculative-ngram-max-trie-depth`` (18) tokens, and hand the same windows to the asynchronous insert.
+Its admission row is its first step (NGRAM indexes no prompt). SGLang builds that corpus just in time
+with the host compiler; a compiler whose standard headers do not bring ``size_t`` into SGLang's
+``result.h`` (seen with g++ here) gets ``-include cstddef`` added, nothing else changed.
 """
 from __future__ import annotations
 
@@ -57,6 +64,36 @@ def run(make, batch, args):
                 step_ms_p95=round(times[int(0.95 * (len(times) - 1))] * 1e3, 3))
 
 
+class SGLangNgram:
+    """SGLang's NGRAM corpus behind ``batch_get(rids, tokens, lens)`` as its worker drives it per step."""
+
+    DEPTH = 18  # --speculative-ngram-max-trie-depth default
+
+    def __init__(self, nodes):
+        import sglang.kernels.ops.speculative.ngram_corpus as nc
+        from sglang.srt.speculative.cpp_ngram.ngram_corpus import NgramCorpus
+
+        load_jit = nc.load_jit
+
+        def load_jit_cstddef(*a, **kw):  # see the module docstring
+            kw["extra_cflags"] = list(kw.get("extra_cflags") or []) + ["-include", "cstddef"]
+            return load_jit(*a, **kw)
+
+        nc.load_jit = load_jit_cstddef
+        try:
+            self.corpus = NgramCorpus(min_bfs_breadth=1, max_bfs_breadth=10, match_type="BFS", capacity=10_000_000,
+                                      max_trie_depth=self.DEPTH, draft_token_num=nodes)
+        finally:
+            nc.load_jit = load_jit
+
+    def batch_get(self, rids, batch_tokens, lens):
+        windows = [list(t[-self.DEPTH:]) for t in batch_tokens]
+        self.corpus.synchronize()
+        out = self.corpus.batch_get(rids, windows, lens)
+        self.corpus.batch_put(windows)
+        return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,8,32")
@@ -77,7 +114,8 @@ def main():
             return c
         return make
 
-    rows = [dict(drafter=kind, **run(corpus(kind), int(b), args)) for kind in ("python", "c++")
+    makers = {"python": corpus("python"), "c++": corpus("c++"), "sglang-ngram": SGLangNgram}
+    rows = [dict(drafter=kind, **run(make, int(b), args)) for kind, make in makers.items()
             for b in args.batches.split(",")]
     for r in rows:
         print(json.dumps(r), flush=True)

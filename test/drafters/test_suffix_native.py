@@ -136,3 +136,35 @@ def test_served_corpus_batches_are_the_same_with_either_drafter(monkeypatch):
         if step % 9 == 8:
             native.erase_match_state(rids[:1])
             ref.erase_match_state(rids[:1])
+
+
+def test_host_cost_benchmark_drafts_with_all_three_drafters(tmp_path, monkeypatch):
+    """benchmark/drafters/suffix_host_cost.py: LumoTree's Python and C++ drafters and SGLang's NGRAM corpus
+    (built just in time by SGLang) each draft every step of a small batch, and the rows are written."""
+    import json
+    import os
+    import sys
+
+    pytest.importorskip("lumotree._host")
+    pytest.importorskip("tvm_ffi")
+    here = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "drafters")
+    monkeypatch.syspath_prepend(here)
+    import suffix_host_cost as h
+
+    seen = []
+    get = h.SGLangNgram.batch_get
+
+    def spy(self, rids, tokens, lens):
+        out = get(self, rids, tokens, lens)
+        seen.append(len(out[0]))
+        return out
+
+    monkeypatch.setattr(h.SGLangNgram, "batch_get", spy)
+    out = tmp_path / "cost.json"
+    monkeypatch.setattr(sys, "argv", ["suffix_host_cost.py", "--batches", "2", "--steps", "3", "--context", "300",
+                                      "--out", str(out)])
+    h.main()
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["drafter"] for r in rows] == ["python", "c++", "sglang-ngram"]
+    assert all(r["batch"] == 2 and r["step_ms_median"] > 0 for r in rows)
+    assert seen == [2 * 8] * 4  # admission + 3 steps, 8 draft tokens per request

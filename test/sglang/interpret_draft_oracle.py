@@ -28,9 +28,11 @@ def injection():
         first = torch.tensor([t[2] for t in trees], dtype=torch.int32).view(bs, n)
         rows_t = torch.tensor(rows, dtype=torch.int32)
         d1, d2 = draft.clone(), draft.clone()
-        oracle.inject(d1, positions, first, rows_t, levels)
-        kern.inject(oracle, d2, positions, first, rows_t, levels)
+        plan1 = oracle.inject(d1, positions, first, rows_t, levels)
+        plan2 = kern.inject(oracle, d2, positions, first, rows_t, levels)
         assert torch.equal(d1, d2), (n, levels, (d1 != d2).nonzero())
+        assert torch.equal(plan1[0], plan2[0]) and torch.equal(plan1[1], plan2[1]), (n, levels)
+        assert (plan1[0] >= 0).any()
         changed += int((d1 != draft).sum())
     assert changed > 0
 

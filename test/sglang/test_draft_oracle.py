@@ -133,6 +133,87 @@ def test_greedy_verification_accepts_the_drawn_run_at_rate_p():
     assert abs(total / count - (p + p * p + p ** 3)) < 0.15, total / count
 
 
+def greedy_walk(tokens, parents, predict):
+    """SGLang's greedy tree verification of one row: from the root, the first child (in node order) whose
+    token is the target's greedy choice at its parent; returns (accepted drafts, bonus token)."""
+    u, acc = 0, 0
+    while True:
+        nxt = [c for c in children(parents, u) if tokens[c] == predict[u]]
+        if not nxt:
+            return acc, predict[u]
+        u, acc = nxt[0], acc + 1
+
+
+@pytest.mark.parametrize("n,levels", [(6, 3), (4, 3), (16, 5)])
+def test_forced_logits_accept_exactly_the_drawn_run_whatever_the_target_computes(n, levels):
+    """The verify's logits forced by the injection's plan: greedy verification accepts exactly the k drawn
+    levels and emits the recorded continuation, its bonus the recorded next output -- for any logits the
+    target produced (its own greedy choices differ from the recording here, as they can on another pass's
+    numerics). Rows without injection keep the target's choice."""
+    rng = random.Random(n + levels)
+    bs, p, vocab = 24, 0.7, 50
+    oracle, truths, keys, rows, os_, trees, toks, pos = setup(rng, bs, n, levels, p, vocab=vocab)
+    oracle.row_plen[torch.tensor(rows)] += 1000
+    draft = torch.tensor(sum(toks, []), dtype=torch.int64)
+    plan = oracle.inject(draft, torch.tensor(sum(pos, []), dtype=torch.int64),
+                         torch.tensor([t[2] for t in trees], dtype=torch.int32), torch.tensor(rows), levels)
+    g = torch.Generator().manual_seed(n)
+    logits = torch.randn(bs * n, vocab, generator=g) * 5
+    own = logits.argmax(-1).view(bs, n)
+    assert draft_oracle.force(logits, plan, n)
+    predict = logits.argmax(-1).view(bs, n)
+    forced_rows = 0
+    for b in range(bs):
+        parents, depth, _ = trees[b]
+        tokens = draft.view(bs, n)[b].tolist()
+        known, o = int(oracle.filled[b]), os_[b]
+        injected = 0 <= o < known and truths[b][o] == toks[b][0]
+        if not injected:
+            assert predict[b].tolist() == own[b].tolist()
+            continue
+        forced_rows += 1
+        k = 0
+        while k < levels and o + k + 1 < known and float(uniform(torch.tensor(keys[b]), torch.tensor(o + k + 1))) < p:
+            k += 1
+        chain_len, u = 0, 0
+        while chain_len < k:  # the first-child chain may be shorter than k
+            nxt = children(parents, u)
+            if not nxt:
+                break
+            u, chain_len = nxt[0], chain_len + 1
+        acc, bonus = greedy_walk(tokens, parents, predict[b].tolist())
+        assert acc == chain_len, (b, acc, k, chain_len)
+        if chain_len == k and o + k + 1 < known:
+            assert bonus == truths[b][o + k + 1]
+    assert forced_rows > bs // 2
+    assert not draft_oracle.force(torch.zeros(bs * n + 1, vocab), plan, n)  # not the plan's batch: untouched
+
+
+def test_sampling_hook_forces_the_plan_of_this_steps_injection_once():
+    oracle = DraftOracle(0.5, rows=4, device="cpu", slots=2, max_len=8)
+    node = torch.tensor([[0, 1], [-1, -1]])
+    oracle.plan = (node, torch.tensor([[3, 4], [-1, -1]]))
+    pool = SimpleNamespace(req_to_token=torch.zeros(4, 8), lumotree_draft_oracle=oracle)
+    batch = SimpleNamespace(req_to_token_pool=pool, forward_mode=SimpleNamespace(is_idle=lambda: False))
+    seen = []
+
+    def original(vi, b, lo, *a):
+        seen.append(lo.next_token_logits.argmax(-1).tolist())
+        return "sampled"
+
+    lo = SimpleNamespace(next_token_logits=torch.zeros(4, 6))
+    vi = SimpleNamespace(draft_token_num=2)
+    import os
+    os.environ[draft_oracle.ENV_P] = "0.5"
+    try:
+        assert draft_oracle.sample(original, vi, batch, lo) == "sampled"
+        assert seen[-1] == [3, 4, 0, 0] and oracle.plan is None
+        draft_oracle.sample(original, vi, batch, lo)  # no new injection: nothing more forced
+        assert lo.next_token_logits[0, 3] == draft_oracle.FORCE_BOOST
+    finally:
+        del os.environ[draft_oracle.ENV_P]
+
+
 def test_recorded_continuation_serves_a_second_request_with_the_same_prompt():
     oracle = DraftOracle(1.0, rows=8, device="cpu", slots=4, max_len=32)
     prompt = [5, 6, 7, 8]
@@ -190,7 +271,7 @@ def test_the_switch(monkeypatch):
 def test_hook_targets_are_sglangs():
     import pkgutil
 
-    for target in (draft_oracle.DRAFT_TARGET, draft_oracle.STEP_TARGET):
+    for target in (draft_oracle.DRAFT_TARGET, draft_oracle.SAMPLE_TARGET, draft_oracle.STEP_TARGET):
         assert callable(pkgutil.resolve_name(target)), target
 
 
@@ -266,7 +347,10 @@ def step(self, batch, *a, **k):
 w.EAGLEWorkerV2.forward_batch_generation = step
 w.EagleDraftWorker.draft = lambda self, batch: SimpleNamespace(
     draft_token=torch.tensor([30, 7, 7, 7]), positions=torch.tensor([3, 4, 5, 6]),
-    retrieve_next_token=torch.tensor([[1, 2, 3, -1]]), spec_steps=3)
+    retrieve_next_token=torch.tensor([[1, 2, 3, -1]]), spec_steps=3, draft_token_num=4)
+import sglang.srt.speculative.eagle_utils as eu
+eu.eagle_sample = lambda verify_input, batch, logits_output, grammar_mask=None: (
+    logits_output.next_token_logits.argmax(-1).tolist())
 draft_oracle.install()
 HookRegistry.apply_hooks()
 pool = SimpleNamespace(req_to_token=torch.zeros(4, 16, dtype=torch.int32))
@@ -278,24 +362,29 @@ w.EAGLEWorkerV2.forward_batch_generation(None, batch(True))   # prefill: admitte
 w.EAGLEWorkerV2.forward_batch_generation(None, batch(False))  # a verify: outputs 1, 2 recorded
 vi = w.EagleDraftWorker.draft(None, batch(False))
 print("RESULT", vi.draft_token.tolist())
+# the verify's greedy choices forced along the drawn run: outputs 1, 2 (output 3 is not recorded yet)
+print("FORCED", eu.eagle_sample(vi, batch(False), SimpleNamespace(next_token_logits=torch.zeros(4, 40))))
 """
 
 
 def test_install_wraps_sglangs_methods():
-    """With the variable set, SGLang's HookRegistry wraps both methods as at start-up: a prefill and a
-    verify through the wrapped step record the continuation, the wrapped draft carries it."""
+    """With the variable set, SGLang's HookRegistry wraps the three functions as at start-up: a prefill and
+    a verify through the wrapped step record the continuation, the wrapped draft carries it, the wrapped
+    sampling forces the verify's greedy choices along it."""
     import subprocess
     import sys
 
     out = subprocess.run([sys.executable, "-c", APPLY_SCRIPT], capture_output=True, text=True, timeout=600)
     assert "RESULT [30, 31, 32, 7]" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
+    assert "FORCED [31, 32, 0, 0]" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
 
 
 def test_install_is_a_no_op_without_the_variable(monkeypatch):
     from sglang.srt.plugins.hook_registry import HookRegistry
 
     monkeypatch.delenv(draft_oracle.ENV_P, raising=False)
-    before = {t: list(HookRegistry._hooks.get(t, [])) for t in (draft_oracle.DRAFT_TARGET, draft_oracle.STEP_TARGET)}
+    before = {t: list(HookRegistry._hooks.get(t, []))
+              for t in (draft_oracle.DRAFT_TARGET, draft_oracle.SAMPLE_TARGET, draft_oracle.STEP_TARGET)}
     draft_oracle.install()
     assert {t: list(HookRegistry._hooks.get(t, [])) for t in before} == before
 

@@ -14,18 +14,28 @@ drafted tokens before the verify, so the step costs what it costs and accepts wh
   request's draft tree the first-child chain from the root carries the recorded continuation for the
   first ``k`` levels, ``k`` the leading successes of Bernoulli(``p``) draws (deterministic in the
   prompt and the position, so every server draws the same); the chain node after them and every
-  other node that would match the continuation at its depth get a wrong token. Greedy verification
-  then accepts exactly ``k`` drafts when the target repeats its recorded greedy output
+  other node that would match the continuation at its depth get a wrong token
   (:meth:`DraftOracle.inject`). A request whose continuation is unknown, or whose root token is not
   the recorded one, keeps the MTP layer's own drafts.
+* **forcing** (each drafted step's sampling, before SGLang's ``eagle_sample``): the verify's logits get
+  :data:`FORCE_BOOST` added at the chain node of depth ``d - 1`` for the recorded output ``d``,
+  ``d = 1 .. k + 1`` (:func:`force`), so greedy verification accepts exactly the ``k`` drawn drafts and
+  the bonus token is the recorded next output -- whatever the target computed. Why: without it the
+  drafts were accepted only where the target repeated the recording's greedy output; on dummy weights
+  (near-tied logits) a pass whose numerics differ from the recording pass's (a different mix of decode
+  and verify steps, other GEMM shapes) leaves the recorded continuation at the first flipped argmax,
+  and every later draft of the request missed. On the H200 a LUMOTREE server, whose adaptive passes mix
+  decode and verify steps, accepted 2.1-2.2 at batch 128 where SGLang's chain, verifying every step,
+  accepted 2.95 on the same oracle. The emitted tokens are the oracle's, as benchmark output may be.
+  Greedy requests only (the benchmarks' own).
 
 The expected accept length is ``1 + p + p^2 + ... + p^D`` for chains of ``D`` draft levels (fewer
 where the tree's first-child chain is shorter). No host sync: admission writes the request-pool row's
 slot with pinned copies; recording and injection are device ops outside the CUDA graphs, one kernel
 launch each on CUDA (:mod:`lumotree.sglang.draft_oracle_kernels`).
 
-Hooks (SGLang's ``HookRegistry``, ``AROUND``): ``EagleDraftWorker.draft`` (injection) and
-``EAGLEWorkerV2.forward_batch_generation`` (admission and recording); LumoTree's no-draft decode step
+Hooks (SGLang's ``HookRegistry``, ``AROUND``): ``EagleDraftWorker.draft`` (injection),
+``eagle_utils.eagle_sample`` (forcing) and ``EAGLEWorkerV2.forward_batch_generation`` (admission and recording); LumoTree's no-draft decode step
 records through :func:`after_step` itself (it does not run SGLang's method).
 """
 from __future__ import annotations
@@ -42,6 +52,7 @@ SLOTS = 1024  # prompts the table remembers (then the oldest slot is reused)
 MAX_LEN = 2048  # output tokens remembered per prompt
 
 DRAFT_TARGET = "sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft"
+SAMPLE_TARGET = "sglang.srt.speculative.eagle_utils.eagle_sample"
 STEP_TARGET = "sglang.srt.speculative.eagle_worker_v2.EAGLEWorkerV2.forward_batch_generation"
 
 
@@ -95,6 +106,7 @@ class DraftOracle:
         self.row_plen = torch.zeros(rows, dtype=torch.int64, device=dev)
         self._keys: Dict[Tuple[int, int], int] = {}
         self._next = 0
+        self.plan: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # the last injection's, until sampled
 
     @classmethod
     def of(cls, req_to_token_pool, p: float) -> "DraftOracle":
@@ -176,14 +188,18 @@ class DraftOracle:
 
     # ------------------------------------------------------------------ device: injection
     def inject(self, draft_token: torch.Tensor, positions: torch.Tensor, next_token: torch.Tensor,
-               req_pool_indices: torch.Tensor, levels: int) -> None:
+               req_pool_indices: torch.Tensor, levels: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """Rewrite ``draft_token`` ``[bs * N]`` in place (node 0 of each row: the root, kept); the
         tree's depths from ``positions`` ``[bs * N]``, its first children from ``next_token`` ``[bs, N]``
-        (SGLang's ``retrieve_next_token``, -1 for none); ``levels``: the draft steps. On CUDA one kernel
-        launch (:mod:`lumotree.sglang.draft_oracle_kernels`), these torch ops elsewhere."""
+        (SGLang's ``retrieve_next_token``, -1 for none); ``levels``: the draft steps. Returns the
+        **forcing plan** ``(node, token)``, each ``[bs, levels + 1]``: at level ``d`` (column ``d - 1``)
+        the first-child chain's node of depth ``d - 1`` and the recorded output its greedy choice is
+        forced to (:func:`force`) -- for ``d <= k + 1`` where the continuation is known, ``-1`` elsewhere
+        and in rows without injection. On CUDA one kernel launch
+        (:mod:`lumotree.sglang.draft_oracle_kernels`), these torch ops elsewhere."""
         bs, n = next_token.shape[0], next_token.shape[1]
         if bs == 0 or levels <= 0:
-            return
+            return None
         if self.cont.is_cuda:
             return _kernels().inject(self, draft_token, positions, next_token, req_pool_indices, levels)
         dev = draft_token.device
@@ -210,6 +226,13 @@ class DraftOracle:
             prev = torch.where(prev >= 0, nxt, torch.full_like(nxt, -1))
             chain.append(prev)
         chain = torch.stack(chain, 1)  # [bs, levels]
+        # the forcing plan: level d's parent (the chain node of depth d - 1) and the recorded output d
+        parent = torch.cat([torch.zeros(bs, 1, dtype=torch.long, device=dev), chain], 1)  # [bs, levels + 1]
+        fidx = o[:, None] + torch.arange(1, levels + 2, device=dev)[None]
+        force_ok = (root_ok[:, None] & (parent >= 0) & (fidx < filled[:, None]) & (fidx < self.max_len)
+                    & (torch.arange(1, levels + 2, device=dev)[None] <= k[:, None] + 1))
+        ftok = self.cont[sc[:, None], fidx.clamp(0, self.max_len - 1)]
+        plan = (torch.where(force_ok, parent, -1), torch.where(force_ok, ftok, -1))
         on_chain = torch.zeros(bs, n + 1, dtype=torch.bool, device=dev)
         on_chain.scatter_(1, torch.where(chain >= 0, chain, torch.full_like(chain, n)),
                           torch.ones_like(chain, dtype=torch.bool))
@@ -223,6 +246,7 @@ class DraftOracle:
         clash = valid_at & (new == truth_at) & ~(on_chain & (depth <= k[:, None]))
         new = torch.where(clash, wrong(truth_at), new)
         tok.copy_(new.to(tok.dtype))
+        return plan
 
 
 def _kernels():
@@ -240,13 +264,46 @@ def _oracle_for(batch) -> Optional[DraftOracle]:
 
 
 def draft(original, self, batch, *args, **kwargs):
-    """``EagleDraftWorker.draft`` with the oracle's tokens written into the verify input it returns."""
+    """``EagleDraftWorker.draft`` with the oracle's tokens written into the verify input it returns; the
+    forcing plan waits on the oracle for this step's sampling (:func:`sample`)."""
     vi = original(self, batch, *args, **kwargs)
     oracle = _oracle_for(batch)
     if oracle is not None and not batch.forward_mode.is_idle() and getattr(vi, "retrieve_next_token", None) is not None:
-        oracle.inject(vi.draft_token, vi.positions, vi.retrieve_next_token.view(batch.seq_lens.shape[0], -1),
-                      batch.req_pool_indices, int(vi.spec_steps or 0))
+        oracle.plan = oracle.inject(vi.draft_token, vi.positions,
+                                    vi.retrieve_next_token.view(batch.seq_lens.shape[0], -1),
+                                    batch.req_pool_indices, int(vi.spec_steps or 0))
     return vi
+
+
+def sample(original, verify_input, batch, logits_output, *args, **kwargs):
+    """SGLang's ``eagle_sample`` after the verify's logits are forced along the drawn runs (the plan of
+    this step's injection: drafting and sampling alternate within a step)."""
+    oracle = _oracle_for(batch)
+    plan, n = (oracle.plan, getattr(verify_input, "draft_token_num", None)) if oracle is not None else (None, None)
+    if oracle is not None:
+        oracle.plan = None
+    if plan is not None and n and not batch.forward_mode.is_idle():
+        force(logits_output.next_token_logits, plan, int(n))
+    return original(verify_input, batch, logits_output, *args, **kwargs)
+
+
+FORCE_BOOST = 1.0e4  # added to a forced logit: far above the logits of any model here, under softmax too
+
+
+def force(logits: torch.Tensor, plan: Tuple[torch.Tensor, torch.Tensor], n: int) -> bool:
+    """Make the target's greedy choice at each planned node its planned token: ``logits`` ``[bs * n, V]``,
+    the verify's, before SGLang samples them; ``plan`` from :meth:`DraftOracle.inject`. One accumulating
+    ``index_put_`` (entries without a plan add 0 to their row's root), no host sync. ``False`` (nothing
+    forced) when the logits are not the plan's batch."""
+    node, tok = plan
+    bs = node.shape[0]
+    if logits.shape[0] != bs * n:
+        return False
+    rows = torch.arange(bs, device=node.device)[:, None] * n + node.clamp(min=0)
+    cols = tok.clamp(0, logits.shape[-1] - 1)
+    vals = torch.where(node >= 0, FORCE_BOOST, 0.0).to(logits.dtype)
+    logits.index_put_((rows.reshape(-1), cols.reshape(-1)), vals.reshape(-1), accumulate=True)
+    return True
 
 
 def after_step(batch, out, seq_lens, rows, prefill: bool) -> None:
@@ -275,10 +332,11 @@ def forward_batch_generation(original, self, batch, *args, **kwargs):
 
 
 def install() -> None:
-    """Register both hooks (when :data:`ENV_P` is set; a bad value fails here, at start-up)."""
+    """Register the hooks (when :data:`ENV_P` is set; a bad value fails here, at start-up)."""
     if probability() is None:
         return
     from lumotree.sglang.patches import register_hook
 
     register_hook(DRAFT_TARGET, draft, "AROUND")
+    register_hook(SAMPLE_TARGET, sample, "AROUND")
     register_hook(STEP_TARGET, forward_batch_generation, "AROUND")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 import triton
 import triton.language as tl
 
@@ -50,7 +51,7 @@ def oracle_record_fwd_kernel(p_cont, p_filled, p_row_slot, p_row_plen, p_rows, p
 
 @triton.jit
 def oracle_inject_fwd_kernel(p_tok, p_pos, p_next, p_rows, p_cont, p_filled, p_row_slot, p_row_plen, p_slot_key,
-                             n, levels, cont_stride, max_len, threshold, BLOCK_N: tl.constexpr,
+                             p_fnode, p_ftok, n, levels, cont_stride, max_len, threshold, BLOCK_N: tl.constexpr,
                              BLOCK_D: tl.constexpr):
     b = tl.program_id(0)
     r = tl.load(p_rows + b).to(tl.int64)
@@ -74,13 +75,20 @@ def oracle_inject_fwd_kernel(p_tok, p_pos, p_next, p_rows, p_cont, p_filled, p_r
     key = tl.load(p_slot_key + sc)
     succ = valid_d & (_uniform_bits(key, idx_d) < threshold)
     k = tl.min(tl.where(in_d & ~succ, d, levels + 1), axis=0) - 1
-    # the first-child chain from the root
+    # the first-child chain from the root; the forcing plan: level d's parent (the chain node of depth d - 1)
+    # and the recorded output d, for d <= k + 1 where known
     on_chain = i < 0
     prev = r * 0
-    for _ in range(levels):
-        nxt = tl.load(p_next + b * n + tl.maximum(prev, 0)).to(tl.int64)
-        prev = tl.where(prev >= 0, nxt, -1)
-        on_chain = on_chain | ((i == prev) & (prev >= 0))
+    for lv in range(levels + 1):
+        fidx = o + lv + 1
+        f_ok = root_ok & (prev >= 0) & (lv <= k) & (fidx < filled) & (fidx < max_len)
+        ftok = tl.load(p_cont + sc * cont_stride + tl.minimum(tl.maximum(fidx, 0), max_len - 1))
+        tl.store(p_fnode + b * (levels + 1) + lv, tl.where(f_ok, prev, -1))
+        tl.store(p_ftok + b * (levels + 1) + lv, tl.where(f_ok, ftok, -1))
+        if lv < levels:
+            nxt = tl.load(p_next + b * n + tl.maximum(prev, 0)).to(tl.int64)
+            prev = tl.where(prev >= 0, nxt, -1)
+            on_chain = on_chain | ((i == prev) & (prev >= 0))
     depth = b_pos - pos0
     idx = o + depth
     valid = root_ok & (depth >= 1) & (depth <= levels) & (idx < filled) & (idx < max_len)
@@ -115,8 +123,11 @@ def inject(oracle, draft_token, positions, next_token, req_pool_indices, levels:
         return
     if not draft_token.is_contiguous():
         raise ValueError("draft oracle: draft_token must be contiguous (it is rewritten in place)")
+    fnode = torch.empty(bs, levels + 1, dtype=torch.int64, device=draft_token.device)
+    ftok = torch.empty_like(fnode)
     oracle_inject_fwd_kernel[(bs,)](draft_token, positions.contiguous(), next_token.contiguous(),
                                     req_pool_indices.contiguous(), oracle.cont, oracle.filled, oracle.row_slot,
-                                    oracle.row_plen, oracle.slot_key, n, levels, oracle.cont.stride(0),
+                                    oracle.row_plen, oracle.slot_key, fnode, ftok, n, levels, oracle.cont.stride(0),
                                     oracle.max_len, threshold(oracle.p), BLOCK_N=triton.next_power_of_2(n),
                                     BLOCK_D=triton.next_power_of_2(levels))
+    return fnode, ftok

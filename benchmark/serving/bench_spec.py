@@ -35,6 +35,14 @@ MoE layers (512 experts, top 10, a shared expert) cut to 24, its own architectur
     python3 benchmark/serving/bench_spec.py --shape qwen3-next-80b-moe-24l --tp 2 --output-len 128 --oracle-p 0.8 \
         --miss --batches 1,8,32,64,128 --configs none,lumotree-chain-oracle,nextn-chain-replayssm-oracle --out ...
 
+A table longer than one sitting: ``--resume`` keeps what an interrupted run of the same command finished
+(configurations whose server wrote every row) and runs the rest, so the one command is repeated until it
+prints the whole table:
+
+    python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-32l --output-len 128 --oracle-p 0.8 --miss \
+        --batches 1,8,32,64,128 --configs none,lumotree-chain-oracle,nextn-chain-replayssm-oracle \
+        --server-timeout 200 --out serving_speed.json --resume
+
 Scheduler: ``--scheduler default`` runs every server as its flags alone make it (all with SGLang's overlap
 scheduler; LumoTree's with the ``no_buffer`` state cache, ``lumotree.sglang.scheduling``); ``sync`` adds
 ``--disable-overlap-schedule`` to every one.
@@ -332,6 +340,10 @@ def main():
     ap.add_argument("--profile-prefill", action="store_true",
                     help="also profile one-token passes (the prefill) at --profile-batches, after the decode profiles")
     ap.add_argument("--profile-prefill-steps", type=int, default=2)
+    ap.add_argument("--resume", action="store_true",
+                    help="--out holds an earlier, interrupted run of the same command: keep its configurations that "
+                         "finished (a server and every row), run the others (so that one command can be spread over "
+                         "calls shorter than the whole table)")
     args = ap.parse_args()
     if args.merge:
         res = merge(args.merge, args.out)
@@ -353,7 +365,11 @@ def main():
                servers={})
     if args.scheduler == "sync":
         base.append("--disable-overlap-schedule")
+    done = resumed(res, args, batches) if args.resume else set()
     for name in args.configs.split(","):
+        if name in done:
+            print(f"{name}: kept from {args.out}", flush=True)
+            continue
         log = os.path.join(args.log_dir, f"bench-{name}.log")
         t0 = time.time()
         srv = dict(args=CONFIGS[name])
@@ -416,6 +432,34 @@ def main():
         print(json.dumps({name: srv})[:2000], flush=True)
         json.dump(res, open(args.out, "w"), indent=1)
     print(table(res["rows"], memory=res["servers"]))
+
+
+def phases_of(name, args):
+    """The ``accept_p`` of the rows a configuration's server makes per batch."""
+    oracle = name.endswith("-oracle")
+    return [args.oracle_p if oracle else None] + ([0.0] if oracle and args.miss else [])
+
+
+def resumed(res, args, batches) -> set:
+    """``--resume``: the configurations of ``args.out`` (an earlier run of the same command) that finished --
+    their server without an error and a row for every batch and phase -- copied into ``res``; the rows of
+    the others are dropped (they run again). Another command's file is refused."""
+    if not os.path.exists(args.out):
+        return set()
+    old = json.load(open(args.out))
+    if old.get("command") != res["command"]:
+        raise SystemExit(f"--resume: {args.out} was made by another command ({old.get('command')!r}); "
+                         "resume with the same command or write to another --out")
+    done = set()
+    for name in args.configs.split(","):
+        srv = old.get("servers", {}).get(label(name, args.scheduler))
+        rows = [r for r in old.get("rows", []) if r.get("config") == name]
+        want = {(b, p) for b in batches for p in phases_of(name, args)}
+        if srv is not None and "error" not in srv and {(r["batch"], r["accept_p"]) for r in rows} >= want:
+            done.add(name)
+            res["rows"] += rows
+            res["servers"][label(name, args.scheduler)] = srv
+    return done
 
 
 def fresh_prompts(rng, n, length):

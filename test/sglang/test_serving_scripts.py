@@ -809,3 +809,40 @@ def test_bench_spec_variants_carry_their_environment_into_their_oracle_twins():
     assert bs.config_env("lumotree-topk2-sgselect-oracle") == {"LUMOTREE_SGLANG_SELECT": "0"}
     assert bs.CONFIGS["lumotree-topk2-sgselect"] == bs.CONFIGS["lumotree-topk2"]
     assert bs.config_env("lumotree-chain-oracle") == {} and bs.config_env("none") == {}
+
+
+def test_bench_spec_resume_keeps_finished_configurations_and_runs_the_rest(tmp_path, monkeypatch):
+    """--resume: the same command run again after an interruption keeps the configurations whose server
+    finished every row, runs the others (a partial one from the start), and refuses another command's file."""
+    import json
+    import sys
+
+    bs = load("bench_spec")
+    calls = []
+    fake_bench_endpoints(monkeypatch, bs, lambda batch, n, key: calls.append(len(batch)), lambda payload: None)
+    out = tmp_path / "b.json"
+    argv = ["bench_spec.py", "--model", "m", "--configs", "none,lumotree-chain", "--batches", "1,2", "--output-len",
+            "4", "--prefill-samples", "1", "--out", str(out), "--log-dir", str(tmp_path), "--resume"]
+    monkeypatch.setattr(sys, "argv", argv)
+    bs.main()
+    first = json.load(open(out))
+    assert [(r["config"], r["batch"]) for r in first["rows"]] == [("none", 1), ("none", 2), ("lumotree-chain", 1),
+                                                                 ("lumotree-chain", 2)]
+    # interrupted during lumotree-chain: one of its rows written, its server not yet recorded
+    partial = dict(first, rows=first["rows"][:3], servers={"none": first["servers"]["none"]})
+    json.dump(partial, open(out, "w"))
+    calls.clear()
+    bs.main()
+    again = json.load(open(out))
+    # one server ran (lumotree-chain's): warm-up, then per batch a warm pass, the one-token pass, the measured pass
+    assert calls == [1, 1, 1, 1, 2, 2, 2]
+    assert again["rows"][:2] == first["rows"][:2]
+    assert [(r["config"], r["batch"]) for r in again["rows"]] == [("none", 1), ("none", 2), ("lumotree-chain", 1),
+                                                                 ("lumotree-chain", 2)]
+    assert set(again["servers"]) == {"none", "lumotree-chain"}
+    calls.clear()
+    bs.main()  # everything finished: nothing runs
+    assert calls == [] and json.load(open(out))["rows"] == again["rows"]
+    monkeypatch.setattr(sys, "argv", argv[:-1] + ["--output-len", "8", "--resume"])
+    with pytest.raises(SystemExit, match="another command"):
+        bs.main()

@@ -14,7 +14,8 @@ Environment variables:
     LUMOTREE_SGLANG_CHECK  ``1`` (diagnostics, with ``--disable-cuda-graph``): every served verify
                          and commit is cross-checked against SGLang's own tree-verify kernel;
                          ``LUMOTREE_SGLANG_CHECK_REPORT=FILE`` / ``LUMOTREE_SGLANG_CHECK_DUMP=DIR``
-                         write the report / the failing inputs.
+                         write the report / the failing inputs. LUMOTREE_SUFFIX servers then also
+                         verify full attention with LumoTree's kernel (checked against SGLang's).
     LUMOTREE_SUFFIX_MERGE  ``1``: a LUMOTREE server merges each request's suffix draft into the MTP
                          draft tree (needs the synchronous scheduler: chosen by LumoTree with the radix
                          cache, else ``--disable-overlap-schedule``).

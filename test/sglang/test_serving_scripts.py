@@ -846,3 +846,32 @@ def test_bench_spec_resume_keeps_finished_configurations_and_runs_the_rest(tmp_p
     monkeypatch.setattr(sys, "argv", argv[:-1] + ["--output-len", "8", "--resume"])
     with pytest.raises(SystemExit, match="another command"):
         bs.main()
+
+
+def test_bench_spec_miss_warm_passes_set_the_miss_rows_warm_passes_of_adaptive_servers(tmp_path, monkeypatch):
+    """--miss-warm-passes N: an adaptive server's miss row gets N unmeasured passes (the steady state of its
+    probes) while its controlled-acceptance row keeps --oracle-warm-passes; a server that does not adapt none."""
+    import json
+    import sys
+
+    bs = load("bench_spec")
+    seen, sent = [], []
+
+    def fake_generate(url, batch, n, key="text"):
+        sent.append((len(seen), n))
+        return [dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2))) for _ in batch]
+
+    monkeypatch.setattr(bs, "sglang_server", recording_server(seen, lambda args, base, env: env))
+    monkeypatch.setattr(bs, "generate", fake_generate)
+    out = tmp_path / "b.json"
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--configs", "lumotree-chain-oracle,nextn-chain-oracle",
+                                      "--batches", "2", "--input-len", "8", "--output-len", "4", "--oracle-p", "0.8",
+                                      "--miss", "--miss-warm-passes", "7", "--out", str(out), "--log-dir",
+                                      str(tmp_path), "--prefill-samples", "1"])
+    bs.main()
+    lumo = [n for s, n in sent if s == 1][1:]  # after the warm-up request
+    # recording pass, 3 warm passes, prefill, measured; then 7 warm passes whose drafts miss, prefill, measured
+    assert lumo == [4] * 4 + [1, 4] + [4] * 7 + [1, 4]
+    nextn = [n for s, n in sent if s == 2][1:]
+    assert nextn == [4, 1, 4, 1, 4]  # no warm passes for a server that does not adapt
+    assert len(json.load(open(out))["rows"]) == 4

@@ -684,10 +684,9 @@ def test_bench_spec_oracle_twins_set_the_oracle_of_their_loop(tmp_path, monkeypa
     assert bs.adapts("nextn-chain-adaptive-oracle") and not bs.adapts("nextn-topk2-oracle")
 
 
-def test_bench_spec_miss_rows_come_from_the_same_server_with_prompts_it_never_saw(tmp_path, monkeypatch):
-    """``--miss``: per batch, after the controlled-acceptance row, a row of the same server whose prompts are
-    new to it (the oracle knows no continuation: drafts miss), warmed like the first; none for no speculation."""
-    import json
+def run_miss_bench(tmp_path, monkeypatch, configs, *extra):
+    """bench_spec's main with ``--miss`` on a recording fake server (batch 2, 4 new tokens): every generate call
+    as ``(server index, prompts, new tokens)``, and the result file."""
     import sys
 
     bs = load("bench_spec")
@@ -700,10 +699,19 @@ def test_bench_spec_miss_rows_come_from_the_same_server_with_prompts_it_never_sa
     monkeypatch.setattr(bs, "sglang_server", recording_server(seen, lambda args, base, env: env))
     monkeypatch.setattr(bs, "generate", fake_generate)
     out = tmp_path / "b.json"
-    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--configs", "none,lumotree-chain-oracle,nextn-chain-oracle",
-                                      "--batches", "2", "--input-len", "8", "--output-len", "4", "--oracle-p", "0.8",
-                                      "--miss", "--out", str(out), "--log-dir", str(tmp_path), "--prefill-samples", "1"])
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--configs", configs, "--batches", "2", "--input-len", "8",
+                                      "--output-len", "4", "--oracle-p", "0.8", "--miss", *extra, "--out", str(out),
+                                      "--log-dir", str(tmp_path), "--prefill-samples", "1"])
     bs.main()
+    return sent, out
+
+
+def test_bench_spec_miss_rows_come_from_the_same_server_with_prompts_it_never_saw(tmp_path, monkeypatch):
+    """``--miss``: per batch, after the controlled-acceptance row, a row of the same server whose prompts are
+    new to it (the oracle knows no continuation: drafts miss), warmed like the first; none for no speculation."""
+    import json
+
+    sent, out = run_miss_bench(tmp_path, monkeypatch, "none,lumotree-chain-oracle,nextn-chain-oracle")
     rows = json.load(open(out))["rows"]
     assert [(r["config"], r["accept_p"], r["shape"], r["tp"]) for r in rows] == [
         ("none", None, "qwen3.5-27b-8l", 1), ("lumotree-chain-oracle", 0.8, "qwen3.5-27b-8l", 1),
@@ -852,23 +860,10 @@ def test_bench_spec_miss_warm_passes_set_the_miss_rows_warm_passes_of_adaptive_s
     """--miss-warm-passes N: an adaptive server's miss row gets N unmeasured passes (the steady state of its
     probes) while its controlled-acceptance row keeps --oracle-warm-passes; a server that does not adapt none."""
     import json
-    import sys
 
-    bs = load("bench_spec")
-    seen, sent = [], []
-
-    def fake_generate(url, batch, n, key="text"):
-        sent.append((len(seen), n))
-        return [dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2))) for _ in batch]
-
-    monkeypatch.setattr(bs, "sglang_server", recording_server(seen, lambda args, base, env: env))
-    monkeypatch.setattr(bs, "generate", fake_generate)
-    out = tmp_path / "b.json"
-    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--configs", "lumotree-chain-oracle,nextn-chain-oracle",
-                                      "--batches", "2", "--input-len", "8", "--output-len", "4", "--oracle-p", "0.8",
-                                      "--miss", "--miss-warm-passes", "7", "--out", str(out), "--log-dir",
-                                      str(tmp_path), "--prefill-samples", "1"])
-    bs.main()
+    sent, out = run_miss_bench(tmp_path, monkeypatch, "lumotree-chain-oracle,nextn-chain-oracle",
+                               "--miss-warm-passes", "7")
+    sent = [(srv, n) for srv, _, n in sent]
     lumo = [n for s, n in sent if s == 1][1:]  # after the warm-up request
     # recording pass, 3 warm passes, prefill, measured; then 7 warm passes whose drafts miss, prefill, measured
     assert lumo == [4] * 4 + [1, 4] + [4] * 7 + [1, 4]

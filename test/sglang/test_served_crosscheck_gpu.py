@@ -22,7 +22,7 @@ MTP = ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3"]
 @pytest.mark.parametrize("tree,min_steps", [
     (MTP + ["--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6"], 10),
     (MTP + ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"], 10),
-    # suffix drafts (SGLang's NGRAM worker): wider trees; their verify attention is LumoTree's only under this check
+    # suffix drafts (SGLang's NGRAM worker): wider trees through the same verify attention
     (["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-num-draft-tokens", "8"], 4),
 ], ids=["tree6", "chain4", "suffix8"])
 def test_served_verify_and_commit_equal_sglang_kernel(tmp_path, tree, min_steps):

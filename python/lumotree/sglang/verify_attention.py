@@ -10,15 +10,12 @@ Qwen3.5-27B heads: 1.2-11x faster per layer).
 
 On by default for LUMOTREE servers: served on the H200 it made the drafted step faster than SGLang's
 prefill kernel did in the same server, and the in-server cross-check against that kernel
-(``test/sglang/test_served_crosscheck_gpu.py``, a chain and a topk-2 tree) matched on every step
-(``benchmark/results/serving_speed_h200.json``, ``docs/performance.md``). LUMOTREE_SUFFIX servers keep
-SGLang's kernel until the same cross-check has passed on theirs: under the cross-check
-(``LUMOTREE_SGLANG_CHECK=1``, which compares every call with SGLang's kernel) they use LumoTree's (the test's
-``suffix8`` case). The kernel and the tree mask are the same; the suffix trees are wider and come through
-SGLang's NGRAM worker.
+(``test/sglang/test_served_crosscheck_gpu.py``: a chain, a topk-2 tree and LUMOTREE_SUFFIX's 8-token suffix
+trees, which are wider and come through SGLang's NGRAM worker) matched on every step
+(``benchmark/results/serving_speed_h200.json``, ``docs/performance.md``).
 
 Served where its result is the one SGLang's kernel would give (:func:`backend_why_not`,
-:func:`layer_why_not`): a target verify of LUMOTREE (not the decode-exact mode, whose
+:func:`layer_why_not`): a target verify of LUMOTREE or LUMOTREE_SUFFIX (not the decode-exact mode, whose
 attention is one decode query per node, nor the merged MTP + suffix tree) on SGLang's Triton backend with
 plain GQA layers -- no sliding window, logit cap, attention sinks, scaled (fp8) KV cache, decode context
 parallelism or unified / SWA pools. Anything else keeps SGLang's path, and the server log says which
@@ -39,19 +36,17 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-ALGORITHMS = ("LUMOTREE",)  # LUMOTREE_SUFFIX under the cross-check only, until it has passed (module docstring)
+ALGORITHMS = ("LUMOTREE", "LUMOTREE_SUFFIX")
 
 
 def applies(server_args, env=os.environ) -> bool:
     """Whether a server's target verifies use LumoTree's attention (the backend is checked later):
-    LUMOTREE (LUMOTREE_SUFFIX under ``LUMOTREE_SGLANG_CHECK=1``), not the decode-exact mode, not the merged
-    MTP + suffix tree."""
+    LUMOTREE and LUMOTREE_SUFFIX, not the decode-exact mode, not the merged MTP + suffix tree."""
     from lumotree.sglang.exact import exact_mode
     from lumotree.sglang.scheduling import merge_enabled
 
     algo = (getattr(server_args, "speculative_algorithm", None) or "").upper()
-    served = algo in ALGORITHMS or (algo == "LUMOTREE_SUFFIX" and env.get("LUMOTREE_SGLANG_CHECK") == "1")
-    return served and not exact_mode(server_args) and not (algo == "LUMOTREE" and merge_enabled(env))
+    return algo in ALGORITHMS and not exact_mode(server_args) and not (algo == "LUMOTREE" and merge_enabled(env))
 
 
 def backend_why_not(fa) -> Optional[str]:

@@ -15,7 +15,17 @@ the same contexts, SGLang's NGRAM corpus (``sglang.srt.speculative.cpp_ngram.ngr
 C++, with SGLang's default NGRAM settings) doing what SGLang's NGRAM worker does on the scheduler's thread
 per step: wait for the previous step's asynchronous insert, match the batch's last
 ``--speculative-ngram-max-trie-depth`` (18) tokens, and hand the same windows to the asynchronous insert.
-Its admission row is its first step (NGRAM indexes no prompt). SGLang builds that corpus just in time
+Its admission row is its first step (NGRAM indexes no prompt).
+
+``--worker`` measures instead what the NGRAM loop's draft preparation costs per step as a server runs it:
+SGLang 0.5.17's ``NGRAMWorker._prepare_draft_tokens`` and ``_update_ngram_corpus`` (compiled from its installed
+source: the module imports C++ ops this CPU machine does not build) building each request's view from its
+prompt and output (the overlap scheduler's one-round lag spliced from the step's accepted tokens) and calling the
+corpus. Rows: ``lumotree-suffix`` (LumoTree's worker: each request hands over only the tokens the corpus lacks,
+:func:`lumotree.sglang.suffix.prepare_draft_tokens`; nothing to insert), ``lumotree-suffix-sglang-handover``
+(the same corpus under SGLang's preparation at LUMOTREE_SUFFIX's depth of 4,096: the whole prompt copied and
+4,096 tokens handed over per request, twice a step) and ``sglang-ngram`` (SGLang's worker and corpus at its
+depth of 18). SGLang builds that corpus just in time
 with the host compiler; a compiler whose standard headers do not bring ``size_t`` into SGLang's
 ``result.h`` (seen with g++ here) gets ``-include cstddef`` added, nothing else changed.
 """
@@ -94,6 +104,72 @@ class SGLangNgram:
         return out
 
 
+def sglang_ngram_methods(*names):
+    """Methods of SGLang's ``NGRAMWorker`` compiled from its installed source (the module imports its C++
+    n-gram ops at import time, which are not built on a CPU-only machine)."""
+    import ast
+    import typing
+
+    import numpy as np
+    import sglang
+    import torch
+
+    path = os.path.join(os.path.dirname(sglang.__file__), "srt", "speculative", "ngram_worker.py")
+    tree = ast.parse(open(path).read())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "NGRAMWorker")
+    defs = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in names]
+    if sorted(d.name for d in defs) != sorted(names):
+        raise RuntimeError(f"SGLang's NGRAMWorker has no {sorted(set(names) - {d.name for d in defs})}")
+    ns = dict(np=np, torch=torch, List=typing.List, ScheduleBatch=object)
+    exec(compile(ast.Module(body=defs, type_ignores=[]), path, "exec"), ns)
+    return [ns[n] for n in names]
+
+
+class _Req:
+    def __init__(self, rid, prompt):
+        self.rid, self.origin_input_ids, self.output_ids = rid, prompt, []
+
+
+def run_worker(kind, batch, args):
+    """One worker kind's draft preparation per step (``--worker``): admission (first step) and steps, ms."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from lumotree.sglang.suffix import DEFAULT_CONTEXT, SuffixCorpus, prepare_draft_tokens
+
+    prepare, update, concat = sglang_ngram_methods("_prepare_draft_tokens", "_update_ngram_corpus",
+                                                   "_efficient_concat_last_n")
+    depth = SGLangNgram.DEPTH if kind == "sglang-ngram" else DEFAULT_CONTEXT
+    corpus = SGLangNgram(args.nodes).corpus if kind == "sglang-ngram" else SuffixCorpus(args.nodes)
+    w = SimpleNamespace(draft_token_num=args.nodes, max_trie_depth=depth, enable_overlap=True, ngram_corpus=corpus)
+    w._efficient_concat_last_n = concat.__get__(w)
+    if kind == "lumotree-suffix":
+        def step(b):
+            prepare_draft_tokens(w, b)
+    else:
+        def step(b):
+            prepare(w, b)
+            update(w, b)
+    texts = contexts(batch, args.context)
+    reqs = [_Req(f"r{i}", t[:args.context]) for i, t in enumerate(texts)]
+    times = []
+    for k in range(args.steps + 1):
+        # the overlap scheduler's view: output_ids lag one round; that round's tokens come from the step's results
+        rounds = [t[args.context + k * args.accept:args.context + (k + 1) * args.accept] for t in texts]
+        for r, t in zip(reqs, texts):
+            r.output_ids = t[args.context:args.context + k * args.accept]
+        acc = torch.tensor([(rd + [0] * args.nodes)[:args.nodes] for rd in rounds]).reshape(-1)
+        b = SimpleNamespace(reqs=reqs, grammar_needs_sync=lambda: False,
+                            spec_info=SimpleNamespace(accept_tokens=acc, accept_lens=torch.tensor([len(rd) for rd in rounds])))
+        t0 = time.perf_counter()
+        step(b)
+        times.append(time.perf_counter() - t0)
+    admit, times = times[0], sorted(times[1:])
+    return dict(batch=batch, admission_ms=round(admit * 1e3, 2), step_ms_median=round(statistics.median(times) * 1e3, 3),
+                step_ms_p95=round(times[int(0.95 * (len(times) - 1))] * 1e3, 3))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", default="1,8,32")
@@ -102,6 +178,7 @@ def main():
     ap.add_argument("--accept", type=int, default=3)
     ap.add_argument("--window", type=int, default=64, help="tokens SGLang hands over per request per step")
     ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--worker", action="store_true", help="the NGRAM loop's draft preparation per step (docstring)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from lumotree.drafters.suffix import NativeSuffixDrafter, SuffixDrafter
@@ -114,9 +191,14 @@ def main():
             return c
         return make
 
-    makers = {"python": corpus("python"), "c++": corpus("c++"), "sglang-ngram": SGLangNgram}
-    rows = [dict(drafter=kind, **run(make, int(b), args)) for kind, make in makers.items()
-            for b in args.batches.split(",")]
+    if args.worker:
+        rows = [dict(worker=kind, **run_worker(kind, int(b), args))
+                for kind in ("lumotree-suffix", "lumotree-suffix-sglang-handover", "sglang-ngram")
+                for b in args.batches.split(",")]
+    else:
+        makers = {"python": corpus("python"), "c++": corpus("c++"), "sglang-ngram": SGLangNgram}
+        rows = [dict(drafter=kind, **run(make, int(b), args)) for kind, make in makers.items()
+                for b in args.batches.split(",")]
     for r in rows:
         print(json.dumps(r), flush=True)
     if args.out:

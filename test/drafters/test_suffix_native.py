@@ -168,3 +168,26 @@ def test_host_cost_benchmark_drafts_with_all_three_drafters(tmp_path, monkeypatc
     assert [r["drafter"] for r in rows] == ["python", "c++", "sglang-ngram"]
     assert all(r["batch"] == 2 and r["step_ms_median"] > 0 for r in rows)
     assert seen == [2 * 8] * 4  # admission + 3 steps, 8 draft tokens per request
+
+
+def test_host_cost_benchmark_worker_rows(tmp_path, monkeypatch):
+    """``suffix_host_cost.py --worker``: the NGRAM loop's draft preparation per step -- LumoTree's worker, the same
+    corpus under SGLang's own preparation (compiled from its source), SGLang's NGRAM worker -- rows written."""
+    import json
+    import os
+    import sys
+
+    pytest.importorskip("lumotree._host")
+    pytest.importorskip("tvm_ffi")
+    here = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "drafters")
+    monkeypatch.syspath_prepend(here)
+    import suffix_host_cost as h
+
+    out = tmp_path / "worker.json"
+    monkeypatch.setattr(sys, "argv", ["suffix_host_cost.py", "--worker", "--batches", "1,3", "--steps", "4",
+                                      "--context", "300", "--nodes", "6", "--out", str(out)])
+    h.main()
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["worker"], r["batch"]) for r in rows] == [
+        (k, b) for k in ("lumotree-suffix", "lumotree-suffix-sglang-handover", "sglang-ngram") for b in (1, 3)]
+    assert all(r["step_ms_median"] > 0 and r["admission_ms"] > 0 for r in rows)

@@ -24,6 +24,40 @@ def test_tree_arrays_layout_and_padding():
     assert toks.tolist() == [5, 5, 5] and parents_from_mask(mask) == [-1, 0, 0]
 
 
+def test_batch_tree_arrays_equal_each_tree_by_parent_walks():
+    import random
+
+    from lumotree.sglang.suffix import batch_tree_arrays
+
+    rng = random.Random(3)
+    n = 9
+    trees = []
+    for _ in range(40):
+        m = rng.randrange(1, n + 1)
+        trees.append(([rng.randrange(50) for _ in range(m)], [-1] + [rng.randrange(i) for i in range(1, m)]))
+    toks, masks = batch_tree_arrays(trees, n)
+    assert toks.shape == (40 * n,) and masks.shape == (40 * n * n,) and masks.dtype == bool
+    for r, (t, p) in enumerate(trees):
+        p = list(p) + [0] * (n - len(p))
+        want = np.zeros((n, n), dtype=bool)
+        for i in range(n):  # the node and every ancestor, by walking parent pointers
+            j = i
+            while j >= 0:
+                want[i, j] = True
+                j = p[j] if j else -1
+        assert (masks[r * n * n:(r + 1) * n * n].reshape(n, n) == want).all()
+        pad = t[1] if len(t) > 1 else t[0]
+        assert toks[r * n:(r + 1) * n].tolist() == list(t) + [pad] * (n - len(t))
+    # a child numbered before its parent (no drafter does this): the parent walk, same masks
+    _, m = batch_tree_arrays([([1, 2, 3, 4], [-1, 2, 0, 1])], 5)
+    assert m.reshape(5, 5).astype(int).tolist() == [[1, 0, 0, 0, 0], [1, 1, 1, 0, 0], [1, 0, 1, 0, 0],
+                                                     [1, 1, 1, 1, 0], [1, 0, 0, 0, 1]]
+    with pytest.raises(ValueError, match="do not form a tree"):
+        batch_tree_arrays([([1, 2, 3], [-1, 2, 1])], 3)
+    with pytest.raises(ValueError, match="exceeds"):
+        batch_tree_arrays([([1, 2], [-1, 0]), ([1, 2, 3], [-1, 0, 1])], 2)
+
+
 def test_batch_get_format_and_copy_continuation():
     c = SuffixCorpus(draft_token_num=6)
     ctx_a = [1, 2, 3, 4, 1, 2, 3, 5, 1, 2]
@@ -142,3 +176,117 @@ def test_drafter_rewind_continues_after_the_right_tokens():
     assert d.draft("a", 3).tokens[:2] == [3, 4]  # "1 2 3" was followed by 4
     with pytest.raises(ValueError, match="rewind"):
         d.rewind("a", 8)
+
+
+def test_last_tokens_is_the_tail_of_the_concatenation():
+    import random
+
+    from lumotree.sglang.suffix import last_tokens
+
+    rng = random.Random(0)
+    for _ in range(500):
+        a, b, c = ([rng.randrange(9) for _ in range(rng.randrange(6))] for _ in range(3))
+        n = rng.randrange(0, 20)
+        whole = a + b + c
+        assert last_tokens(a, b, c, n) == (whole[max(0, len(whole) - n):] if n else [])
+
+
+class _Req:
+    def __init__(self, rid, prompt):
+        self.rid, self.origin_input_ids, self.output_ids = rid, list(prompt), []
+
+
+def _views(seed, depth):
+    """A random server's views of a few requests over time, as SGLang's NGRAM worker sees them: the
+    overlap scheduler's output_ids lag one round behind (the round's accepted tokens come spliced from
+    spec_info), or already hold them (then they arrive twice), or the batch is synced (no splice);
+    retractions shrink an output; requests leave (their output joins the corpus) and new ones come
+    with prompts longer than ``depth``. Yields ``(batch, finished rids)`` per step."""
+    import random
+    from types import SimpleNamespace
+
+    rng = random.Random(seed)
+    stride, reqs, true, nxt = 4, [], {}, 0
+    for step in range(80):
+        while len(reqs) < 3:
+            r = _Req(f"r{nxt}", [rng.randrange(6) for _ in range(rng.randrange(1, 3 * depth))])
+            nxt += 1
+            true[r.rid] = []  # the request's true output
+            reqs.append(r)
+        acc, sync = [], rng.random() < 0.2
+        for r in reqs:
+            kind = rng.choice(["lag", "lag", "lag", "dup", "shrink"])
+            if kind == "shrink" and true[r.rid]:
+                del true[r.rid][len(true[r.rid]) - rng.randrange(1, 4):]
+            n = rng.randrange(1, stride + 1)
+            rnd = [rng.randrange(6) for _ in range(n)]
+            true[r.rid] += rnd
+            if sync:  # results processed before the draft: output_ids complete, no splice
+                r.output_ids = list(true[r.rid])
+            else:
+                r.output_ids = list(true[r.rid]) if kind == "dup" else true[r.rid][:len(true[r.rid]) - n]
+            acc.append((rnd + [0] * stride)[:stride] + [n])
+        tokens = torch.tensor([a[:stride] for a in acc]).reshape(-1)
+        lens = torch.tensor([a[stride] for a in acc])
+        batch = SimpleNamespace(reqs=list(reqs), spec_info=SimpleNamespace(accept_tokens=tokens, accept_lens=lens),
+                                grammar_needs_sync=lambda sync=sync: sync)
+        done = [r.rid for r in reqs if rng.random() < 0.08]
+        yield batch, done
+        reqs = [r for r in reqs if r.rid not in done]
+
+
+def _sglang_ngram_methods(*names):
+    """Methods of SGLang 0.5.17's ``NGRAMWorker``, compiled from its installed source: the module itself
+    imports its C++ n-gram ops, which this CPU machine does not build (the GPU machine has them)."""
+    import ast
+    import os
+    import typing
+
+    import sglang
+
+    path = os.path.join(os.path.dirname(sglang.__file__), "srt", "speculative", "ngram_worker.py")
+    tree = ast.parse(open(path).read())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "NGRAMWorker")
+    defs = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in names]
+    assert sorted(d.name for d in defs) == sorted(names), "SGLang's NGRAMWorker changed"
+    ns = dict(np=np, torch=torch, List=typing.List, ScheduleBatch=object)
+    exec(compile(ast.Module(body=defs, type_ignores=[]), path, "exec"), ns)
+    return [ns[n] for n in names]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_worker_hands_over_only_what_the_corpus_lacks_and_drafts_the_same(seed):
+    """LumoTree's NGRAM-loop worker hands each request only its window (plus the full view on demand);
+    driven through SGLang's own draft preparation (the whole prompt and ``max_trie_depth`` tokens per
+    request) on the same views, the corpus drafts the same trees step by step and holds the same contexts."""
+    from lumotree.sglang.suffix import prepare_draft_tokens
+
+    sglang_prepare, concat_last_n = _sglang_ngram_methods("_prepare_draft_tokens", "_efficient_concat_last_n")
+    depth, stride = 24, 4
+
+    class Corpus(SuffixCorpus):
+        TAIL = 6  # below depth, as in a server (64 against 4,096)
+
+    class Worker:
+        _efficient_concat_last_n = concat_last_n
+
+        def __init__(self):
+            self.draft_token_num, self.max_trie_depth, self.enable_overlap = stride, depth, True
+            self.ngram_corpus = Corpus(stride)
+
+    theirs, ours = Worker(), Worker()
+    handed = {"theirs": 0, "ours": 0}
+    for batch, done in _views(seed, depth):
+        for i, r in enumerate(batch.reqs):  # roughly (the splice adds a few): what each side hands over
+            total = len(r.origin_input_ids) + len(r.output_ids) + int(batch.spec_info.accept_lens[i])
+            handed["theirs"] += min(depth, total)
+            handed["ours"] += ours.ngram_corpus.window(r.rid, total, depth)
+        a = sglang_prepare(theirs, batch)
+        b = prepare_draft_tokens(ours, batch)
+        assert a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist()
+        for r in batch.reqs:
+            assert ours.ngram_corpus.drafter.context(r.rid) == theirs.ngram_corpus.drafter.context(r.rid)
+        assert ours.ngram_corpus.stats == theirs.ngram_corpus.stats
+        theirs.ngram_corpus.erase_match_state(done)
+        ours.ngram_corpus.erase_match_state(done)
+    assert handed["ours"] < handed["theirs"] / 2  # the point: most steps hand over a few tokens, not depth

@@ -30,21 +30,70 @@ def tree_arrays(tokens: Sequence[int], parents: Sequence[int], n: int) -> Tuple[
     the ancestor-or-self mask `[n, n]` (``mask[i, j]``: j is i or an ancestor of i). Padding nodes
     are extra children of the root repeating the root's first candidate (or the root token), which
     verification treats as ordinary candidates, so outputs stay exact."""
-    if len(tokens) > n:
-        raise ValueError(f"draft of {len(tokens)} nodes exceeds the {n}-node budget")
-    toks = list(tokens)
-    par = list(parents)
-    filler = toks[1] if len(toks) > 1 else toks[0]
-    while len(toks) < n:
-        toks.append(filler)
-        par.append(0)
-    mask = np.zeros((n, n), dtype=bool)
+    toks, mask = batch_tree_arrays([(tokens, parents)], n)
+    return toks, mask.reshape(n, n)
+
+
+def batch_tree_arrays(trees: Sequence[Tuple[Sequence[int], Sequence[int]]], n: int) -> Tuple[np.ndarray, np.ndarray]:
+    """:func:`tree_arrays` of a batch of ``(tokens, parents)`` trees, concatenated as SGLang's NGRAM worker
+    takes them (tokens `[B * n]`, masks `[B * n * n]`). Each node's ancestors-or-self as one integer's bits
+    (its parent's bits and its own, parents numbered before their children as the drafters number them;
+    otherwise by walking parent pointers), expanded to the masks in one numpy call for the batch."""
+    toks, bits = [], []
+    for t, p in trees:
+        m = len(t)
+        if m > n:
+            raise ValueError(f"draft of {m} nodes exceeds the {n}-node budget")
+        toks.extend(t)
+        toks.extend([t[1] if m > 1 else t[0]] * (n - m))
+        anc = [1] * n
+        for i in range(1, m):
+            q = p[i]
+            if not 0 <= q < i:
+                anc = _walk_ancestors(p, m, n)
+                break
+            anc[i] = anc[q] | (1 << i)
+        else:
+            for i in range(m, n):
+                anc[i] = 1 | (1 << i)
+        bits.extend(anc)
+    if n <= 63:
+        b = np.asarray(bits, dtype=np.int64)
+        mask = ((b[:, None] >> np.arange(n, dtype=np.int64)) & 1).astype(bool)
+    else:
+        mask = np.array([[(a >> j) & 1 for j in range(n)] for a in bits], dtype=bool).reshape(-1, n)
+    return np.asarray(toks, dtype=np.int64), mask.reshape(-1)
+
+
+def _walk_ancestors(parents: Sequence[int], m: int, n: int) -> List[int]:
+    """Ancestors-or-self bits of a tree of ``m`` nodes numbered in any order (padding: children of the root)."""
+    par = list(parents[:m]) + [0] * (n - m)
+    par[0] = -1
+    anc = []
     for i in range(n):
-        j = i
+        a, j, hops = 0, i, 0
         while j >= 0:
-            mask[i, j] = True
+            a |= 1 << j
             j = par[j]
-    return np.asarray(toks, dtype=np.int64), mask
+            hops += 1
+            if hops > n:
+                raise ValueError("draft parents do not form a tree rooted at node 0")
+        anc.append(a)
+    return anc
+
+
+def last_tokens(prompt: Sequence[int], output: Sequence[int], extra: Sequence[int], n: int) -> List[int]:
+    """The last ``n`` tokens of ``prompt + output + extra``, copying only those (SGLang's NGRAM worker copies
+    the whole prompt and ``max_trie_depth`` tokens per request, twice per step)."""
+    if n <= 0:
+        return []
+    k = n - len(extra)
+    if k <= 0:
+        return list(extra[len(extra) - n:])
+    if len(output) >= k:
+        return list(output[len(output) - k:]) + list(extra)
+    k -= len(output)
+    return list(prompt[max(0, len(prompt) - k):]) + list(output) + list(extra)
 
 
 class HostCorpus:
@@ -99,9 +148,21 @@ class HostCorpus:
             d.clear()
         self._reset()
 
-    def _observe(self, rid, tokens: Sequence[int], total_len: int) -> None:
+    def window(self, rid, total_len: int, depth: int) -> int:
+        """How many of request ``rid``'s last tokens (its context ends at ``total_len``) :meth:`batch_get`
+        needs, at most ``depth``: all ``depth`` at first sight, else the tokens from the start of the
+        tail it checks (:meth:`_observe`) on -- what it would compare and append from a longer view too."""
+        seen = self._seen.get(rid)
+        if seen is None:
+            return depth
+        n = total_len - (seen - len(self._tail[rid]))
+        return min(n, depth) if n >= 1 else depth
+
+    def _observe(self, rid, tokens: Sequence[int], total_len: int, full=None) -> int:
         """Bring request ``rid``'s context up to ``tokens`` (its last ``len(tokens)`` tokens, ending
-        at absolute position ``total_len``)."""
+        at absolute position ``total_len``); where they part from the known context before their
+        first token and ``full`` is given, the request starts over from ``full()`` (its last
+        ``max_trie_depth`` tokens, what a view of :meth:`window` tokens leaves out). Returns the last token."""
         seen = self._seen.get(rid)
         off = total_len - len(tokens)  # absolute position of tokens[0]
         restart = seen is None or off > seen  # first sight, or new tokens we are not given
@@ -113,6 +174,9 @@ class HostCorpus:
             if tail[lo - start:hi - start] != list(tokens[lo - off:hi - off]):  # one C-level compare, commonly
                 cut = next(p for p in range(lo, hi) if tail[p - start] != tokens[p - off])
             restart = cut == lo < hi  # they part at the first position both hold: maybe earlier
+            restart |= hi <= lo and total_len < seen  # shrunk to before the tail: nothing left to check against
+        if restart and seen is not None and full is not None:  # at first sight the view is already full
+            tokens = full()
         if restart:
             self.stats["starts" if seen is None else "restarts"] += 1
             tokens = list(tokens)
@@ -136,25 +200,23 @@ class HostCorpus:
                 self._outputs[rid].extend(new)
             self._tail[rid] = (tail[:cut - start] + new)[-self.TAIL:]
         self._seen[rid] = total_len
+        return int(tokens[-1])
 
     def _draft_batch(self, req_ids, roots) -> List[Tuple[List[int], List[int]]]:
         return [self._draft(rid, root) for rid, root in zip(req_ids, roots)]
 
     def batch_get(self, req_ids: List[str], batch_tokens: List[List[int]],
-                  total_lens: List[int]) -> Tuple[np.ndarray, np.ndarray]:
-        roots = []
-        for rid, ctx, total in zip(req_ids, batch_tokens, total_lens):
-            self._observe(rid, ctx, total)
-            roots.append(int(ctx[-1]))
-        toks, masks = [], []
-        for rid, root, (tokens, parents) in zip(req_ids, roots, self._draft_batch(req_ids, roots)):
+                  total_lens: List[int], full=None) -> Tuple[np.ndarray, np.ndarray]:
+        """SGLang's call: each request's last tokens and context length; ``full`` (LumoTree's worker, which
+        hands over only :meth:`window` tokens): per request, its last ``max_trie_depth`` tokens on demand."""
+        roots = [self._observe(rid, ctx, total, full[i] if full is not None else None)
+                 for i, (rid, ctx, total) in enumerate(zip(req_ids, batch_tokens, total_lens))]
+        trees = self._draft_batch(req_ids, roots)
+        for rid, root, (tokens, _) in zip(req_ids, roots, trees):
             if int(tokens[0]) != root:  # never with the tail check above; a draft is only a guess, the root is not
                 raise RuntimeError(f"LumoTree host drafter: the draft of request {rid!r} starts at token {tokens[0]}, "
                                    f"the server's last token is {root}")
-            t, m = tree_arrays(tokens, parents, self.n)
-            toks.append(t)
-            masks.append(m.reshape(-1))
-        return np.concatenate(toks), np.concatenate(masks)
+        return batch_tree_arrays(trees, self.n)
 
     def batch_put(self, batch_tokens: List[List[int]]) -> None:
         pass  # contexts are observed in batch_get, outputs handed over in erase_match_state
@@ -211,6 +273,36 @@ class SuffixCorpus(HostCorpus):
         return super()._draft_batch(req_ids, roots)
 
 
+def prepare_draft_tokens(worker, batch) -> Tuple[np.ndarray, np.ndarray]:
+    """SGLang's ``NGRAMWorker._prepare_draft_tokens`` for a :class:`HostCorpus`: the same views of each
+    request (its prompt + output, the last round's accepted tokens spliced on in overlap mode, the same
+    context length) and the same call, but each request hands over only the tokens the corpus lacks
+    (:meth:`HostCorpus.window`, with its last ``max_trie_depth`` tokens on demand) instead of copying its
+    whole prompt and ``max_trie_depth`` tokens -- at LUMOTREE_SUFFIX's depth of 4,096 and agent prompts of
+    thousands of tokens, per request per step, on the scheduler's thread."""
+    stride, depth, corpus = worker.draft_token_num, worker.max_trie_depth, worker.ngram_corpus
+    prev_ids, prev_lens = batch.spec_info.accept_tokens, batch.spec_info.accept_lens
+    if not prev_ids.is_cpu:
+        prev_ids, prev_lens = prev_ids.cpu(), prev_lens.cpu()
+    worker.prev_token_ids, worker.prev_accept_lens = prev_ids.tolist(), prev_lens.tolist()
+    corpus.synchronize()
+    assert len(batch.reqs) == len(worker.prev_accept_lens)
+    # overlap mode processes results one iteration behind: the last round's accepted tokens are spliced on
+    use_prev = worker.enable_overlap and not batch.grammar_needs_sync()
+    req_ids, views, totals, full = [], [], [], []
+    for i, req in enumerate(batch.reqs):
+        prev = worker.prev_token_ids[i * stride:i * stride + worker.prev_accept_lens[i]] if use_prev else []
+        prompt, out = req.origin_input_ids, req.output_ids
+        total = len(prompt) + len(out) + len(prev)
+        req_ids.append(req.rid)
+        views.append(last_tokens(prompt, out, prev, corpus.window(req.rid, total, depth)))
+        totals.append(total)
+        full.append(lambda prompt=prompt, out=out, prev=prev: last_tokens(prompt, out, prev, depth))
+    drafts, mask = corpus.batch_get(req_ids, views, totals, full)
+    assert len(drafts) == len(batch.reqs) * stride, f"{len(drafts)=}, {len(batch.reqs)=}, {stride=}"
+    return drafts, mask
+
+
 def ngram_worker(make_corpus):
     """SGLang's NGRAM worker with ``make_corpus(server_args)`` as its draft source."""
     from sglang.srt.speculative.ngram_worker import NGRAMWorker
@@ -231,6 +323,12 @@ def ngram_worker(make_corpus):
 
         def prepare_for_kv_cache_release(self, req) -> None:
             keep_out_of_cache(getattr(self, "_overlap_consistent", False), req)
+
+        def _prepare_draft_tokens(self, batch):
+            return prepare_draft_tokens(self, batch)
+
+        def _update_ngram_corpus(self, batch) -> None:
+            pass  # a host corpus observes contexts in batch_get and outputs as requests leave: nothing to build
 
     return HostCorpusWorker
 

@@ -396,3 +396,25 @@ def test_commit_of_a_clamped_run_ends_at_its_last_kept_node():
     last, _ = _verify_commit_step_indices(batch=SimpleNamespace(mamba_track_indices=None), accept_index=index,
                                           accept_lens=lens, draft_token_num=n)
     assert last.tolist() == [2]  # the commit replays root -> node 2 (token 7); the stop token has no KV
+
+
+def test_suffix_worker_prepares_drafts_through_lumotree_and_inserts_nothing(monkeypatch):
+    """The NGRAM loop's draft preparation of a LUMOTREE_SUFFIX worker is LumoTree's (the request's view handed
+    over as the corpus needs it) and its post-verify corpus insert does nothing (the host corpus keeps what it
+    observed)."""
+    ngram_base(monkeypatch)
+    from lumotree.sglang.suffix import SuffixCorpus, ngram_worker
+
+    w = object.__new__(ngram_worker(lambda sa: None))
+    w.draft_token_num, w.max_trie_depth, w.enable_overlap = 4, 4096, True
+    w.ngram_corpus = SuffixCorpus(4)
+    req = SimpleNamespace(rid="a", origin_input_ids=[1, 2, 3, 1, 2], output_ids=[3])
+    batch = SimpleNamespace(reqs=[req], grammar_needs_sync=lambda: False,
+                            spec_info=SimpleNamespace(accept_tokens=torch.tensor([1, 2, 0, 0]),
+                                                      accept_lens=torch.tensor([2])))
+    toks, mask = w._prepare_draft_tokens(batch)
+    assert toks.shape == (4,) and mask.shape == (16,)
+    assert toks[0] == 2 and toks[1] == 3  # root: the spliced last token; "1 2" was followed by 3
+    assert w.ngram_corpus._seen["a"] == 8 and w.prev_accept_lens == [2]
+    w._update_ngram_corpus(batch)
+    assert w.ngram_corpus._seen["a"] == 8

@@ -230,6 +230,24 @@ def run_phase(url, sessions, agents: int, max_tokens: int, count_tokens, limit: 
     return turns, time.perf_counter() - t0
 
 
+def profile_phases(url, args, name, count):
+    """``--profile-dir``: per ``--agents`` level, sessions of another seed (as many as the level; their prompts
+    are new to the radix cache) served while SGLang's torch profiler records ``--profile-steps`` forward steps
+    from the first turn on -- the level's prefills and decode or verify steps as they interleave. Returns
+    the trace directories."""
+    from sglang_server import post
+
+    out = {}
+    for agents in (int(a) for a in args.agents.split(",")):
+        d = os.path.abspath(os.path.join(args.profile_dir, f"{name}-{agents}"))
+        os.makedirs(d, exist_ok=True)
+        post(url + "/start_profile", dict(output_dir=d, num_steps=args.profile_steps, activities=["CPU", "GPU"],
+                                          with_stack=True, profile_prefix=f"{name}-{agents}"))
+        run_phase(url, make_sessions(agents, 2, args.seed + 2000), agents, args.max_tokens, count, args.collapse_tokens)
+        out[str(agents)] = d
+    return out
+
+
 def summarize(config, agents, turns, wall, accept_length=None):
     lat = sorted(t["latency"] for t in turns)
     prompt = sum(t["prompt_tokens"] for t in turns)
@@ -315,6 +333,11 @@ def main():
     ap.add_argument("--abort-every", type=int, default=0,
                     help="K > 0: every K-th turn (by session + turn) is first sent and aborted mid-way, then sent again")
     ap.add_argument("--abort-after", type=float, default=0.05, help="seconds before such a turn's first send is aborted")
+    ap.add_argument("--profile-dir", default=None,
+                    help="after a server's measured phases: one more session at each --agents level under SGLang's "
+                         "torch profiler (its /start_profile, --profile-steps forward steps, Python stacks), one "
+                         "trace directory per configuration and level (benchmark/serving/profile_summary.py reads them)")
+    ap.add_argument("--profile-steps", type=int, default=40)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from sglang_server import get, log_health, post, sglang_server
@@ -357,6 +380,8 @@ def main():
                     res["parity"] = compare(runs, reference="none" + args.tag)
                     print(json.dumps(row), flush=True)
                     json.dump(res, open(args.out, "w"), indent=1)
+                if args.profile_dir:
+                    res["servers"][name]["profiles"] = profile_phases(url, args, name, count)
         except Exception as e:  # a server that fails is recorded, the others still run
             res["servers"][name] = dict(error=repr(e)[:2000])
         res["servers"].setdefault(name, {}).update(log_health(log))

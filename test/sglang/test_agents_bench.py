@@ -163,3 +163,42 @@ def test_aborted_turns_are_sent_twice_and_recorded():
     assert len(sent) == len(turns) + len(chosen)
     row = ab.summarize("c", 2, turns, 1.0)
     assert row["aborted_turns"] == row["aborts_mid_run"] == len(chosen)
+
+
+def test_profile_dir_profiles_one_more_session_per_level_after_the_measured_phases(tmp_path, monkeypatch):
+    import contextlib
+    import json
+    import sys
+
+    ab = load()
+    import sglang_server as ss
+
+    calls = []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, base_args=(), env=None, **kw):
+        yield "http://x"
+
+    def fake_post(url, payload, timeout=600):
+        if url.endswith("/start_profile"):
+            calls.append(("profile", payload["num_steps"], payload["output_dir"], payload["with_stack"]))
+            return {}
+        if url.endswith("/flush_cache"):
+            return {}
+        calls.append(("turn", payload["messages"][1]["content"][:40]))
+        return dict(choices=[dict(message=dict(content="x"))],
+                    usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=0)))
+
+    monkeypatch.setattr(ss, "sglang_server", fake_server)
+    monkeypatch.setattr(ss, "post", fake_post)
+    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
+    out, prof = tmp_path / "a.json", tmp_path / "prof"
+    monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs", "ngram", "--agents", "1,2",
+                                      "--sessions", "2", "--turns", "2", "--warmup-sessions", "0", "--profile-dir",
+                                      str(prof), "--profile-steps", "7", "--out", str(out)])
+    ab.main()
+    starts = [i for i, c in enumerate(calls) if c[0] == "profile"]
+    # after both measured phases (2 sessions x 2 turns each), per level: the profiler, then that level's sessions
+    assert starts == [8, 11] and len(calls) == 8 + 1 + 2 + 1 + 4
+    assert calls[8][1:] == (7, str(prof / "ngram-1"), True) and calls[11][2] == str(prof / "ngram-2")
+    assert json.load(open(out))["servers"]["ngram"]["profiles"] == {"1": str(prof / "ngram-1"), "2": str(prof / "ngram-2")}

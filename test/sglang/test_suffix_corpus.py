@@ -236,22 +236,15 @@ def _views(seed, depth):
 
 
 def _sglang_ngram_methods(*names):
-    """Methods of SGLang 0.5.17's ``NGRAMWorker``, compiled from its installed source: the module itself
-    imports its C++ n-gram ops, which this CPU machine does not build (the GPU machine has them)."""
-    import ast
+    """SGLang's ``NGRAMWorker`` methods compiled from its installed source (benchmark/drafters/suffix_host_cost.py:
+    the module itself imports C++ n-gram ops this CPU machine does not build)."""
     import os
-    import typing
+    import sys
 
-    import sglang
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "drafters"))
+    from suffix_host_cost import sglang_ngram_methods
 
-    path = os.path.join(os.path.dirname(sglang.__file__), "srt", "speculative", "ngram_worker.py")
-    tree = ast.parse(open(path).read())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "NGRAMWorker")
-    defs = [n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name in names]
-    assert sorted(d.name for d in defs) == sorted(names), "SGLang's NGRAMWorker changed"
-    ns = dict(np=np, torch=torch, List=typing.List, ScheduleBatch=object)
-    exec(compile(ast.Module(body=defs, type_ignores=[]), path, "exec"), ns)
-    return [ns[n] for n in names]
+    return sglang_ngram_methods(*names)
 
 
 @pytest.mark.parametrize("seed", range(8))

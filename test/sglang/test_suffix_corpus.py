@@ -196,23 +196,28 @@ class _Req:
         self.rid, self.origin_input_ids, self.output_ids = rid, list(prompt), []
 
 
-def _views(seed, depth):
+def _views(seed, depth, longest=None):
     """A random server's views of a few requests over time, as SGLang's NGRAM worker sees them: the
     overlap scheduler's output_ids lag one round behind (the round's accepted tokens come spliced from
     spec_info), or already hold them (then they arrive twice), or the batch is synced (no splice);
     retractions shrink an output; requests leave (their output joins the corpus) and new ones come
-    with prompts longer than ``depth``. Yields ``(batch, finished rids)`` per step."""
+    with prompts of up to ``longest`` tokens (default: longer than ``depth``). Yields ``("prefill",
+    batch of the new requests)`` and ``("decode", batch, finished rids)``."""
     import random
     from types import SimpleNamespace
 
     rng = random.Random(seed)
     stride, reqs, true, nxt = 4, [], {}, 0
     for step in range(80):
+        new = []
         while len(reqs) < 3:
-            r = _Req(f"r{nxt}", [rng.randrange(6) for _ in range(rng.randrange(1, 3 * depth))])
+            r = _Req(f"r{nxt}", [rng.randrange(6) for _ in range(rng.randrange(1, longest or 3 * depth))])
             nxt += 1
             true[r.rid] = []  # the request's true output
             reqs.append(r)
+            new.append(r)
+        if new:
+            yield "prefill", SimpleNamespace(reqs=new)
         acc, sync = [], rng.random() < 0.2
         for r in reqs:
             kind = rng.choice(["lag", "lag", "lag", "dup", "shrink"])
@@ -231,7 +236,7 @@ def _views(seed, depth):
         batch = SimpleNamespace(reqs=list(reqs), spec_info=SimpleNamespace(accept_tokens=tokens, accept_lens=lens),
                                 grammar_needs_sync=lambda sync=sync: sync)
         done = [r.rid for r in reqs if rng.random() < 0.08]
-        yield batch, done
+        yield "decode", batch, done
         reqs = [r for r in reqs if r.rid not in done]
 
 
@@ -269,7 +274,10 @@ def test_worker_hands_over_only_what_the_corpus_lacks_and_drafts_the_same(seed):
 
     theirs, ours = Worker(), Worker()
     handed = {"theirs": 0, "ours": 0}
-    for batch, done in _views(seed, depth):
+    for kind, batch, *done in _views(seed, depth):
+        if kind == "prefill":
+            continue
+        done = done[0]
         for i, r in enumerate(batch.reqs):  # roughly (the splice adds a few): what each side hands over
             total = len(r.origin_input_ids) + len(r.output_ids) + int(batch.spec_info.accept_lens[i])
             handed["theirs"] += min(depth, total)
@@ -283,3 +291,59 @@ def test_worker_hands_over_only_what_the_corpus_lacks_and_drafts_the_same(seed):
         theirs.ngram_corpus.erase_match_state(done)
         ours.ngram_corpus.erase_match_state(done)
     assert handed["ours"] < handed["theirs"] / 2  # the point: most steps hand over a few tokens, not depth
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_prompts_admitted_with_their_prefill_draft_the_same(seed):
+    """Admitting a request's prompt right after its prefill is launched (LumoTree's worker: the indexing
+    overlaps the prefill's GPU time) leaves the first decode step only the new tokens to take: the same
+    contexts and roots step by step as without it (prompts within the depth). The trees may differ later: a
+    request admitted early counts its first decode step's tokens as output, which joins the global cache when
+    it leaves (without it they were taken as prompt)."""
+    from types import SimpleNamespace
+
+    from lumotree.sglang.suffix import admit_prefilled, prepare_draft_tokens
+
+    depth, stride = 40, 4
+
+    def worker():
+        return SimpleNamespace(draft_token_num=stride, max_trie_depth=depth, enable_overlap=True,
+                               ngram_corpus=SuffixCorpus(stride))
+
+    plain, early = worker(), worker()
+    starts_at_decode = 0
+    for kind, batch, *done in _views(seed, depth, longest=depth - 3 * stride):
+        if kind == "prefill":
+            admit_prefilled(early, batch)
+            assert all(r.rid in early.ngram_corpus._seen for r in batch.reqs)
+            continue
+        starts = early.ngram_corpus.stats["starts"]
+        a, b = prepare_draft_tokens(plain, batch), prepare_draft_tokens(early, batch)
+        starts_at_decode += early.ngram_corpus.stats["starts"] - starts
+        assert a[0].reshape(-1, stride)[:, 0].tolist() == b[0].reshape(-1, stride)[:, 0].tolist()  # the roots
+        for i, r in enumerate(batch.reqs):
+            assert early.ngram_corpus.drafter.context(r.rid) == plain.ngram_corpus.drafter.context(r.rid)
+            mask = b[1].reshape(-1, stride, stride)[i]
+            TreeDescriptor.from_parents(torch.tensor([parents_from_mask(mask)]))
+        for w in (plain, early):
+            w.ngram_corpus.erase_match_state(done[0])
+    assert starts_at_decode == 0  # every request was indexed with its prefill
+
+
+def test_admitted_requests_without_a_decode_step_leave_and_middle_chunks_wait():
+    from types import SimpleNamespace
+
+    from lumotree.sglang.suffix import admit_prefilled, prepare_draft_tokens
+
+    w = SimpleNamespace(draft_token_num=4, max_trie_depth=64, enable_overlap=False, ngram_corpus=SuffixCorpus(4))
+    a, b, c = _Req("a", [1, 2, 3, 1, 2]), _Req("b", [7, 8, 9]), _Req("c", [5, 6, 5, 6])
+    c.inflight_middle_chunks = 1  # its prompt is still being prefilled chunk by chunk
+    admit_prefilled(w, SimpleNamespace(reqs=[a, b, c]))
+    assert set(w.ngram_corpus._seen) == {"a", "b"}
+    a.output_ids = [3]  # "b" finished with its prefill (one token) and never decodes
+    batch = SimpleNamespace(reqs=[a], grammar_needs_sync=lambda: False,
+                            spec_info=SimpleNamespace(accept_tokens=torch.zeros(4, dtype=torch.int64),
+                                                      accept_lens=torch.tensor([0])))
+    toks, _ = prepare_draft_tokens(w, batch)
+    assert set(w.ngram_corpus._seen) == {"a"} and toks[0] == 3 and toks[1] == 1  # "3" was followed by "1"
+    assert w.ngram_corpus.drafter.context("a") == [1, 2, 3, 1, 2, 3]

@@ -120,6 +120,7 @@ class HostCorpus:
         self._seen: Dict[object, int] = {}  # tokens of the request's context already observed
         self._outputs: Dict[object, List[int]] = {}  # tokens appended after admission (its output)
         self._tail: Dict[object, List[int]] = {}  # the last <= TAIL of those context tokens
+        self._undecoded: set = set()  # requests admitted with their prefill (admit), not yet in a decode step
         self.stats = dict(starts=0, rewinds=0, rewound_tokens=0, restarts=0)
 
     def _start(self, rid, tokens: List[int]) -> None:
@@ -144,9 +145,20 @@ class HostCorpus:
         pass
 
     def reset(self) -> None:
-        for d in (self._seen, self._outputs, self._tail):
+        for d in (self._seen, self._outputs, self._tail, self._undecoded):
             d.clear()
         self._reset()
+
+    def admit(self, rid, tokens: Sequence[int], total_len: int) -> None:
+        """Index a request's context at its prefill (its last ``len(tokens)`` tokens, ending at ``total_len``):
+        what its first decode step's :meth:`batch_get` would otherwise index on the scheduler's thread while the
+        GPU waits; LumoTree's worker calls this right after launching the prefill, so it runs while the GPU
+        computes. A request admitted here that the next decode step does not hold (it finished or was aborted
+        with its prefill) leaves at that step."""
+        if rid in self._seen:
+            return
+        self._observe(rid, tokens, total_len)
+        self._undecoded.add(rid)
 
     def window(self, rid, total_len: int, depth: int) -> int:
         """How many of request ``rid``'s last tokens (its context ends at ``total_len``) :meth:`batch_get`
@@ -209,6 +221,11 @@ class HostCorpus:
                   total_lens: List[int], full=None) -> Tuple[np.ndarray, np.ndarray]:
         """SGLang's call: each request's last tokens and context length; ``full`` (LumoTree's worker, which
         hands over only :meth:`window` tokens): per request, its last ``max_trie_depth`` tokens on demand."""
+        if self._undecoded:  # admitted with a prefill: decoding now, or gone without a decode step
+            gone = self._undecoded.difference(req_ids)
+            self._undecoded.clear()
+            if gone:
+                self.erase_match_state(list(gone))
         roots = [self._observe(rid, ctx, total, full[i] if full is not None else None)
                  for i, (rid, ctx, total) in enumerate(zip(req_ids, batch_tokens, total_lens))]
         trees = self._draft_batch(req_ids, roots)
@@ -303,6 +320,21 @@ def prepare_draft_tokens(worker, batch) -> Tuple[np.ndarray, np.ndarray]:
     return drafts, mask
 
 
+def admit_prefilled(worker, batch) -> None:
+    """After a prefill batch is launched: each of its requests whose prompt is complete (not a middle chunk)
+    is admitted into the host corpus (:meth:`HostCorpus.admit`) with the view its first decode step would hand
+    over, so that its indexing overlaps the prefill's GPU time instead of preceding the first verify."""
+    corpus = getattr(worker, "ngram_corpus", None)
+    if not isinstance(corpus, HostCorpus):
+        return
+    depth = worker.max_trie_depth
+    for req in batch.reqs:
+        if getattr(req, "inflight_middle_chunks", 0) > 0:
+            continue
+        prompt, out = req.origin_input_ids, req.output_ids
+        corpus.admit(req.rid, last_tokens(prompt, out, [], depth), len(prompt) + len(out))
+
+
 def ngram_worker(make_corpus):
     """SGLang's NGRAM worker with ``make_corpus(server_args)`` as its draft source."""
     from sglang.srt.speculative.ngram_worker import NGRAMWorker
@@ -317,9 +349,13 @@ def ngram_worker(make_corpus):
             self._overlap_consistent = overlap_consistent(server_args)
 
         def forward_batch_generation(self, batch, *args, **kwargs):
+            prefill = batch.forward_mode.is_extend()
             # where each request ends: the run clamp; the overlap scheduler's finished rows (lumotree.sglang.finish)
-            return forward_marked(getattr(self, "_overlap_consistent", False), batch,
-                                  lambda: super(HostCorpusWorker, self).forward_batch_generation(batch, *args, **kwargs))
+            out = forward_marked(getattr(self, "_overlap_consistent", False), batch,
+                                 lambda: super(HostCorpusWorker, self).forward_batch_generation(batch, *args, **kwargs))
+            if prefill:  # launched: index the new prompts while the GPU computes
+                admit_prefilled(self, batch)
+            return out
 
         def prepare_for_kv_cache_release(self, req) -> None:
             keep_out_of_cache(getattr(self, "_overlap_consistent", False), req)

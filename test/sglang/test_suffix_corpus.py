@@ -347,3 +347,18 @@ def test_admitted_requests_without_a_decode_step_leave_and_middle_chunks_wait():
     toks, _ = prepare_draft_tokens(w, batch)
     assert set(w.ngram_corpus._seen) == {"a"} and toks[0] == 3 and toks[1] == 1  # "3" was followed by "1"
     assert w.ngram_corpus.drafter.context("a") == [1, 2, 3, 1, 2, 3]
+
+
+def test_prompts_admitted_without_decode_steps_are_bounded():
+    """A server that only prefills (one-token requests) takes no decode step to clear its admitted prompts: the
+    corpus keeps at most ``MAX_UNDECODED`` of them, the oldest leaving first."""
+
+    class Corpus(SuffixCorpus):
+        MAX_UNDECODED = 2
+
+    c = Corpus(4)
+    for rid in "abc":
+        c.admit(rid, [1, 2, 3], 3)
+    assert set(c._seen) == {"b", "c"} and list(c._undecoded) == ["b", "c"]
+    c.erase_match_state(["b"])
+    assert list(c._undecoded) == ["c"]

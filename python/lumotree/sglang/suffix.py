@@ -114,13 +114,14 @@ class HostCorpus:
     parts before that window starts over."""
 
     TAIL = 64
+    MAX_UNDECODED = 1024  # requests admitted with their prefill the corpus holds before a decode step takes them
 
     def __init__(self, draft_token_num: int):
         self.n = draft_token_num
         self._seen: Dict[object, int] = {}  # tokens of the request's context already observed
         self._outputs: Dict[object, List[int]] = {}  # tokens appended after admission (its output)
         self._tail: Dict[object, List[int]] = {}  # the last <= TAIL of those context tokens
-        self._undecoded: set = set()  # requests admitted with their prefill (admit), not yet in a decode step
+        self._undecoded: Dict[object, None] = {}  # admitted with their prefill (admit), not yet in a decode step
         self.stats = dict(starts=0, rewinds=0, rewound_tokens=0, restarts=0)
 
     def _start(self, rid, tokens: List[int]) -> None:
@@ -158,7 +159,9 @@ class HostCorpus:
         if rid in self._seen:
             return
         self._observe(rid, tokens, total_len)
-        self._undecoded.add(rid)
+        self._undecoded[rid] = None
+        if len(self._undecoded) > self.MAX_UNDECODED:  # no decode step for long (one-token requests): bounded
+            self.erase_match_state([next(iter(self._undecoded))])  # a request that still decodes starts over then
 
     def window(self, rid, total_len: int, depth: int) -> int:
         """How many of request ``rid``'s last tokens (its context ends at ``total_len``) :meth:`batch_get`
@@ -222,7 +225,7 @@ class HostCorpus:
         """SGLang's call: each request's last tokens and context length; ``full`` (LumoTree's worker, which
         hands over only :meth:`window` tokens): per request, its last ``max_trie_depth`` tokens on demand."""
         if self._undecoded:  # admitted with a prefill: decoding now, or gone without a decode step
-            gone = self._undecoded.difference(req_ids)
+            gone = set(self._undecoded).difference(req_ids)
             self._undecoded.clear()
             if gone:
                 self.erase_match_state(list(gone))
@@ -240,6 +243,7 @@ class HostCorpus:
 
     def erase_match_state(self, req_ids: List[str]) -> None:
         for rid in req_ids:
+            self._undecoded.pop(rid, None)
             out = self._outputs.pop(rid, None)
             self._tail.pop(rid, None)
             if self._seen.pop(rid, None) is not None:

@@ -254,13 +254,15 @@ def profile_prefill_pass(url, batch, args, key, tag):
     return out
 
 
-ADAPTIVE_LINE = re.compile(r"LumoTree adaptive: batch bucket (\d+) -> (no draft|(\d+)-step tree) \(([^;]*); accept ([\d.]+)\)")
+ADAPTIVE_LINE = re.compile(r"LumoTree adaptive: batch bucket (\d+) -> (no draft|(\d+)-step tree) \(([^;]*); accept ([\d.]+)\)"
+                           r"( after a probe)?")
 
 
 def adaptive_decisions(log):
     """The adaptive tree size's decisions a LUMOTREE server logged, in order: per batch bucket the
     choice (draft steps, 0 = none), its rate estimate per candidate (tokens/s) and the acceptance then --
-    the step-cost model the server measured while serving."""
+    the step-cost model the server measured while serving; ``probe``: the decision right after a probe run
+    (logged whether or not it changed the choice)."""
     try:
         with open(log, errors="replace") as f:
             text = f.read()
@@ -270,7 +272,7 @@ def adaptive_decisions(log):
     for m in ADAPTIVE_LINE.finditer(text):
         rates = {int(c): float(r) for c, r in re.findall(r"(\d+): ([\d.]+) tok/s", m.group(4))}
         out.append(dict(bucket=int(m.group(1)), steps=0 if m.group(3) is None else int(m.group(3)),
-                        tokens_per_s=rates, accept=float(m.group(5))))
+                        tokens_per_s=rates, accept=float(m.group(5)), probe=m.group(6) is not None))
     return out
 
 

@@ -501,3 +501,18 @@ def test_a_small_bucket_is_never_estimated_slower_than_a_larger_one():
     assert p.step_time(8, 3) == pytest.approx(0.013)
     p.buckets[4].chosen = 0
     assert p.choose(4) == 3
+
+
+def test_every_probe_s_outcome_is_logged_once(caplog):
+    """Changes are logged, and so is the decision right after each probe run, kept or not (with the rates and
+    the acceptance it rests on): what a served bucket measured when it did not switch."""
+    import logging
+
+    p = TreeSizePolicy([0, 3])
+    with caplog.at_level(logging.INFO, logger="lumotree.sglang.adaptive"):
+        starts = probe_starts(p, 32, 0.0094, 0.0159, 0.0, steps=3000)
+    lines = [r.getMessage() for r in caplog.records if "LumoTree adaptive: batch bucket 32" in r.getMessage()]
+    probes = [ln for ln in lines if ln.endswith(" after a probe")]
+    assert len(starts) >= 3 and len(probes) == len(starts)  # one line per probe run, none twice
+    assert all("-> no draft (0: " in ln and "; accept 0.00)" in ln for ln in probes)  # kept: the tree never paid
+    assert len(lines) - len(probes) == 1  # and the one change: exploration -> no draft

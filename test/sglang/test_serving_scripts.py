@@ -735,10 +735,12 @@ def test_bench_spec_reads_the_adaptive_decisions(tmp_path):
     log = tmp_path / "s.log"
     log.write_text("[t] LumoTree adaptive: batch bucket 1 -> no draft (0: 133 tok/s, 3: 119 tok/s; accept 0.00)\n"
                    "[t] other line\n"
-                   "[t] LumoTree adaptive: batch bucket 32 -> 3-step tree (0: 1290 tok/s, 3: 1349 tok/s; accept 1.57)\n")
+                   "[t] LumoTree adaptive: batch bucket 32 -> 3-step tree (0: 1290 tok/s, 3: 1349 tok/s; accept 1.57)\n"
+                   "[t] LumoTree adaptive: batch bucket 1 -> no draft (0: 133 tok/s, 3: 120 tok/s; accept 0.90) after a probe\n")
     assert bs.adaptive_decisions(str(log)) == [
-        dict(bucket=1, steps=0, tokens_per_s={0: 133.0, 3: 119.0}, accept=0.0),
-        dict(bucket=32, steps=3, tokens_per_s={0: 1290.0, 3: 1349.0}, accept=1.57)]
+        dict(bucket=1, steps=0, tokens_per_s={0: 133.0, 3: 119.0}, accept=0.0, probe=False),
+        dict(bucket=32, steps=3, tokens_per_s={0: 1290.0, 3: 1349.0}, accept=1.57, probe=False),
+        dict(bucket=1, steps=0, tokens_per_s={0: 133.0, 3: 120.0}, accept=0.9, probe=True)]
     assert bs.adaptive_decisions(str(tmp_path / "missing")) == []
 
 

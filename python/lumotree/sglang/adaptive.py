@@ -247,13 +247,14 @@ class TreeSizePolicy:
             best = st.chosen  # hysteresis
         if st.probed and best == st.chosen:  # the decision right after a probe run left the choice
             st.probe_every = min(2 * st.probe_every, PROBE_MAX)
+        if best != st.chosen or st.probed:  # changes, and what each probe measured (probes are rare: logged too)
+            logger.info("LumoTree adaptive: batch bucket %d -> %s (%s; accept %.2f)%s", bucket(batch),
+                        "no draft" if best == 0 else f"{best}-step tree",
+                        ", ".join(f"{c}: {rates[c]:.0f} tok/s" for c in self.candidates),
+                        self.accept or 0.0, " after a probe" if st.probed else "")
         st.probed = False
         if best != st.chosen:  # the interval restarts: a first probe PROBE_EVERY steps after the change
             st.probe_every, st.since_probe = PROBE_EVERY, 0
-            logger.info("LumoTree adaptive: batch bucket %d -> %s (%s; accept %.2f)", bucket(batch),
-                        "no draft" if best == 0 else f"{best}-step tree",
-                        ", ".join(f"{c}: {rates[c]:.0f} tok/s" for c in self.candidates),
-                        self.accept or 0.0)
             st.chosen = best
         if best > 0 and 0 in st.samples and st.samples[0] >= MIN_SAMPLES:
             st.probe_every = PROBE_MAX  # a drafting choice measures its acceptance itself (module docstring)

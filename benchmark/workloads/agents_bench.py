@@ -13,7 +13,9 @@ replaced by one line (as SWE-agent's history processors do), so prompts grow to 
 then edit the middle of a cached prefix. ``--agents K`` runs K agents at once, each working through
 its share of the sessions; the radix cache is on (every server with its flags alone). Each server first
 serves ``--warmup-sessions`` other sessions at every ``--agents`` level (just-in-time compiles at new
-shapes land there, timed as ``warmup_s``), then its radix cache is flushed.
+shapes land there, timed as ``warmup_s``), then its radix cache is flushed. A run longer than one sitting:
+``--resume`` keeps the configurations an interrupted run of the same command finished, so the one command is
+repeated until every server has run (``--replies-out`` keeps the replies the parity needs).
 
 Rows ``{config, agents, tokens_per_s, accept_length, latency_p50, latency_p95, cached_fraction,
 turns, prompt_tokens_max}``: completion tokens per second of wall time; per-turn latency (s);
@@ -230,6 +232,36 @@ def run_phase(url, sessions, agents: int, max_tokens: int, count_tokens, limit: 
     return turns, time.perf_counter() - t0
 
 
+def resumed(res, runs, args) -> set:
+    """``--resume``: the configurations an earlier run of the same command finished -- a server without an error,
+    a row for every ``--agents`` level and (with ``--replies-out``) its replies -- copied into ``res`` and ``runs``.
+    Another command's file is refused."""
+    if not os.path.exists(args.out):
+        return set()
+    old = json.load(open(args.out))
+    if old.get("command") != res["command"]:
+        raise SystemExit(f"--resume: {args.out} was made by another command ({old.get('command')!r}); "
+                         "resume with the same command or write to another --out")
+    old_replies = {}
+    if args.replies_out and os.path.exists(args.replies_out):
+        with gzip.open(args.replies_out, "rt") as f:
+            old_replies = json.load(f)
+    levels = [int(a) for a in args.agents.split(",")]
+    done = set()
+    for config in args.configs.split(","):
+        name = config + args.tag
+        srv = old.get("servers", {}).get(name)
+        rows = [r for r in old.get("rows", []) if r.get("config") == name]
+        keys = [f"{name}/{a}" for a in levels]
+        if (srv is not None and "error" not in srv and {r["agents"] for r in rows} >= set(levels)
+                and (not args.replies_out or all(k in old_replies for k in keys))):
+            done.add(name)
+            res["rows"] += rows
+            res["servers"][name] = srv
+            runs.update({k: old_replies[k] for k in keys if k in old_replies})
+    return done
+
+
 def profile_phases(url, args, name, count):
     """``--profile-dir``: per ``--agents`` level, sessions of another seed (as many as the level; their prompts
     are new to the radix cache) served while SGLang's torch profiler records ``--profile-steps`` forward steps
@@ -338,6 +370,9 @@ def main():
                          "torch profiler (its /start_profile, --profile-steps forward steps, Python stacks), one "
                          "trace directory per configuration and level (benchmark/serving/profile_summary.py reads them)")
     ap.add_argument("--profile-steps", type=int, default=40)
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the configurations an interrupted run of the same command finished (rows and server in "
+                         "--out, replies in --replies-out) and run the rest: one command repeated across sittings")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from sglang_server import get, log_health, post, sglang_server
@@ -352,8 +387,13 @@ def main():
     env = dict(e.split("=", 1) for e in args.env)
     res = dict(command="python3 " + " ".join(sys.argv), rows=[], servers={})
     runs = {}
+    done = resumed(res, runs, args) if args.resume else set()
+    res["parity"] = compare(runs, reference="none" + args.tag)
     for config in args.configs.split(","):
         name = config + args.tag
+        if name in done:
+            print(f"{name}: kept from {args.out}", flush=True)
+            continue
         log = os.path.join(args.log_dir, f"agents-{name}.log")
         t0 = time.time()
         env_c = dict(env)

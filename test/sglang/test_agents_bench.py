@@ -5,6 +5,8 @@ import importlib.util
 import os
 import threading
 
+import pytest
+
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
 
@@ -202,3 +204,51 @@ def test_profile_dir_profiles_one_more_session_per_level_after_the_measured_phas
     assert starts == [8, 11] and len(calls) == 8 + 1 + 2 + 1 + 4
     assert calls[8][1:] == (7, str(prof / "ngram-1"), True) and calls[11][2] == str(prof / "ngram-2")
     assert json.load(open(out))["servers"]["ngram"]["profiles"] == {"1": str(prof / "ngram-1"), "2": str(prof / "ngram-2")}
+
+
+def test_resume_keeps_the_finished_configurations_and_runs_the_rest(tmp_path, monkeypatch):
+    import contextlib
+    import json
+    import sys
+
+    ab = load()
+    import sglang_server as ss
+
+    launched, fail = [], {"ngram"}
+
+    @contextlib.contextmanager
+    def fake_server(model, args, base_args=(), env=None, **kw):
+        name = args[-1]
+        launched.append(name)
+        if name in fail:
+            raise RuntimeError("server did not start")
+        yield "http://x"
+
+    def fake_post(url, payload, timeout=600):
+        if url.endswith("/flush_cache"):
+            return {}
+        return dict(choices=[dict(message=dict(content=f"{launched[-1]}-{len(payload['messages'])}"))],
+                    usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=0)))
+
+    monkeypatch.setattr(ss, "sglang_server", fake_server)
+    monkeypatch.setattr(ss, "post", fake_post)
+    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
+    real = ab.CONFIGS
+    monkeypatch.setattr(ab, "CONFIGS", {k: v + ["--served-model-name", k] for k, v in real.items()})
+    out, rep = tmp_path / "a.json", tmp_path / "r.json.gz"
+    argv = ["agents_bench.py", "--model", str(tmp_path), "--configs", "none,ngram", "--agents", "1,2", "--sessions", "2",
+            "--turns", "2", "--warmup-sessions", "0", "--out", str(out), "--replies-out", str(rep), "--resume"]
+    monkeypatch.setattr(sys, "argv", argv)
+    ab.main()
+    first = json.load(open(out))
+    assert "error" in first["servers"]["ngram"] and [r["config"] for r in first["rows"]] == ["none", "none"]
+    fail.clear()
+    ab.main()  # the same command again: none is kept, ngram runs
+    res = json.load(open(out))
+    assert launched == ["none", "ngram", "ngram"]
+    assert [(r["config"], r["agents"]) for r in res["rows"]] == [("none", 1), ("none", 2), ("ngram", 1), ("ngram", 2)]
+    assert res["rows"][:2] == first["rows"] and "error" not in res["servers"]["ngram"]
+    assert res["parity"]["ngram/2"]["turns"] == 4  # against the kept no-speculation replies
+    monkeypatch.setattr(sys, "argv", argv[:-1] + ["--agents", "1", "--resume"])
+    with pytest.raises(SystemExit, match="another command"):
+        ab.main()

@@ -452,12 +452,11 @@ def resumed(res, args, batches) -> set:
     """``--resume``: the configurations of ``args.out`` (an earlier run of the same command) that finished --
     their server without an error and a row for every batch and phase -- copied into ``res``; the rows of
     the others are dropped (they run again). Another command's file is refused."""
-    if not os.path.exists(args.out):
+    from sglang_server import earlier_run
+
+    old = earlier_run(args.out, res["command"])
+    if old is None:
         return set()
-    old = json.load(open(args.out))
-    if old.get("command") != res["command"]:
-        raise SystemExit(f"--resume: {args.out} was made by another command ({old.get('command')!r}); "
-                         "resume with the same command or write to another --out")
     done = set()
     for name in args.configs.split(","):
         srv = old.get("servers", {}).get(label(name, args.scheduler))

@@ -116,6 +116,18 @@ def sglang_server(model, extra_args=(), port=30000, log=None, timeout=300, base_
                 out.close()
 
 
+def earlier_run(out, command):
+    """``--resume``: the result file ``out`` of an earlier run of the same ``command``, or ``None`` when there is
+    none; a file another command made is refused (``SystemExit``)."""
+    if not os.path.exists(out):
+        return None
+    old = json.load(open(out))
+    if old.get("command") != command:
+        raise SystemExit(f"--resume: {out} was made by another command ({old.get('command')!r}); "
+                         "resume with the same command or write to another --out")
+    return old
+
+
 def log_health(log):
     """What a server log says went wrong, for the result file: SGLang's "invalid eagle tree" warnings (a
     draft-tree node selected without its parent: its tree builder can then hang) and Python tracebacks

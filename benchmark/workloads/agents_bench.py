@@ -236,12 +236,11 @@ def resumed(res, runs, args) -> set:
     """``--resume``: the configurations an earlier run of the same command finished -- a server without an error,
     a row for every ``--agents`` level and (with ``--replies-out``) its replies -- copied into ``res`` and ``runs``.
     Another command's file is refused."""
-    if not os.path.exists(args.out):
+    from sglang_server import earlier_run
+
+    old = earlier_run(args.out, res["command"])
+    if old is None:
         return set()
-    old = json.load(open(args.out))
-    if old.get("command") != res["command"]:
-        raise SystemExit(f"--resume: {args.out} was made by another command ({old.get('command')!r}); "
-                         "resume with the same command or write to another --out")
     old_replies = {}
     if args.replies_out and os.path.exists(args.replies_out):
         with gzip.open(args.replies_out, "rt") as f:

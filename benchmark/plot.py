@@ -68,6 +68,31 @@ def served():
     fig.savefig(os.path.join(DOCS, "served_forms_h200.png"), dpi=110)
 
 
+def agents():
+    """Concurrent agents: tokens/s and p95 turn latency per server and concurrency (run "main")."""
+    run = next(r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"] if r["name"] == "main")
+    rows = run["rows"]
+    configs = list(dict.fromkeys(r["config"] for r in rows))
+    levels = sorted({r["agents"] for r in rows})
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    w = 0.8 / len(configs)
+    for i, c in enumerate(configs):
+        got = {r["agents"]: r for r in rows if r["config"] == c}
+        xs = [j + (i - (len(configs) - 1) / 2) * w for j in range(len(levels))]
+        for ax, key in zip(axes, ("tokens_per_s", "latency_p95")):
+            vals = [got[a][key] if a in got else 0 for a in levels]
+            ax.bar(xs, vals, width=w, label=c)
+            for x, v in zip(xs, vals):
+                ax.text(x, v, f"{v:.0f}" if key == "tokens_per_s" else f"{v:.2f}", ha="center", va="bottom", fontsize=7)
+    for ax, ylabel in zip(axes, ("completion tokens/s", "p95 turn latency (s)")):
+        ax.set(xticks=range(len(levels)), xticklabels=[f"{a} agents" for a in levels], ylabel=ylabel)
+    axes[0].set_title("SWE-agent-style sessions, tiny model, H200")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(DOCS, "agents_h200.png"), dpi=110)
+
+
 if __name__ == "__main__":
     select()
     served()
+    agents()

@@ -62,7 +62,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from parity import memory_report  # noqa: E402
-from sglang_server import accept_stats, generate, log_health, post, sglang_server  # noqa: E402
+from sglang_server import accept_stats, generate, log_health, post, sglang_server, stop_profile  # noqa: E402
 
 SHAPES = {  # Qwen3.5-27B's per-layer shapes, fewer layers (dummy weights)
     "qwen3.5-27b-8l": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=8, num_attention_heads=24,
@@ -236,6 +236,7 @@ def profile_pass(url, batch, args, key, tag, prefill_s):
     post(url + "/start_profile", dict(output_dir=out, num_steps=args.profile_steps, activities=["CPU", "GPU"],
                                       with_stack=True, profile_prefix=tag))
     worker.join()
+    stop_profile(url, post)  # a pass shorter than --profile-steps would leave no trace
     return out
 
 
@@ -251,6 +252,7 @@ def profile_prefill_pass(url, batch, args, key, tag):
     time.sleep(0.2)
     for _ in range(2):
         generate(url, batch, 1, key=key)
+    stop_profile(url, post)
     return out
 
 

@@ -36,6 +36,18 @@ def post(url, payload, timeout=None):
         return {"text": body.decode(errors="replace")}
 
 
+def stop_profile(url, post_fn=None):
+    """End a torch-profiler window whose requests finished in fewer forward steps than it was started for
+    (a server that accepts many tokens per step takes few): SGLang writes the trace only when the profiler
+    stops. SGLang answers an error when the profiler already stopped after its steps; then nothing is done
+    (returns False). ``post_fn``: the caller's :func:`post` (default this module's)."""
+    try:
+        (post_fn or post)(url + "/stop_profile", {})
+        return True
+    except urllib.error.HTTPError:
+        return False
+
+
 def get(url, timeout=5):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read()

@@ -266,7 +266,7 @@ def profile_phases(url, args, name, count):
     are new to the radix cache) served while SGLang's torch profiler records ``--profile-steps`` forward steps
     from the first turn on -- the level's prefills and decode or verify steps as they interleave. Returns
     the trace directories."""
-    from sglang_server import post
+    from sglang_server import post, stop_profile
 
     out = {}
     for agents in (int(a) for a in args.agents.split(",")):
@@ -275,6 +275,7 @@ def profile_phases(url, args, name, count):
         post(url + "/start_profile", dict(output_dir=d, num_steps=args.profile_steps, activities=["CPU", "GPU"],
                                           with_stack=True, profile_prefix=f"{name}-{agents}"))
         run_phase(url, make_sessions(agents, 2, args.seed + 2000), agents, args.max_tokens, count, args.collapse_tokens)
+        stop_profile(url)  # sessions shorter than --profile-steps would leave no trace
         out[str(agents)] = d
     return out
 

@@ -171,6 +171,7 @@ def test_profile_dir_profiles_one_more_session_per_level_after_the_measured_phas
     import contextlib
     import json
     import sys
+    import urllib.error
 
     ab = load()
     import sglang_server as ss
@@ -184,6 +185,11 @@ def test_profile_dir_profiles_one_more_session_per_level_after_the_measured_phas
     def fake_post(url, payload, timeout=600):
         if url.endswith("/start_profile"):
             calls.append(("profile", payload["num_steps"], payload["output_dir"], payload["with_stack"]))
+            return {}
+        if url.endswith("/stop_profile"):  # the first level's profiler stopped after its steps: SGLang answers 500
+            calls.append(("stop",))
+            if sum(c[0] == "stop" for c in calls) == 1:
+                raise urllib.error.HTTPError(url, 500, "Profiling is not in progress", {}, None)
             return {}
         if url.endswith("/flush_cache"):
             return {}
@@ -200,9 +206,12 @@ def test_profile_dir_profiles_one_more_session_per_level_after_the_measured_phas
                                       str(prof), "--profile-steps", "7", "--out", str(out)])
     ab.main()
     starts = [i for i, c in enumerate(calls) if c[0] == "profile"]
-    # after both measured phases (2 sessions x 2 turns each), per level: the profiler, then that level's sessions
-    assert starts == [8, 11] and len(calls) == 8 + 1 + 2 + 1 + 4
-    assert calls[8][1:] == (7, str(prof / "ngram-1"), True) and calls[11][2] == str(prof / "ngram-2")
+    stops = [i for i, c in enumerate(calls) if c[0] == "stop"]
+    # after both measured phases (2 sessions x 2 turns each), per level: the profiler, that level's sessions, and a
+    # stop (a trace is written only when the profiler stops: sessions shorter than its steps would leave none);
+    # a stop the server refuses (the profiler had stopped itself) is not an error
+    assert starts == [8, 12] and stops == [11, 17] and len(calls) == 8 + 1 + 2 + 1 + 1 + 4 + 1
+    assert calls[8][1:] == (7, str(prof / "ngram-1"), True) and calls[12][2] == str(prof / "ngram-2")
     assert json.load(open(out))["servers"]["ngram"]["profiles"] == {"1": str(prof / "ngram-1"), "2": str(prof / "ngram-2")}
 
 

@@ -314,6 +314,22 @@ def test_profile_pass_asks_sglang_for_a_bounded_cpu_gpu_trace(tmp_path, monkeypa
     url, payload = calls[1]
     assert url == "http://x/start_profile" and payload["num_steps"] == 30 and payload["activities"] == ["CPU", "GPU"]
     assert payload["output_dir"] == out
+    # then stopped: a pass of fewer steps than asked would otherwise leave no trace (SGLang writes it at the stop)
+    assert calls[2:] == [("http://x/stop_profile", {})]
+
+
+def test_stop_profile_is_quiet_when_the_profiler_stopped_itself():
+    import urllib.error
+
+    ss = load("sglang_server")
+    seen = []
+
+    def refuse(url, payload):
+        seen.append(url)
+        raise urllib.error.HTTPError(url, 500, "Profiling is not in progress. Call /start_profile first.", {}, None)
+
+    assert ss.stop_profile("http://x", refuse) is False and seen == ["http://x/stop_profile"]
+    assert ss.stop_profile("http://x", lambda url, payload: seen.append(url) or {}) is True
 
 
 def test_suite_runs_the_abort_step_last_and_keeps_texts_when_it_fails(tmp_path, monkeypatch):
@@ -383,7 +399,10 @@ def fake_bench_endpoints(monkeypatch, bs, on_generate, on_profile):
 
     monkeypatch.setattr(bs, "sglang_server", fake_server)
     monkeypatch.setattr(bs, "generate", fake_generate)
-    monkeypatch.setattr(bs, "post", lambda url, payload, **kw: on_profile(payload) or {})
+    # the profiler's start; its stop after each profiled pass (stop_profile) answers as SGLang does after the
+    # profiler stopped itself
+    monkeypatch.setattr(bs, "post", lambda url, payload, **kw: on_profile(payload) or {} if url.endswith("/start_profile")
+                        else {})
 
 
 def test_bench_spec_main_warms_each_batch_times_prefill_and_profiles_chosen_batches(tmp_path, monkeypatch):

@@ -50,6 +50,7 @@ scheduler; LumoTree's with the ``no_buffer`` state cache, ``lumotree.sglang.sche
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -62,7 +63,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from parity import memory_report  # noqa: E402
-from sglang_server import accept_stats, generate, log_health, post, sglang_server, stop_profile  # noqa: E402
+from sglang_server import (accept_stats, fresh_jit_cache, generate, log_health, post, sglang_server,  # noqa: E402
+                           stop_profile)
 
 SHAPES = {  # Qwen3.5-27B's per-layer shapes, fewer layers (dummy weights)
     "qwen3.5-27b-8l": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=8, num_attention_heads=24,
@@ -318,6 +320,10 @@ def main():
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--log-dir", default=".")
     ap.add_argument("--server-timeout", type=int, default=400)
+    ap.add_argument("--jit-cache", choices=("fresh", "shared"), default="fresh",
+                    help="fresh: each server compiles into its own empty Triton / inductor cache, so every ready_s is a "
+                         "first start (servers run one after the other would otherwise reuse what earlier ones "
+                         "compiled); shared: the machine's caches")
     ap.add_argument("--oracle-p", type=float, default=None, help="controlled acceptance (oracle configs)")
     ap.add_argument("--oracle-warm-passes", type=int, default=3,
                     help="oracle configurations: unmeasured passes at the controlled acceptance after the recording "
@@ -389,9 +395,11 @@ def main():
         env = {oracle_env: str(args.oracle_p)} if oracle else {}
         env.update(config_env(name))
         srv["env"] = env
+        srv["jit_cache"] = args.jit_cache
         try:
-            with sglang_server(model, CONFIGS[name] + extra, port=args.port, log=log, timeout=args.server_timeout,
-                               base_args=base, env=env) as url:
+            with (fresh_jit_cache(env) if args.jit_cache == "fresh" else contextlib.nullcontext(env)) as env_s, \
+                    sglang_server(model, CONFIGS[name] + extra, port=args.port, log=log, timeout=args.server_timeout,
+                                  base_args=base, env=env_s) as url:
                 srv["ready_s"] = round(time.time() - t0, 1)
                 key = "text" if args.model else "input_ids"
                 generate(url, [prompts[0]] if not args.model else ["def f(x):"], 16, key=key)  # warm-up

@@ -88,6 +88,25 @@ def _stop_on_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
+JIT_CACHES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")  # what a server compiles just in time lands there
+
+
+@contextlib.contextmanager
+def fresh_jit_cache(env=None, base=None):
+    """``env`` with every just-in-time compile cache (:data:`JIT_CACHES`) pointed at a new empty directory,
+    removed afterwards. Why: servers run one after the other on one machine share Triton's cache, so each
+    later server starts with the kernels the earlier ones compiled (SGLang's own, at the same shapes) -- its
+    ready time is not its first start's. With a fresh cache each server's start-up is a first start."""
+    import shutil
+    import tempfile
+
+    root = tempfile.mkdtemp(prefix="jit-cache-", dir=base)
+    try:
+        yield dict(env or {}, **{k: os.path.join(root, k.lower()) for k in JIT_CACHES})
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def sglang_server(model, extra_args=(), port=30000, log=None, timeout=300, base_args=BASE_ARGS, env=None):
     # A server left on the port (e.g. by a killed run) would answer the health check of this one,

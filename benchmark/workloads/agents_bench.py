@@ -36,6 +36,7 @@ server runs in the decode-exact mode, where LumoTree's replies must equal no spe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import concurrent.futures
 import gzip
 import json
@@ -354,6 +355,9 @@ def main():
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--log-dir", default=".")
     ap.add_argument("--server-timeout", type=int, default=400)
+    ap.add_argument("--jit-cache", choices=("fresh", "shared"), default="fresh",
+                    help="fresh: each server compiles into its own empty Triton / inductor cache (every ready_s and "
+                         "warmup_s a first start's); shared: the machine's caches")
     ap.add_argument("--extra", action="append", default=[], help="one more SGLang flag for every server (repeatable)")
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE in every server's environment (repeatable)")
     ap.add_argument("--tag", default="", help="appended to the configuration names in the results")
@@ -375,7 +379,7 @@ def main():
                          "--out, replies in --replies-out) and run the rest: one command repeated across sittings")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from sglang_server import get, log_health, post, sglang_server
+    from sglang_server import fresh_jit_cache, get, log_health, post, sglang_server
 
     sessions = make_sessions(args.sessions, args.turns, args.seed)
     count = token_counter(args.model)
@@ -398,9 +402,11 @@ def main():
         t0 = time.time()
         env_c = dict(env)
         try:
-            with sglang_server(args.model, CONFIGS[config], port=args.port, log=log, timeout=args.server_timeout,
-                               base_args=base, env=env_c) as url:
-                res["servers"][name] = dict(ready_s=round(time.time() - t0, 1), args=CONFIGS[config] + base, env=env_c)
+            with (fresh_jit_cache(env_c) if args.jit_cache == "fresh" else contextlib.nullcontext(env_c)) as env_s, \
+                    sglang_server(args.model, CONFIGS[config], port=args.port, log=log, timeout=args.server_timeout,
+                                  base_args=base, env=env_s) as url:
+                res["servers"][name] = dict(ready_s=round(time.time() - t0, 1), args=CONFIGS[config] + base, env=env_c,
+                                            jit_cache=args.jit_cache)
                 if args.warmup_sessions > 0:
                     warm = make_sessions(args.warmup_sessions, args.turns, args.seed + 1000)
                     t1 = time.time()

@@ -132,7 +132,11 @@ def test_main_runs_every_configuration_and_phase_with_the_flags_given(tmp_path, 
         ("none-exact", 1, 12), ("none-exact", 2, 12), ("lumotree-exact", 1, 12), ("lumotree-exact", 2, 12),
         ("lumotree-sync-exact", 1, 12), ("lumotree-sync-exact", 2, 12)]
     assert all("--enable-deterministic-inference" in b for _, b, env in launched)
-    assert [env for _, _, env in launched] == [{"A": "1"}] * 3
+    # --env for every server, and each server's own empty JIT caches (--jit-cache fresh, the default)
+    jit = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+    assert [{k: v for k, v in env.items() if k not in jit} for _, _, env in launched] == [{"A": "1"}] * 3
+    assert len({env["TRITON_CACHE_DIR"] for _, _, env in launched}) == 3
+    assert {s["jit_cache"] for s in res["servers"].values()} == {"fresh"}
     assert [("--disable-overlap-schedule" in a) for a, _, _ in launched] == [False, False, True]
     # each server warmed up on other sessions (not in the rows: 12 measured turns per phase), then flushed
     assert flushed == ["none", "lumotree", "lumotree-sync"] and all("warmup_s" in s for s in res["servers"].values())

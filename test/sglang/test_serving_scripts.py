@@ -1,5 +1,6 @@
 """The serving scripts' own logic (the servers run on the GPU machine), with fake HTTP calls."""
 import contextlib
+import os
 
 import pytest
 from utils import load_script
@@ -472,8 +473,15 @@ def test_bench_spec_sync_scheduler_disables_overlap_for_every_configuration(tmp_
                                       "--batches", "1", "--output-len", "4", "--out", str(out), "--log-dir",
                                       str(tmp_path), "--scheduler", "sync"])
     bs.main()
-    assert [("--disable-overlap-schedule" in b, e) for b, e in seen] == [(True, {})] * 2
+    jit = load("sglang_server").JIT_CACHES
+    assert [("--disable-overlap-schedule" in b, {k: v for k, v in e.items() if k not in jit}) for b, e in seen] == \
+        [(True, {})] * 2
+    # each server compiles into its own empty cache (--jit-cache fresh, the default), so each ready_s is a first
+    # start's, not the start of a server after others filled the machine's Triton cache
+    dirs = [e["TRITON_CACHE_DIR"] for _, e in seen]
+    assert len(set(dirs)) == 2 and all(not os.path.exists(d) for d in dirs)  # removed with their server
     res = json.load(open(out))
+    assert {s["jit_cache"] for s in res["servers"].values()} == {"fresh"}
     assert sorted(res["servers"]) == ["lumotree-topk2 [sync]", "nextn-topk2 [sync]"]
     assert "| lumotree-topk2 [sync] | 1 |" in bs.table(res["rows"], memory=res["servers"])
 
@@ -695,7 +703,9 @@ def test_bench_spec_oracle_twins_set_the_oracle_of_their_loop(tmp_path, monkeypa
                                       "--output-len", "4", "--oracle-p", "0.8", "--out", str(tmp_path / "b.json"),
                                       "--log-dir", str(tmp_path), "--prefill-samples", "1"])
     bs.main()
-    assert [e for _, e in seen] == [{"LUMOTREE_BENCH_DRAFT_ORACLE_P": "0.8"}] * 2 + [{"LUMOTREE_BENCH_ORACLE_P": "0.8"}]
+    jit = load("sglang_server").JIT_CACHES
+    assert [{k: v for k, v in e.items() if k not in jit} for _, e in seen] == \
+        [{"LUMOTREE_BENCH_DRAFT_ORACLE_P": "0.8"}] * 2 + [{"LUMOTREE_BENCH_ORACLE_P": "0.8"}]
     assert seen[0][0] == bs.CONFIGS["lumotree-topk2"]
     # warm-up, then per batch: the recording pass, (adaptive servers) 3 warm passes, prefill, the measured pass
     assert [calls.count(i) for i in (1, 2, 3)] == [1 + 1 + 3 + 2, 1 + 1 + 2, 1 + 1 + 2]

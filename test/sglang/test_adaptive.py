@@ -161,19 +161,22 @@ def test_after_a_gap_a_probe_s_rows_outweigh_the_old_estimate():
 
 
 def test_a_probe_of_a_measured_candidate_is_short():
-    """A probe of a tree whose step time the bucket has is for its acceptance: PROBE_RUN steps (a cold one,
-    then samples), not the RUN an unmeasured candidate's exploration takes."""
+    """A probe of a tree whose step time the bucket has is for its acceptance: a cold step and one counted step
+    from batch 4 on (its rows are PROBE_ROWS samples), not the RUN an unmeasured candidate's exploration takes,
+    and no third drafted step whose acceptance would arrive after the decision (overlap)."""
+    assert [adaptive.tree_probe_run(b) for b in (1, 2, 3, 4, 32, 128)] == [5, 3, 2, 2, 2, 2]
     p = TreeSizePolicy([0, 3])
-    floor = math.ceil(adaptive.PROBE_RUN * (0.0159 - 0.0094) / (adaptive.PROBE_BUDGET * 0.0094))
+    floor = math.ceil(2 * (0.0159 - 0.0094) / (adaptive.PROBE_BUDGET * 0.0094))
     served = simulate_overlap(p, 32, 0.0094, 0.0159, 0.0, steps=2 * adaptive.RUN + floor + 40)
     probe = served[2 * adaptive.RUN:]
     first = probe.index(3)
-    assert probe[first:first + adaptive.PROBE_RUN + 1] == [3] * adaptive.PROBE_RUN + [0], probe
+    assert probe[first:first + 3] == [3, 3, 0], probe
 
 
 def test_probes_of_a_tree_that_does_not_pay_cost_at_most_the_budget():
-    """Drafts that miss (batch 32, decode 9.4 ms, tree 15.9 ms, as on the H200): a 3-step probe loses
-    3 x 6.5 ms, so probes come at least ~208 steps apart (1 % of the time), not every PROBE_EVERY steps."""
+    """Drafts that miss (batch 32, decode 9.4 ms, tree 15.9 ms, as on the H200): a probe (a cold and a counted
+    drafted step) loses 2 x 6.5 ms, so probes come at least ~208 steps apart (2/3 % of the time), not every
+    PROBE_EVERY steps -- the intervals of the 3-step probes before, each probe a third cheaper."""
     p = TreeSizePolicy([0, 3])
     served = simulate_overlap(p, 32, 0.0094, 0.0159, 0.0, steps=3000)
     start = 2 * adaptive.RUN + 10
@@ -182,8 +185,9 @@ def test_probes_of_a_tree_that_does_not_pay_cost_at_most_the_budget():
     assert probes, served
     gaps = [b - a for a, b in zip(probes, probes[1:])]
     assert probes[0] >= 2 * adaptive.RUN + 200 and min(gaps) >= 200, (probes, gaps)  # floor 208 (+-2 % noise)
+    assert all(served[i:i + 3] == [3, 3, 0] for i in probes), [served[i:i + 3] for i in probes]
     extra = sum(served[start:]) / 3 * (0.0159 - 0.0094)  # seconds the probes' steps added
-    assert extra <= 0.012 * (len(served) - start) * 0.0094
+    assert extra <= 0.008 * (len(served) - start) * 0.0094
     assert TreeSizePolicy([0, 3])._probe_floor(32, 0) == 0  # no own step times of the tree: it is explored
 
 

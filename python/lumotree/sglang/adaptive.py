@@ -24,8 +24,8 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
 * the **acceptance** ``a`` is a moving average of the accepted drafts per request over the steps that
   drafted -- restarted at each drafted run that follows no-draft steps: its first ``GAP_SAMPLES`` steps
   are averaged over their rows (requests) with the estimate from before the gap weighing as one row, so
-  a probe shows within its run that the acceptance rose. Why rows: a probe of ``PROBE_RUN`` steps has two
-  counted steps; with the old estimate weighing as a whole step, a probe of a batch of 128 whose drafts
+  a probe shows within its run that the acceptance rose. Why rows: a probe has one or two counted steps;
+  with the old estimate weighing as a whole step, a probe of a batch of 128 whose drafts
   were accepted again (1.9 per step after 0.1) estimated 1.3 -- below the ~1.4 a chain step needed
   there -- and the bucket served no draft through passes whose drafts were accepted (27B shapes, H200).
   At batch 1 a row is a step, as before;
@@ -43,12 +43,16 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   probe leaves the choice as it was, up to ``PROBE_MAX``, and back to ``PROBE_EVERY`` when the choice
   changes, and never sooner than the probe's cost allows: a probe of a candidate that does not pay loses
   ``probe_run x T_other x (1 - rate_other / rate_best)`` seconds, and the interval is at least that
-  over ``PROBE_BUDGET`` (1 %) of ``T_best`` (:meth:`TreeSizePolicy._probe_floor`). Why: where drafts
+  over ``PROBE_BUDGET`` (2/3 %) of ``T_best`` (:meth:`TreeSizePolicy._probe_floor`). Why: where drafts
   miss, a tree step costs about 1.7x (batch 1) to 2x (batch 32) a decode step (27B shapes, H200), so a
   3-step probe every 128 steps lost 1.6-2.3 % against no speculation -- most of what a server whose drafts miss
   lost; with the floor the first probe after a switch to no draft comes after ~200 (batch 1) to ~350
   (batch 32) steps. A probe is ``RUN`` steps long where the bucket has no time samples of the candidate
-  yet, else ``probe_run`` (3 steps; at batch 1-2 long enough for four samples). Acceptance that drops while the tree is served is seen at once (every drafted step measures it), so
+  yet, else ``probe_run``: of no draft 3 steps; of the tree a cold and one counted drafted step from batch 4
+  on (more at batch 1-2, for four samples), after which the bucket keeps its choice for one step while the
+  counted step's acceptance comes back (overlap) and then decides -- a third drafted step, as probes had
+  before, was cost without information: its acceptance arrived after the decision. Acceptance that drops
+  while the tree is served is seen at once (every drafted step measures it), so
   while a tree is served a probe of no draft only refreshes the decode step's time: once the bucket
   has its own samples of it, such probes come every ``PROBE_MAX`` steps. Acceptance that rises while no
   draft is served is seen at the next probe, within ``PROBE_MAX`` steps.
@@ -87,25 +91,38 @@ MIN_SAMPLES = 3  # step-time samples per candidate and bucket before the policy 
 # consecutive steps a candidate is explored or probed for: its first step's time sample is the step before's
 # (overlap) and a drafted first step is cold; one more because its results arrive a step late (overlap)
 RUN = MIN_SAMPLES + 2
-# a probe of a candidate whose step time the bucket has measured is there for the acceptance: a drafted
-# step after no-draft steps is cold, the next ones are samples, and the last one's arrives after the
-# decision (overlap); it runs until PROBE_ROWS request samples are in (probe_run)
+# a probe of a candidate whose step time the bucket has measured: of no draft, for its step time (its first
+# sample times the step before, the last arrives after the decision: PROBE_RUN steps); of the tree, for the
+# acceptance: a cold step (drafted after no-draft steps), then counted steps until PROBE_ROWS request samples
+# are in -- and the decision waits one no-draft step for the last of them (overlap: results arrive a step late)
+# rather than drafting one more step whose acceptance the decision would not see (tree_probe_run)
 PROBE_RUN = 3
 PROBE_ROWS = 4
 MARGIN = 0.03  # switch only when the other candidate is this much faster (tokens per second)
 PROBE_EVERY = 128  # steps of a bucket before its first probe run of the candidate not chosen
 PROBE_MAX = 1024  # the longest interval between probe runs (doubling from PROBE_EVERY while probes confirm)
-PROBE_BUDGET = 0.01  # share of the time served a probe of a candidate that does not pay may cost (interval floor)
+# share of the time served a probe of a candidate that does not pay may cost (interval floor). 2 / 3 of the 1 % it
+# was while a tree probe also drafted the step whose acceptance arrives after the decision (3 drafted steps from
+# batch 4 on, now 2): the same intervals, each probe a third cheaper
+PROBE_BUDGET = 0.01 * 2 / 3
 
 
 @functools.lru_cache(maxsize=4096)
-def probe_run(batch: int) -> int:
-    """Steps of a probe of a measured candidate at ``batch``: a cold step, enough counted steps for
-    ``PROBE_ROWS`` request samples before the decision, and the step whose sample arrives after it --
-    ``PROBE_RUN`` (3) from batch 4 on, 6 at batch 1. Why: at batch 1 a 3-step probe decided on one
-    request's one step (p 0.8 oracle drafts: none accepted a fifth of the time), averaged with the
-    estimate from before the gap; on the H200 a measured pass served no draft after such probes."""
-    return max(PROBE_RUN, 2 + -(-PROBE_ROWS // bucket(batch)))
+def tree_probe_run(batch: int) -> int:
+    """Drafted steps of a probe of a measured tree at ``batch``: a cold step and enough counted steps for
+    ``PROBE_ROWS`` request samples -- 2 from batch 4 on, 5 at batch 1; the decision then waits one no-draft
+    step for the last step's acceptance (:attr:`_Bucket.settle`). Why several at small batches: at batch 1 a
+    probe that decided on one request's one step (p 0.8 oracle drafts: none accepted a fifth of the time),
+    averaged with the estimate from before the gap, served no draft through a measured pass (H200). Why no
+    third drafted step from batch 4 on: under the overlap scheduler its acceptance arrives after the decision,
+    so it only cost a drafted step (~2-3x a decode step where drafts miss, 27B shapes, H200)."""
+    return 1 + -(-PROBE_ROWS // bucket(batch))
+
+
+def probe_run(batch: int, steps: int) -> int:
+    """Steps of a probe of the measured candidate ``steps`` at ``batch``: :func:`tree_probe_run` for a tree,
+    ``PROBE_RUN`` for no draft."""
+    return tree_probe_run(batch) if steps > 0 else PROBE_RUN
 
 
 @functools.lru_cache(maxsize=4096)
@@ -128,6 +145,7 @@ class _Bucket:
     run_left: int = 0  # steps of that run still to serve
     probe_every: int = PROBE_EVERY  # the current interval between probe runs
     probed: bool = False  # a probe run ended and its outcome is not yet taken
+    settle: int = 0  # decisions after a tree probe that keep the choice while its last acceptance is on the way
     medians: Dict[int, float] = dataclasses.field(default_factory=dict)  # step_time's, until the next sample
 
 
@@ -236,6 +254,10 @@ class TreeSizePolicy:
         if st.run_left > 0:
             st.run_left -= 1
             return st.run
+        if st.settle > 0:  # a tree probe just ended: its last counted step's acceptance arrives after this step
+            st.settle -= 1
+            if st.chosen is not None:
+                return st.chosen
         # until one bucket has measured every candidate, each bucket explores; after that they borrow
         unexplored = [c for c in self.candidates if self.step_time(batch, c) is None
                       or (st.samples[c] < MIN_SAMPLES and not self._borrows)]
@@ -263,7 +285,10 @@ class TreeSizePolicy:
             st.since_probe = 0
             st.probed = True
             other = min((c for c in self.candidates if c != best), key=lambda c: st.samples[c])
-            return self._start_run(st, other, probe_run(batch) if st.samples[other] >= MIN_SAMPLES else RUN)
+            if st.samples[other] < MIN_SAMPLES:
+                return self._start_run(st, other, RUN)
+            st.settle = 1 if other > 0 else 0
+            return self._start_run(st, other, probe_run(batch, other))
         return best
 
     def _probe_floor(self, batch: int, best: int) -> int:
@@ -277,7 +302,7 @@ class TreeSizePolicy:
             return 0
         t_other, t_best = self.step_time(batch, other), self.step_time(batch, best)
         r_other, r_best = self.rate(batch, other), self.rate(batch, best)
-        loss = probe_run(batch) * t_other * (1.0 - r_other / r_best)
+        loss = probe_run(batch, other) * t_other * (1.0 - r_other / r_best)
         return 0 if loss <= 0 else math.ceil(loss / (PROBE_BUDGET * t_best))
 
     @staticmethod

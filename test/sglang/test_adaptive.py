@@ -520,3 +520,17 @@ def test_every_probe_s_outcome_is_logged_once(caplog):
     assert len(starts) >= 3 and len(probes) == len(starts)  # one line per probe run, none twice
     assert all("-> no draft (0: " in ln and "; accept 0.00)" in ln for ln in probes)  # kept: the tree never paid
     assert len(lines) - len(probes) == 1  # and the one change: exploration -> no draft
+
+
+def test_sim_probe_cost_reports_each_batch_s_measured_miss_pass():
+    """benchmark/serving/sim_probe_cost.py: the measured miss pass's loss to no draft per batch, from the policy."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "serving", "sim_probe_cost.py")
+    spec = importlib.util.spec_from_file_location("sim_probe_cost", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.main(["--seeds", "2"])
+    assert [r["batch"] for r in rows] == sorted(mod.STEP_MS)
+    assert all(0 <= r["mean_loss_pct"] <= r["max_loss_pct"] < 10 for r in rows), rows

@@ -534,3 +534,20 @@ def test_sim_probe_cost_reports_each_batch_s_measured_miss_pass():
     rows = mod.main(["--seeds", "2"])
     assert [r["batch"] for r in rows] == sorted(mod.STEP_MS)
     assert all(0 <= r["mean_loss_pct"] <= r["max_loss_pct"] < 10 for r in rows), rows
+
+
+def test_the_one_node_verify_captures_few_graphs_where_decode_steps_serve_no_draft():
+    """The no-draft state's one-node verify serves only batches a decode step cannot (logprobs, grammars, ...)
+    where no-draft steps run as decode steps: its graphs at the powers of two and the largest size (the rest pad
+    up to them); every size without the decode step; none with graphs off."""
+    pytest.importorskip("sglang")
+    from lumotree.sglang.worker import one_node_verify_graph_bs
+
+    full = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 40, 44, 48, 52, 56, 60, 64, 72, 80,
+            88, 96, 104, 112, 120, 128]
+    assert one_node_verify_graph_bs(full, True) == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert one_node_verify_graph_bs([1, 2, 3, 4, 8, 12, 24], True) == [1, 2, 4, 8, 24]  # the largest size kept
+    assert one_node_verify_graph_bs(full, False) == full
+    assert one_node_verify_graph_bs(None, True) is None and one_node_verify_graph_bs([], True) == []
+    for bs in range(1, 129):  # every batch still has a captured size to pad up to
+        assert any(b >= bs for b in one_node_verify_graph_bs(full, True))

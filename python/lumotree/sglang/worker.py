@@ -35,6 +35,19 @@ from lumotree.sglang import adaptive
 logger = logging.getLogger(__name__)
 
 
+def one_node_verify_graph_bs(cuda_graph_bs, decodes: bool):
+    """Batch sizes of the no-draft state's one-node verify CUDA graphs. Where no-draft steps run as decode
+    steps (``decodes``: :mod:`lumotree.sglang.decode_step`, through decode graphs of every batch size), the
+    one-node verify serves only the batches a decode step cannot (logprobs, grammars, penalties, ...): graphs
+    of the powers of two and the largest size, the others padded up to them, as SGLang pads any batch to a
+    captured size. Why: capturing all of them (35 sizes up to 128) took 10.2 s of a LUMOTREE server's start-up
+    (27B shapes, H200). ``None`` (graphs off) stays ``None``."""
+    if cuda_graph_bs is None or not decodes or not cuda_graph_bs:
+        return cuda_graph_bs
+    sizes = sorted(set(int(b) for b in cuda_graph_bs))
+    return [b for b in sizes if b & (b - 1) == 0 and b < sizes[-1]] + [sizes[-1]]
+
+
 @contextlib.contextmanager
 def _no_draft_graphs(draft_worker):
     """While a no-draft runtime state is built: the draft worker captures no CUDA graphs."""
@@ -137,7 +150,8 @@ def worker_class():
                         with skip:
                             self._tree_states[steps] = self.build_adaptive_runtime_state(
                                 steps, 1 if steps == 0 else self.speculative_num_draft_tokens,
-                                cuda_graph_bs=cuda_graph_bs)
+                                cuda_graph_bs=(one_node_verify_graph_bs(cuda_graph_bs, self._decodes) if steps == 0
+                                               else cuda_graph_bs))
                         logger.info("LumoTree adaptive: runtime state for %d draft steps built in %.1f s", steps,
                                     time.perf_counter() - tic)
                 if 0 in self.tree_policy.candidates and self._decodes:

@@ -5,11 +5,14 @@
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -175,6 +178,25 @@ def log_health(log):
     va = [ln.split("LumoTree: ", 1)[1].strip() for ln in text.splitlines() if "LumoTree: verify attention by" in ln]
     return dict(invalid_eagle_trees=text.count("invalid eagle tree"), tracebacks=len(tb) - 1, first_traceback=first,
                 verify_attention=va[0] if va else None)
+
+
+DRAFT_TIMING_LINE = re.compile(r"LumoTree draft timing: batch bucket (\d+): median ([\d.]+) ms, p95 ([\d.]+) ms "
+                               r"over (\d+) steps")
+
+
+def draft_timing(log):
+    """The draft preparation's host time per step that a server run with ``LUMOTREE_BENCH_DRAFT_TIMING=1``
+    logged (:mod:`lumotree.sglang.draft_timing`), per batch bucket: the median of its lines' medians, the
+    largest p95, the steps they cover. ``{}`` when the log has none."""
+    try:
+        text = open(log, errors="replace").read()
+    except (OSError, TypeError):
+        return {}
+    lines = collections.defaultdict(list)
+    for m in DRAFT_TIMING_LINE.finditer(text):
+        lines[int(m.group(1))].append((float(m.group(2)), float(m.group(3)), int(m.group(4))))
+    return {str(b): dict(median_ms=statistics.median(x[0] for x in got), p95_ms=max(x[1] for x in got),
+                         steps=sum(x[2] for x in got)) for b, got in sorted(lines.items())}
 
 
 def generate(url, prompts, max_new_tokens, temperature=0.0, key="text", extra=None):

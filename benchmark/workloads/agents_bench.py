@@ -355,6 +355,9 @@ def main():
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--log-dir", default=".")
     ap.add_argument("--server-timeout", type=int, default=400)
+    ap.add_argument("--draft-timing", action="store_true",
+                    help="every server times its model-free draft preparation per step (LUMOTREE_BENCH_DRAFT_TIMING=1, "
+                         "benchmark only; NGRAM and LUMOTREE_SUFFIX): per batch bucket in the result's servers")
     ap.add_argument("--jit-cache", choices=("fresh", "shared"), default="fresh",
                     help="fresh: each server compiles into its own empty Triton / inductor cache (every ready_s and "
                          "warmup_s a first start's); shared: the machine's caches")
@@ -379,7 +382,7 @@ def main():
                          "--out, replies in --replies-out) and run the rest: one command repeated across sittings")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from sglang_server import fresh_jit_cache, get, log_health, post, sglang_server
+    from sglang_server import draft_timing, fresh_jit_cache, get, log_health, post, sglang_server
 
     sessions = make_sessions(args.sessions, args.turns, args.seed)
     count = token_counter(args.model)
@@ -389,6 +392,8 @@ def main():
         base = ["--attention-backend", "triton", *base]
     base += [p for e in args.extra for p in e.split("=", 1)]
     env = dict(e.split("=", 1) for e in args.env)
+    if args.draft_timing:
+        env["LUMOTREE_BENCH_DRAFT_TIMING"] = "1"
     res = dict(command="python3 " + " ".join(sys.argv), rows=[], servers={})
     runs = {}
     done = resumed(res, runs, args) if args.resume else set()
@@ -431,6 +436,8 @@ def main():
         except Exception as e:  # a server that fails is recorded, the others still run
             res["servers"][name] = dict(error=repr(e)[:2000])
         res["servers"].setdefault(name, {}).update(log_health(log))
+        if args.draft_timing:
+            res["servers"][name]["draft_timing"] = draft_timing(log)
         json.dump(res, open(args.out, "w"), indent=1)
         if args.replies_out:
             with gzip.open(args.replies_out, "wt") as f:

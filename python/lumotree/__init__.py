@@ -11,6 +11,9 @@ Environment variables:
     LUMOTREE_BENCH_DRAFT_ORACLE_P  benchmark only: LUMOTREE and NEXTN servers' MTP drafts rewritten
                          before each verify so that each level is accepted with this probability
                          (``lumotree.sglang.draft_oracle``).
+    LUMOTREE_BENCH_DRAFT_TIMING  ``1`` (benchmark only): NGRAM and LUMOTREE_SUFFIX servers log the host
+                         time of each step's draft preparation per batch bucket
+                         (``lumotree.sglang.draft_timing``; ``agents_bench.py --draft-timing``).
     LUMOTREE_SGLANG_CHECK  ``1`` (diagnostics, with ``--disable-cuda-graph``): every served verify
                          and commit is cross-checked against SGLang's own tree-verify kernel;
                          ``LUMOTREE_SGLANG_CHECK_REPORT=FILE`` / ``LUMOTREE_SGLANG_CHECK_DUMP=DIR``

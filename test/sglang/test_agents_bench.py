@@ -265,3 +265,38 @@ def test_resume_keeps_the_finished_configurations_and_runs_the_rest(tmp_path, mo
     monkeypatch.setattr(sys, "argv", argv[:-1] + ["--agents", "1", "--resume"])
     with pytest.raises(SystemExit, match="another command"):
         ab.main()
+
+
+def test_draft_timing_turns_the_timer_on_in_every_server_and_reads_it_from_the_logs(tmp_path, monkeypatch):
+    import contextlib
+    import json
+    import sys
+
+    ab = load()
+    import sglang_server as ss
+
+    envs = []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, base_args=(), env=None, **kw):
+        envs.append(dict(env or {}))
+        yield "http://x"
+
+    def fake_post(url, payload, timeout=600):
+        if url.endswith("/flush_cache"):
+            return {}
+        return dict(choices=[dict(message=dict(content="x"))],
+                    usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=0)))
+
+    monkeypatch.setattr(ss, "sglang_server", fake_server)
+    monkeypatch.setattr(ss, "post", fake_post)
+    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
+    (tmp_path / "agents-ngram.log").write_text(
+        "[t] LumoTree draft timing: batch bucket 8: median 0.700 ms, p95 1.200 ms over 64 steps\n")
+    out = tmp_path / "a.json"
+    monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs", "ngram", "--agents", "1",
+                                      "--sessions", "1", "--turns", "1", "--warmup-sessions", "0", "--draft-timing",
+                                      "--log-dir", str(tmp_path), "--out", str(out)])
+    ab.main()
+    assert envs[0]["LUMOTREE_BENCH_DRAFT_TIMING"] == "1"
+    assert json.load(open(out))["servers"]["ngram"]["draft_timing"] == {"8": dict(median_ms=0.7, p95_ms=1.2, steps=64)}

@@ -328,6 +328,9 @@ def register() -> None:
     from lumotree.sglang import draft_oracle  # benchmark only: a no-op unless LUMOTREE_BENCH_DRAFT_ORACLE_P is set
 
     draft_oracle.install()
+    from lumotree.sglang import draft_timing  # benchmark only: a no-op unless LUMOTREE_BENCH_DRAFT_TIMING=1
+
+    draft_timing.install()
     if os.environ.get(ENV_ACTIVE) == "1":
         from lumotree.sglang import merge
         from lumotree.sglang.patches import (draft_tree_whole, eagle_sample_end, gdn_backend_classes, verify_tree_greedy)

@@ -343,6 +343,7 @@ def ngram_worker(make_corpus):
     """SGLang's NGRAM worker with ``make_corpus(server_args)`` as its draft source."""
     from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
+    from lumotree.sglang import draft_timing
     from lumotree.sglang.finish import forward_marked, keep_out_of_cache
     from lumotree.sglang.scheduling import overlap_consistent
 
@@ -365,7 +366,7 @@ def ngram_worker(make_corpus):
             keep_out_of_cache(getattr(self, "_overlap_consistent", False), req)
 
         def _prepare_draft_tokens(self, batch):
-            return prepare_draft_tokens(self, batch)
+            return draft_timing.measure(prepare_draft_tokens, self, batch)  # timed only in the benchmark
 
         def _update_ngram_corpus(self, batch) -> None:
             pass  # a host corpus observes contexts in batch_get and outputs as requests leave: nothing to build

@@ -1,0 +1,89 @@
+"""Benchmark-only: the host time of the model-free draft preparation per decode step, as a server spends it.
+
+Registered only when ``LUMOTREE_BENCH_DRAFT_TIMING=1``; never part of a normal launch. A model-free
+speculative server (SGLang's NGRAM, LumoTree's LUMOTREE_SUFFIX: the same NGRAM loop) prepares each step's
+drafts on the scheduler's thread before the verify is launched -- context tracking, drafting, SGLang's
+tree layout -- so that time adds to every step of a host-bound server. The CPU benchmark
+(``benchmark/drafters/suffix_host_cost.py --worker``) times it on synthetic contexts; this times it
+served, on the workload's own requests, for both servers alike:
+
+* SGLang's ``NGRAMWorker._prepare_draft_tokens`` through an ``AROUND`` hook (SGLang's ``HookRegistry``);
+* LUMOTREE_SUFFIX's override of it (:func:`lumotree.sglang.suffix.prepare_draft_tokens`) through
+  :func:`measure`, which the override calls (a subclass method is not reached by a hook on the base class).
+
+Per batch bucket (the next power of two) the wall times of ``REPORT_EVERY`` steps are logged as one line,
+``LumoTree draft timing: batch bucket B: median X ms, p95 Y ms over N steps``, which
+``benchmark/serving/sglang_server.py: draft_timing`` reads back from the server log.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import time
+from typing import Callable, Dict, List
+
+logger = logging.getLogger(__name__)
+
+ENV = "LUMOTREE_BENCH_DRAFT_TIMING"
+TARGET = "sglang.srt.speculative.ngram_worker.NGRAMWorker._prepare_draft_tokens"
+REPORT_EVERY = 64  # steps of a batch bucket per logged line
+
+
+def enabled(env=os.environ) -> bool:
+    return env.get(ENV) == "1"
+
+
+def bucket(batch: int) -> int:
+    return 1 << max(0, int(batch) - 1).bit_length()
+
+
+class DraftTimer:
+    """Wall times (ms) per batch bucket; a line logged per ``every`` samples of a bucket."""
+
+    def __init__(self, every: int = REPORT_EVERY, log: Callable[..., None] = logger.info):
+        self.every, self.log = every, log
+        self.samples: Dict[int, List[float]] = collections.defaultdict(list)
+
+    def add(self, batch: int, seconds: float) -> None:
+        b = bucket(batch)
+        got = self.samples[b]
+        got.append(seconds * 1e3)
+        if len(got) >= self.every:
+            s = sorted(got)
+            self.log("LumoTree draft timing: batch bucket %d: median %.3f ms, p95 %.3f ms over %d steps", b,
+                     s[len(s) // 2], s[min(len(s) - 1, int(0.95 * len(s)))], len(s))
+            got.clear()
+
+
+TIMER = DraftTimer()
+_on = enabled()
+
+
+def measure(fn, worker, batch, *args, **kwargs):
+    """``fn(worker, batch, ...)``, its wall time added to :data:`TIMER` when timing is on."""
+    if not _on:
+        return fn(worker, batch, *args, **kwargs)
+    t0 = time.perf_counter()
+    out = fn(worker, batch, *args, **kwargs)
+    TIMER.add(len(batch.reqs), time.perf_counter() - t0)
+    return out
+
+
+def _around(original, self, batch, *args, **kwargs):
+    """The hook on SGLang's method: the same measurement."""
+    t0 = time.perf_counter()
+    out = original(self, batch, *args, **kwargs)
+    TIMER.add(len(batch.reqs), time.perf_counter() - t0)
+    return out
+
+
+def install() -> None:
+    """Register the hook on SGLang's draft preparation (when :data:`ENV` is ``1``)."""
+    global _on
+    _on = enabled()
+    if not _on:
+        return
+    from lumotree.sglang.patches import register_hook
+
+    register_hook(TARGET, _around, "AROUND")

@@ -1,0 +1,72 @@
+"""The benchmark-only draft-preparation timer (lumotree.sglang.draft_timing) and its reading from a server log."""
+import logging
+import os
+from types import SimpleNamespace
+
+import pytest
+from utils import load_script
+
+from lumotree.sglang import draft_timing
+
+
+def test_timer_logs_a_line_per_bucket_every_n_steps_and_the_log_reader_reads_them(tmp_path):
+    lines = []
+    t = draft_timing.DraftTimer(every=4, log=lambda fmt, *a: lines.append(fmt % a))
+    for ms in (1.0, 2.0, 3.0):
+        t.add(30, ms / 1e3)  # bucket 32
+    t.add(1, 0.5e-3)
+    assert lines == []
+    t.add(32, 10e-3)
+    assert lines == ["LumoTree draft timing: batch bucket 32: median 3.000 ms, p95 10.000 ms over 4 steps"]
+    assert t.samples[32] == [] and t.samples[1] == [0.5]
+    for ms in (4.0, 4.0, 4.0, 20.0):
+        t.add(17, ms / 1e3)
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"[2026-01-01 00:00:00] {ln}\n" for ln in lines) + "Decode batch, #running-req: 3\n")
+    ss = load_script("serving", "sglang_server")
+    got = ss.draft_timing(str(log))
+    assert len(lines) == 2 and lines[1].endswith("median 4.000 ms, p95 20.000 ms over 4 steps")
+    assert got == {"32": dict(median_ms=3.5, p95_ms=20.0, steps=8)}  # two lines: the median of their medians, max p95
+    assert ss.draft_timing(str(tmp_path / "missing.log")) == {}
+
+
+def test_measure_times_only_when_on(monkeypatch):
+    timer = draft_timing.DraftTimer(every=1000)
+    monkeypatch.setattr(draft_timing, "TIMER", timer)
+    batch = SimpleNamespace(reqs=[1, 2, 3])
+    fn = lambda worker, b, k=0: (worker, len(b.reqs), k)  # noqa: E731
+    monkeypatch.setattr(draft_timing, "_on", False)
+    assert draft_timing.measure(fn, "w", batch, k=5) == ("w", 3, 5) and not timer.samples
+    monkeypatch.setattr(draft_timing, "_on", True)
+    assert draft_timing.measure(fn, "w", batch) == ("w", 3, 0) and list(timer.samples) == [4]
+    assert draft_timing._around(fn, "w", batch) == ("w", 3, 0) and len(timer.samples[4]) == 2
+
+
+def test_install_hooks_sglang_s_preparation_only_in_the_benchmark(monkeypatch):
+    from lumotree.sglang import patches
+
+    hooked = []
+    monkeypatch.setattr(patches, "register_hook", lambda target, fn, kind: hooked.append((target, fn, kind)))
+    monkeypatch.delenv(draft_timing.ENV, raising=False)
+    draft_timing.install()
+    assert hooked == [] and draft_timing._on is False
+    monkeypatch.setenv(draft_timing.ENV, "1")
+    try:
+        draft_timing.install()
+        assert hooked == [(draft_timing.TARGET, draft_timing._around, "AROUND")] and draft_timing._on is True
+    finally:
+        monkeypatch.delenv(draft_timing.ENV)
+        draft_timing.install()
+    # the target names SGLang's method, which exists
+    pytest.importorskip("sglang")
+    mod, cls, meth = draft_timing.TARGET.rsplit(".", 2)
+    assert "def _prepare_draft_tokens" in open(os.path.join(os.path.dirname(__import__("sglang").__file__),
+                                                             *mod.split(".")[1:]) + ".py").read()
+    assert cls == "NGRAMWorker" and meth == "_prepare_draft_tokens"
+
+
+def test_the_timer_logs_through_the_module_logger(caplog):
+    t = draft_timing.DraftTimer(every=1)
+    with caplog.at_level(logging.INFO, logger="lumotree.sglang.draft_timing"):
+        t.add(8, 0.002)
+    assert "LumoTree draft timing: batch bucket 8: median 2.000 ms, p95 2.000 ms over 1 steps" in caplog.text

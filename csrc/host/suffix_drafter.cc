@@ -225,12 +225,10 @@ class SuffixDrafter {
 
   void start(const std::string& rid, const std::vector<Tok>& prompt) {
     Request req;
-    size_t done = 0;
-    if (!adopt(prompt, req)) {
+    size_t done = adopt(prompt, req);
+    if (done == 0) {
       req.trie = std::make_shared<SuffixTrie>(depth_);
       req.seq = req.trie->new_sequence();
-    } else {
-      done = req.ctx.size();
     }
     req.trie->extend(req.seq, prompt, done);
     req.ctx = prompt;
@@ -327,31 +325,49 @@ class SuffixDrafter {
     return {-1, 0};
   }
 
-  // the retired request whose context is the longest prefix of prompt, taken out of the store
-  bool adopt(const std::vector<Tok>& prompt, Request& out) {
+  // how many of prompt's first tokens a request whose context was ctx has indexed (python: _continued):
+  // all of ctx when it is a prefix of prompt, else the longest m >= overlap with ctx's last m tokens prompt's first
+  static size_t continued(const std::vector<Tok>& ctx, const std::vector<Tok>& prompt, size_t overlap) {
+    size_t n = ctx.size();
+    if (n <= prompt.size() && std::equal(ctx.begin(), ctx.end(), prompt.begin())) return n;
+    if (overlap < 1 || prompt.size() < overlap || n < overlap) return 0;
+    for (size_t j = n > prompt.size() ? n - prompt.size() : 0; j + overlap <= n; ++j)
+      if (ctx[j] == prompt[0] && std::equal(ctx.begin() + j, ctx.end(), prompt.begin())) return n - j;
+    return 0;
+  }
+
+  // the retired request whose context covers the most of prompt's start, taken out of the store; the tokens of
+  // prompt it holds (0: none, or its trie would index more than retired_tokens)
+  size_t adopt(const std::vector<Tok>& prompt, Request& out) {
     auto best = retired_.end();
+    size_t best_done = 0;
     for (auto it = retired_.begin(); it != retired_.end(); ++it) {
-      const auto& ctx = it->ctx;
-      if (ctx.size() <= prompt.size() && (best == retired_.end() || ctx.size() > best->ctx.size()) &&
-          std::equal(ctx.begin(), ctx.end(), prompt.begin()))
+      size_t done = continued(it->ctx, prompt, kAdoptOverlap);
+      if (done > best_done &&
+          it->trie->num_tokens() + static_cast<int64_t>(prompt.size() - done) <= retired_tokens_) {
         best = it;
+        best_done = done;
+      }
     }
-    if (best == retired_.end()) return false;
-    retired_total_ -= static_cast<int64_t>(best->ctx.size());
+    if (best == retired_.end()) return 0;
+    retired_total_ -= best->trie->num_tokens();
     out = std::move(*best);
     retired_.erase(best);
-    return true;
+    return best_done;
   }
 
   void retire(Request&& req) {
-    if (retired_tokens_ == 0 || req.ctx.empty() || static_cast<int64_t>(req.ctx.size()) > retired_tokens_) return;
-    retired_total_ += static_cast<int64_t>(req.ctx.size());
+    int64_t size = req.trie->num_tokens();
+    if (retired_tokens_ == 0 || req.ctx.empty() || size > retired_tokens_) return;
+    retired_total_ += size;
     retired_.push_back(std::move(req));
     while (retired_total_ > retired_tokens_) {
-      retired_total_ -= static_cast<int64_t>(retired_.front().ctx.size());
+      retired_total_ -= retired_.front().trie->num_tokens();
       retired_.pop_front();
     }
   }
+
+  static constexpr size_t kAdoptOverlap = 256;  // python: SuffixDrafter.ADOPT_OVERLAP
 
   int max_match_, max_spec_, depth_;
   int64_t global_tokens_;

@@ -213,3 +213,79 @@ def test_retired_tries_are_bounded_and_taken_once():
     assert [e[2] for e in d._retired.values()] == [[11, 12]]
     with pytest.raises(ValueError, match="retired_tokens"):
         SuffixDrafter(retired_tokens=-1)
+
+
+def test_continued_counts_the_prompt_tokens_a_retired_context_holds():
+    from lumotree.drafters.suffix import _continued
+
+    ctx = list(range(10))
+    assert _continued(ctx, ctx + [42], 3) == 10  # a next turn: the context is a prefix
+    assert _continued(ctx, list(range(4, 14)), 3) == 6  # the window moved on: ctx's last 6 are the prompt's first
+    assert _continued(ctx, list(range(4, 14)), 7) == 0  # an overlap shorter than asked for: not continued
+    assert _continued(ctx, [3, 4, 5], 3) == 0  # the prompt's head is in ctx but ctx does not end there
+    assert _continued(ctx, list(range(20, 30)), 3) == 0
+    assert _continued([7, 7, 7, 7], [7, 7, 7, 7, 7], 2) == 4  # the prefix first, whatever overlaps
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_a_next_turn_whose_window_moved_on_adopts_the_retired_trie(native):
+    """The server hands a drafter a request's last tokens (a window): once a session outgrows it, a next turn's
+    prompt no longer starts with the finished turn's context but continues its tail. It adopts that trie when the
+    overlap is ADOPT_OVERLAP tokens or more, indexing only the tokens after it, and drafts as a drafter that indexed
+    the whole conversation as one sequence; a shorter overlap starts a fresh trie."""
+    from lumotree.drafters import suffix as S
+
+    if native and S._host_extension() is None:
+        pytest.skip("lumotree._host not built")
+    make = S.NativeSuffixDrafter if native else S.SuffixDrafter
+    rng = random.Random(3)
+    vocab = 40
+    ctx = [rng.randrange(vocab) for _ in range(700)]
+    out = [rng.randrange(vocab) for _ in range(60)]
+    new = [rng.randrange(vocab) for _ in range(90)]
+    conv = ctx + out + new
+    kw = dict(max_match=4, max_spec=4, min_prob=0.0, global_tokens=1 << 12)
+    d, whole = make(**kw), make(**kw, retired_tokens=0)
+    d.start("t0", ctx)
+    d.append("t0", out)
+    d.finish("t0", out)
+    whole.start("w", conv)  # the conversation as one sequence
+    whole.finish("other", out)  # the same global cache
+    window = conv[-500:]  # overlap with t0's context: 500 - 90 = 410 tokens
+    d.start("t1", window)
+    assert d.context("t1") == window
+    if not native:  # adopted: the trie indexed the conversation once, no window re-indexed
+        assert d._requests["t1"][0].num_tokens == len(conv) and not d._retired
+    for step in range(5):
+        same_draft = d.draft("t1", 12), whole.draft("w", 12)
+        assert same_draft[0].tokens == same_draft[1].tokens and same_draft[0].parents == same_draft[1].parents
+        tok = [rng.randrange(vocab)]
+        d.append("t1", tok)
+        whole.append("w", tok)
+    # an overlap shorter than ADOPT_OVERLAP: a fresh trie (drafts as a drafter that saw only the window)
+    d2, fresh = make(**kw), make(**kw, retired_tokens=0)
+    d2.start("t0", ctx)
+    d2.append("t0", out)
+    d2.finish("t0", out)
+    fresh.finish("other", out)
+    short = (ctx + out + [rng.randrange(vocab) for _ in range(400)])[-(S.SuffixDrafter.ADOPT_OVERLAP - 10 + 400):]
+    d2.start("t1", short)
+    fresh.start("f", short)
+    a, b = d2.draft("t1", 12), fresh.draft("f", 12)
+    assert a.tokens == b.tokens and a.parents == b.parents
+
+
+def test_an_adopted_trie_stays_within_retired_tokens():
+    """A trie that would index more than retired_tokens by adopting a next turn starts over instead; the store
+    counts what its tries indexed."""
+    d = SuffixDrafter(max_match=2, max_spec=2, min_prob=0.0, retired_tokens=1000)
+    ctx = list(range(600))
+    d.start("a", ctx)
+    d.finish("a", [])
+    assert d._retired_total == 600
+    d.start("b", ctx[300:] + list(range(1000, 1300)))  # overlap 300, 300 new: 900 indexed -- adopted
+    assert d._requests["b"][0].num_tokens == 900 and not d._retired
+    d.finish("b", [])
+    assert d._retired_total == 900
+    d.start("c", ctx[300:] + list(range(1000, 1300)) + list(range(2000, 2200)))  # 900 + 200 > 1000: fresh
+    assert d._requests["c"][0].num_tokens == 800 and d._retired_total == 900

@@ -191,3 +191,22 @@ def test_host_cost_benchmark_worker_rows(tmp_path, monkeypatch):
     assert [(r["worker"], r["batch"]) for r in rows] == [
         (k, b) for k in ("lumotree-suffix", "lumotree-suffix-sglang-handover", "sglang-ngram") for b in (1, 3)]
     assert all(r["step_ms_median"] > 0 and r["admission_ms"] > 0 for r in rows)
+
+
+def test_admission_replay_times_every_turn_s_admission(tmp_path):
+    """benchmark/drafters/admission_replay.py: the agent sessions' turns admitted as the server hands them over."""
+    import importlib.util
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "drafters", "admission_replay.py")
+    spec = importlib.util.spec_from_file_location("admission_replay", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "a.json"
+    res = mod.main(["--agents", "2", "--sessions", "4", "--turns", "3", "--repeat", "1", "--window", "512",
+                    "--out", str(out)])
+    assert json.load(open(out)) == res
+    (row,) = res["rows"]
+    assert row["agents"] == 2 and row["turns"] == 12 and 0 < row["median_ms"] <= row["p95_ms"]
+    assert res["drafter"]["retired_tokens"] == 1 << 18

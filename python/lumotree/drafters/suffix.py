@@ -154,6 +154,23 @@ def _expand(trie: SuffixTrie, node: int, root_token: int, budget: int, min_prob:
     return Draft(tokens, parents, scores)
 
 
+def _continued(ctx: Sequence[int], prompt: Sequence[int], overlap: int) -> int:
+    """How many of ``prompt``'s first tokens a request whose context was ``ctx`` has indexed: ``len(ctx)``
+    when ``ctx`` is a prefix of ``prompt``; else the longest ``m >= overlap`` with ``ctx[-m:] == prompt[:m]``;
+    else 0."""
+    n = len(ctx)
+    if n <= len(prompt) and prompt[:n] == list(ctx):
+        return n
+    # the window moved on: ctx ends with prompt's head; where prompt[:overlap] starts in ctx, earliest first
+    if overlap < 1 or len(prompt) < overlap or n < overlap:
+        return 0
+    head = list(prompt[:overlap])
+    for j in range(max(0, n - len(prompt)), n - overlap + 1):
+        if ctx[j] == head[0] and list(ctx[j:j + overlap]) == head and list(ctx[j:]) == list(prompt[:n - j]):
+            return n - j
+    return 0
+
+
 class SuffixDrafter:
     """Per-request suffix tries + a bounded global trie of recent outputs.
 
@@ -162,9 +179,13 @@ class SuffixDrafter:
         max_spec: deepest speculation below the match.
         global_tokens: size bound of the global cache (tokens of recent outputs kept).
         min_prob: drop branches whose path probability falls below this.
-        retired_tokens: size bound (context tokens) of the finished requests' tries kept for a
-            next turn whose prompt extends one of their contexts (0: none kept).
+        retired_tokens: size bound (tokens indexed) of the finished requests' tries kept for a next turn
+            whose prompt continues one of their contexts (0: none kept), and of one request's trie.
     """
+
+    # a retired context continues into a prompt where its last ADOPT_OVERLAP (or more) tokens are the prompt's
+    # first: the prompt is a window of the conversation (the server hands over its last tokens) that moved on
+    ADOPT_OVERLAP = 256
 
     def __init__(self, max_match: int = 16, max_spec: int = 16, global_tokens: int = 1 << 16,
                  min_prob: float = 0.05, retired_tokens: int = 1 << 15):
@@ -195,33 +216,37 @@ class SuffixDrafter:
             trie = SuffixTrie(self.depth)
             seq, done = trie.new_sequence(), 0
         else:
-            trie, seq, done = adopted[0], adopted[1], len(adopted[2])
+            (trie, seq, _), done = adopted
         trie.extend(seq, prompt[done:])
         self._requests[rid] = (trie, seq, prompt)
 
     def _adopt(self, prompt: List[int]):
-        """The retired request whose context is the longest prefix of ``prompt``, taken out of the
-        store (a trie is extended by one request only), or None."""
-        best = None
+        """``(retired request, tokens of prompt it holds)`` for the retired request whose context covers the
+        most of ``prompt``'s start -- a context that is a prefix of ``prompt`` (a next turn), or whose last
+        ``ADOPT_OVERLAP`` or more tokens are ``prompt``'s first (a next turn of a conversation longer than the
+        window the server hands over: the window moved on) -- taken out of the store (a trie is extended by
+        one request only); None when none does or the trie would index more than ``retired_tokens``."""
+        best, best_done = None, 0
         for key, entry in self._retired.items():
-            ctx = entry[2]
-            if len(ctx) <= len(prompt) and (best is None or len(ctx) > len(best[1][2])) and prompt[:len(ctx)] == ctx:
-                best = (key, entry)
+            done = _continued(entry[2], prompt, self.ADOPT_OVERLAP)
+            if done > best_done and entry[0].num_tokens + len(prompt) - done <= self.retired_tokens:
+                best, best_done = key, done
         if best is None:
             return None
-        del self._retired[best[0]]
-        self._retired_total -= len(best[1][2])
-        return best[1]
+        entry = self._retired.pop(best)
+        self._retired_total -= entry[0].num_tokens
+        return entry, best_done
 
     def _retire(self, req) -> None:
-        if self.retired_tokens == 0 or not req[2] or len(req[2]) > self.retired_tokens:
+        size = req[0].num_tokens
+        if self.retired_tokens == 0 or not req[2] or size > self.retired_tokens:
             return
         self._retired[self._retired_serial] = req
         self._retired_serial += 1
-        self._retired_total += len(req[2])
+        self._retired_total += size
         while self._retired_total > self.retired_tokens:
             _, old = self._retired.popitem(last=False)
-            self._retired_total -= len(old[2])
+            self._retired_total -= old[0].num_tokens
 
     def append(self, rid, tokens: Sequence[int]) -> None:
         trie, seq, ctx = self._request(rid)

@@ -264,9 +264,13 @@ class SuffixCorpus(HostCorpus):
     GIL) when built, else the Python reference (:func:`~lumotree.drafters.suffix.make_suffix_drafter`)."""
 
     def __init__(self, draft_token_num: int, max_match: int = 16, max_spec: int = 16,
-                 global_tokens: int = 1 << 18, min_prob: float = 0.0):
+                 global_tokens: int = 1 << 18, min_prob: float = 0.0, retired_tokens: int = 1 << 18):
         super().__init__(draft_token_num)
-        self.kw = dict(max_match=max_match, max_spec=max_spec, global_tokens=global_tokens, min_prob=min_prob)
+        # retired_tokens: finished turns' tries kept for their sessions' next turns -- 32 concurrent agent
+        # sessions of 4-8k-token contexts (the default 32k tokens kept about 5, so most next turns indexed
+        # their 4,096-token window again, ~10 ms each on the scheduler's thread)
+        self.kw = dict(max_match=max_match, max_spec=max_spec, global_tokens=global_tokens, min_prob=min_prob,
+                       retired_tokens=retired_tokens)
         self.drafter = make_suffix_drafter(**self.kw)
 
     def _reset(self) -> None:

@@ -1,0 +1,128 @@
+"""What LUMOTREE_SUFFIX's drafter spends admitting each agent turn, replayed on the CPU.
+
+Each turn of an agent session is a new request whose prompt is the conversation so far; the server hands
+the drafter its last ``--window`` tokens (``lumotree.sglang.suffix``: 4,096) and the drafter indexes them on
+the scheduler's thread (``SuffixDrafter.start``) -- unless it adopts the trie of the session's previous
+turn and indexes only what follows it. This replays ``benchmark/workloads/agents_bench.py``'s sessions (its
+defaults: 32 sessions x 13 turns, history collapse past 6.5k tokens) as the server sees them -- prompts
+rendered with the model's chat template and tokenized, ``--agents`` sessions at a time turn by turn, each
+turn's output (128 tokens) appended and the request finished -- and times every admission.
+
+The replies: deterministic stand-ins (a line of the session's file per turn, repeated to 128 tokens),
+not a model's; what matters here is that each next prompt holds the previous turn's output.
+
+    python3 benchmark/drafters/admission_replay.py --agents 8,32 --out benchmark/results/admission_replay_cpu.json
+
+``--extension PATH``: another build of ``lumotree._host`` (e.g. from an earlier commit's
+``csrc/host/suffix_drafter.cc``) timed instead, with ``--retired-tokens`` as that version served.
+"""
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "workloads"))
+
+MODEL = os.path.join(HERE, "..", "models", "tiny-hybrid")
+
+
+def render(messages, generation: bool) -> str:
+    """The tiny model's chat template (``chat_template.jinja``)."""
+    text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return text + ("<|im_start|>assistant\n" if generation else "")
+
+
+def turns_of(sessions, encode, count, collapse_tokens: int, max_tokens: int):
+    """Per session, per turn: ``(prompt ids, output ids)`` as the server sees them."""
+    import agents_bench as ab
+
+    out = []
+    for s in sessions:
+        msgs = [dict(role="system", content=s["system"]), dict(role="user", content=s["task"])]
+        turns = []
+        for t, obs in enumerate(s["observations"]):
+            msgs = ab.collapse(msgs, count, collapse_tokens)
+            ids = encode(render(msgs, True))
+            line = next((ln for ln in obs.splitlines()[1:] if ln.strip()), obs[:80])
+            reply = f"<tool>view</tool><args>{line.strip()}</args>"
+            while len(encode(reply)) < max_tokens:
+                reply += " " + line.strip()
+            output = encode(render(msgs + [dict(role="assistant", content=reply)], False))[len(ids):][:max_tokens]
+            turns.append((ids, output))
+            msgs += [dict(role="assistant", content=reply), dict(role="user", content="OBSERVATION:\n" + obs)]
+        out.append(turns)
+    return out
+
+
+def replay(drafter, per_session, agents: int, window: int):
+    """Admission seconds of every turn, ``agents`` sessions at a time, turn by turn."""
+    times = []
+    for g in range(0, len(per_session), agents):
+        group = per_session[g:g + agents]
+        for t in range(max(len(x) for x in group)):
+            for i, turns in enumerate(group):
+                if t >= len(turns):
+                    continue
+                ids, output = turns[t]
+                rid = f"{g + i}-{t}"
+                t0 = time.perf_counter()
+                drafter.start(rid, ids[-window:])
+                times.append(time.perf_counter() - t0)
+                drafter.append(rid, output)
+                drafter.finish(rid, output)
+    return times
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--agents", default="8,32")
+    ap.add_argument("--sessions", type=int, default=32)
+    ap.add_argument("--turns", type=int, default=13)
+    ap.add_argument("--window", type=int, default=4096)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--extension", default=None, help="another build of lumotree._host to time")
+    ap.add_argument("--retired-tokens", type=int, default=None,
+                    help="the drafter's retired_tokens (default: what LUMOTREE_SUFFIX serves with)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    import agents_bench as ab
+    from tokenizers import Tokenizer
+
+    from lumotree.drafters import suffix as S
+    from lumotree.sglang.suffix import SuffixCorpus
+
+    if args.extension:
+        spec = importlib.util.spec_from_file_location("_host", args.extension)
+        ext = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(ext)
+        S._host_extension = lambda: ext
+    kw = dict(SuffixCorpus(16).kw)
+    if args.retired_tokens is not None:
+        kw["retired_tokens"] = args.retired_tokens
+    tok = Tokenizer.from_file(os.path.join(MODEL, "tokenizer.json"))
+    encode = lambda s: tok.encode(s).ids  # noqa: E731
+    count = ab.token_counter(MODEL)
+    per_session = turns_of(ab.make_sessions(args.sessions, args.turns, 0), encode, count, 6500, 128)
+    rows = []
+    for agents in (int(a) for a in args.agents.split(",")):
+        for r in range(args.repeat):
+            times = replay(S.NativeSuffixDrafter(**kw), per_session, agents, args.window)
+            row = dict(agents=agents, repeat=r, turns=len(times), total_s=round(sum(times), 3),
+                       median_ms=round(1e3 * statistics.median(times), 3),
+                       p95_ms=round(1e3 * sorted(times)[int(0.95 * (len(times) - 1))], 3))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    res = dict(command="python3 " + " ".join([os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])),
+               drafter=kw, extension=args.extension, rows=rows)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -50,7 +50,6 @@ scheduler; LumoTree's with the ``no_buffer`` state cache, ``lumotree.sglang.sche
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
@@ -63,7 +62,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from parity import memory_report  # noqa: E402
-from sglang_server import (accept_stats, fresh_jit_cache, generate, log_health, post, sglang_server,  # noqa: E402
+from sglang_server import (accept_stats, jit_cache_env, generate, log_health, post, sglang_server,  # noqa: E402
                            stop_profile)
 
 SHAPES = {  # Qwen3.5-27B's per-layer shapes, fewer layers (dummy weights)
@@ -397,7 +396,7 @@ def main():
         srv["env"] = env
         srv["jit_cache"] = args.jit_cache
         try:
-            with (fresh_jit_cache(env) if args.jit_cache == "fresh" else contextlib.nullcontext(env)) as env_s, \
+            with jit_cache_env(args.jit_cache, env) as env_s, \
                     sglang_server(model, CONFIGS[name] + extra, port=args.port, log=log, timeout=args.server_timeout,
                                   base_args=base, env=env_s) as url:
                 srv["ready_s"] = round(time.time() - t0, 1)

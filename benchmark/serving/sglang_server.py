@@ -95,14 +95,20 @@ JIT_CACHES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")  # what a server co
 
 
 @contextlib.contextmanager
-def fresh_jit_cache(env=None, base=None):
-    """``env`` with every just-in-time compile cache (:data:`JIT_CACHES`) pointed at a new empty directory,
-    removed afterwards. Why: servers run one after the other on one machine share Triton's cache, so each
-    later server starts with the kernels the earlier ones compiled (SGLang's own, at the same shapes) -- its
-    ready time is not its first start's. With a fresh cache each server's start-up is a first start."""
+def jit_cache_env(mode, env=None, base=None):
+    """``env`` for a server under ``--jit-cache mode``: ``"shared"``, as given (the machine's caches);
+    ``"fresh"``, with every just-in-time compile cache (:data:`JIT_CACHES`) pointed at a new empty directory,
+    removed afterwards. Why fresh: servers run one after the other on one machine share Triton's cache, so
+    each later server starts with the kernels the earlier ones compiled (SGLang's own, at the same shapes) --
+    its ready time is not its first start's. With a fresh cache each server's start-up is a first start."""
     import shutil
     import tempfile
 
+    if mode == "shared":
+        yield dict(env or {})
+        return
+    if mode != "fresh":
+        raise ValueError(f"--jit-cache must be fresh or shared, got {mode!r}")
     root = tempfile.mkdtemp(prefix="jit-cache-", dir=base)
     try:
         yield dict(env or {}, **{k: os.path.join(root, k.lower()) for k in JIT_CACHES})

@@ -36,7 +36,6 @@ server runs in the decode-exact mode, where LumoTree's replies must equal no spe
 from __future__ import annotations
 
 import argparse
-import contextlib
 import concurrent.futures
 import gzip
 import json
@@ -382,7 +381,7 @@ def main():
                          "--out, replies in --replies-out) and run the rest: one command repeated across sittings")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from sglang_server import draft_timing, fresh_jit_cache, get, log_health, post, sglang_server
+    from sglang_server import draft_timing, jit_cache_env, get, log_health, post, sglang_server
 
     sessions = make_sessions(args.sessions, args.turns, args.seed)
     count = token_counter(args.model)
@@ -407,7 +406,7 @@ def main():
         t0 = time.time()
         env_c = dict(env)
         try:
-            with (fresh_jit_cache(env_c) if args.jit_cache == "fresh" else contextlib.nullcontext(env_c)) as env_s, \
+            with jit_cache_env(args.jit_cache, env_c) as env_s, \
                     sglang_server(args.model, CONFIGS[config], port=args.port, log=log, timeout=args.server_timeout,
                                   base_args=base, env=env_s) as url:
                 res["servers"][name] = dict(ready_s=round(time.time() - t0, 1), args=CONFIGS[config] + base, env=env_c,

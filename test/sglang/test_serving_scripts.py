@@ -901,3 +901,16 @@ def test_bench_spec_miss_warm_passes_set_the_miss_rows_warm_passes_of_adaptive_s
     nextn = [n for s, n in sent if s == 2][1:]
     assert nextn == [4, 1, 4, 1, 4]  # no warm passes for a server that does not adapt
     assert len(json.load(open(out))["rows"]) == 4
+
+
+def test_jit_cache_env_gives_a_fresh_server_empty_caches_and_a_shared_one_the_machine_s():
+    ss = load("sglang_server")
+    with ss.jit_cache_env("shared", {"A": "1"}) as env:
+        assert env == {"A": "1"}
+    with ss.jit_cache_env("fresh", {"A": "1"}) as env:
+        dirs = [env[k] for k in ss.JIT_CACHES]
+        assert env["A"] == "1" and len(set(dirs)) == len(dirs) and not any(os.path.exists(d) for d in dirs)
+    assert not os.path.exists(os.path.dirname(dirs[0]))  # removed with the server
+    with pytest.raises(ValueError, match="jit-cache"):
+        with ss.jit_cache_env("warm"):
+            pass

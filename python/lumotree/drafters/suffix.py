@@ -158,15 +158,15 @@ def _continued(ctx: Sequence[int], prompt: Sequence[int], overlap: int) -> int:
     """How many of ``prompt``'s first tokens a request whose context was ``ctx`` has indexed: ``len(ctx)``
     when ``ctx`` is a prefix of ``prompt``; else the longest ``m >= overlap`` with ``ctx[-m:] == prompt[:m]``;
     else 0."""
+    ctx, prompt = list(ctx), list(prompt)
     n = len(ctx)
-    if n <= len(prompt) and prompt[:n] == list(ctx):
+    if n <= len(prompt) and prompt[:n] == ctx:
         return n
-    # the window moved on: ctx ends with prompt's head; where prompt[:overlap] starts in ctx, earliest first
+    # the window moved on: ctx ends with prompt's head; the earliest start in ctx where it does, the longest overlap
     if overlap < 1 or len(prompt) < overlap or n < overlap:
         return 0
-    head = list(prompt[:overlap])
     for j in range(max(0, n - len(prompt)), n - overlap + 1):
-        if ctx[j] == head[0] and list(ctx[j:j + overlap]) == head and list(ctx[j:]) == list(prompt[:n - j]):
+        if ctx[j] == prompt[0] and ctx[j:] == prompt[:n - j]:
             return n - j
     return 0
 

@@ -23,6 +23,8 @@ import os
 import time
 from typing import Callable, Dict, List
 
+from lumotree.sglang.adaptive import bucket
+
 logger = logging.getLogger(__name__)
 
 ENV = "LUMOTREE_BENCH_DRAFT_TIMING"
@@ -34,10 +36,6 @@ def enabled(env=os.environ) -> bool:
     return env.get(ENV) == "1"
 
 
-def bucket(batch: int) -> int:
-    return 1 << max(0, int(batch) - 1).bit_length()
-
-
 class DraftTimer:
     """Wall times (ms) per batch bucket; a line logged per ``every`` samples of a bucket."""
 
@@ -46,7 +44,7 @@ class DraftTimer:
         self.samples: Dict[int, List[float]] = collections.defaultdict(list)
 
     def add(self, batch: int, seconds: float) -> None:
-        b = bucket(batch)
+        b = bucket(batch)  # the adaptive tree size's buckets (CUDA-graph padding)
         got = self.samples[b]
         got.append(seconds * 1e3)
         if len(got) >= self.every:
@@ -71,11 +69,8 @@ def measure(fn, worker, batch, *args, **kwargs):
 
 
 def _around(original, self, batch, *args, **kwargs):
-    """The hook on SGLang's method: the same measurement."""
-    t0 = time.perf_counter()
-    out = original(self, batch, *args, **kwargs)
-    TIMER.add(len(batch.reqs), time.perf_counter() - t0)
-    return out
+    """The hook on SGLang's method (registered only when timing is on): the same measurement."""
+    return measure(original, self, batch, *args, **kwargs)
 
 
 def install() -> None:

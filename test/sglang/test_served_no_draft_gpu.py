@@ -22,7 +22,8 @@ def serve(tmp_path, name, args):
 
     model = os.path.join(ROOT, "benchmark", "models", "tiny-hybrid")
     port = int(os.environ.get("LUMOTREE_TEST_PORT", "30000"))
-    args = [*args, "--cuda-graph-max-bs", "8"]  # batches of 1 and 6 only: fewer graphs to capture
+    # batches of 1 and 6 only: fewer graphs to capture; info level for the start-up line the test reads
+    args = [*args, "--cuda-graph-max-bs", "8", "--log-level", "info"]
     with sglang_server(model, args, port=port, log=str(tmp_path / f"{name}.log"), timeout=400) as url:
         one = [generate(url, [p], 64)[0] for p in PROMPTS[:2]]
         batch = generate(url, PROMPTS, 64)

@@ -3,8 +3,8 @@
 The serving table's miss rows (`bench_spec.py --miss`) measure a 128-step pass right after the acceptance
 fell; a probe of the tree that falls in it costs its drafted steps. This replays that sequence through
 :class:`lumotree.sglang.adaptive.TreeSizePolicy` with the overlap scheduler's timing
-(`test/sglang/test_adaptive.py`'s ``simulate_overlap``: results one step late, a drafted step after no-draft
-steps cold): two passes whose drafts are accepted as the draft oracle draws them at p 0.8, four passes whose
+(`test/sglang/test_adaptive.py`'s ``simulate_overlap``: each step's own time read two launches late, results
+one step late, a drafted step after no-draft steps cold): two passes whose drafts are accepted as the draft oracle draws them at p 0.8, four passes whose
 drafts miss (the recording pass and three warm passes), then the measured miss pass; per batch the step
 times of the serving table (27B shapes, 32 layers, H200: decode step and drafted step, ms). Reports the
 measured pass's time over 128 no-draft steps, mean and worst over seeds.

@@ -259,9 +259,50 @@ def test_candidate_steps_from_the_flags(tmp_path):
         adaptive.candidate_steps(sa)
 
 
+class DeviceClock:
+    """A fake device for :class:`~lumotree.sglang.worker.StepClock`: events record the device's time, which the
+    test sets; an event is passed (``query()``) once the device time is at or past it."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.passed = float("inf")  # device time up to which recorded events have been reached
+
+    def event(self):
+        clock = self
+
+        class Event:
+            def record(self):
+                self.t = clock.now
+
+            def query(self):
+                return self.t <= clock.passed
+
+            def elapsed_time(self, later):
+                return (later.t - self.t) * 1e3
+
+        return Event()
+
+
+def test_step_clock_times_each_step_by_the_next_step_s_start_and_skips_interrupted_ones():
+    from lumotree.sglang.worker import StepClock
+
+    dev = DeviceClock()
+    clock = StepClock(dev.event)
+    for t, (b, s) in zip([0.0, 0.010, 0.040, 0.050], [(8, 0), (8, 3), (8, 3), (8, 0)]):
+        dev.now = t
+        clock.start(b, s)
+    dev.passed = 0.045  # the device has started the third step, not the fourth
+    assert clock.samples() == [(8, 0, pytest.approx(0.010)), (8, 3, pytest.approx(0.030))]
+    clock.interrupt()  # a prefill after the fourth step: the fourth's interval would hold it
+    dev.now, dev.passed = 0.100, float("inf")
+    clock.start(8, 3)
+    assert clock.samples() == [(8, 3, pytest.approx(0.010))]  # the third's; the fourth gave none
+    assert clock.samples() == []
+
+
 def test_worker_attributes_step_times_and_switches_states(monkeypatch):
     pytest.importorskip("sglang")
-    from lumotree.sglang.worker import worker_class
+    from lumotree.sglang.worker import StepClock, worker_class
 
     cls = worker_class()
     w = object.__new__(cls)  # no GPU: only the adaptive bookkeeping is exercised
@@ -275,33 +316,44 @@ def test_worker_attributes_step_times_and_switches_states(monkeypatch):
     w.speculative_num_steps = 3
     w.tree_policy = TreeSizePolicy([0, 3])
     w._tree_states = {0: 0, 3: 3}
-    w._last_decode = None
-    w._after_prefill = False
+    dev = DeviceClock()
+    w._clock = StepClock(dev.event)
     import collections
     w._pending_steps = collections.deque(maxlen=8)
     w._prev_steps = 3
     w._step_chosen = False
-    clock = iter([1.0, 1.5, 1.6, 3.0, 3.2])
-    monkeypatch.setattr("lumotree.sglang.worker.time.perf_counter", lambda: next(clock))
     monkeypatch.setattr(adaptive, "RUN", 1)  # one step per exploration run: a switch on every step
-    w.activate_step_by_batch(8)   # explores the tree first: no switch
-    w.activate_step_by_batch(8)   # 0.5 s attributed to the 3-step tree at bucket 8, then no draft
+
+    def launch(t, batch):
+        dev.now = t
+        w.activate_step_by_batch(batch)
+
+    launch(1.0, 8)   # explores the tree first
+    launch(1.5, 8)   # the first step's time needs the second's start: not read yet, still the tree
+    assert switched == [] and w.tree_policy.buckets[8].samples == {0: 0, 3: 0}
+    launch(1.6, 8)   # the first step's 0.5 s read; no draft explored now
     assert switched == [0] and w.tree_policy.buckets[8].samples == {0: 0, 3: 1}
-    w.activate_step_by_batch(0)   # idle: the 0.1 s of the no-draft step dropped (it followed a switch: under the
-    assert w.tree_policy.buckets[8].samples == {0: 0, 3: 1}  # overlap scheduler it timed the tree before it)
-    w.activate_step_by_batch(8)   # after an idle step: no time attributed; no draft (fewer samples), no switch
-    assert w.tree_policy.buckets[8].samples == {0: 0, 3: 1} and switched == [0]
-    w.activate_step_by_batch(8)   # 0.2 s attributed to no draft; the tree again, after a no-draft step
-    assert w.tree_policy.buckets[8].samples == {0: 1, 3: 1} and switched == [0, 3]
-    # acceptance arrives in launch order: the first result is the tree's, the next two the no-draft steps'
+    launch(1.7, 0)   # idle: the second step's 0.1 s (a tree step: its own time, no lag on the device's clock);
+    assert w.tree_policy.buckets[8].samples == {0: 0, 3: 2}  # the no-draft step before the gap gives none
+    launch(3.0, 8)
+    launch(3.2, 8)
+    assert w.tree_policy.buckets[8].samples == {0: 0, 3: 2} and switched == [0]
+    launch(3.25, 8)  # 3.0's 0.2 s, no draft's own
+    assert w.tree_policy.buckets[8].samples == {0: 1, 3: 2}
+    assert list(w.tree_policy.buckets[8].times[0]) == [pytest.approx(0.2)]
+    assert list(w.tree_policy.buckets[8].times[3]) == [pytest.approx(0.5), pytest.approx(0.1)]
+    w.tree_policy.choose = lambda batch: 3
+    launch(3.3, 8)   # the tree after no-draft steps: drafted from zeros
+    assert switched == [0, 3]
+    # acceptance arrives in launch order: two tree steps, four no-draft steps, then the cold tree step
     w.on_verify_complete_cpu([2, 2])
-    assert w.tree_policy.accept == 2.0
-    w.on_verify_complete_cpu([0, 0])
-    w.on_verify_complete_cpu([0, 0])
-    assert w.tree_policy.accept == 2.0
+    w.on_verify_complete_cpu([1, 1])
+    assert w.tree_policy.accept == pytest.approx(0.8 * 2 + 0.2 * 1)
+    for _ in range(4):
+        w.on_verify_complete_cpu([0, 0])
     # the first tree after a no-draft step drafted from zeros (draft-extend skipped): not an acceptance
     w.on_verify_complete_cpu([0, 0])
-    assert w.tree_policy.accept == 2.0
+    assert w.tree_policy.accept == pytest.approx(1.8)
 
 
 def test_no_draft_steps_skip_the_draft_extend_and_its_graphs():
@@ -345,22 +397,21 @@ def test_a_slow_outlier_does_not_decide_a_bucket():
 
 
 def simulate_overlap(policy, batch, t_none, t_tree, accept, steps, seed=0):
-    """As :func:`simulate`, timed as SGLang's overlap scheduler times a step: the host interval after a
-    launch is the previous step's GPU time, and results (acceptance) arrive one step late. ``accept``: each
-    request's accepted drafts, or a function drawing them from a ``random.Random``. Returns the candidates
-    served, in order."""
-    rng, served, pending, prev = random.Random(seed), [], None, None
+    """As :func:`simulate`, timed as the worker times a step under SGLang's overlap scheduler: each step's own
+    time (the device's clock), read when the next step has started -- at the launch after next -- and results
+    (acceptance) one step late. ``accept``: each request's accepted drafts, or a function drawing them from a
+    ``random.Random``. Returns the candidates served, in order."""
+    rng, served, pending, timed = random.Random(seed), [], None, []
     for _ in range(steps):
         s = policy.choose(batch)
-        if prev is not None:
-            policy.observe_time(batch, prev[0], prev[1], after_switch=prev[2])
+        if len(timed) >= 2:
+            policy.observe_time(batch, *timed.pop(0))
         if pending is not None:
             policy.observe_accept(*pending)
-        t_prev = (t_tree if (served[-1] if served else s) else t_none) * (1 + 0.02 * rng.random())
         cold = s and served and served[-1] == 0
         rows = [accept(rng) for _ in range(batch)] if callable(accept) else [accept] * batch
         pending = None if cold or not s else (s, rows)
-        prev = (s, t_prev, bool(served) and served[-1] != s)
+        timed.append((s, (t_tree if s else t_none) * (1 + 0.02 * rng.random())))
         served.append(s)
     return served
 
@@ -380,26 +431,27 @@ def test_a_probe_shows_risen_acceptance_at_once():
 
 
 def test_overlap_timing_learns_each_candidate_s_own_step_time():
-    """Under the overlap scheduler's one-step lag, a run's first sample is the other candidate's step:
-    dropped, the estimates are each candidate's own."""
+    """Timed by the device's clock, read two launches late, the estimates are each candidate's own."""
     p = TreeSizePolicy([0, 3])
     simulate_overlap(p, 8, 0.010, 0.030, 0.0, steps=60)
     st = p.table()["buckets"][8]["step_ms"]
     assert st[0] == pytest.approx(10.0, rel=0.03) and st[3] == pytest.approx(30.0, rel=0.03), st
 
 
-def bare_worker(cls, policy, overlap_consistent):
+def bare_worker(cls, policy, overlap_consistent, clock=None):
     """A LUMOTREE worker without SGLang underneath (no GPU): only its adaptive bookkeeping, the policy
     choosing the 3-step tree on every step."""
     import collections
+
+    from lumotree.sglang.worker import StepClock
 
     w = object.__new__(cls)
     w.speculative_num_steps = 3
     w.apply_runtime_state = lambda state: None
     w.tree_policy = policy
     w.tree_policy.choose = lambda batch: 3
-    w._tree_states, w._last_decode, w._prev_steps, w._step_chosen = {0: 0, 3: 3}, None, 3, False
-    w._after_prefill = False
+    w._tree_states, w._prev_steps, w._step_chosen = {0: 0, 3: 3}, 3, False
+    w._clock = StepClock(clock.event if clock is not None else None)
     w._pending_steps = collections.deque(maxlen=8)
     w._overlap_consistent, w._decode_step = overlap_consistent, None
     return w
@@ -466,27 +518,34 @@ def test_at_batch_1_a_probe_s_decision_rests_on_several_accept_samples(seed):
     assert served[-128:].count(3) >= 120, served[-128:]  # the last 128-token pass drafts
 
 
-def test_worker_drops_the_step_time_of_the_first_decode_step_after_a_prefill(monkeypatch):
-    """Under the overlap scheduler the host interval after the first decode step that follows a prefill ends
-    when the prefill's results are in: it times the prefill, not the step, and is dropped; the next one counts."""
+def test_worker_drops_the_step_time_of_the_decode_step_before_a_prefill(monkeypatch):
+    """A decode step's time runs to the next decode step's start on the device: for the step before a prefill
+    that holds the prefill, and is dropped; the first step after the prefill counts."""
     pytest.importorskip("sglang")
     import torch
 
     from lumotree.sglang.worker import worker_class
 
-    w = bare_worker(worker_class(), TreeSizePolicy([0, 3]), overlap_consistent=False)
+    dev = DeviceClock()
+    w = bare_worker(worker_class(), TreeSizePolicy([0, 3]), overlap_consistent=False, clock=dev)
     monkeypatch.setattr(type(w).__mro__[1], "forward_batch_generation", lambda self, batch, *a, **k: "sglang")
-    clock = iter([1.0, 1.5, 1.51, 1.52])
-    monkeypatch.setattr("lumotree.sglang.worker.time.perf_counter", lambda: next(clock))
     mode = SimpleNamespace(is_extend=lambda: True, is_idle=lambda: False)
     prefill = SimpleNamespace(forward_mode=mode, is_extend_in_batch=True)
     decode = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
                              is_extend_in_batch=False, seq_lens=torch.full((4,), 9))
-    assert w._forward(prefill) == "sglang"
-    for _ in range(4):  # launched at 1.0 (its interval: the prefill's 0.5 s), then 1.5, 1.51, 1.52
-        w._forward(decode)
+
+    def step(t, batch):
+        dev.now = t
+        out = w._forward(batch)
         w._step_chosen = False
-    assert w.tree_policy.buckets[4].samples[3] == 2  # the 0.01 s intervals; the 0.5 s one dropped
+        return out
+
+    step(1.0, decode)
+    assert step(1.01, prefill) == "sglang"  # the prefill runs 1.01 .. 1.5 on the device
+    for t in (1.5, 1.51, 1.52, 1.53):
+        step(t, decode)
+    # read at the launch after next: 1.5's and 1.51's, 0.01 s each; 1.0's (0.5 s, the prefill) dropped
+    assert w.tree_policy.buckets[4].samples[3] == 2
     assert w.tree_policy.step_time(4, 3) == pytest.approx(0.01)
 
 

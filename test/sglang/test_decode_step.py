@@ -168,7 +168,7 @@ def test_spec_algorithm_restored_after_capture():
 
 def worker(monkeypatch, decode_step):
     import sglang.srt.speculative.eagle_worker_v2 as ew
-    from lumotree.sglang.worker import worker_class
+    from lumotree.sglang.worker import StepClock, worker_class
 
     w = object.__new__(worker_class())
     w.calls = []
@@ -185,7 +185,7 @@ def worker(monkeypatch, decode_step):
     w.apply_runtime_state = apply_runtime_state
     w.speculative_num_steps = 3
     w._tree_states = {0: 0, 3: 3}
-    w._last_decode = None
+    w._clock = StepClock()
     w._pending_steps = collections.deque(maxlen=8)
     w._prev_steps = 3
     w._step_chosen = False

@@ -8,16 +8,19 @@ verify's tokens scale with ``batch x tree`` while a decode step is weight-bound)
 ``(1 + a) / T_tree(batch) > 1 / T_none(batch)``; SGLang 0.5.17's ``--speculative-adaptive`` makes a
 similar choice for EAGLE chains from a hand-written per-batch config. This policy needs no config:
 
-* the **cost model** ``T[c][bucket]`` is the median wall time of the last ``WINDOW`` decode steps
+* the **cost model** ``T[c][bucket]`` is the median time of the last ``WINDOW`` decode steps
   served with tree size ``c`` at that batch bucket (batches padded to powers of two, as CUDA graphs
-  are). Wall time between consecutive decode steps is what a user waits for: the target forward,
-  drafting, selection, commit and the scheduler's host work of the step. A median, because single
+  are). A step's time is the time between its start and the next decode step's start on the device
+  (the worker's :class:`~lumotree.sglang.worker.StepClock`: the target forward, drafting, selection,
+  commit, and whatever the device waited for the host in between -- what a user waits for); a step
+  followed by a prefill or an idle gap gives no sample. A median, because single
   steps can take 100x the usual (a first compile at a new shape, a profiler starting): on the H200
-  an average of such samples made a bucket serve its slower candidate;
-  A step's sample is dropped when the step before it served the other candidate: under SGLang's
-  overlap scheduler the host interval after a launch ends when the *previous* step's results are in,
-  so the first sample of a run measures the candidate before it; for the same reason the worker drops
-  the sample of the first decode step after a prefill (it measures the prefill). A bucket's estimate is
+  an average of such samples made a bucket serve its slower candidate. Why the device's clock and not
+  the host's: under SGLang's overlap scheduler the host interval between two launches ends when an
+  *earlier* step's results are in, so runs of a candidate started with samples of the step before them;
+  dropping a run's first sample did not make up for it -- right after a probe the tree's step read about a
+  decode step's time (10.9 against ~40 ms at batch 128, 9.8 against ~25 at 64, 27B shapes, H200) and the
+  bucket chose the tree on a rate 2.5-3.5x too high until its own steps outvoted those samples. A bucket's estimate is
   never above the next larger measured bucket's (a step's time grows with the batch), which keeps a
   bucket met while a pass's batch ramps up -- few samples, the ones a stray prefill inflates -- from
   serving the wrong candidate;
@@ -63,7 +66,7 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
 
 Pure Python and host-only (the step times and accept lengths it reads are on the host already): the
 worker (:mod:`lumotree.sglang.worker`) calls :meth:`TreeSizePolicy.choose` before a decode step,
-:meth:`~TreeSizePolicy.observe_time` with the previous step's wall time and
+:meth:`~TreeSizePolicy.observe_time` with each step's time once the device has it (a step or two later) and
 :meth:`~TreeSizePolicy.observe_accept` when SGLang has the accept lengths on the host.
 
 Candidates are tree sizes named by their draft steps (SGLang's runtime states are keyed by steps):
@@ -88,11 +91,11 @@ EMA = 0.2  # weight of a new sample in the acceptance average
 GAP_SAMPLES = 4  # steps after a no-draft gap averaged with the estimate from before it before the EMA resumes
 WINDOW = 5  # step-time samples per candidate and bucket the median is taken over (a probe's run outweighs older ones)
 MIN_SAMPLES = 3  # step-time samples per candidate and bucket before the policy trusts the bucket
-# consecutive steps a candidate is explored or probed for: its first step's time sample is the step before's
-# (overlap) and a drafted first step is cold; one more because its results arrive a step late (overlap)
+# consecutive steps a candidate is explored or probed for: a drafted first step is cold (no acceptance), and its
+# results arrive a step late (overlap): MIN_SAMPLES time samples and more than one counted acceptance
 RUN = MIN_SAMPLES + 2
-# a probe of a candidate whose step time the bucket has measured: of no draft, for its step time (its first
-# sample times the step before, the last arrives after the decision: PROBE_RUN steps); of the tree, for the
+# a probe of a candidate whose step time the bucket has measured: of no draft, for its step time (PROBE_RUN
+# steps, the last sample arriving after the decision); of the tree, for the
 # acceptance: a cold step (drafted after no-draft steps), then counted steps until PROBE_ROWS request samples
 # are in -- and the decision waits one no-draft step for the last of them (overlap: results arrive a step late)
 # rather than drafting one more step whose acceptance the decision would not see (tree_probe_run)
@@ -184,10 +187,9 @@ class TreeSizePolicy:
                                       {c: 0 for c in self.candidates})
         return self.buckets[b]
 
-    def observe_time(self, batch: int, steps: int, seconds: float, after_switch: bool = False) -> None:
-        """Wall time of one decode step of ``batch`` requests served with ``steps`` draft steps;
-        ``after_switch``: the step before it served another candidate (the sample is dropped)."""
-        if steps not in self.candidates or not seconds > 0 or after_switch:
+    def observe_time(self, batch: int, steps: int, seconds: float) -> None:
+        """Time of one decode step of ``batch`` requests served with ``steps`` draft steps."""
+        if steps not in self.candidates or not seconds > 0:
             return
         st = self._bucket(batch)
         st.times[steps].append(seconds)

@@ -58,6 +58,68 @@ def _no_draft_graphs(draft_worker):
         del draft_worker._capture_cuda_graphs
 
 
+class StepClock:
+    """The time of each decode step as the device saw it: a timing event recorded on the step's stream when
+    the step is launched (:meth:`start`); a step's time is the device time from its event to the next decode
+    step's -- its forward, drafting and commit, and any wait for the host's next launch (a host-bound step).
+
+    Why not host intervals: under SGLang's overlap scheduler the host launches a step before the previous
+    one's results are in and waits for them after, so the interval between two launches times an earlier
+    step; a run of steps of one candidate started with samples of the other (:mod:`lumotree.sglang.adaptive`).
+    Results of the device's clock are read without waiting (:meth:`samples`: the events already passed).
+
+    A step followed by other device work (a prefill, :meth:`interrupt`) or an idle gap gives no sample.
+
+    Args:
+        event: makes an event with ``record()``, ``query()`` and ``elapsed_time(later)`` (milliseconds),
+            as ``torch.cuda.Event(enable_timing=True)``; default that, or :class:`HostEvent` without CUDA.
+    """
+
+    LIMIT = 64  # steps whose times are not read yet (a bound: they are read at every launch)
+
+    def __init__(self, event=None):
+        if event is None:
+            event = functools.partial(torch.cuda.Event, enable_timing=True) if torch.cuda.is_available() else HostEvent
+        self._event = event
+        self._open = collections.deque(maxlen=self.LIMIT)  # [event, batch, steps, counts] in launch order
+
+    def start(self, batch: int, steps: int) -> None:
+        """A decode step of ``batch`` requests with ``steps`` draft steps is launched now (before its device work)."""
+        ev = self._event()
+        ev.record()
+        self._open.append([ev, batch, steps, True])
+
+    def interrupt(self) -> None:
+        """Device work that is not a decode step (a prefill) or an idle gap follows the last step started."""
+        if self._open:
+            self._open[-1][3] = False
+
+    def samples(self) -> list:
+        """``[(batch, steps, seconds)]`` of the steps whose next step has started on the device, oldest first."""
+        out = []
+        while len(self._open) >= 2 and self._open[1][0].query():
+            ev, batch, steps, counts = self._open.popleft()
+            if counts:
+                out.append((batch, steps, ev.elapsed_time(self._open[0][0]) / 1e3))
+        return out
+
+
+class HostEvent:
+    """:class:`StepClock`'s event without CUDA: the host's clock at ``record()``."""
+
+    def __init__(self):
+        self.t = None
+
+    def record(self) -> None:
+        self.t = time.perf_counter()
+
+    def query(self) -> bool:
+        return self.t is not None
+
+    def elapsed_time(self, later: "HostEvent") -> float:
+        return (later.t - self.t) * 1e3
+
+
 def cold_draft_input(draft_input, topk: int) -> None:
     """The first-level draft of a request whose previous step drafted nothing (its MTP draft-extend
     skipped): ``topk`` distinct tokens with distinct, decreasing positive scores, in place of SGLang's
@@ -101,8 +163,7 @@ def worker_class():
             # one candidate that is the configured tree: a fixed tree, no policy ([0] pins the no-draft step)
             self.tree_policy = adaptive.TreeSizePolicy(steps) if steps != [self.speculative_num_steps] else None
             self._tree_states = {}
-            self._last_decode = None  # (batch, steps, host time, after a switch) of the previous decode step
-            self._after_prefill = False  # the next decode step's interval holds a prefill's GPU time (overlap)
+            self._clock = StepClock()  # each decode step's time, as the device saw it
             self._pending_steps = collections.deque(maxlen=8)  # [steps, cold, live rows] of decode steps not yet reported
             self._prev_steps = self.speculative_num_steps
             self._decode_step = None  # the no-draft step as a decode forward (built with the CUDA graphs)
@@ -169,10 +230,8 @@ def worker_class():
 
         def _forward(self, batch, *args, **kwargs):
             if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
-                # a prefill between two decode steps: no step time to attribute, and under the overlap scheduler
-                # the next decode step's host interval ends when the prefill's results are in (its GPU time)
-                self._last_decode = None
-                self._after_prefill = True
+                # a prefill between two decode steps: the one before it has no step time of its own
+                self._clock.interrupt()
             elif self.tree_policy is not None and not batch.forward_mode.is_idle():
                 self.activate_step_by_batch(batch.seq_lens.shape[0])
                 self._step_chosen = True  # SGLang's loop asks again: the choice stands
@@ -225,22 +284,18 @@ def worker_class():
             if self._step_chosen:
                 self._step_chosen = False
                 return
-            now = time.perf_counter()
-            if self._last_decode is not None:
-                b, s, t, switched = self._last_decode
-                self.tree_policy.observe_time(b, s, now - t, after_switch=switched)
+            for b, s, seconds in self._clock.samples():
+                self.tree_policy.observe_time(b, s, seconds)
             if batch_size <= 0:  # idle batch
-                self._last_decode = None
+                self._clock.interrupt()
                 return
             steps = self.tree_policy.choose(batch_size)
             if steps != self.speculative_num_steps:
                 self.apply_runtime_state(self._tree_states[steps])
-            # a sample after a switch times the candidate before it, one after a prefill the prefill: both dropped.
-            # Why the prefill: batches ramp up through smaller buckets as a pass's requests are admitted, and their
-            # few samples held prefills -- a bucket-4 tree step "took" 55 ms against 13 ms at bucket 8 and the
-            # bucket served no draft (27B shapes, batch 8, H200)
-            self._last_decode = (batch_size, steps, now, steps != self._prev_steps or self._after_prefill)
-            self._after_prefill = False
+            # a step's time includes no prefill: batches ramp up through smaller buckets as a pass's requests are
+            # admitted, and samples that held prefills once made a bucket-4 tree step "take" 55 ms against 13 ms
+            # at bucket 8, and the bucket served no draft (27B shapes, batch 8, H200)
+            self._clock.start(batch_size, steps)
             # the first drafted step after no-draft steps drafts from zeros (draft-extend skipped): not an acceptance;
             # the third entry: the step's running rows on the host (_note_live_rows), or None (all of them)
             self._pending_steps.append([steps, steps > 0 and self._prev_steps == 0, None])

@@ -4,6 +4,7 @@ acceptance in launch order) on a worker object without a GPU."""
 import json
 import math
 import random
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -298,6 +299,71 @@ def test_step_clock_times_each_step_by_the_next_step_s_start_and_skips_interrupt
     clock.start(8, 3)
     assert clock.samples() == [(8, 3, pytest.approx(0.010))]  # the third's; the fourth gave none
     assert clock.samples() == []
+
+
+class Pipeline:
+    """SGLang's overlap scheduler against one in-order device stream: the host launches step k + 1 (events
+    recorded at launch reach the device when it is free), then waits for step k's results. Launching takes
+    ``host_s``; each step runs ``seconds`` on the device. ``now``: the host's clock."""
+
+    def __init__(self, host_s):
+        self.host_s, self.now, self.free = host_s, 0.0, 0.0
+        self.done = []  # device end time of each launched step
+
+    def event(self):
+        pipe = self
+
+        class Event:
+            def record(self):
+                self.t = max(pipe.now, pipe.free)  # the device reaches it after the work queued before it
+
+            def query(self):
+                return self.t <= pipe.now
+
+            def elapsed_time(self, later):
+                return (later.t - self.t) * 1e3
+
+        return Event()
+
+    def launch(self, seconds, record):
+        record()  # the worker's event, at the start of the launch
+        self.now += self.host_s
+        start = max(self.now, self.free)
+        self.free = start + seconds
+        self.done.append(self.free)
+
+    def wait(self, k):
+        self.now = max(self.now, self.done[k])
+
+
+@pytest.mark.parametrize("host_s", [0.001, 0.020], ids=["device-bound", "host-bound"])
+def test_step_clock_under_the_overlap_pipeline_times_each_step_s_own_candidate(host_s):
+    """Steps of two candidates (10 ms and 30 ms on the device) alternating in runs, launched one ahead of the
+    results as SGLang's overlap scheduler does: where the device is the bottleneck every sample is its own
+    step's device time, the first of each run included (host intervals between launches timed the step before
+    it); where the host is (20 ms a launch), run boundaries shift a little time between neighbours but each
+    candidate's median is its own step's time."""
+    from lumotree.sglang.worker import StepClock
+
+    pipe = Pipeline(host_s)
+    clock = StepClock(pipe.event)
+    plan = [0] * 4 + [3] * 3 + [0] * 2 + [3] * 2 + [0] * 3
+    got = []
+    for k, steps in enumerate(plan):
+        got += clock.samples()
+        pipe.launch(0.030 if steps else 0.010, lambda: clock.start(8, steps))
+        if k >= 1:
+            pipe.wait(k - 1)  # results of the step before, after launching this one
+    pipe.wait(len(plan) - 1)
+    got += clock.samples()
+    assert [s for _, s, _ in got] == plan[:-1]  # the last step has no next start
+    for steps in (0, 3):
+        own = [x for _, s, x in got if s == steps]
+        want = max(0.030 if steps else 0.010, host_s)
+        if host_s < 0.010:  # the device is the bottleneck: each step's own device time (the first: + its launch)
+            assert own[1 if steps == 0 else 0:] == pytest.approx([want] * len(own[1 if steps == 0 else 0:])), got
+        # either way the median the policy takes is the candidate's step: neither reads the other's time
+        assert statistics.median(own) == pytest.approx(want), got
 
 
 def test_worker_attributes_step_times_and_switches_states(monkeypatch):

@@ -325,11 +325,12 @@ def main():
                          "compiled); shared: the machine's caches")
     ap.add_argument("--oracle-p", type=float, default=None, help="controlled acceptance (oracle configs)")
     ap.add_argument("--oracle-warm-passes", type=int, default=3,
-                    help="oracle configurations: unmeasured passes at the controlled acceptance after the recording "
-                         "pass, so that an adaptive server has seen the acceptance before the measured one")
+                    help="adaptive oracle configurations: unmeasured passes at the controlled acceptance after the "
+                         "recording pass, so that the server has seen the acceptance before the measured one (the "
+                         "other oracle configurations get one, for what a first pass that accepts compiles)")
     ap.add_argument("--miss-warm-passes", type=int, default=None,
                     help="--miss rows of adaptive servers: unmeasured passes whose drafts miss before the measured "
-                         "one (default: --oracle-warm-passes). More of them measure the steady state -- the tree "
+                         "one (default: --oracle-warm-passes; other servers: one). More of them measure the steady state -- the tree "
                          "probes back off as they keep confirming no draft -- rather than the passes right after "
                          "the acceptance fell")
     ap.add_argument("--tp", type=int, default=1, help="--tp-size of every server (rows record it)")
@@ -408,12 +409,16 @@ def main():
                     # non-graph kernels; seen costing seconds at a new size) and, for the oracle
                     # configurations, records the greedy continuation the measured pass drafts from
                     generate(url, batch, args.output_len, key=key)
-                    warm = args.oracle_warm_passes if oracle and adapts(name) else 0
+                    # unmeasured passes at the phase's acceptance: an adaptive server's --oracle-warm-passes (it must
+                    # see the acceptance), one for the others -- the recording pass accepted nothing, and with fresh
+                    # compile caches a first pass that accepts may still compile (SGLang's chain once measured a pass
+                    # at batch 8 with one request 0.4 s behind the others; 27B shapes, H200)
+                    warm = (args.oracle_warm_passes if adapts(name) else 1) if oracle else 0
                     phases = [(args.oracle_p if oracle else None, lambda: batch)]
                     if oracle and args.miss:  # the same server with drafts that miss: prompts never seen
                         phases.append((0.0, lambda: fresh_prompts(rng, bs, args.input_len)))
                     measured_rows = []
-                    miss_warm = warm if args.miss_warm_passes is None or not warm else args.miss_warm_passes
+                    miss_warm = warm if args.miss_warm_passes is None or not adapts(name) else args.miss_warm_passes
                     for phase, (accept_p, prompts_of) in enumerate(phases):
                         for _ in range(warm if phase == 0 else miss_warm):
                             generate(url, prompts_of(), args.output_len, key=key)

@@ -707,8 +707,9 @@ def test_bench_spec_oracle_twins_set_the_oracle_of_their_loop(tmp_path, monkeypa
     assert [{k: v for k, v in e.items() if k not in jit} for _, e in seen] == \
         [{"LUMOTREE_BENCH_DRAFT_ORACLE_P": "0.8"}] * 2 + [{"LUMOTREE_BENCH_ORACLE_P": "0.8"}]
     assert seen[0][0] == bs.CONFIGS["lumotree-topk2"]
-    # warm-up, then per batch: the recording pass, (adaptive servers) 3 warm passes, prefill, the measured pass
-    assert [calls.count(i) for i in (1, 2, 3)] == [1 + 1 + 3 + 2, 1 + 1 + 2, 1 + 1 + 2]
+    # warm-up, then per batch: the recording pass, 3 warm passes (adaptive servers; 1 for the others), prefill, the
+    # measured pass
+    assert [calls.count(i) for i in (1, 2, 3)] == [1 + 1 + 3 + 2, 1 + 1 + 1 + 2, 1 + 1 + 1 + 2]
     assert bs.adapts("lumotree-topk2-oracle") and not bs.adapts("lumotree-topk2-fixed-oracle")
     assert bs.adapts("nextn-chain-adaptive-oracle") and not bs.adapts("nextn-topk2-oracle")
 
@@ -756,7 +757,7 @@ def test_bench_spec_miss_rows_come_from_the_same_server_with_prompts_it_never_sa
     before = {p for _, p, _ in sent[:sent.index((2, miss[0], 4))]}
     assert not set(miss) & before
     nextn = [p for s, p, _ in sent if s == 3][1:]
-    assert len(nextn) == 3 + 2  # no warm passes for a server that does not adapt
+    assert len(nextn) == 4 + 3  # one warm pass per phase for a server that does not adapt
 
 
 def test_bench_spec_reads_the_adaptive_decisions(tmp_path):
@@ -889,7 +890,7 @@ def test_bench_spec_resume_keeps_finished_configurations_and_runs_the_rest(tmp_p
 
 def test_bench_spec_miss_warm_passes_set_the_miss_rows_warm_passes_of_adaptive_servers(tmp_path, monkeypatch):
     """--miss-warm-passes N: an adaptive server's miss row gets N unmeasured passes (the steady state of its
-    probes) while its controlled-acceptance row keeps --oracle-warm-passes; a server that does not adapt none."""
+    probes) while its controlled-acceptance row keeps --oracle-warm-passes; a server that does not adapt one."""
     import json
 
     sent, out = run_miss_bench(tmp_path, monkeypatch, "lumotree-chain-oracle,nextn-chain-oracle",
@@ -899,7 +900,7 @@ def test_bench_spec_miss_warm_passes_set_the_miss_rows_warm_passes_of_adaptive_s
     # recording pass, 3 warm passes, prefill, measured; then 7 warm passes whose drafts miss, prefill, measured
     assert lumo == [4] * 4 + [1, 4] + [4] * 7 + [1, 4]
     nextn = [n for s, n in sent if s == 2][1:]
-    assert nextn == [4, 1, 4, 1, 4]  # no warm passes for a server that does not adapt
+    assert nextn == [4, 4, 1, 4, 4, 1, 4]  # one warm pass per phase for a server that does not adapt
     assert len(json.load(open(out))["rows"]) == 4
 
 

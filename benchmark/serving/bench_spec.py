@@ -112,6 +112,10 @@ CONFIGS = {
     # (steps 0-7 per batch, from its default per-batch config), its model-free n-gram drafter
     "nextn-chain-replayssm": spec("NEXTN", 3, 1, 4) + ["--enable-linear-replayssm-spec"],
     "nextn-chain-adaptive": spec("NEXTN", 3, 1, 4) + ["--speculative-adaptive"],
+    # the same with SGLang's default per-batch config less its 7-step candidate at batch 1 (with it, the server did
+    # not start at the 27B shapes: an illegal memory access capturing the 7-step draft-extend graph, H200)
+    "nextn-chain-adaptive3": spec("NEXTN", 3, 1, 4) + [
+        "--speculative-adaptive", "--speculative-adaptive-config", os.path.join(HERE, "sglang_adaptive_3step.json")],
     "ngram": ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"],
     # LUMOTREE is adaptive by default (the tree or no draft, per step); this serves the tree on every step
     "none-sync": ["--disable-overlap-schedule"],  # no speculation under the synchronous scheduler

@@ -915,3 +915,23 @@ def test_jit_cache_env_gives_a_fresh_server_empty_caches_and_a_shared_one_the_ma
     with pytest.raises(ValueError, match="jit-cache"):
         with ss.jit_cache_env("warm"):
             pass
+
+
+def test_sglang_adaptive_peer_config_drops_only_the_7_step_candidate():
+    """``nextn-chain-adaptive3``: SGLang's ``--speculative-adaptive`` with its own default per-batch config less
+    the 7-step candidate (read by SGLang's own loader), an adaptive oracle configuration of the benchmark."""
+    pytest.importorskip("sglang")
+    from sglang.srt.speculative import adaptive_spec_params as asp
+
+    bs = load("bench_spec")
+    args = bs.CONFIGS["nextn-chain-adaptive3-oracle"]
+    path = args[args.index("--speculative-adaptive-config") + 1]
+    _, ours = asp._load_adaptive_config(path)
+    _, default = asp._load_adaptive_config(None)
+    assert set(ours) == set(default)
+    for key, entry in default.items():
+        assert ours[key]["candidate_steps"] == [s for s in entry["candidate_steps"] if s != 7], key
+        assert {k: v for k, v in ours[key].items() if k != "candidate_steps"} == \
+            {k: v for k, v in entry.items() if k != "candidate_steps"}
+    assert asp.resolve_candidate_steps_from_config(path) == [0, 1, 3]
+    assert bs.adapts("nextn-chain-adaptive3-oracle") and "--speculative-adaptive" in args

@@ -676,3 +676,30 @@ def test_the_one_node_verify_captures_few_graphs_where_decode_steps_serve_no_dra
     assert one_node_verify_graph_bs(None, True) is None and one_node_verify_graph_bs([], True) == []
     for bs in range(1, 129):  # every batch still has a captured size to pad up to
         assert any(b >= bs for b in one_node_verify_graph_bs(full, True))
+
+
+def test_decode_step_graphs_are_the_ones_no_speculation_captures():
+    """The decode graphs that serve no-draft steps: where the server has SGLang's default speculative list, the
+    list a server without speculation captures (SGLang's own generator: 20 sizes to 128, not 35); a list the user
+    chose (any other) stays, and so does no list."""
+    pytest.importorskip("sglang")
+    from sglang.srt.server_args import ServerArgs
+
+    from lumotree.sglang.worker import decode_step_graph_bs
+
+    class Args:
+        _generate_decode_cuda_graph_batch_sizes = ServerArgs._generate_decode_cuda_graph_batch_sizes
+
+        def __init__(self, algorithm, padding=False):
+            self.speculative_algorithm, self.disable_cuda_graph_padding = algorithm, padding
+
+    spec_list = Args("LUMOTREE")._generate_decode_cuda_graph_batch_sizes(128)
+    none_list = Args(None)._generate_decode_cuda_graph_batch_sizes(128)
+    assert len(spec_list) == 35 and len(none_list) == 20
+    assert decode_step_graph_bs(Args("LUMOTREE"), spec_list) == none_list
+    assert none_list[:6] == [1, 2, 4, 8, 12, 16] and none_list[-1] == 128
+    user = [1, 3, 5, 7, 128]
+    assert decode_step_graph_bs(Args("LUMOTREE"), user) == user
+    padless = Args("LUMOTREE", padding=True)  # --disable-cuda-graph-padding: every size either way
+    assert decode_step_graph_bs(padless, list(range(1, 33))) == list(range(1, 33))
+    assert decode_step_graph_bs(Args("LUMOTREE"), None) is None

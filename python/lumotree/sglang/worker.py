@@ -27,6 +27,7 @@ import contextlib
 import functools
 import logging
 import time
+import types
 
 import torch
 
@@ -46,6 +47,29 @@ def one_node_verify_graph_bs(cuda_graph_bs, decodes: bool):
         return cuda_graph_bs
     sizes = sorted(set(int(b) for b in cuda_graph_bs))
     return [b for b in sizes if b & (b - 1) == 0 and b < sizes[-1]] + [sizes[-1]]
+
+
+def decode_step_graph_bs(server_args, cuda_graph_bs):
+    """Batch sizes of the decode CUDA graphs that serve no-draft steps (:mod:`lumotree.sglang.decode_step`): the
+    ones a server without speculation captures (SGLang's own list for no speculation, padding batches as it does),
+    where ``cuda_graph_bs`` is SGLang's default list for a speculative server; a list the user chose stays. Why:
+    a no-draft step is compared with no speculation's decode step, and SGLang's speculative list has 35 sizes up
+    to 128 against 20 (7.4 s of a LUMOTREE server's start-up for these graphs at 27B shapes, H200)."""
+    if not cuda_graph_bs:
+        return cuda_graph_bs
+    generate = getattr(type(server_args), "_generate_decode_cuda_graph_batch_sizes", None)
+    if generate is None:
+        return cuda_graph_bs
+    max_bs = max(int(b) for b in cuda_graph_bs)
+    padding = getattr(server_args, "disable_cuda_graph_padding", False)
+
+    def default(algorithm):
+        view = types.SimpleNamespace(speculative_algorithm=algorithm, disable_cuda_graph_padding=padding)
+        return generate(view, max_bs)
+
+    if sorted(int(b) for b in cuda_graph_bs) != sorted(default(server_args.speculative_algorithm)):
+        return cuda_graph_bs  # the user's list
+    return default(None)
 
 
 @contextlib.contextmanager
@@ -216,7 +240,7 @@ def worker_class():
                         logger.info("LumoTree adaptive: runtime state for %d draft steps built in %.1f s", steps,
                                     time.perf_counter() - tic)
                 if 0 in self.tree_policy.candidates and self._decodes:
-                    self._decode_step = DecodeStep.build(self, cuda_graph_bs)
+                    self._decode_step = DecodeStep.build(self, decode_step_graph_bs(self.server_args, cuda_graph_bs))
             logger.info("LumoTree adaptive tree size: candidates %s draft steps (0 = no draft), chosen per decode "
                         "step from measured step times and acceptance", self.tree_policy.candidates)
 

@@ -334,9 +334,9 @@ def main():
                          "other oracle configurations get one, for what a first pass that accepts compiles)")
     ap.add_argument("--miss-warm-passes", type=int, default=None,
                     help="--miss rows of adaptive servers: unmeasured passes whose drafts miss before the measured "
-                         "one (default: --oracle-warm-passes; other servers: one). More of them measure the steady state -- the tree "
-                         "probes back off as they keep confirming no draft -- rather than the passes right after "
-                         "the acceptance fell")
+                         "one (default: --oracle-warm-passes; other servers: one). More of them measure the steady "
+                         "state -- the tree probes back off as they keep confirming no draft -- rather than the "
+                         "passes right after the acceptance fell")
     ap.add_argument("--tp", type=int, default=1, help="--tp-size of every server (rows record it)")
     ap.add_argument("--miss", action="store_true",
                     help="oracle configurations: after each batch's controlled-acceptance row, a row of the same server "
@@ -416,7 +416,7 @@ def main():
                     # unmeasured passes at the phase's acceptance: an adaptive server's --oracle-warm-passes (it must
                     # see the acceptance), one for the others -- the recording pass accepted nothing, and with fresh
                     # compile caches a first pass that accepts may still compile (SGLang's chain once measured a pass
-                    # at batch 8 with one request 0.4 s behind the others; 27B shapes, H200)
+                    # at batch 8 whose requests finished 0.58-0.99 s in, LUMOTREE's 0.56-0.66 s; 27B shapes, H200)
                     warm = (args.oracle_warm_passes if adapts(name) else 1) if oracle else 0
                     phases = [(args.oracle_p if oracle else None, lambda: batch)]
                     if oracle and args.miss:  # the same server with drafts that miss: prompts never seen

@@ -240,7 +240,8 @@ def worker_class():
                         logger.info("LumoTree adaptive: runtime state for %d draft steps built in %.1f s", steps,
                                     time.perf_counter() - tic)
                 if 0 in self.tree_policy.candidates and self._decodes:
-                    self._decode_step = DecodeStep.build(self, decode_step_graph_bs(self.server_args, cuda_graph_bs))
+                    decode_bs = decode_step_graph_bs(self.server_args, cuda_graph_bs)
+                    self._decode_step = DecodeStep.build(self, decode_bs)
             logger.info("LumoTree adaptive tree size: candidates %s draft steps (0 = no draft), chosen per decode "
                         "step from measured step times and acceptance", self.tree_policy.candidates)
 

@@ -355,7 +355,7 @@ def main():
                     help="default: each server as its flags alone make it (what a user gets); sync: "
                          "--disable-overlap-schedule for every configuration")
     ap.add_argument("--profile-batches", default="1,8")
-    ap.add_argument("--profile-steps", type=int, default=30)
+    ap.add_argument("--profile-steps", type=int, default=30, help="0: no decode profiles (with --profile-prefill: the prefill's alone)")
     ap.add_argument("--profile-prefill", action="store_true",
                     help="also profile one-token passes (the prefill) at --profile-batches, after the decode profiles")
     ap.add_argument("--profile-prefill-steps", type=int, default=2)
@@ -441,7 +441,7 @@ def main():
                     # profiler's host time), and an adaptive server's step-time samples take them in -- a
                     # phase measured after one was seen serving its slower candidate throughout
                     if args.profile_dir and bs in [int(x) for x in args.profile_batches.split(",")]:
-                        for row, prompts_of in measured_rows:
+                        for row, prompts_of in (measured_rows if args.profile_steps > 0 else ()):
                             tag = f"{name}-bs{bs}" + ("-miss" if row["accept_p"] == 0.0 else "")
                             row["profile"] = profile_pass(url, prompts_of(), args, key, tag, row["prefill_seconds"])
                         if args.profile_prefill:  # the prompts of the first phase (a known prompt for oracles)

@@ -703,3 +703,38 @@ def test_decode_step_graphs_are_the_ones_no_speculation_captures():
     padless = Args("LUMOTREE", padding=True)  # --disable-cuda-graph-padding: every size either way
     assert decode_step_graph_bs(padless, list(range(1, 33))) == list(range(1, 33))
     assert decode_step_graph_bs(Args("LUMOTREE"), None) is None
+
+
+def test_capture_sizes_reach_sglangs_graph_runner(monkeypatch):
+    """The sizes LumoTree's no-draft graphs are captured at reach the function SGLang's graph runners take their
+    sizes from (``get_batch_sizes_to_capture``, which reads ``server_args.cuda_graph_config``), and the server's
+    own list is back afterwards -- also when the build raises. SGLang's ``_override_worker_state(cuda_graph_bs=...)``
+    alone did not reach it: the runners captured the speculative list's 35 sizes."""
+    pytest.importorskip("sglang")
+    import types
+
+    from sglang.srt.model_executor.cuda_graph_config import CudaGraphConfig
+    from sglang.srt.model_executor.runner import base_cuda_graph_runner as base
+
+    from lumotree.sglang.decode_step import capture_sizes
+
+    monkeypatch.setattr(base, "get_cuda_graph_batch_size_alignment", lambda server_args: 1)
+    monkeypatch.setattr(base, "get_cuda_graph_max_batch_size", lambda server_args, n: n)
+    monkeypatch.setattr(base, "get_flags", lambda: types.SimpleNamespace(
+        capture=types.SimpleNamespace(enable_torch_compile=False)))
+    config = CudaGraphConfig()
+    spec_list = list(range(1, 9)) + list(range(10, 33, 2))
+    config.decode.bs = list(spec_list)
+    args = types.SimpleNamespace(cuda_graph_config=config, enable_two_batch_overlap=False, torch_compile_max_bs=32)
+    runner = types.SimpleNamespace(server_args=args, req_to_token_pool=types.SimpleNamespace(size=33))
+
+    assert base.get_batch_sizes_to_capture(runner)[0] == spec_list
+    with capture_sizes(args, [32, 1, 2, 4, 8, 16]):
+        assert base.get_batch_sizes_to_capture(runner)[0] == [1, 2, 4, 8, 16, 32]
+    assert base.get_batch_sizes_to_capture(runner)[0] == spec_list
+    with pytest.raises(RuntimeError):
+        with capture_sizes(args, [1, 32]):
+            raise RuntimeError("capture failed")
+    assert config.decode.bs == spec_list
+    with capture_sizes(args, None):  # graphs off or nothing chosen: as configured
+        assert base.get_batch_sizes_to_capture(runner)[0] == spec_list

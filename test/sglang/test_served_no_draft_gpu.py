@@ -6,6 +6,7 @@ token for token (the same decode kernels and graphs run). A batch asking for log
 the one-node verify instead (GDN decode kernels in place); its tokens must match too."""
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -38,9 +39,15 @@ def test_no_draft_step_decodes_like_no_speculation(tmp_path):
     cfg.write_text(json.dumps({"candidate_steps": [0]}))
     tree = ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
             "--speculative-num-draft-tokens", "6", "--speculative-adaptive-config", str(cfg)]
-    ref, _, _ = serve(tmp_path, "none", [])
+    ref, _, ref_log = serve(tmp_path, "none", [])
     got, meta, log = serve(tmp_path, "lumotree", tree)
     assert "no-draft steps run as decode steps" in log
+    # its decode graphs are captured at the sizes the server without speculation captured (1, 2, 4, 8 here),
+    # not at the speculative list's (1..8), so its batches pad as that server's do
+    none_bs = re.search(r"Capture target decode CUDA graph begin\..*?bs=(\[[0-9, ]*\])", ref_log)
+    lt_bs = re.search(r"no-draft steps run as decode steps \(decode CUDA graphs for batch sizes (\[[0-9, ]*\])", log)
+    assert none_bs and lt_bs and json.loads(lt_bs.group(1)) == json.loads(none_bs.group(1)) == [1, 2, 4, 8], (
+        none_bs and none_bs.group(1), lt_bs and lt_bs.group(1))
     assert all(m["completion_tokens"] == 64 for m in meta)
     # the prefill makes the first token, then one token per verify step: nothing was drafted
     assert all(m.get("spec_verify_ct") == 63 for m in meta), [m.get("spec_verify_ct") for m in meta]

@@ -49,6 +49,27 @@ def _non_speculative(model_runner):
         model_runner.spec_algorithm = spec
 
 
+@contextlib.contextmanager
+def capture_sizes(server_args, cuda_graph_bs):
+    """While a graph runner is built: SGLang captures its graphs at ``cuda_graph_bs`` (``None``: as configured).
+
+    Why here and not through ``EAGLEWorkerV2._override_worker_state(cuda_graph_bs=...)``: that writes the
+    resolved config bag (``get_exec().graph.cuda_graph_bs_decode``), but SGLang 0.5.17's graph runners take
+    their sizes from ``server_args.cuda_graph_config.decode.bs`` (``get_batch_sizes_to_capture``), so the
+    override did not reach them -- a LUMOTREE server's one-node verify and no-draft decode graphs were captured
+    at all 35 sizes of the speculative list (server log, 27B shapes, H200)."""
+    if cuda_graph_bs is None or not cuda_graph_bs:
+        yield
+        return
+    phase = server_args.cuda_graph_config.decode
+    keep = phase.bs
+    phase.bs = sorted(set(int(b) for b in cuda_graph_bs))
+    try:
+        yield
+    finally:
+        phase.bs = keep
+
+
 @functools.cache
 def forward_batch_class():
     """SGLang's ``ForwardBatch`` whose decode M-RoPE positions (Qwen3.5 is an M-RoPE model) are built on
@@ -95,7 +116,7 @@ class DecodeStep:
                 mr.init_new_workspace = keep
             runner = None
             if not ew.check_cuda_graph_backend(ew.Phase.DECODE, ew.Backend.DISABLED):
-                with _non_speculative(mr):
+                with _non_speculative(mr), capture_sizes(mr.server_args, cuda_graph_bs):
                     runner = mr._decode_cuda_graph_runner_cls()(
                         mr, attn_backend=backend, speculative_num_steps=0, speculative_num_draft_tokens=1)
         logger.info("LumoTree: no-draft steps run as decode steps (%s) -- built in %.1f s",

@@ -41,8 +41,9 @@ def one_node_verify_graph_bs(cuda_graph_bs, decodes: bool):
     steps (``decodes``: :mod:`lumotree.sglang.decode_step`, through decode graphs of every batch size), the
     one-node verify serves only the batches a decode step cannot (logprobs, grammars, penalties, ...): graphs
     of the powers of two and the largest size, the others padded up to them, as SGLang pads any batch to a
-    captured size. Why: capturing all of them (35 sizes up to 128) took 10.2 s of a LUMOTREE server's start-up
-    (27B shapes, H200). ``None`` (graphs off) stays ``None``."""
+    captured size (applied by :func:`lumotree.sglang.decode_step.capture_sizes`). Why: this state took 8.9-12.9 s
+    of a LUMOTREE server's start-up while it still captured all 35 sizes up to 128 (27B shapes, H200).
+    ``None`` (graphs off) stays ``None``."""
     if cuda_graph_bs is None or not decodes or not cuda_graph_bs:
         return cuda_graph_bs
     sizes = sorted(set(int(b) for b in cuda_graph_bs))
@@ -173,7 +174,7 @@ def worker_class():
 
     from lumotree.sglang import draft_oracle
     from lumotree.sglang.backend import one_token_decode
-    from lumotree.sglang.decode_step import DecodeStep
+    from lumotree.sglang.decode_step import DecodeStep, capture_sizes
     from lumotree.sglang.finish import FinishedRows, forward_marked, keep_out_of_cache
     from lumotree.sglang.scheduling import overlap_consistent
 
@@ -232,11 +233,11 @@ def worker_class():
                         tic = time.perf_counter()
                         # no draft: the draft model never runs (no draft, draft-extend skipped), so no draft graphs
                         skip = _no_draft_graphs(dw) if steps == 0 else contextlib.nullcontext()
-                        with skip:
+                        graph_bs = one_node_verify_graph_bs(cuda_graph_bs, self._decodes) if steps == 0 else cuda_graph_bs
+                        with skip, capture_sizes(self._target_worker.model_runner.server_args, graph_bs if steps == 0 else None):
                             self._tree_states[steps] = self.build_adaptive_runtime_state(
                                 steps, 1 if steps == 0 else self.speculative_num_draft_tokens,
-                                cuda_graph_bs=(one_node_verify_graph_bs(cuda_graph_bs, self._decodes) if steps == 0
-                                               else cuda_graph_bs))
+                                cuda_graph_bs=graph_bs)
                         logger.info("LumoTree adaptive: runtime state for %d draft steps built in %.1f s", steps,
                                     time.perf_counter() - tic)
                 if 0 in self.tree_policy.candidates and self._decodes:

@@ -234,7 +234,7 @@ def worker_class():
                         # no draft: the draft model never runs (no draft, draft-extend skipped), so no draft graphs
                         skip = _no_draft_graphs(dw) if steps == 0 else contextlib.nullcontext()
                         graph_bs = one_node_verify_graph_bs(cuda_graph_bs, self._decodes) if steps == 0 else cuda_graph_bs
-                        with skip, capture_sizes(self._target_worker.model_runner.server_args, graph_bs if steps == 0 else None):
+                        with skip, capture_sizes(self._target_worker.model_runner.server_args, graph_bs):
                             self._tree_states[steps] = self.build_adaptive_runtime_state(
                                 steps, 1 if steps == 0 else self.speculative_num_draft_tokens,
                                 cuda_graph_bs=graph_bs)

@@ -37,7 +37,7 @@ MoE layers (512 experts, top 10, a shared expert) cut to 24, its own architectur
 
 A table longer than one sitting: ``--resume`` keeps what an interrupted run of the same command finished
 (configurations whose server wrote every row) and runs the rest, so the one command is repeated until it
-prints the whole table:
+prints the whole table (a longer ``--configs`` list grows the table by the new configurations):
 
     python3 benchmark/serving/bench_spec.py --shape qwen3.5-27b-32l --output-len 128 --oracle-p 0.8 --miss \
         --batches 1,8,32,64,128 --configs none,lumotree-chain-oracle,nextn-chain-replayssm-oracle \
@@ -360,9 +360,9 @@ def main():
                     help="also profile one-token passes (the prefill) at --profile-batches, after the decode profiles")
     ap.add_argument("--profile-prefill-steps", type=int, default=2)
     ap.add_argument("--resume", action="store_true",
-                    help="--out holds an earlier, interrupted run of the same command: keep its configurations that "
-                         "finished (a server and every row), run the others (so that one command can be spread over "
-                         "calls shorter than the whole table)")
+                    help="--out holds an earlier, interrupted run of the same command (its --configs may differ): "
+                         "keep its configurations that finished (a server and every row) and are named again, run the "
+                         "others (so that one command can be spread over calls shorter than the whole table)")
     args = ap.parse_args()
     if args.merge:
         res = merge(args.merge, args.out)

@@ -156,15 +156,29 @@ def sglang_server(model, extra_args=(), port=30000, log=None, timeout=300, base_
                 out.close()
 
 
+def without_configs(command: str) -> str:
+    """``command`` without its ``--configs`` list (``--configs X`` or ``--configs=X``)."""
+    words, out, skip = command.split(), [], False
+    for w in words:
+        if skip:
+            skip = False
+        elif w == "--configs":
+            skip = True
+        elif not w.startswith("--configs="):
+            out.append(w)
+    return " ".join(out)
+
+
 def earlier_run(out, command):
     """``--resume``: the result file ``out`` of an earlier run of the same ``command``, or ``None`` when there is
-    none; a file another command made is refused (``SystemExit``)."""
+    none. The command may differ in its ``--configs`` list alone (a table grown by configurations: the callers keep
+    the finished ones it still names); a file another command made is refused (``SystemExit``)."""
     if not os.path.exists(out):
         return None
     old = json.load(open(out))
-    if old.get("command") != command:
+    if without_configs(old.get("command") or "") != without_configs(command):
         raise SystemExit(f"--resume: {out} was made by another command ({old.get('command')!r}); "
-                         "resume with the same command or write to another --out")
+                         "resume with the same command (its --configs may differ) or write to another --out")
     return old
 
 

@@ -883,6 +883,14 @@ def test_bench_spec_resume_keeps_finished_configurations_and_runs_the_rest(tmp_p
     calls.clear()
     bs.main()  # everything finished: nothing runs
     assert calls == [] and json.load(open(out))["rows"] == again["rows"]
+    # the table grows by a configuration: the same command with a longer --configs list runs only the new one
+    grown = [w if w != "none,lumotree-chain" else "none,lumotree-chain,nextn-chain" for w in argv]
+    monkeypatch.setattr(sys, "argv", grown)
+    bs.main()
+    assert calls == [1, 1, 1, 1, 2, 2, 2]
+    more = json.load(open(out))
+    assert more["rows"][:4] == again["rows"] and [r["config"] for r in more["rows"][4:]] == ["nextn-chain"] * 2
+    assert "none,lumotree-chain,nextn-chain" in more["command"]
     monkeypatch.setattr(sys, "argv", argv[:-1] + ["--output-len", "8", "--resume"])
     with pytest.raises(SystemExit, match="another command"):
         bs.main()

@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 
 def one_node_verify_graph_bs(cuda_graph_bs, decodes: bool):
     """Batch sizes of the no-draft state's one-node verify CUDA graphs. Where no-draft steps run as decode
-    steps (``decodes``: :mod:`lumotree.sglang.decode_step`, through decode graphs of every batch size), the
+    steps (``decodes``: :mod:`lumotree.sglang.decode_step`, through decode graphs at no speculation's sizes), the
     one-node verify serves only the batches a decode step cannot (logprobs, grammars, penalties, ...): graphs
     of the powers of two and the largest size, the others padded up to them, as SGLang pads any batch to a
     captured size (applied by :func:`lumotree.sglang.decode_step.capture_sizes`). Why: this state took 8.9-12.9 s

@@ -219,6 +219,29 @@ def draft_timing(log):
                          steps=sum(x[2] for x in got)) for b, got in sorted(lines.items())}
 
 
+JIT_LINE = re.compile(r"LumoTree JIT: ([\d.]+) ([\d.]+|nan) ms (\S+)")
+
+
+def jit_compiles(log, windows):
+    """The Triton compiles a server run with ``LUMOTREE_BENCH_JIT_LOG=1`` logged (:mod:`lumotree.sglang.jit_log`)
+    inside each named ``(start, end)`` unix-time window: per window the count, the total ms and the kernels by
+    total ms (the 8 largest). ``{}`` when the log has none."""
+    try:
+        text = open(log, errors="replace").read()
+    except (OSError, TypeError):
+        return {}
+    events = [(float(m.group(1)), float(m.group(2)), m.group(3)) for m in JIT_LINE.finditer(text)]
+    out = {}
+    for name, (t0, t1) in windows.items():
+        inside = [(ms, k) for t, ms, k in events if t0 <= t <= t1 and ms == ms]
+        per = collections.Counter()
+        for ms, k in inside:
+            per[k] += ms
+        out[name] = dict(count=len(inside), total_ms=round(sum(ms for ms, _ in inside), 1),
+                         kernels={k: round(v, 1) for k, v in per.most_common(8)})
+    return out
+
+
 def generate(url, prompts, max_new_tokens, temperature=0.0, key="text", extra=None):
     """One /generate call with a batch of prompts (texts or token-id lists); returns SGLang's list.
     ``extra``: more top-level request fields (e.g. ``return_logprob``)."""

@@ -12,8 +12,10 @@ the next observation. Once a prompt passes ``--collapse-tokens`` tokens, the old
 replaced by one line (as SWE-agent's history processors do), so prompts grow to ~6-8k tokens and
 then edit the middle of a cached prefix. ``--agents K`` runs K agents at once, each working through
 its share of the sessions; the radix cache is on (every server with its flags alone). Each server first
-serves ``--warmup-sessions`` other sessions at every ``--agents`` level (just-in-time compiles at new
-shapes land there, timed as ``warmup_s``), then its radix cache is flushed. A run longer than one sitting:
+serves other sessions at every ``--agents`` level K, K of them at once (at most ``--warmup-sessions``), so
+that the just-in-time compiles the batch sizes and prompt lengths of the measured phases meet land there
+(timed as ``warmup_s``; ``--jit-log`` counts what still compiles inside each phase), then its radix cache
+is flushed. A run longer than one sitting:
 ``--resume`` keeps the configurations an interrupted run of the same command finished, so the one command is
 repeated until every server has run (``--replies-out`` keeps the replies the parity needs).
 
@@ -357,6 +359,10 @@ def main():
     ap.add_argument("--draft-timing", action="store_true",
                     help="every server times its model-free draft preparation per step (LUMOTREE_BENCH_DRAFT_TIMING=1, "
                          "benchmark only; NGRAM and LUMOTREE_SUFFIX): per batch bucket in the result's servers")
+    ap.add_argument("--jit-log", action="store_true",
+                    help="every server logs each Triton compile (LUMOTREE_BENCH_JIT_LOG=1, benchmark only): per "
+                         "window (start-up, warm-up, each measured phase) the count, time and kernels in the "
+                         "result's servers")
     ap.add_argument("--jit-cache", choices=("fresh", "shared"), default="fresh",
                     help="fresh: each server compiles into its own empty Triton / inductor cache (every ready_s and "
                          "warmup_s a first start's); shared: the machine's caches")
@@ -364,10 +370,10 @@ def main():
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE in every server's environment (repeatable)")
     ap.add_argument("--tag", default="", help="appended to the configuration names in the results")
     ap.add_argument("--replies-out", default=None, help="every reply, per configuration and phase (gzip JSON)")
-    ap.add_argument("--warmup-sessions", type=int, default=2,
-                    help="per server, before the measured phases: this many other sessions (another seed) at each "
-                         "--agents level, then /flush_cache -- what just-in-time compiles at new shapes costs is "
-                         "recorded as the server's warmup_s, not in the rows (0: none)")
+    ap.add_argument("--warmup-sessions", type=int, default=32,
+                    help="per server, before the measured phases: at each --agents level K, min(K, this) other "
+                         "sessions (another seed) all at once, then /flush_cache -- what just-in-time compiles at new "
+                         "shapes costs is recorded as the server's warmup_s, not in the rows (0: none)")
     ap.add_argument("--abort-every", type=int, default=0,
                     help="K > 0: every K-th turn (by session + turn) is first sent and aborted mid-way, then sent again")
     ap.add_argument("--abort-after", type=float, default=0.05, help="seconds before such a turn's first send is aborted")
@@ -381,7 +387,7 @@ def main():
                          "--out, replies in --replies-out) and run the rest: one command repeated across sittings")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from sglang_server import draft_timing, jit_cache_env, get, log_health, post, sglang_server
+    from sglang_server import draft_timing, jit_cache_env, jit_compiles, get, log_health, post, sglang_server
 
     sessions = make_sessions(args.sessions, args.turns, args.seed)
     count = token_counter(args.model)
@@ -393,6 +399,8 @@ def main():
     env = dict(e.split("=", 1) for e in args.env)
     if args.draft_timing:
         env["LUMOTREE_BENCH_DRAFT_TIMING"] = "1"
+    if args.jit_log:
+        env["LUMOTREE_BENCH_JIT_LOG"] = "1"
     res = dict(command="python3 " + " ".join(sys.argv), rows=[], servers={})
     runs = {}
     done = resumed(res, runs, args) if args.resume else set()
@@ -404,6 +412,7 @@ def main():
             continue
         log = os.path.join(args.log_dir, f"agents-{name}.log")
         t0 = time.time()
+        windows = {"start-up": (t0, None)}
         env_c = dict(env)
         try:
             with jit_cache_env(args.jit_cache, env_c) as env_s, \
@@ -411,16 +420,21 @@ def main():
                                   base_args=base, env=env_s) as url:
                 res["servers"][name] = dict(ready_s=round(time.time() - t0, 1), args=CONFIGS[config] + base, env=env_c,
                                             jit_cache=args.jit_cache)
+                windows["start-up"] = (t0, time.time())
                 if args.warmup_sessions > 0:
                     warm = make_sessions(args.warmup_sessions, args.turns, args.seed + 1000)
                     t1 = time.time()
                     for agents in (int(a) for a in args.agents.split(",")):
-                        run_phase(url, warm, min(agents, len(warm)), args.max_tokens, count, args.collapse_tokens)
+                        k = min(agents, len(warm))  # the level's batch sizes, every turn's prompt lengths
+                        run_phase(url, warm[:k], k, args.max_tokens, count, args.collapse_tokens)
                     res["servers"][name]["warmup_s"] = round(time.time() - t1, 1)
+                    windows["warm-up"] = (t1, time.time())
                     post(url + "/flush_cache", {})  # the measured phases start from an empty radix cache
                 for agents in (int(a) for a in args.agents.split(",")):
+                    t2 = time.time()
                     turns, wall = run_phase(url, sessions, agents, args.max_tokens, count, args.collapse_tokens,
                                             abort_every=args.abort_every, abort_after_s=args.abort_after)
+                    windows[f"{agents} agents"] = (t2, time.time())
                     info = json.loads(get(url + "/get_server_info"))
                     acc = next((s.get("avg_spec_accept_length") for s in info.get("internal_states", [])
                                 if s.get("avg_spec_accept_length")), None)
@@ -437,6 +451,9 @@ def main():
         res["servers"].setdefault(name, {}).update(log_health(log))
         if args.draft_timing:
             res["servers"][name]["draft_timing"] = draft_timing(log)
+        if args.jit_log:
+            res["servers"][name]["jit_compiles"] = jit_compiles(
+                log, {k: (a, b if b is not None else time.time()) for k, (a, b) in windows.items()})
         json.dump(res, open(args.out, "w"), indent=1)
         if args.replies_out:
             with gzip.open(args.replies_out, "wt") as f:

@@ -14,6 +14,8 @@ Environment variables:
     LUMOTREE_BENCH_DRAFT_TIMING  ``1`` (benchmark only): NGRAM and LUMOTREE_SUFFIX servers log the host
                          time of each step's draft preparation per batch bucket
                          (``lumotree.sglang.draft_timing``; ``agents_bench.py --draft-timing``).
+    LUMOTREE_BENCH_JIT_LOG  ``1`` (benchmark only): a server logs every Triton kernel it compiles, with
+                         the time it took (``lumotree.sglang.jit_log``; ``agents_bench.py --jit-log``).
     LUMOTREE_SGLANG_CHECK  ``1`` (diagnostics, with ``--disable-cuda-graph``): every served verify
                          and commit is cross-checked against SGLang's own tree-verify kernel;
                          ``LUMOTREE_SGLANG_CHECK_REPORT=FILE`` / ``LUMOTREE_SGLANG_CHECK_DUMP=DIR``

@@ -738,3 +738,31 @@ def test_capture_sizes_reach_sglangs_graph_runner(monkeypatch):
     assert config.decode.bs == spec_list
     with capture_sizes(args, None):  # graphs off or nothing chosen: as configured
         assert base.get_batch_sizes_to_capture(runner)[0] == spec_list
+
+
+def test_graph_sizes_start_from_the_list_sglangs_runners_read():
+    """Without ``--cuda-graph-bs`` SGLang's resolved config bag holds no list (``None``); the sizes LumoTree
+    chooses for its no-draft graphs then start from ``server_args.cuda_graph_config.decode.bs``, the list SGLang's
+    graph runners read (a served log had the no-draft decode graphs at SGLang's speculative sizes 1-8 where no
+    speculation captured 1, 2, 4, 8: the choice had started from ``None`` and kept the default)."""
+    pytest.importorskip("sglang")
+    from sglang.srt.model_executor.cuda_graph_config import CudaGraphConfig
+    from sglang.srt.server_args import ServerArgs
+
+    from lumotree.sglang.worker import configured_graph_bs, decode_step_graph_bs, one_node_verify_graph_bs
+
+    class Args:
+        _generate_decode_cuda_graph_batch_sizes = ServerArgs._generate_decode_cuda_graph_batch_sizes
+        speculative_algorithm, disable_cuda_graph_padding = "LUMOTREE", False
+        cuda_graph_config = CudaGraphConfig()
+
+    args, config = Args(), Args.cuda_graph_config
+    config.decode.bs = args._generate_decode_cuda_graph_batch_sizes(8)
+    assert config.decode.bs == list(range(1, 9))
+    listed = configured_graph_bs(args, None)
+    assert listed == list(range(1, 9))
+    assert decode_step_graph_bs(args, listed) == [1, 2, 4, 8]
+    assert one_node_verify_graph_bs(listed, True) == [1, 2, 4, 8]
+    assert configured_graph_bs(args, [1, 3, 8]) == [1, 3, 8]  # --cuda-graph-bs: the user's list
+    config.decode.bs = []
+    assert configured_graph_bs(args, None) is None

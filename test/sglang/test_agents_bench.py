@@ -300,3 +300,39 @@ def test_draft_timing_turns_the_timer_on_in_every_server_and_reads_it_from_the_l
     ab.main()
     assert envs[0]["LUMOTREE_BENCH_DRAFT_TIMING"] == "1"
     assert json.load(open(out))["servers"]["ngram"]["draft_timing"] == {"8": dict(median_ms=0.7, p95_ms=1.2, steps=64)}
+
+
+def test_warm_up_runs_each_level_at_its_concurrency(tmp_path, monkeypatch):
+    """Before the measured phases each server serves K other sessions at once at every level K (at most
+    --warmup-sessions): the batch sizes the phases meet compile there (with 2 sessions at every level, SGLang's
+    prefill and cache kernels compiled 3.4 s inside a measured 8-agent phase, --jit-log on the H200)."""
+    import contextlib
+    import json
+    import sys
+
+    ab = load()
+    import sglang_server as ss
+
+    calls = []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, base_args=(), env=None, **kw):
+        yield "http://x"
+
+    def fake_phase(url, sessions, agents, *a, **k):
+        calls.append((len(sessions), agents))
+        return [], 1.0
+
+    monkeypatch.setattr(ss, "sglang_server", fake_server)
+    monkeypatch.setattr(ss, "post", lambda *a, **k: {})
+    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
+    monkeypatch.setattr(ab, "run_phase", fake_phase)
+    monkeypatch.setattr(ab, "summarize", lambda *a: dict(config=a[0], agents=a[1]))
+    monkeypatch.setattr(ab, "replies", lambda turns: [])
+    monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs", "none", "--agents",
+                                      "1,3,8", "--sessions", "8", "--turns", "2", "--warmup-sessions", "4",
+                                      "--log-dir", str(tmp_path), "--out", str(tmp_path / "a.json")])
+    ab.main()
+    warm, measured = calls[:3], calls[3:]
+    assert warm == [(1, 1), (3, 3), (4, 4)]
+    assert measured == [(8, 1), (8, 3), (8, 8)]

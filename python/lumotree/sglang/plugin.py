@@ -331,6 +331,9 @@ def register() -> None:
     from lumotree.sglang import draft_timing  # benchmark only: a no-op unless LUMOTREE_BENCH_DRAFT_TIMING=1
 
     draft_timing.install()
+    from lumotree.sglang import jit_log  # benchmark only: a no-op unless LUMOTREE_BENCH_JIT_LOG=1
+
+    jit_log.install()
     if os.environ.get(ENV_ACTIVE) == "1":
         from lumotree.sglang import merge
         from lumotree.sglang.patches import (draft_tree_whole, eagle_sample_end, gdn_backend_classes, verify_tree_greedy)

@@ -36,6 +36,20 @@ from lumotree.sglang import adaptive
 logger = logging.getLogger(__name__)
 
 
+def configured_graph_bs(server_args, exec_bs):
+    """The batch sizes SGLang captures decode / verify graphs at: the list in the resolved config bag
+    (``get_exec().graph.cuda_graph_bs_decode``) where the user gave one, else the one its graph runners read,
+    ``server_args.cuda_graph_config.decode.bs`` (SGLang's default list for the server). Why: the bag's list is
+    ``None`` unless ``--cuda-graph-bs`` was given, and LumoTree's choices from it (:func:`decode_step_graph_bs`,
+    :func:`one_node_verify_graph_bs`) then kept SGLang's speculative list (a served log, tiny model, max batch 8:
+    the no-draft decode graphs at 1-8 against no speculation's 1, 2, 4, 8)."""
+    if exec_bs:
+        return list(exec_bs)
+    config = getattr(server_args, "cuda_graph_config", None)
+    bs = getattr(getattr(config, "decode", None), "bs", None)
+    return list(bs) if bs else None
+
+
 def one_node_verify_graph_bs(cuda_graph_bs, decodes: bool):
     """Batch sizes of the no-draft state's one-node verify CUDA graphs. Where no-draft steps run as decode
     steps (``decodes``: :mod:`lumotree.sglang.decode_step`, through decode graphs at no speculation's sizes), the
@@ -216,7 +230,8 @@ def worker_class():
                 return
             dw = self._draft_worker
             cuda_graph_bs = (None if ew.check_cuda_graph_backend(ew.Phase.DECODE, ew.Backend.DISABLED)
-                             else ew.get_exec().graph.cuda_graph_bs_decode)
+                             else configured_graph_bs(self._target_worker.model_runner.server_args,
+                                                      ew.get_exec().graph.cuda_graph_bs_decode))
             with (dw.draft_tp_context(dw.draft_runner.tp_group), ew.speculative_moe_backend_context(),
                   ew.speculative_moe_a2a_backend_context()):
                 self._tree_states[self.speculative_num_steps] = ew.SpecRuntimeState(

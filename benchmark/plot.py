@@ -69,11 +69,14 @@ def served():
 
 
 def agents():
-    """Concurrent agents: tokens/s and p95 turn latency per server and concurrency (run "main")."""
-    run = next(r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"] if r["name"] == "main")
-    rows = run["rows"]
+    """Concurrent agents: tokens/s and p95 turn latency per server and concurrency (run "main"; run "8-agents",
+    the current warm-up at 8 agents, as its own group)."""
+    runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
+    rows = [dict(r, agents=f"{r['agents']} agents") for r in runs["main"]["rows"]]
+    if "8-agents" in runs:
+        rows += [dict(r, agents=f"{r['agents']} agents\n(warm-up at 8)") for r in runs["8-agents"]["rows"]]
     configs = list(dict.fromkeys(r["config"] for r in rows))
-    levels = sorted({r["agents"] for r in rows})
+    levels = list(dict.fromkeys(r["agents"] for r in rows))
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     w = 0.8 / len(configs)
     for i, c in enumerate(configs):
@@ -85,7 +88,7 @@ def agents():
             for x, v in zip(xs, vals):
                 ax.text(x, v, f"{v:.0f}" if key == "tokens_per_s" else f"{v:.2f}", ha="center", va="bottom", fontsize=7)
     for ax, ylabel in zip(axes, ("completion tokens/s", "p95 turn latency (s)")):
-        ax.set(xticks=range(len(levels)), xticklabels=[f"{a} agents" for a in levels], ylabel=ylabel)
+        ax.set(xticks=range(len(levels)), xticklabels=levels, ylabel=ylabel)
     axes[0].set_title("SWE-agent-style sessions, tiny model, H200")
     axes[0].legend(fontsize=7)
     fig.tight_layout()

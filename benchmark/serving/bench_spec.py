@@ -324,7 +324,8 @@ def main():
     ap.add_argument("--log-dir", default=".")
     ap.add_argument("--server-timeout", type=int, default=400)
     ap.add_argument("--jit-cache", choices=("fresh", "shared"), default="fresh",
-                    help="fresh: each server compiles into its own empty Triton / inductor cache, so every ready_s is a "
+                    help="fresh: each server compiles into its own empty just-in-time caches (Triton, inductor, "
+                         "flashinfer, tvm-ffi, torch extensions, the driver's PTX cache), so every ready_s is a "
                          "first start (servers run one after the other would otherwise reuse what earlier ones "
                          "compiled); shared: the machine's caches")
     ap.add_argument("--oracle-p", type=float, default=None, help="controlled acceptance (oracle configs)")

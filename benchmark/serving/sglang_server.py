@@ -91,7 +91,12 @@ def _stop_on_sigterm():
         signal.signal(signal.SIGTERM, previous)
 
 
-JIT_CACHES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")  # what a server compiles just in time lands there
+# what a server compiles just in time lands there: Triton and inductor; flashinfer's modules (without its
+# prebuilt-kernel packages, as on the GPU machine, nvcc builds them at first use: the first server on a machine
+# paid that in its start-up, the servers after it did not), tvm-ffi's and torch's extension builds, the driver's
+# PTX cache
+JIT_CACHES = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE", "TVM_FFI_CACHE_DIR",
+              "TORCH_EXTENSIONS_DIR", "CUDA_CACHE_PATH")
 
 
 @contextlib.contextmanager

@@ -364,8 +364,9 @@ def main():
                          "window (start-up, warm-up, each measured phase) the count, time and kernels in the "
                          "result's servers")
     ap.add_argument("--jit-cache", choices=("fresh", "shared"), default="fresh",
-                    help="fresh: each server compiles into its own empty Triton / inductor cache (every ready_s and "
-                         "warmup_s a first start's); shared: the machine's caches")
+                    help="fresh: each server compiles into its own empty just-in-time caches (Triton, inductor, "
+                         "flashinfer, tvm-ffi, torch extensions, the driver's PTX cache; every ready_s and warmup_s a "
+                         "first start's); shared: the machine's caches")
     ap.add_argument("--extra", action="append", default=[], help="one more SGLang flag for every server (repeatable)")
     ap.add_argument("--env", action="append", default=[], help="KEY=VALUE in every server's environment (repeatable)")
     ap.add_argument("--tag", default="", help="appended to the configuration names in the results")

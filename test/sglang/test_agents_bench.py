@@ -133,7 +133,9 @@ def test_main_runs_every_configuration_and_phase_with_the_flags_given(tmp_path, 
         ("lumotree-sync-exact", 1, 12), ("lumotree-sync-exact", 2, 12)]
     assert all("--enable-deterministic-inference" in b for _, b, env in launched)
     # --env for every server, and each server's own empty JIT caches (--jit-cache fresh, the default)
-    jit = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+    import sglang_server
+
+    jit = sglang_server.JIT_CACHES
     assert [{k: v for k, v in env.items() if k not in jit} for _, _, env in launched] == [{"A": "1"}] * 3
     assert len({env["TRITON_CACHE_DIR"] for _, _, env in launched}) == 3
     assert {s["jit_cache"] for s in res["servers"].values()} == {"fresh"}

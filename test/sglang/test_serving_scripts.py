@@ -918,6 +918,8 @@ def test_jit_cache_env_gives_a_fresh_server_empty_caches_and_a_shared_one_the_ma
         assert env == {"A": "1"}
     with ss.jit_cache_env("fresh", {"A": "1"}) as env:
         dirs = [env[k] for k in ss.JIT_CACHES]
+        # flashinfer's nvcc-built modules too: without it a machine's first server paid them, its later ones did not
+        assert {"TRITON_CACHE_DIR", "FLASHINFER_WORKSPACE_BASE"} <= set(ss.JIT_CACHES)
         assert env["A"] == "1" and len(set(dirs)) == len(dirs) and not any(os.path.exists(d) for d in dirs)
     assert not os.path.exists(os.path.dirname(dirs[0]))  # removed with the server
     with pytest.raises(ValueError, match="jit-cache"):

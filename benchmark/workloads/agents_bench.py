@@ -334,6 +334,10 @@ def compare(runs, reference="none"):
 CONFIGS = {
     "none": [],
     "ngram": ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"],
+    # SGLang's NGRAM at LUMOTREE_SUFFIX's tree sizes (16 nodes at up to 32 running requests, 32 at up to 16):
+    # its best configuration for a workload is a peer, not only its 8-token one
+    "ngram16": ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "16"],
+    "ngram32": ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "32"],
     "lumotree-suffix": ["--speculative-algorithm", "LUMOTREE_SUFFIX"],
     "lumotree": ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
                  "--speculative-num-draft-tokens", "6"],

@@ -210,3 +210,54 @@ def test_admission_replay_times_every_turn_s_admission(tmp_path):
     (row,) = res["rows"]
     assert row["agents"] == 2 and row["turns"] == 12 and 0 < row["median_ms"] <= row["p95_ms"]
     assert res["drafter"]["retired_tokens"] == 1 << 18
+
+
+def _acceptance_replay():
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "drafters", "acceptance_replay.py")
+    spec = importlib.util.spec_from_file_location("acceptance_replay", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_acceptance_replay_accepts_the_longest_matching_root_path():
+    mod = _acceptance_replay()
+    # root 0 -> 1 (a) -> 2 (b) -> 3 (c); root -> 4 (a) -> 5 (x): the first child that matches is followed
+    tokens, parents = [9, 1, 2, 3, 1, 7], [-1, 0, 1, 2, 0, 4]
+    assert mod.accepted(tokens, parents, [1, 2, 3, 4]) == 3
+    assert mod.accepted(tokens, parents, [1, 2, 5]) == 2
+    assert mod.accepted(tokens, parents, [1, 7]) == 1  # the matching sibling path is not searched past a match
+    assert mod.accepted(tokens, parents, [5]) == 0
+    assert mod.accepted(tokens, parents, []) == 0
+    # SGLang's NGRAM layout: ancestor-or-self rows
+    mask = [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 1]]
+    assert mod.parents_from_mask(mask) == [-1, 0, 1, 0]
+
+
+def test_acceptance_replay_replays_recorded_replies(tmp_path):
+    """benchmark/drafters/acceptance_replay.py on recorded replies: every turn's output tokens are covered, each
+    step takes at least the bonus token, and a drafter that copies a repeated reply accepts more per step."""
+    import gzip
+    import json
+    import os
+    import sys
+
+    mod = _acceptance_replay()
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "workloads"))
+    import agents_bench as ab
+
+    sessions = ab.make_sessions(2, 3, 0)
+    reply = "def f(x):\n    return x + 1\n" * 6
+    rep = tmp_path / "r.json.gz"
+    with gzip.open(rep, "wt") as f:
+        json.dump({"none/2": {str(s["id"]): [reply] * 3 for s in sessions}}, f)
+    out = tmp_path / "a.json"
+    res = mod.main(["--replies", str(rep), "--reference", "none/2", "--nodes", "1,16", "--ngram-nodes", "",
+                    "--agents", "2", "--sessions", "2", "--turns", "3", "--max-tokens", "64", "--out", str(out)])
+    assert json.load(open(out)) == res and res["turns"] == 6
+    one, sixteen = res["rows"]
+    assert one["nodes"] == 1 and one["tokens_per_step"] == 1.0  # the root alone: the bonus token per step
+    assert sixteen["tokens"] == one["tokens"] and sixteen["tokens_per_step"] > 2.0

@@ -1,0 +1,205 @@
+"""Tokens per verify step that LUMOTREE_SUFFIX's drafter (at several tree sizes) and SGLang's NGRAM corpus would
+give on the agent benchmark's served token streams, replayed on the CPU.
+
+``benchmark/workloads/agents_bench.py --replies-out`` keeps every reply a server gave. This rebuilds each turn as the
+server saw it -- the session's messages with the history collapse, the tiny model's chat template and tokenizer --
+with the reference server's replies (``--reference``, e.g. ``none/8``: no speculation's greedy outputs) as the
+target continuation, and replays every turn's decode as a greedy speculative server would: each step the drafter
+proposes a tree from the request's context, the longest root path matching the continuation is accepted, plus the
+bonus token. So it isolates the drafter (no model, no GPU): the served accept length differs where the served
+outputs part from the reference's, and by the server's own accounting (its average includes the warm-up).
+
+* LUMOTREE_SUFFIX: LumoTree's C++ suffix drafter with the server's settings (``SuffixCorpus``), a request admitted
+  with its prompt's last 4,096 tokens (a session's next turn adopts its finished trie), the accepted tokens appended
+  each step, the output handed to the global cache at the end;
+* NGRAM: SGLang's corpus at its defaults (BFS, 18-token windows inserted each step, as its worker does).
+
+Turns run ``--agents`` sessions at a time, turn by turn (finished outputs reach the global caches in that order).
+
+    python3 benchmark/drafters/acceptance_replay.py --replies /tmp/b/replies.json.gz --reference none/8 \\
+        --nodes 8,16,32 --out benchmark/results/acceptance_replay_cpu.json
+"""
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "workloads"))
+sys.path.insert(0, HERE)
+
+MODEL = os.path.join(HERE, "..", "models", "tiny-hybrid")
+
+
+def served_turns(sessions, replies, encode, count, collapse_tokens: int, max_tokens: int):
+    """Per session, per turn: ``(prompt ids, output ids)`` with the recorded replies (``replies[session id]``)."""
+    import agents_bench as ab
+    from admission_replay import render
+
+    out = []
+    for s in sessions:
+        got = replies[str(s["id"])]
+        msgs = [dict(role="system", content=s["system"]), dict(role="user", content=s["task"])]
+        turns = []
+        for t, obs in enumerate(s["observations"]):
+            msgs = ab.collapse(msgs, count, collapse_tokens)
+            ids = encode(render(msgs, True))
+            reply = got[t]
+            output = encode(render(msgs + [dict(role="assistant", content=reply)], False))[len(ids):][:max_tokens]
+            turns.append((ids, output))
+            msgs += [dict(role="assistant", content=reply), dict(role="user", content="OBSERVATION:\n" + obs)]
+        out.append(turns)
+    return out
+
+
+def accepted(tokens, parents, cont) -> int:
+    """Draft tokens accepted greedily: the longest root path (node 0 is the root, already the context's last token)
+    whose tokens are ``cont``'s first ones."""
+    children = {}
+    for i in range(1, len(tokens)):
+        children.setdefault(parents[i], []).append(i)
+    node, k = 0, 0
+    while k < len(cont):
+        nxt = next((c for c in children.get(node, ()) if tokens[c] == cont[k]), None)
+        if nxt is None:
+            break
+        node, k = nxt, k + 1
+    return k
+
+
+def parents_from_mask(mask_rows):
+    """Parents of an ancestor-or-self mask (rows of bools, SGLang's NGRAM layout): each node's deepest strict
+    ancestor (-1 for the root)."""
+    depth = [sum(r) - 1 for r in mask_rows]
+    out = []
+    for i, r in enumerate(mask_rows):
+        anc = [j for j, a in enumerate(r) if a and j != i]
+        out.append(max(anc, key=lambda j: depth[j]) if anc else -1)
+    return out
+
+
+class SuffixReplay:
+    """LUMOTREE_SUFFIX's drafter as its server drives it (``lumotree.sglang.suffix.SuffixCorpus``)."""
+
+    def __init__(self, nodes, window=4096):
+        from lumotree.drafters.suffix import make_suffix_drafter
+        from lumotree.sglang.suffix import SuffixCorpus
+
+        self.n, self.window = nodes, window
+        self.drafter = make_suffix_drafter(**SuffixCorpus(nodes).kw)
+
+    def start(self, rid, prompt):
+        self.drafter.start(rid, list(prompt[-self.window:]))
+
+    def draft(self, rid, context):
+        d = self.drafter.draft(rid, self.n)
+        return list(d.tokens), list(d.parents)
+
+    def step(self, rid, tokens):
+        self.drafter.append(rid, list(tokens))
+
+    def finish(self, rid, output):
+        self.drafter.finish(rid, list(output))
+
+
+class NgramReplay:
+    """SGLang's NGRAM corpus as its worker drives it (windows of the last 18 tokens, inserted each step)."""
+
+    def __init__(self, nodes):
+        from suffix_host_cost import SGLangNgram
+
+        self.n, self.corpus = nodes, SGLangNgram(nodes)
+
+    def start(self, rid, prompt):
+        pass
+
+    def draft(self, rid, context):
+        import numpy as np
+
+        drafts, mask = self.corpus.batch_get([rid], [context], [len(context)])
+        rows = np.asarray(mask, dtype=bool).reshape(self.n, self.n).tolist()
+        return [int(t) for t in drafts], parents_from_mask(rows)
+
+    def step(self, rid, tokens):
+        pass
+
+    def finish(self, rid, output):
+        self.corpus.corpus.erase_match_state([rid])
+
+
+def replay(drafter, per_session, agents: int):
+    """Verify steps and tokens (accepted drafts + the bonus token per step) over every turn."""
+    steps = tokens = 0
+    for g in range(0, len(per_session), agents):
+        group = per_session[g:g + agents]
+        for t in range(max(len(x) for x in group)):
+            for i, turns in enumerate(group):
+                if t >= len(turns):
+                    continue
+                prompt, output = turns[t]
+                rid = f"{g + i}-{t}"
+                drafter.start(rid, prompt)
+                # the prefill makes the first output token; each verify step then accepts k drafts + 1 bonus
+                context, pos = list(prompt) + output[:1], 1
+                drafter.step(rid, output[:1])
+                while pos < len(output):
+                    toks, parents = drafter.draft(rid, context)
+                    if toks[0] != context[-1]:
+                        raise RuntimeError(f"draft of {rid} starts at {toks[0]}, the context's last token is {context[-1]}")
+                    k = accepted(toks, parents, output[pos:])
+                    new = output[pos:pos + k + 1]
+                    context += new
+                    pos += len(new)
+                    drafter.step(rid, new)
+                    steps += 1
+                    tokens += len(new)
+                drafter.finish(rid, output)
+    return steps, tokens
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--replies", required=True, help="agents_bench.py --replies-out (gzip JSON)")
+    ap.add_argument("--reference", default="none/8", help="the configuration/level whose replies are the targets")
+    ap.add_argument("--nodes", default="8,16,32", help="LUMOTREE_SUFFIX tree sizes")
+    ap.add_argument("--ngram-nodes", default="8", help="SGLang NGRAM draft tokens ('' for none)")
+    ap.add_argument("--agents", type=int, default=8)
+    ap.add_argument("--sessions", type=int, default=32)
+    ap.add_argument("--turns", type=int, default=13)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--collapse-tokens", type=int, default=6500)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    import agents_bench as ab
+    from tokenizers import Tokenizer
+
+    with gzip.open(args.replies, "rt") as f:
+        replies = json.load(f)[args.reference]
+    tok = Tokenizer.from_file(os.path.join(MODEL, "tokenizer.json"))
+    encode = lambda s: tok.encode(s).ids  # noqa: E731
+    sessions = ab.make_sessions(args.sessions, args.turns, args.seed)
+    per_session = served_turns(sessions, replies, encode, ab.token_counter(MODEL), args.collapse_tokens,
+                               args.max_tokens)
+    rows = []
+    runs = [("lumotree-suffix", int(n), SuffixReplay) for n in args.nodes.split(",") if n] + \
+        [("ngram", int(n), NgramReplay) for n in args.ngram_nodes.split(",") if n]
+    for name, n, make in runs:
+        t0 = time.perf_counter()
+        steps, tokens = replay(make(n), per_session, args.agents)
+        row = dict(drafter=name, nodes=n, steps=steps, tokens=tokens, tokens_per_step=round(tokens / steps, 3),
+                   seconds=round(time.perf_counter() - t0, 1))
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    res = dict(command="python3 " + " ".join([os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])),
+               reference=args.reference, turns=sum(len(t) for t in per_session), rows=rows)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -83,12 +83,12 @@ def parents_from_mask(mask_rows):
 class SuffixReplay:
     """LUMOTREE_SUFFIX's drafter as its server drives it (``lumotree.sglang.suffix.SuffixCorpus``)."""
 
-    def __init__(self, nodes, window=4096):
+    def __init__(self, nodes, window=4096, **kw):
         from lumotree.drafters.suffix import make_suffix_drafter
         from lumotree.sglang.suffix import SuffixCorpus
 
         self.n, self.window = nodes, window
-        self.drafter = make_suffix_drafter(**SuffixCorpus(nodes).kw)
+        self.drafter = make_suffix_drafter(**dict(SuffixCorpus(nodes).kw, **kw))
 
     def start(self, rid, prompt):
         self.drafter.start(rid, list(prompt[-self.window:]))
@@ -171,6 +171,10 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--collapse-tokens", type=int, default=6500)
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--drafter-kw", action="append", default=None,
+                    help="JSON: LumoTree drafter settings other than the server's (repeatable: rows for each; "
+                         "default: the server's)")
+    ap.add_argument("--session-range", default=None, help="LO:HI, replay only these sessions (e.g. a held-out half)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import agents_bench as ab
@@ -183,13 +187,18 @@ def main(argv=None):
     sessions = ab.make_sessions(args.sessions, args.turns, args.seed)
     per_session = served_turns(sessions, replies, encode, ab.token_counter(MODEL), args.collapse_tokens,
                                args.max_tokens)
+    if args.session_range:
+        lo, hi = (int(x) for x in args.session_range.split(":"))
+        per_session = per_session[lo:hi]
+    settings = [json.loads(k) for k in (args.drafter_kw or ["{}"])]
     rows = []
-    runs = [("lumotree-suffix", int(n), SuffixReplay) for n in args.nodes.split(",") if n] + \
-        [("ngram", int(n), NgramReplay) for n in args.ngram_nodes.split(",") if n]
-    for name, n, make in runs:
+    runs = [("lumotree-suffix", int(n), kw) for kw in settings for n in args.nodes.split(",") if n] + \
+        [("ngram", int(n), None) for n in args.ngram_nodes.split(",") if n]
+    for name, n, kw in runs:
+        make = NgramReplay if kw is None else (lambda n, kw=kw: SuffixReplay(n, **kw))
         t0 = time.perf_counter()
         steps, tokens = replay(make(n), per_session, args.agents)
-        row = dict(drafter=name, nodes=n, steps=steps, tokens=tokens, tokens_per_step=round(tokens / steps, 3),
+        row = dict(drafter=name, nodes=n, **(dict(drafter_kw=kw) if kw else {}), steps=steps, tokens=tokens, tokens_per_step=round(tokens / steps, 3),
                    seconds=round(time.perf_counter() - t0, 1))
         rows.append(row)
         print(json.dumps(row), flush=True)

@@ -362,3 +362,21 @@ def test_prompts_admitted_without_decode_steps_are_bounded():
     assert set(c._seen) == {"b", "c"} and list(c._undecoded) == ["b", "c"]
     c.erase_match_state(["b"])
     assert list(c._undecoded) == ["c"]
+
+
+def test_served_drafts_continue_a_match_24_levels_deep():
+    """LUMOTREE_SUFFIX's drafter settings: tries of 32-token suffixes (the indexing cost of 16 + 16), split as a
+    match of at most 8 context tokens continued up to 24 levels: a 32-node tree over a repeated block drafts a
+    24-token chain (16 + 16 stopped at 16; on the agent benchmark's served token streams 8 / 24 accepted 12 % more
+    tokens per step at 32 nodes, benchmark/drafters/acceptance_replay.py)."""
+    corpus = SuffixCorpus(32)
+    assert corpus.kw["max_match"] + corpus.kw["max_spec"] == 32
+    block = list(range(100, 160))  # 60 distinct tokens
+    corpus.drafter.start("r", block + block[:10])
+    d = corpus.drafter.draft("r", 32)
+    depth = [0] * len(d.parents)
+    for i in range(1, len(d.parents)):
+        depth[i] = depth[d.parents[i]] + 1
+    assert max(depth) == 24
+    chain = [t for t, k in sorted(zip(d.tokens, depth), key=lambda x: x[1]) if k > 0]
+    assert chain == block[10:34]  # the block's continuation after the context's last token

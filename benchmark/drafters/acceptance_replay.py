@@ -33,27 +33,6 @@ sys.path.insert(0, HERE)
 MODEL = os.path.join(HERE, "..", "models", "tiny-hybrid")
 
 
-def served_turns(sessions, replies, encode, count, collapse_tokens: int, max_tokens: int):
-    """Per session, per turn: ``(prompt ids, output ids)`` with the recorded replies (``replies[session id]``)."""
-    import agents_bench as ab
-    from admission_replay import render
-
-    out = []
-    for s in sessions:
-        got = replies[str(s["id"])]
-        msgs = [dict(role="system", content=s["system"]), dict(role="user", content=s["task"])]
-        turns = []
-        for t, obs in enumerate(s["observations"]):
-            msgs = ab.collapse(msgs, count, collapse_tokens)
-            ids = encode(render(msgs, True))
-            reply = got[t]
-            output = encode(render(msgs + [dict(role="assistant", content=reply)], False))[len(ids):][:max_tokens]
-            turns.append((ids, output))
-            msgs += [dict(role="assistant", content=reply), dict(role="user", content="OBSERVATION:\n" + obs)]
-        out.append(turns)
-    return out
-
-
 def accepted(tokens, parents, cont) -> int:
     """Draft tokens accepted greedily: the longest root path (node 0 is the root, already the context's last token)
     whose tokens are ``cont``'s first ones."""
@@ -131,31 +110,26 @@ class NgramReplay:
 
 def replay(drafter, per_session, agents: int):
     """Verify steps and tokens (accepted drafts + the bonus token per step) over every turn."""
+    from admission_replay import turn_order
+
     steps = tokens = 0
-    for g in range(0, len(per_session), agents):
-        group = per_session[g:g + agents]
-        for t in range(max(len(x) for x in group)):
-            for i, turns in enumerate(group):
-                if t >= len(turns):
-                    continue
-                prompt, output = turns[t]
-                rid = f"{g + i}-{t}"
-                drafter.start(rid, prompt)
-                # the prefill makes the first output token; each verify step then accepts k drafts + 1 bonus
-                context, pos = list(prompt) + output[:1], 1
-                drafter.step(rid, output[:1])
-                while pos < len(output):
-                    toks, parents = drafter.draft(rid, context)
-                    if toks[0] != context[-1]:
-                        raise RuntimeError(f"draft of {rid} starts at {toks[0]}, the context's last token is {context[-1]}")
-                    k = accepted(toks, parents, output[pos:])
-                    new = output[pos:pos + k + 1]
-                    context += new
-                    pos += len(new)
-                    drafter.step(rid, new)
-                    steps += 1
-                    tokens += len(new)
-                drafter.finish(rid, output)
+    for rid, prompt, output in turn_order(per_session, agents):
+        drafter.start(rid, prompt)
+        # the prefill makes the first output token; each verify step then accepts k drafts + 1 bonus
+        context, pos = list(prompt) + output[:1], 1
+        drafter.step(rid, output[:1])
+        while pos < len(output):
+            toks, parents = drafter.draft(rid, context)
+            if toks[0] != context[-1]:
+                raise RuntimeError(f"draft of {rid} starts at {toks[0]}, the context's last token is {context[-1]}")
+            k = accepted(toks, parents, output[pos:])
+            new = output[pos:pos + k + 1]
+            context += new
+            pos += len(new)
+            drafter.step(rid, new)
+            steps += 1
+            tokens += len(new)
+        drafter.finish(rid, output)
     return steps, tokens
 
 
@@ -178,6 +152,7 @@ def main(argv=None):
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import agents_bench as ab
+    from admission_replay import turns_of
     from tokenizers import Tokenizer
 
     with gzip.open(args.replies, "rt") as f:
@@ -185,8 +160,8 @@ def main(argv=None):
     tok = Tokenizer.from_file(os.path.join(MODEL, "tokenizer.json"))
     encode = lambda s: tok.encode(s).ids  # noqa: E731
     sessions = ab.make_sessions(args.sessions, args.turns, args.seed)
-    per_session = served_turns(sessions, replies, encode, ab.token_counter(MODEL), args.collapse_tokens,
-                               args.max_tokens)
+    per_session = turns_of(sessions, encode, ab.token_counter(MODEL), args.collapse_tokens, args.max_tokens,
+                           replies=replies)
     if args.session_range:
         lo, hi = (int(x) for x in args.session_range.split(":"))
         per_session = per_session[lo:hi]

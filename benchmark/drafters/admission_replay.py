@@ -36,8 +36,9 @@ def render(messages, generation: bool) -> str:
     return text + ("<|im_start|>assistant\n" if generation else "")
 
 
-def turns_of(sessions, encode, count, collapse_tokens: int, max_tokens: int):
-    """Per session, per turn: ``(prompt ids, output ids)`` as the server sees them."""
+def turns_of(sessions, encode, count, collapse_tokens: int, max_tokens: int, replies=None):
+    """Per session, per turn: ``(prompt ids, output ids)`` as the server sees them; ``replies``: the recorded
+    replies per session id (``agents_bench.py --replies-out``), else stand-ins."""
     import agents_bench as ab
 
     out = []
@@ -47,10 +48,13 @@ def turns_of(sessions, encode, count, collapse_tokens: int, max_tokens: int):
         for t, obs in enumerate(s["observations"]):
             msgs = ab.collapse(msgs, count, collapse_tokens)
             ids = encode(render(msgs, True))
-            line = next((ln for ln in obs.splitlines()[1:] if ln.strip()), obs[:80])
-            reply = f"<tool>view</tool><args>{line.strip()}</args>"
-            while len(encode(reply)) < max_tokens:
-                reply += " " + line.strip()
+            if replies is not None:
+                reply = replies[str(s["id"])][t]
+            else:
+                line = next((ln for ln in obs.splitlines()[1:] if ln.strip()), obs[:80])
+                reply = f"<tool>view</tool><args>{line.strip()}</args>"
+                while len(encode(reply)) < max_tokens:
+                    reply += " " + line.strip()
             output = encode(render(msgs + [dict(role="assistant", content=reply)], False))[len(ids):][:max_tokens]
             turns.append((ids, output))
             msgs += [dict(role="assistant", content=reply), dict(role="user", content="OBSERVATION:\n" + obs)]
@@ -58,22 +62,25 @@ def turns_of(sessions, encode, count, collapse_tokens: int, max_tokens: int):
     return out
 
 
-def replay(drafter, per_session, agents: int, window: int):
-    """Admission seconds of every turn, ``agents`` sessions at a time, turn by turn."""
-    times = []
+def turn_order(per_session, agents: int):
+    """``(request id, prompt ids, output ids)`` of every turn, ``agents`` sessions at a time, turn by turn."""
     for g in range(0, len(per_session), agents):
         group = per_session[g:g + agents]
         for t in range(max(len(x) for x in group)):
             for i, turns in enumerate(group):
-                if t >= len(turns):
-                    continue
-                ids, output = turns[t]
-                rid = f"{g + i}-{t}"
-                t0 = time.perf_counter()
-                drafter.start(rid, ids[-window:])
-                times.append(time.perf_counter() - t0)
-                drafter.append(rid, output)
-                drafter.finish(rid, output)
+                if t < len(turns):
+                    yield (f"{g + i}-{t}", *turns[t])
+
+
+def replay(drafter, per_session, agents: int, window: int):
+    """Admission seconds of every turn, ``agents`` sessions at a time, turn by turn."""
+    times = []
+    for rid, ids, output in turn_order(per_session, agents):
+        t0 = time.perf_counter()
+        drafter.start(rid, ids[-window:])
+        times.append(time.perf_counter() - t0)
+        drafter.append(rid, output)
+        drafter.finish(rid, output)
     return times
 
 

@@ -173,8 +173,8 @@ def main(argv=None):
         make = NgramReplay if kw is None else (lambda n, kw=kw: SuffixReplay(n, **kw))
         t0 = time.perf_counter()
         steps, tokens = replay(make(n), per_session, args.agents)
-        row = dict(drafter=name, nodes=n, **(dict(drafter_kw=kw) if kw else {}), steps=steps, tokens=tokens, tokens_per_step=round(tokens / steps, 3),
-                   seconds=round(time.perf_counter() - t0, 1))
+        row = dict(drafter=name, nodes=n, **(dict(drafter_kw=kw) if kw else {}), steps=steps, tokens=tokens,
+                   tokens_per_step=round(tokens / steps, 3), seconds=round(time.perf_counter() - t0, 1))
         rows.append(row)
         print(json.dumps(row), flush=True)
     res = dict(command="python3 " + " ".join([os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -238,7 +239,7 @@ def jit_compiles(log, windows):
     events = [(float(m.group(1)), float(m.group(2)), m.group(3)) for m in JIT_LINE.finditer(text)]
     out = {}
     for name, (t0, t1) in windows.items():
-        inside = [(ms, k) for t, ms, k in events if t0 <= t <= t1 and ms == ms]
+        inside = [(ms, k) for t, ms, k in events if t0 <= t <= t1 and not math.isnan(ms)]  # nan: start unseen
         per = collections.Counter()
         for ms, k in inside:
             per[k] += ms

@@ -53,8 +53,7 @@ def _kind(status, body):
     if "choices" in body:  # OpenAI chat
         ch = body["choices"][0]
         return 200, ch.get("finish_reason"), body["usage"]["completion_tokens"]
-    meta = body["meta_info"]
-    return 200, (meta.get("finish_reason") or {}).get("type"), meta["completion_tokens"]
+    return 200, _reason(body), body["meta_info"]["completion_tokens"]
 
 
 def _reason(body):

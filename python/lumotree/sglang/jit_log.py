@@ -6,7 +6,7 @@ dtype) is compiled on the scheduler's thread, inside the step that met it: every
 a fraction of a second to seconds. Start-up warm-up and CUDA-graph capture compile what they meet; what a
 served workload meets later shows up as stalls in its turn latencies. This logs each compile, as Triton's
 ``jit_cache_hook`` (before) and ``jit_post_compile_hook`` (after) see it:
-``LumoTree JIT: <unix time> <ms> ms <module>.<kernel> <constexprs>``, which
+``LumoTree JIT: <unix time> <ms> ms <module>.<kernel> <each argument's type and specialization>``, which
 ``benchmark/serving/sglang_server.py: jit_compiles`` reads back from the server log.
 """
 from __future__ import annotations

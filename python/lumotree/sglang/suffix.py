@@ -269,8 +269,8 @@ class SuffixCorpus(HostCorpus):
         # max_match / max_spec: a draft continues a match of at most 8 context tokens up to 24 levels deep (the
         # tries hold suffixes of max_match + max_spec = 32 tokens either way, so indexing costs the same): on the
         # agent benchmark's served token streams (benchmark/drafters/acceptance_replay.py) 16 / 16 limited a
-        # 32-node tree's chains to 16 levels below a 16-token match -- 8 / 24 accepted 12 % more tokens per step
-        # there, as many at 8 nodes, 1.5 % more at 16
+        # 32-node tree's chains to 16 levels below a 16-token match -- 8 / 24 accepted 13 % more tokens per step
+        # there (8.52 -> 9.63), as many at 8 nodes, 1.5 % more at 16
         # retired_tokens: finished turns' tries kept for their sessions' next turns -- 32 concurrent agent
         # sessions of 4-8k-token contexts (the default 32k tokens kept about 5, so most next turns indexed
         # their 4,096-token window again, ~10 ms each on the scheduler's thread)

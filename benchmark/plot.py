@@ -69,15 +69,17 @@ def served():
 
 
 def agents():
-    """Concurrent agents: tokens/s and p95 turn latency per server and concurrency (run "main"; run "8-agents",
-    the current warm-up at 8 agents, as its own group)."""
+    """Concurrent agents: tokens/s and p95 turn latency per server, one group per (run, concurrency): 1 agent from
+    run "main" (the 2-session warm-up; no later run at 1 agent), 8 agents from run "8-agents" (with NGRAM) and run
+    "8-agents-drafter" (the drafter's current settings, no NGRAM), 32 agents from run "32-agents"."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
-    rows = [dict(r, agents=f"{r['agents']} agents") for r in runs["main"]["rows"]]
-    if "8-agents" in runs:
-        rows += [dict(r, agents=f"{r['agents']} agents\n(warm-up at 8)") for r in runs["8-agents"]["rows"]]
+    groups = [("main", 1, "1 agent\n(run main)"), ("8-agents", 8, "8 agents\n(run 8-agents)"),
+              ("8-agents-drafter", 8, "8 agents\n(current drafter)"), ("32-agents", 32, "32 agents\n(current)")]
+    rows = [dict(r, agents=label) for name, level, label in groups if name in runs
+            for r in runs[name]["rows"] if r["agents"] == level]
     configs = list(dict.fromkeys(r["config"] for r in rows))
     levels = list(dict.fromkeys(r["agents"] for r in rows))
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
     w = 0.8 / len(configs)
     for i, c in enumerate(configs):
         got = {r["agents"]: r for r in rows if r["config"] == c}
@@ -85,8 +87,9 @@ def agents():
         for ax, key in zip(axes, ("tokens_per_s", "latency_p95")):
             vals = [got[a][key] if a in got else 0 for a in levels]
             ax.bar(xs, vals, width=w, label=c)
-            for x, v in zip(xs, vals):
-                ax.text(x, v, f"{v:.0f}" if key == "tokens_per_s" else f"{v:.2f}", ha="center", va="bottom", fontsize=7)
+            for x, v, a in zip(xs, vals, levels):
+                label = ("not run" if a not in got else f"{v:.0f}" if key == "tokens_per_s" else f"{v:.2f}")
+                ax.text(x, v, label, ha="center", va="bottom", fontsize=7, rotation=90 if a not in got else 0)
     for ax, ylabel in zip(axes, ("completion tokens/s", "p95 turn latency (s)")):
         ax.set(xticks=range(len(levels)), xticklabels=levels, ylabel=ylabel)
     axes[0].set_title("SWE-agent-style sessions, tiny model, H200")

@@ -150,3 +150,59 @@ def test_parents_from_eagle_by_pointer_jumping_equals_the_sibling_walk():
         got = parents_from_eagle(nt, ns)
         assert torch.equal(got, _parents_from_eagle_loop(nt, ns)), N
         assert torch.equal(torch.where(tree.valid, got, -1), torch.where(tree.valid, tree.parents, -1))
+
+
+def _sglang_full_mask_loop(mask, seq_lens_cpu, n):
+    """SGLang 0.5.17's per-request loop (``NGRAMWorker._prepare_for_speculative_decoding``, ``USE_FULL_MASK``),
+    verbatim but for the device: the definition :func:`full_verify_mask` must reproduce."""
+    mask = mask.reshape(len(seq_lens_cpu), n, n)
+    tree_mask = []
+    for i in range(len(seq_lens_cpu)):
+        seq_len = seq_lens_cpu[i]
+        req_mask = torch.ones((n, seq_len))
+        req_mask = torch.cat((req_mask, mask[i]), dim=1).to(torch.bool)
+        tree_mask.append(req_mask.flatten())
+    return torch.cat(tree_mask, dim=0)
+
+
+@pytest.mark.parametrize("B,n", [(1, 1), (1, 8), (3, 4), (32, 16), (7, 32)], ids=lambda v: str(v))
+def test_full_verify_mask_equals_sglang_loop(B, n):
+    from lumotree.tree import full_verify_mask
+
+    g = torch.Generator().manual_seed(B * 100 + n)
+    lens = torch.randint(0, 300, (B,), generator=g)
+    lens[0] = 0 if B > 2 else lens[0]  # an empty prefix
+    mask = torch.rand(B * n * n, generator=g) > 0.5  # the compact [B * n * n] bool mask SGLang keeps
+    got = full_verify_mask(mask, lens, n)
+    ref = _sglang_full_mask_loop(mask, [int(x) for x in lens], n)
+    assert got.dtype == torch.bool and torch.equal(got, ref)
+    assert torch.equal(full_verify_mask(mask.view(B, n, n).to(torch.uint8), lens.numpy(), n), ref)  # other forms
+
+
+def test_full_verify_mask_bad_input():
+    from lumotree.tree import full_verify_mask
+
+    with pytest.raises(ValueError, match="cells"):
+        full_verify_mask(torch.ones(2 * 4 * 4, dtype=torch.bool), [3], 4)
+    with pytest.raises(ValueError, match="negative"):
+        full_verify_mask(torch.ones(4 * 4, dtype=torch.bool), [-1], 4)
+
+
+def test_to_eagle_custom_mask_rows():
+    d = TreeDescriptor.from_parents(torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 2]]))
+    out = d.to_eagle(torch.tensor([5, 2]))
+    ref = _sglang_full_mask_loop(d.mask.reshape(-1), [5, 2], 4)
+    assert torch.equal(out["custom_mask"], ref)
+
+
+@pytest.mark.gpu
+def test_full_verify_mask_gpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from lumotree.tree import full_verify_mask
+
+    g = torch.Generator().manual_seed(3)
+    lens = torch.randint(1, 7000, (32,), generator=g)
+    mask = torch.rand(32 * 16 * 16, generator=g) > 0.5
+    got = full_verify_mask(mask.cuda(), lens, 16)
+    assert got.is_cuda and torch.equal(got.cpu(), _sglang_full_mask_loop(mask, [int(x) for x in lens], 16))

@@ -180,17 +180,13 @@ class TreeDescriptor:
         dev = self.device
         retrieve_index = torch.arange(B * N, device=dev).view(B, N)
         seq_lens = seq_lens.to(dev).long()
-        rows = []
-        for b in range(B):  # host-side layout helper (not on a per-step kernel path)
-            pre = torch.ones(N, int(seq_lens[b]), dtype=torch.bool, device=dev)
-            rows.append(torch.cat([pre, self.mask[b]], 1).flatten())
         return dict(
             retrieve_index=retrieve_index,
             retrieve_next_token=self.first_child.clone(),
             retrieve_next_sibling=self.next_sibling.clone(),
             positions=self.positions(seq_lens).flatten(),
             tree_mask=self.mask.clone(),
-            custom_mask=torch.cat(rows),
+            custom_mask=full_verify_mask(self.mask, seq_lens.cpu(), N),
         )
 
     @classmethod
@@ -203,6 +199,44 @@ class TreeDescriptor:
             raise ValueError(f"retrieve_next_token {tuple(nt.shape)} and retrieve_next_sibling "
                              f"{tuple(ns.shape)} must both be [B, N]")
         return cls.from_parents(parents_from_eagle(nt, ns), num_nodes, validate=validate)
+
+
+def full_verify_mask(tree_mask: torch.Tensor, seq_lens_cpu, n: int) -> torch.Tensor:
+    """SGLang's full tree-verify mask (``FULL_MASK``), built in one pass: per request ``b`` the rows of its
+    ``n`` draft tokens, each ``seq_lens[b]`` prefix columns (all True) then the request's ``n x n`` tree block,
+    flattened row by row, the requests one after another.
+
+    SGLang 0.5.17's NGRAM worker builds the same tensor with a loop of four torch calls per request (ones,
+    a host-to-device copy, cat, cast) and one cat over the batch -- host time that grows with the batch on the
+    scheduler's thread (its own comment: "significant overhead in large batch size"). Here: one fill, one
+    index copy and one scatter, whatever the batch.
+
+    Args:
+        tree_mask (torch.Tensor): `[B * n * n]` or `[B, n, n]`, the tree blocks (any dtype; nonzero = visible).
+        seq_lens_cpu: `[B]` prefix lengths on the host (a CPU tensor, array or list), as SGLang's loop reads them.
+        n (int): draft tokens per request.
+
+    Returns:
+        torch.Tensor: `[n * sum(seq_lens + n)]` bool, on ``tree_mask``'s device.
+    """
+    import numpy as np
+
+    lens = np.asarray(seq_lens_cpu.numpy() if isinstance(seq_lens_cpu, torch.Tensor) else seq_lens_cpu,
+                      dtype=np.int64).reshape(-1)
+    B = lens.shape[0]
+    if tree_mask.numel() != B * n * n:
+        raise ValueError(f"tree_mask has {tree_mask.numel()} cells, expected B * n * n = {B} * {n} * {n}")
+    if (lens < 0).any():
+        raise ValueError(f"negative sequence lengths: {lens.tolist()}")
+    row = lens + n
+    start = n * (np.cumsum(row) - row)  # where each request's rows begin
+    r = np.arange(n, dtype=np.int64)
+    idx = (start[:, None, None] + r[None, :, None] * row[:, None, None] + lens[:, None, None]
+           + r[None, None, :]).reshape(-1)
+    out = torch.ones(int(n * row.sum()), dtype=torch.bool, device=tree_mask.device)
+    # non_blocking: from pageable memory CUDA stages the copy at once (no wait on the stream), as SGLang's loop does
+    out[torch.from_numpy(idx).to(tree_mask.device, non_blocking=True)] = tree_mask.reshape(-1).to(torch.bool)
+    return out
 
 
 def _closure(par: torch.Tensor, valid: torch.Tensor):

@@ -348,8 +348,14 @@ def admit_prefilled(worker, batch) -> None:
         corpus.admit(req.rid, last_tokens(prompt, out, [], depth), len(prompt) + len(out))
 
 
+# LumoTree's own NGRAM-loop algorithms: their verify mask is laid out in one pass
+# (lumotree.sglang.patches.ngram_full_mask); the benchmark's NGRAM_ORACLE, SGLang's own path, keeps SGLang's loop
+ONE_PASS_MASK_ALGORITHMS = ("LUMOTREE_SUFFIX", "LUMOTREE_ORACLE")
+
+
 def ngram_worker(make_corpus):
-    """SGLang's NGRAM worker with ``make_corpus(server_args)`` as its draft source."""
+    """SGLang's NGRAM worker with ``make_corpus(server_args)`` as its draft source; for
+    ``ONE_PASS_MASK_ALGORITHMS`` the verify's full mask is laid out in one pass."""
     from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
     from lumotree.sglang import draft_timing
@@ -361,6 +367,15 @@ def ngram_worker(make_corpus):
             super().__init__(server_args, *args, **kwargs)
             self.ngram_corpus = make_corpus(server_args)
             self._overlap_consistent = overlap_consistent(server_args)
+            self._one_pass_mask = (server_args.speculative_algorithm or "").upper() in ONE_PASS_MASK_ALGORITHMS
+
+        def _prepare_for_speculative_decoding(self, batch):
+            prepare = super(HostCorpusWorker, self)._prepare_for_speculative_decoding
+            if not getattr(self, "_one_pass_mask", False):
+                return prepare(batch)
+            from lumotree.sglang.patches.ngram_full_mask import prepare_with_full_mask
+
+            prepare_with_full_mask(prepare, batch, self.draft_token_num)
 
         def forward_batch_generation(self, batch, *args, **kwargs):
             prefill = batch.forward_mode.is_extend()

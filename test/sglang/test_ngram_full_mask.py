@@ -1,0 +1,152 @@
+"""LumoTree's NGRAM-loop workers lay out the verify's full mask in one pass
+(``lumotree.sglang.patches.ngram_full_mask``): the same mask SGLang's per-request loop builds, only for LumoTree's
+algorithms, SGLang's constant restored; and SGLang's method still has the branch the patch relies on."""
+import inspect
+import types
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+N = 4
+
+
+def _fake_module(full=True, cpu=False):
+    return types.SimpleNamespace(USE_FULL_MASK=full, _is_cpu=cpu)
+
+
+def _fake_prepare(module, masks, lens, log):
+    """SGLang's ``_prepare_for_speculative_decoding`` reduced to what decides the mask: the compact ``[B * n * n]``
+    tree mask, replaced by the per-request loop's full mask when ``USE_FULL_MASK and not _is_cpu``."""
+
+    def prepare(batch):
+        log.append(module.USE_FULL_MASK)
+        if not batch.forward_mode.is_decode():
+            return
+        tree_mask = torch.from_numpy(masks.reshape(-1)).clone()
+        if module.USE_FULL_MASK and not module._is_cpu:
+            rows = []
+            for i in range(len(lens)):
+                req = torch.cat((torch.ones((N, lens[i])), torch.from_numpy(masks[i])), dim=1).to(torch.bool)
+                rows.append(req.flatten())
+            tree_mask = torch.cat(rows, dim=0)
+        batch.forward_mode = _Mode("verify")
+        batch.spec_info = types.SimpleNamespace(custom_mask=tree_mask)
+
+    return prepare
+
+
+class _Mode:
+    def __init__(self, kind):
+        self.kind = kind
+
+    def is_decode(self):
+        return self.kind == "decode"
+
+    def is_target_verify(self):
+        return self.kind == "verify"
+
+
+def _batch(lens, kind="decode"):
+    return types.SimpleNamespace(forward_mode=_Mode(kind), seq_lens_cpu=torch.tensor(lens), spec_info=None)
+
+
+def _masks(lens, seed=0):
+    rng = np.random.default_rng(seed)
+    m = rng.random((len(lens), N, N)) > 0.5
+    m[:, np.arange(N), np.arange(N)] = True
+    return m
+
+
+def test_one_pass_mask_equals_sglang_loop_and_restores_the_constant():
+    from lumotree.sglang.patches.ngram_full_mask import prepare_with_full_mask
+
+    lens = [0, 7, 130, 1]
+    masks = _masks(lens)
+    ref_mod, log = _fake_module(), []
+    ref = _batch(lens)
+    _fake_prepare(ref_mod, masks, lens, log)(ref)  # SGLang alone: the loop
+    mod = _fake_module()
+    got = _batch(lens)
+    prepare_with_full_mask(_fake_prepare(mod, masks, lens, log), got, N, module=mod)
+    assert log == [True, False]  # SGLang's method saw the compact setting during the patched call
+    assert mod.USE_FULL_MASK is True  # restored
+    assert torch.equal(got.spec_info.custom_mask, ref.spec_info.custom_mask)
+
+
+def test_unchanged_where_sglang_builds_no_full_mask():
+    from lumotree.sglang.patches.ngram_full_mask import prepare_with_full_mask
+
+    lens = [3, 5]
+    masks = _masks(lens, 1)
+    for mod in (_fake_module(cpu=True), _fake_module(full=False)):
+        log = []
+        b = _batch(lens)
+        prepare_with_full_mask(_fake_prepare(mod, masks, lens, log), b, N, module=mod)
+        assert b.spec_info.custom_mask.numel() == len(lens) * N * N  # SGLang's compact mask, as it left it
+    mod, log = _fake_module(), []
+    b = _batch(lens, kind="extend")  # a prefill: SGLang builds no verify input, nothing to lay out
+    prepare_with_full_mask(_fake_prepare(mod, masks, lens, log), b, N, module=mod)
+    assert b.spec_info is None and mod.USE_FULL_MASK is True
+
+
+def test_constant_restored_when_sglang_raises():
+    from lumotree.sglang.patches.ngram_full_mask import prepare_with_full_mask
+
+    mod = _fake_module()
+
+    def boom(batch):
+        raise RuntimeError("x")
+
+    with pytest.raises(RuntimeError):
+        prepare_with_full_mask(boom, _batch([1]), N, module=mod)
+    assert mod.USE_FULL_MASK is True
+
+
+def _ngram_worker_source():
+    import importlib.util
+
+    spec = importlib.util.find_spec("sglang.srt.speculative.ngram_worker")  # not imported: needs sgl_kernel's ops
+    return open(spec.origin).read()
+
+
+def test_sglang_method_has_the_branch_the_patch_relies_on():
+    """If SGLang changes how it lays out the mask, this fails instead of the patch serving a wrong one."""
+    src = _ngram_worker_source()
+    body = src[src.index("def _prepare_for_speculative_decoding"):src.index("def _update_ngram_corpus")]
+    assert "\nUSE_FULL_MASK = True\n" in src
+    assert "if USE_FULL_MASK and not _is_cpu:" in body
+    assert "custom_mask=tree_mask" in body
+    assert "seq_len = batch.seq_lens_cpu[i]" in body
+    assert "torch.ones(\n                    (self.draft_token_num, seq_len)" in body
+
+
+@pytest.mark.parametrize("algo,one_pass", [("LUMOTREE_SUFFIX", True), ("LUMOTREE_ORACLE", True),
+                                           ("NGRAM_ORACLE", False)])
+def test_worker_routes_only_lumotree_algorithms(monkeypatch, algo, one_pass):
+    """The served worker class (SGLang's NGRAM worker subclassed) on a stand-in of SGLang's method and module
+    (this CPU machine cannot import SGLang's: its n-gram ops need sgl_kernel's CUDA build)."""
+    import sys
+
+    lens = [2, 9, 4]
+    masks = _masks(lens, 2)
+    log = []
+    module = types.SimpleNamespace(USE_FULL_MASK=True, _is_cpu=False)
+    module.NGRAMWorker = type("NGRAMWorker", (), {
+        "_prepare_for_speculative_decoding": lambda self, batch: _fake_prepare(module, masks, lens, log)(batch)})
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.ngram_worker", module)
+    from lumotree.sglang.suffix import ONE_PASS_MASK_ALGORITHMS, ngram_worker as make_worker
+
+    cls = make_worker(lambda sa: None)
+    w = cls.__new__(cls)  # no GPU: only what the method reads
+    w.draft_token_num = N
+    w._one_pass_mask = algo in ONE_PASS_MASK_ALGORITHMS
+    b = _batch(lens)
+    w._prepare_for_speculative_decoding(b)
+    assert log == [not one_pass]
+    assert module.USE_FULL_MASK is True
+    ref = _batch(lens)
+    _fake_prepare(types.SimpleNamespace(USE_FULL_MASK=True, _is_cpu=False), masks, lens, [])(ref)
+    assert torch.equal(b.spec_info.custom_mask, ref.spec_info.custom_mask)

@@ -263,6 +263,11 @@ def resumed(res, runs, args) -> set:
     return done
 
 
+def trace_written(d) -> bool:
+    """Whether SGLang's profiler already wrote its trace into ``d`` (it does when it stops after its steps)."""
+    return any(".trace.json" in f for f in os.listdir(d)) if os.path.isdir(d) else False
+
+
 def profile_phases(url, args, name, count):
     """``--profile-dir``: per ``--agents`` level, sessions of another seed (as many as the level; their prompts
     are new to the radix cache) served while SGLang's torch profiler records ``--profile-steps`` forward steps
@@ -277,7 +282,8 @@ def profile_phases(url, args, name, count):
         post(url + "/start_profile", dict(output_dir=d, num_steps=args.profile_steps, activities=["CPU", "GPU"],
                                           with_stack=True, profile_prefix=f"{name}-{agents}"))
         run_phase(url, make_sessions(agents, 2, args.seed + 2000), agents, args.max_tokens, count, args.collapse_tokens)
-        stop_profile(url)  # sessions shorter than --profile-steps would leave no trace
+        if not trace_written(d):  # sessions shorter than --profile-steps would leave no trace; a written trace
+            stop_profile(url)     # means the profiler stopped itself (a stop then is a traceback in the server log)
         out[str(agents)] = d
     return out
 

@@ -1,7 +1,6 @@
 """LumoTree's NGRAM-loop workers lay out the verify's full mask in one pass
 (``lumotree.sglang.patches.ngram_full_mask``): the same mask SGLang's per-request loop builds, only for LumoTree's
 algorithms, SGLang's constant restored; and SGLang's method still has the branch the patch relies on."""
-import inspect
 import types
 
 import numpy as np

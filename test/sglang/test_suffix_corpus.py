@@ -380,3 +380,85 @@ def test_served_drafts_continue_a_match_24_levels_deep():
     assert max(depth) == 24
     chain = [t for t, k in sorted(zip(d.tokens, depth), key=lambda x: x[1]) if k > 0]
     assert chain == block[10:34]  # the block's continuation after the context's last token
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_background_admission_drafts_as_the_synchronous_one(seed):
+    """Prompts admitted on the worker thread (the C++ drafter) give the same drafts, node for node, at every
+    step as prompts admitted on the scheduler's thread."""
+    from types import SimpleNamespace
+
+    from lumotree.drafters.suffix import NativeSuffixDrafter
+    from lumotree.sglang.suffix import admit_prefilled, prepare_draft_tokens
+
+    depth, stride = 40, 4
+
+    def worker(background):
+        return SimpleNamespace(draft_token_num=stride, max_trie_depth=depth, enable_overlap=True,
+                               ngram_corpus=SuffixCorpus(stride, background=background))
+
+    sync, bg = worker(False), worker(True)
+    assert sync.ngram_corpus._pool is None
+    if not isinstance(bg.ngram_corpus.drafter, NativeSuffixDrafter):
+        pytest.skip("the C++ drafter is not built: admission stays on the calling thread")
+    assert bg.ngram_corpus._pool is not None
+    steps = 0
+    for kind, batch, *done in _views(seed, depth, longest=depth - 3 * stride):
+        if kind == "prefill":
+            for w in (sync, bg):
+                admit_prefilled(w, batch)
+            continue
+        a, b = prepare_draft_tokens(sync, batch), prepare_draft_tokens(bg, batch)
+        assert a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist()
+        steps += 1
+        for w in (sync, bg):
+            w.ngram_corpus.erase_match_state(done[0])
+    assert steps > 0 and not bg.ngram_corpus._pending
+
+
+def test_admission_runs_off_the_calling_thread_and_every_other_call_waits_for_it():
+    import threading
+
+    from lumotree.drafters.suffix import NativeSuffixDrafter
+
+    c = SuffixCorpus(4)
+    if not isinstance(c.drafter, NativeSuffixDrafter):
+        pytest.skip("the C++ drafter is not built")
+    real, gate, log = c.drafter, threading.Event(), []
+
+    class Gated:  # the real drafter, its start held until the test lets it go
+        def start(self, rid, tokens):
+            log.append(("start", rid, threading.current_thread() is threading.main_thread()))
+            assert gate.wait(30), "admit waited for its own indexing"
+            real.start(rid, tokens)
+
+        def __getattr__(self, name):
+            fn = getattr(real, name)
+            return lambda *a: log.append((name,)) or fn(*a)
+
+    c.drafter = Gated()
+    c.admit("a", [1, 2, 3, 1, 2], 5)  # returns with the start still held on the worker thread
+    assert len(c._pending) == 1 and log == [("start", "a", False)]
+    gate.set()
+    drafts, _ = c.batch_get(["a"], [[1, 2, 3, 1, 2, 3]], [6])  # waits for the admission, then takes the new token
+    assert not c._pending and drafts[0] == 3 and drafts[1] == 1  # "3" was followed by "1"
+    assert [e[0] for e in log] == ["start", "append", "draft_batch"]
+    assert real.context("a") == [1, 2, 3, 1, 2, 3]
+
+
+def test_a_failed_background_admission_raises_at_the_next_call():
+    from lumotree.drafters.suffix import NativeSuffixDrafter
+
+    c = SuffixCorpus(4)
+    if not isinstance(c.drafter, NativeSuffixDrafter):
+        pytest.skip("the C++ drafter is not built")
+
+    class Broken:
+        def start(self, rid, tokens):
+            raise RuntimeError("indexing failed")
+
+    c.drafter = Broken()
+    c.admit("a", [1, 2, 3], 3)
+    with pytest.raises(RuntimeError, match="indexing failed"):
+        c.batch_get(["a"], [[1, 2, 3]], [3])
+    assert not c._pending

@@ -239,7 +239,6 @@ def jit_compiles(log, windows):
     events = [(float(m.group(1)), float(m.group(2)), m.group(3)) for m in JIT_LINE.finditer(text)]
     out = {}
     for name, (t0, t1) in windows.items():
-        t0, t1 = round(t0, 3), round(t1, 3)  # the log's resolution: an event in the window's first or last ms is in
         inside = [(ms, k) for t, ms, k in events if t0 <= t <= t1 and not math.isnan(ms)]  # nan: start unseen
         per = collections.Counter()
         for ms, k in inside:

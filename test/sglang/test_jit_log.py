@@ -59,9 +59,6 @@ def test_reader_splits_compiles_by_window(tmp_path):
     assert got["8 agents"] == dict(count=2, total_ms=400.0, kernels={"a.k2": 400.0})  # nan: not counted
     assert got["32 agents"] == dict(count=0, total_ms=0.0, kernels={})
     assert ss.jit_compiles(str(tmp_path / "missing.log"), {"x": (0, 1)}) == {}
-    # the log has ms resolution: an event logged in a window's first or last ms is inside it
-    edge = ss.jit_compiles(str(log), {"first ms": (205.5004, 205.9), "last ms": (205.0, 205.4996)})
-    assert edge["first ms"]["count"] == 1 and edge["last ms"]["count"] == 1
 
 
 def test_agents_bench_jit_log_sets_the_variable_and_reads_the_windows(tmp_path, monkeypatch):

@@ -25,11 +25,11 @@ def test_hooks_log_each_compile_with_its_time_and_never_skip_it():
     assert log.before(**kw) is False  # a truthy return would make Triton skip the compile
     now[0] += 0.25
     assert log.after(**kw) is False
-    assert lines == ["LumoTree JIT: 1700000000.500 250.0 ms m.k.clamp_run_fwd_kernel "
+    assert lines == ["LumoTree JIT: 1700000000.500000 250.0 ms m.k.clamp_run_fwd_kernel "
                      "(('i32', 'D'), ('constexpr', 16))"]
     assert log.started == {}
     log.after(**_hook_kwargs("other", key))  # no matching start (a compile begun before install): nan, no error
-    assert lines[-1].startswith("LumoTree JIT: 1700000000.500 nan ms m.k.other")
+    assert lines[-1].startswith("LumoTree JIT: 1700000000.500000 nan ms m.k.other")
 
 
 def test_install_only_with_the_variable(monkeypatch):
@@ -78,7 +78,7 @@ def test_agents_bench_jit_log_sets_the_variable_and_reads_the_windows(tmp_path, 
     def fake_post(url, payload, timeout=600):
         import time
         with open(tmp_path / "agents-ngram.log", "a") as f:
-            f.write(f"[t] LumoTree JIT: {time.time():.3f} 20.0 ms m.k (x)\n")
+            f.write(f"[t] LumoTree JIT: {time.time():.6f} 20.0 ms m.k (x)\n")  # as the server logs it (microseconds)
         return dict(choices=[dict(message=dict(content="x"))],
                     usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=0)))
 

@@ -42,7 +42,7 @@ class JitLog:
         name = f"{getattr(fn, 'module', '?')}.{getattr(fn, 'name', '?')}" if fn is not None else "?"
         key = kwargs.get("key")
         spec = key[0] if isinstance(key, tuple) and key else key  # each argument's type and specialization
-        self.log("LumoTree JIT: %.3f %.1f ms %s %s", self.wall(), ms, name, str(spec)[:400])
+        self.log("LumoTree JIT: %.6f %.1f ms %s %s", self.wall(), ms, name, str(spec)[:400])
         return False
 
     @staticmethod

@@ -261,19 +261,10 @@ class HostCorpus:
 class SuffixCorpus(HostCorpus):
     """:class:`HostCorpus` over the suffix drafter (per-request tries + global cache): the C++ one
     (:class:`~lumotree.drafters.suffix.NativeSuffixDrafter`, the batch drafted in one call without the
-    GIL) when built, else the Python reference (:func:`~lumotree.drafters.suffix.make_suffix_drafter`).
-
-    **Admission in the background** (the C++ drafter): :meth:`admit` -- a prompt's indexing at its prefill,
-    1-10 ms of C++ per agent turn -- queues the drafter's ``start`` on one worker thread and returns, so the
-    indexing runs (the GIL released) while the scheduler's thread processes the prefill's results and builds the
-    next batch. Every other drafter call waits for the queue first (:meth:`synchronize`, which SGLang's NGRAM
-    loop also calls before drafting), so the drafter is never used by two threads at once and sees its calls in
-    the order they were made: the drafts are the ones the synchronous admission gives. A failed admission
-    raises at that wait."""
+    GIL) when built, else the Python reference (:func:`~lumotree.drafters.suffix.make_suffix_drafter`)."""
 
     def __init__(self, draft_token_num: int, max_match: int = 8, max_spec: int = 24,
-                 global_tokens: int = 1 << 18, min_prob: float = 0.0, retired_tokens: int = 1 << 18,
-                 background: bool = True):
+                 global_tokens: int = 1 << 18, min_prob: float = 0.0, retired_tokens: int = 1 << 18):
         super().__init__(draft_token_num)
         # max_match / max_spec: a draft continues a match of at most 8 context tokens up to 24 levels deep (the
         # tries hold suffixes of max_match + max_spec = 32 tokens either way, so indexing costs the same): on the
@@ -286,56 +277,20 @@ class SuffixCorpus(HostCorpus):
         self.kw = dict(max_match=max_match, max_spec=max_spec, global_tokens=global_tokens, min_prob=min_prob,
                        retired_tokens=retired_tokens)
         self.drafter = make_suffix_drafter(**self.kw)
-        self._pending: List = []  # queued admissions (futures), in order
-        self._admitting = False
-        self._pool = None
-        if background and type(self.drafter).__name__ == "NativeSuffixDrafter":  # the Python one holds the GIL
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lumotree-suffix-admit")
-
-    def synchronize(self) -> None:
-        """Wait for the queued admissions (re-raising the first failure)."""
-        pending, self._pending = self._pending, []
-        for f in pending:
-            f.result()
-
-    def admit(self, rid, tokens: Sequence[int], total_len: int) -> None:
-        self._admitting = True
-        try:
-            super().admit(rid, tokens, total_len)
-        finally:
-            self._admitting = False
-
-    def batch_get(self, *args, **kwargs):
-        self.synchronize()
-        return super().batch_get(*args, **kwargs)
-
-    def erase_match_state(self, req_ids) -> None:
-        self.synchronize()
-        super().erase_match_state(req_ids)
 
     def _reset(self) -> None:
-        self.synchronize()
         self.drafter = make_suffix_drafter(**self.kw)
 
     def _start(self, rid, tokens):
-        if self._admitting and self._pool is not None:
-            self._pending.append(self._pool.submit(self.drafter.start, rid, tokens))
-            return
-        self.synchronize()
         self.drafter.start(rid, tokens)
 
     def _append(self, rid, tokens):
-        self.synchronize()
         self.drafter.append(rid, tokens)
 
     def _rewind(self, rid, drop):
-        self.synchronize()
         self.drafter.rewind(rid, drop)
 
     def _finish(self, rid, output):
-        self.synchronize()
         self.drafter.finish(rid, output)
 
     def _draft(self, rid, root):

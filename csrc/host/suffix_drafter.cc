@@ -55,6 +55,32 @@ class SuffixTrie {
     if (tokens.size() > from + kBulk) edge_.reserve(edge_.size() + (tokens.size() - from + kOutputHeadroom) * depth_);
     for (size_t i = from; i < tokens.size(); ++i) append(seq, tokens[i]);
   }
+  // no more appends to any sequence: their cursors dropped (python: SuffixTrie.close_sequences)
+  void close_sequences() { active_.clear(); }
+  // undo extend(new_sequence(), tokens) of a closed sequence: the counts of all its substrings of length <= depth
+  // decremented (the walk of append) and the nodes left at zero -- whole subtrees: a substring occurs at most as
+  // often as its prefix -- unlinked and their ids reused (python: SuffixTrie.remove)
+  void remove(const std::vector<Tok>& tokens) {
+    std::vector<int32_t> act, nxt, dead;
+    for (Tok t : tokens) {
+      nxt.clear();
+      auto dec = [&](int32_t node) {
+        int32_t c = edge_.at(key(node, t));
+        if (--count_[c] == 0) dead.push_back(c);
+        nxt.push_back(c);
+      };
+      dec(0);
+      for (int32_t node : act) dec(node);
+      if (static_cast<int>(nxt.size()) > depth_ - 1) nxt.resize(std::max(0, depth_ - 1));
+      act.swap(nxt);
+    }
+    for (int32_t c : dead) unlink(c);
+    for (int32_t c : dead) {
+      first_child_[c] = last_child_[c] = next_sibling_[c] = prev_sibling_[c] = -1;
+      free_.push_back(c);
+    }
+    num_tokens_ -= static_cast<int64_t>(tokens.size());
+  }
   // the node of tokens[begin, end), or -1
   int32_t find(const std::vector<Tok>& tokens, size_t begin, size_t end) const {
     int32_t node = 0;
@@ -83,7 +109,7 @@ class SuffixTrie {
   int32_t next_sibling(int32_t node) const { return next_sibling_[node]; }
   Tok token(int32_t node) const { return token_[node]; }
   int64_t count(int32_t node) const { return count_[node]; }
-  int64_t num_nodes() const { return static_cast<int64_t>(count_.size()); }
+  int64_t num_nodes() const { return static_cast<int64_t>(count_.size() - free_.size()); }
   int64_t num_tokens() const { return num_tokens_; }
 
  private:
@@ -97,22 +123,43 @@ class SuffixTrie {
   }
   int32_t child_or_new(int32_t node, Tok token) {
     if (token >= (Tok(1) << 32)) throw std::invalid_argument("token ids must be < 2^32");
-    auto [it, fresh] = edge_.try_emplace(key(node, token), static_cast<int32_t>(count_.size()));
+    auto [it, fresh] = edge_.try_emplace(key(node, token), free_.empty() ? static_cast<int32_t>(count_.size())
+                                                                          : free_.back());
     if (fresh) add_node(node, token);
     ++count_[it->second];
     return it->second;
   }
   void add_node(int32_t parent, Tok token) {
-    int32_t id = static_cast<int32_t>(count_.size());
-    count_.push_back(0);
-    token_.push_back(token);
-    first_child_.push_back(-1);
-    last_child_.push_back(-1);
-    next_sibling_.push_back(-1);
+    int32_t id;
+    if (!free_.empty()) {  // a removed node's id (child_or_new keyed the edge with it)
+      id = free_.back();
+      free_.pop_back();
+      count_[id] = 0;
+      token_[id] = token;
+      parent_[id] = parent;
+    } else {
+      id = static_cast<int32_t>(count_.size());
+      count_.push_back(0);
+      token_.push_back(token);
+      parent_.push_back(parent);
+      first_child_.push_back(-1);
+      last_child_.push_back(-1);
+      next_sibling_.push_back(-1);
+      prev_sibling_.push_back(-1);
+    }
     if (parent < 0) return;
+    prev_sibling_[id] = last_child_[parent];
     if (last_child_[parent] < 0) first_child_[parent] = id;
     else next_sibling_[last_child_[parent]] = id;
     last_child_[parent] = id;
+  }
+  void unlink(int32_t c) {
+    int32_t p = parent_[c], prev = prev_sibling_[c], next = next_sibling_[c];
+    edge_.erase(key(p, token_[c]));
+    if (prev >= 0) next_sibling_[prev] = next;
+    else first_child_[p] = next;
+    if (next >= 0) prev_sibling_[next] = prev;
+    else last_child_[p] = prev;
   }
   static constexpr size_t kBulk = 64;
   static constexpr size_t kOutputHeadroom = 1024;
@@ -120,7 +167,8 @@ class SuffixTrie {
   int64_t num_tokens_ = 0;
   std::vector<int64_t> count_;
   std::vector<Tok> token_;
-  std::vector<int32_t> first_child_, last_child_, next_sibling_;
+  std::vector<int32_t> parent_, first_child_, last_child_, next_sibling_, prev_sibling_;
+  std::vector<int32_t> free_;  // ids of removed nodes, reused
   std::unordered_map<uint64_t, int32_t> edge_;
   std::vector<std::vector<int32_t>> active_;
 };
@@ -260,18 +308,13 @@ class SuffixDrafter {
     if (output.empty()) return;
     recent_.push_back(output);
     recent_tokens_ += static_cast<int64_t>(output.size());
-    bool evicted = false;
+    global_->extend(global_->new_sequence(), output);
     while (recent_tokens_ > global_tokens_ && recent_.size() > 1) {
       recent_tokens_ -= static_cast<int64_t>(recent_.front().size());
+      global_->remove(recent_.front());  // as long as inserting it: no rebuild of the window
       recent_.pop_front();
-      evicted = true;
     }
-    if (evicted) {
-      global_ = std::make_unique<SuffixTrie>(depth_);
-      for (const auto& o : recent_) global_->extend(global_->new_sequence(), o);
-    } else {
-      global_->extend(global_->new_sequence(), output);
-    }
+    global_->close_sequences();
   }
 
   std::vector<Tok> context(const std::string& rid) const {

@@ -70,6 +70,63 @@ def test_branching_scores_follow_counts():
     assert set(kids) == {3, 4} and kids[3] == pytest.approx(2 / 3) and kids[4] == pytest.approx(1 / 3)
 
 
+def _substrings(seqs, depth):
+    return {tuple(q[i:j]) for q in seqs for i in range(len(q)) for j in range(i + 1, min(len(q), i + depth) + 1)}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_removed_sequences_leave_the_counts_of_the_rest(seed):
+    """``remove`` undoes ``extend``: every substring counts as in a trie of the remaining sequences only, the
+    removed-only ones are gone (find, has_children, continuations, the node count), and their ids are reused."""
+    rng = random.Random(seed)
+    depth = rng.choice([2, 3, 5])
+    seqs = [[rng.randrange(4) for _ in range(rng.randrange(1, 30))] for _ in range(6)]
+    t = SuffixTrie(depth)
+    for q in seqs:
+        t.extend(t.new_sequence(), q)
+    gone = rng.sample(range(6), 3)
+    for i in gone:
+        t.remove(seqs[i])
+    kept = [q for i, q in enumerate(seqs) if i not in gone]
+    ref = SuffixTrie(depth)
+    for q in kept:
+        ref.extend(ref.new_sequence(), q)
+    for sub in _substrings(seqs, depth):
+        a, b = t.find(list(sub)), ref.find(list(sub))
+        assert (a is None) == (b is None), sub
+        if a is not None:
+            assert t.count(a) == ref.count(b)
+            assert t.has_children(a) == ref.has_children(b)
+            assert sorted((tok, p) for tok, _, p in t.continuations(a)) == \
+                sorted((tok, p) for tok, _, p in ref.continuations(b))
+    assert t.num_tokens == ref.num_tokens and t.num_nodes == ref.num_nodes
+    ids = len(t._count)
+    t.extend(t.new_sequence(), seqs[gone[0]])  # back: in the removed nodes' ids
+    ref.extend(ref.new_sequence(), seqs[gone[0]])
+    assert t.num_nodes == ref.num_nodes and len(t._count) == ids
+    for sub in _substrings(seqs, depth):
+        a, b = t.find(list(sub)), ref.find(list(sub))
+        assert (a is None) == (b is None) and (a is None or t.count(a) == ref.count(b)), sub
+
+
+def test_a_full_global_window_evicts_without_rebuilding():
+    """Past ``global_tokens`` each finish removes the oldest outputs from the global trie instead of rebuilding the
+    window (a rebuild per finish made a full 262k-token window cost seconds per finished request): it holds
+    exactly the outputs in the window, in as many nodes as a trie built of them."""
+    d = SuffixDrafter(max_match=3, max_spec=3, global_tokens=40, min_prob=0.0)
+    rng = random.Random(1)
+    glob = d._global
+    for i in range(60):
+        d.finish(f"x{i}", [rng.randrange(50) for _ in range(rng.randrange(3, 12))])
+        assert d._global is glob and d._recent_tokens <= 40
+        ref = SuffixTrie(d.depth)
+        for o in d._recent:
+            ref.extend(ref.new_sequence(), o)
+        assert glob.num_nodes == ref.num_nodes and glob.num_tokens == ref.num_tokens
+        for sub in _substrings(list(d._recent), d.depth):
+            assert glob.count(glob.find(list(sub))) == ref.count(ref.find(list(sub)))
+
+
 def test_global_cache_serves_other_requests_and_is_bounded():
     d = SuffixDrafter(max_match=3, max_spec=4, global_tokens=12, min_prob=0.0)
     d.start("a", [1, 2])

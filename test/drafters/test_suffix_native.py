@@ -261,3 +261,41 @@ def test_acceptance_replay_replays_recorded_replies(tmp_path):
     one, sixteen = res["rows"]
     assert one["nodes"] == 1 and one["tokens_per_step"] == 1.0  # the root alone: the bonus token per step
     assert sixteen["tokens"] == one["tokens"] and sixteen["tokens_per_step"] > 2.0
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_native_global_window_evictions_and_compactions_draft_as_the_reference(seed):
+    """A global window that fills many times over (each finish removing the oldest outputs, compactions when most
+    nodes are removed ones): the same drafts from the global cache as the reference, at every finish."""
+    rng = random.Random(seed)
+    kw = dict(max_match=3, max_spec=4, global_tokens=48, min_prob=0.0, retired_tokens=64)
+    ref, nat = S.SuffixDrafter(**kw), S.NativeSuffixDrafter(**kw)
+    for i in range(120):
+        out = motif_tokens(rng, rng.randrange(2, 14), vocab=6)
+        for d in (ref, nat):
+            d.finish(f"x{i}", out)
+        ctx = motif_tokens(rng, rng.randrange(1, 6), vocab=6)
+        for d in (ref, nat):
+            d.start("q", ctx)
+        same(ref.draft("q", 8), nat.draft("q", 8))
+        for d in (ref, nat):
+            d.finish("q", [])
+
+
+def test_global_window_benchmark_times_finishes_while_filling_and_full(tmp_path):
+    """benchmark/drafters/global_window_cost.py: per window size, the finishes that fill it and those past it."""
+    import importlib.util
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "drafters", "global_window_cost.py")
+    spec = importlib.util.spec_from_file_location("global_window_cost", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "g.json"
+    mod.main(["--global-tokens", "256,512", "--output", "16", "--finishes", "20", "--out", str(out)])
+    res = json.load(open(out))
+    assert res["command"].startswith("python3 benchmark/drafters/global_window_cost.py --global-tokens 256,512")
+    assert [r["global_tokens"] for r in res["rows"]] == [256, 512]
+    for r in res["rows"]:
+        assert r["full_finishes"] == 20 and 0 < r["full_median_ms"] <= r["full_p99_ms"] <= r["full_max_ms"]

@@ -58,15 +58,22 @@ class SuffixTrie:
         self.num_tokens = 0
         self._count = array.array("q", [0])
         self._kids: List[Dict[int, int]] = [{}]
+        self._up = array.array("q", [-1])  # a node's parent (removal unlinks it there)
+        self._tok = array.array("q", [-1])  # a node's token
+        self._free: List[int] = []  # ids of removed nodes, reused
         self._active: List[List[int]] = []  # per open sequence: nodes of its suffixes of length < depth
 
     @property
     def num_nodes(self) -> int:
-        return len(self._count)
+        return len(self._count) - len(self._free)
 
     def new_sequence(self) -> int:
         self._active.append([])
         return len(self._active) - 1
+
+    def close_sequences(self) -> None:
+        """No more appends to any sequence: their cursors dropped (numbering starts over)."""
+        self._active.clear()
 
     def append(self, seq: int, token: int) -> None:
         try:
@@ -82,9 +89,16 @@ class SuffixTrie:
             k = kids[node]
             child = k.get(token)
             if child is None:
-                child = k[token] = len(count)
-                count.append(0)
-                kids.append({})
+                if self._free:
+                    child = self._free.pop()
+                    count[child], self._up[child], self._tok[child] = 0, node, token
+                else:
+                    child = len(count)
+                    count.append(0)
+                    kids.append({})
+                    self._up.append(node)
+                    self._tok.append(token)
+                k[token] = child
             count[child] += 1
             nxt.append(child)
         # a suffix of length `depth` cannot be extended: keep only the shorter ones
@@ -107,13 +121,37 @@ class SuffixTrie:
             self.append(seq, t)
 
     def find(self, pattern: Sequence[int]) -> Optional[int]:
-        """The node of ``pattern`` (an id), or None if it never occurred."""
+        """The node of ``pattern`` (an id), or None if it does not occur."""
         node = 0
         for t in pattern:
             node = self._kids[node].get(t)
             if node is None:
                 return None
         return node
+
+    def remove(self, tokens: Sequence[int]) -> None:
+        """Undo ``extend(new_sequence(), tokens)`` of a closed sequence: the counts of all its substrings of length
+        <= ``depth`` decremented (the walk of :meth:`append`) and the nodes left at zero -- whole subtrees: a
+        substring occurs at most as often as its prefix -- unlinked and their ids reused, so the trie is the trie
+        of the remaining sequences but for the order of siblings (a later occurrence adds a node at the end)."""
+        count, kids = self._count, self._kids
+        act: List[int] = []
+        dead = []
+        for t in tokens:
+            nxt = []
+            for node in [0] + act:
+                child = kids[node][t]
+                count[child] -= 1
+                if count[child] == 0:
+                    dead.append(child)
+                nxt.append(child)
+            act = nxt[: self.depth - 1]
+        for c in dead:
+            del kids[self._up[c]][self._tok[c]]
+        for c in dead:
+            kids[c] = {}
+            self._free.append(c)
+        self.num_tokens -= len(tokens)
 
     def count(self, node: int) -> int:
         return self._count[node]
@@ -279,16 +317,12 @@ class SuffixDrafter:
             return
         self._recent.append(out)
         self._recent_tokens += len(out)
-        evicted = False
+        self._global.extend(self._global.new_sequence(), out)
         while self._recent_tokens > self.global_tokens and len(self._recent) > 1:
-            self._recent_tokens -= len(self._recent.popleft())
-            evicted = True
-        if evicted:  # counts cannot be decremented cheaply along all suffixes: rebuild (amortised)
-            self._global = SuffixTrie(self.depth)
-            for o in self._recent:
-                self._global.extend(self._global.new_sequence(), o)
-        else:
-            self._global.extend(self._global.new_sequence(), out)
+            old = self._recent.popleft()
+            self._recent_tokens -= len(old)
+            self._global.remove(old)  # as long as inserting it: no rebuild of the window
+        self._global.close_sequences()
 
     def context(self, rid) -> List[int]:
         """The tokens of request ``rid`` seen so far ([] for an unknown request)."""

@@ -195,14 +195,9 @@ def test_host_cost_benchmark_worker_rows(tmp_path, monkeypatch):
 
 def test_admission_replay_times_every_turn_s_admission(tmp_path):
     """benchmark/drafters/admission_replay.py: the agent sessions' turns admitted as the server hands them over."""
-    import importlib.util
     import json
-    import os
 
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "drafters", "admission_replay.py")
-    spec = importlib.util.spec_from_file_location("admission_replay", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _drafters_script("admission_replay")
     out = tmp_path / "a.json"
     res = mod.main(["--agents", "2", "--sessions", "4", "--turns", "3", "--repeat", "1", "--window", "512",
                     "--out", str(out)])
@@ -212,15 +207,20 @@ def test_admission_replay_times_every_turn_s_admission(tmp_path):
     assert res["drafter"]["retired_tokens"] == 1 << 18
 
 
-def _acceptance_replay():
+def _drafters_script(name):
+    """``benchmark/drafters/<name>.py`` as a module."""
     import importlib.util
     import os
 
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "drafters", "acceptance_replay.py")
-    spec = importlib.util.spec_from_file_location("acceptance_replay", path)
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "drafters", name + ".py")
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _acceptance_replay():
+    return _drafters_script("acceptance_replay")
 
 
 def test_acceptance_replay_accepts_the_longest_matching_root_path():
@@ -284,14 +284,9 @@ def test_native_global_window_evictions_and_compactions_draft_as_the_reference(s
 
 def test_global_window_benchmark_times_finishes_while_filling_and_full(tmp_path):
     """benchmark/drafters/global_window_cost.py: per window size, the finishes that fill it and those past it."""
-    import importlib.util
     import json
-    import os
 
-    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "drafters", "global_window_cost.py")
-    spec = importlib.util.spec_from_file_location("global_window_cost", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _drafters_script("global_window_cost")
     out = tmp_path / "g.json"
     mod.main(["--global-tokens", "256,512", "--output", "16", "--finishes", "20", "--out", str(out)])
     res = json.load(open(out))

@@ -149,3 +149,65 @@ def test_worker_routes_only_lumotree_algorithms(monkeypatch, algo, one_pass):
     ref = _batch(lens)
     _fake_prepare(types.SimpleNamespace(USE_FULL_MASK=True, _is_cpu=False), masks, lens, [])(ref)
     assert torch.equal(b.spec_info.custom_mask, ref.spec_info.custom_mask)
+
+
+def _sglang_prepare_on_cpu():
+    """SGLang's own ``NGRAMWorker._prepare_for_speculative_decoding``, compiled from its installed source into a
+    module of its own (its module imports C++ ops this CPU machine does not build), with SGLang's device-only
+    helpers stubbed (they fill other buffers, not the mask) and ``_is_cpu`` False: its mask code as on the GPU."""
+    import ast
+    import importlib.util
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    path = importlib.util.find_spec("sglang.srt.speculative.ngram_worker").origin
+    tree = ast.parse(open(path).read())
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "NGRAMWorker")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "_prepare_for_speculative_decoding")
+    module = types.ModuleType("ngram_worker_on_cpu")
+    module.__dict__.update(
+        torch=torch, np=np, ScheduleBatch=object, USE_FULL_MASK=True, _is_cpu=False, ForwardMode=ForwardMode,
+        reconstruct_indices_from_tree_mask=lambda *a: None, assign_extend_cache_locs_func=lambda **kw: None,
+        prepare_mamba_track_for_verify=lambda batch: None, NgramVerifyInput=lambda **kw: types.SimpleNamespace(**kw))
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), path, "exec"), module.__dict__)
+    return module, module.__dict__["_prepare_for_speculative_decoding"]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_one_pass_mask_equals_sglangs_own_method(seed):
+    """The wrapper around SGLang's actual method (its source, run on the CPU) gives the mask its loop gives."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from lumotree.sglang.patches.ngram_full_mask import prepare_with_full_mask
+
+    module, method = _sglang_prepare_on_cpu()
+    rng = np.random.default_rng(seed)
+    bs, n = int(rng.integers(1, 9)), int(rng.choice([1, 4, 8]))
+    lens = rng.integers(1, 200, bs)
+    masks = _masks(list(lens), seed) if n == N else rng.random((bs, n, n)) > 0.5
+
+    def worker():
+        buf = lambda *shape, dtype=torch.int64: [torch.zeros(*(b if i == 0 else s for i, s in enumerate(shape)),  # noqa: E731
+                                                             dtype=dtype) for b in range(bs + 1)]
+        return types.SimpleNamespace(
+            draft_token_num=n, device="cpu", retrieve_indexes_batch=buf(1, n), retrieve_next_token_batch=buf(1, n),
+            retrieve_next_sibling_batch=buf(1, n), positions_batch=[torch.zeros(b * n, dtype=torch.int64)
+                                                                     for b in range(bs + 1)],
+            tree_mask_batch=[torch.zeros(b * n * n, dtype=torch.bool) for b in range(bs + 1)],
+            draft_tokens_batch=[torch.zeros(b * n, dtype=torch.int64) for b in range(bs + 1)],
+            _prepare_draft_tokens=lambda batch: (np.arange(bs * n, dtype=np.int64), masks.reshape(-1).copy()))
+
+    def batch():
+        return types.SimpleNamespace(forward_mode=ForwardMode.DECODE, reqs=[None] * bs, has_grammar=False,
+                                     seq_lens=torch.tensor(lens), seq_lens_cpu=torch.tensor(lens),
+                                     req_pool_indices=torch.arange(bs), req_to_token_pool=types.SimpleNamespace(
+                                         req_to_token=None), spec_info=None)
+
+    w, ref = worker(), batch()
+    method(w, ref)  # SGLang's loop
+    assert ref.forward_mode == ForwardMode.TARGET_VERIFY and ref.spec_info.custom_mask.numel() > bs * n * n
+    w, got = worker(), batch()
+    prepare_with_full_mask(lambda b: method(w, b), got, n, module=module)
+    assert module.USE_FULL_MASK is True
+    assert got.forward_mode == ForwardMode.TARGET_VERIFY
+    assert torch.equal(got.spec_info.custom_mask, ref.spec_info.custom_mask)

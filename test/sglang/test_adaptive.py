@@ -368,7 +368,7 @@ def test_step_clock_under_the_overlap_pipeline_times_each_step_s_own_candidate(h
 
 def test_worker_attributes_step_times_and_switches_states(monkeypatch):
     pytest.importorskip("sglang")
-    from lumotree.sglang.worker import StepClock, worker_class
+    from lumotree.sglang.worker import StepLedger, worker_class
 
     cls = worker_class()
     w = object.__new__(cls)  # no GPU: only the adaptive bookkeeping is exercised
@@ -383,10 +383,7 @@ def test_worker_attributes_step_times_and_switches_states(monkeypatch):
     w.tree_policy = TreeSizePolicy([0, 3])
     w._tree_states = {0: 0, 3: 3}
     dev = DeviceClock()
-    w._clock = StepClock(dev.event)
-    import collections
-    w._pending_steps = collections.deque(maxlen=8)
-    w._prev_steps = 3
+    w._ledger = StepLedger(w.tree_policy, first=3, event=dev.event)
     w._step_chosen = False
     monkeypatch.setattr(adaptive, "RUN", 1)  # one step per exploration run: a switch on every step
 
@@ -507,18 +504,15 @@ def test_overlap_timing_learns_each_candidate_s_own_step_time():
 def bare_worker(cls, policy, overlap_consistent, clock=None):
     """A LUMOTREE worker without SGLang underneath (no GPU): only its adaptive bookkeeping, the policy
     choosing the 3-step tree on every step."""
-    import collections
-
-    from lumotree.sglang.worker import StepClock
+    from lumotree.sglang.worker import StepLedger
 
     w = object.__new__(cls)
     w.speculative_num_steps = 3
     w.apply_runtime_state = lambda state: None
     w.tree_policy = policy
     w.tree_policy.choose = lambda batch: 3
-    w._tree_states, w._prev_steps, w._step_chosen = {0: 0, 3: 3}, 3, False
-    w._clock = StepClock(clock.event if clock is not None else None)
-    w._pending_steps = collections.deque(maxlen=8)
+    w._tree_states, w._step_chosen = {0: 0, 3: 3}, False
+    w._ledger = StepLedger(policy, overlap_consistent, first=3, event=clock.event if clock is not None else None)
     w._overlap_consistent, w._decode_step = overlap_consistent, None
     return w
 
@@ -540,21 +534,21 @@ def test_acceptance_leaves_out_rows_a_step_holds_after_they_finished(monkeypatch
     batch = SimpleNamespace(req_to_token_pool=pool, req_pool_indices=torch.tensor([1, 2, 5, 6]),
                             seq_lens=torch.tensor([9, 9, 9, 9]))
     w.activate_step_by_batch(4)
-    w._note_live_rows(batch)
+    w._ledger.note_live_rows(batch)
     w.on_verify_complete_cpu([2, 0, 0, 2])
     assert w.tree_policy.accept == 2.0
     # without the consistent overlap cache every row is the workload's
-    w._overlap_consistent = False
+    w._ledger.consistent = False
     w.activate_step_by_batch(4)
-    w._note_live_rows(batch)
+    w._ledger.note_live_rows(batch)
     w.on_verify_complete_cpu([0, 0, 0, 0])
     assert w.tree_policy.accept == pytest.approx(2.0 * (1 - adaptive.EMA))
     # a no-draft step has no acceptance sample: its rows are not copied to the host
-    w._overlap_consistent = True
+    w._ledger.consistent = True
     w.tree_policy.choose = lambda batch: 0
     w.activate_step_by_batch(4)
-    w._note_live_rows(batch)
-    assert w._pending_steps[-1] == [0, False, None]
+    w._ledger.note_live_rows(batch)
+    assert w._ledger.pending[-1] == [0, False, None]
 
 
 def oracle_draws(p, levels):

@@ -4,7 +4,6 @@ V2 batch (positions, KV slot, lengths), the backend and graph swap around the fo
 the one-node verify's conventions, which batches it serves, and the worker's dispatch to it. The
 served step (tokens equal to no speculation, under CUDA graphs) is
 ``test_served_no_draft_gpu.py``."""
-import collections
 import copy
 from types import SimpleNamespace
 
@@ -96,6 +95,67 @@ def test_decode_view_and_result(monkeypatch):
     assert out.can_run_cuda_graph and step.steps == 1
 
 
+def ngram_batch(bs=3, n=4, **kw):
+    """A batch of SGLang's NGRAM loop as a decode step finds it: the last step's accepted tokens, rows of ``n``."""
+    accept = torch.tensor([[4, 5, 0, 0], [6, 0, 0, 0], [7, 8, 9, 10]][:bs], dtype=torch.int32)[:, :n]
+    spec = SimpleNamespace(accept_tokens=accept.reshape(-1).clone(),
+                           accept_lens=torch.tensor([2, 1, 4][:bs], dtype=torch.int32))
+    return spec_batch(bs, **{"spec_algorithm": SpeculativeAlgorithm.NGRAM, "spec_info": spec, **kw})
+
+
+def test_ngram_decode_view_and_result(monkeypatch):
+    """LUMOTREE_SUFFIX's no-draft step: the input of each row is the last token the previous step accepted
+    (gathered on the device), and the result is in the NGRAM loop's layout -- rows of ``draft_token_num``
+    with the sampled token first, accept lengths 1, lengths + 1 -- also as the next step's draft input."""
+    from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+    monkeypatch.setattr("sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_uniform_func", cache_locs)
+    mr = Runner()
+    seen = {}
+
+    def init_new(batch, model_runner, return_hidden_states_before_norm):
+        seen["batch"] = copy.copy(batch)
+        return SimpleNamespace(tag="fb", bs=batch.seq_lens.shape[0])
+
+    monkeypatch.setattr("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", init_new)
+    forward = lambda batch, forward_batch, is_verify: SimpleNamespace(  # noqa: E731
+        logits_output="logits", can_run_cuda_graph=True, routed_experts_output=None, indexer_topk_output=None)
+    step = ds.DecodeStep(SimpleNamespace(model_runner=mr, forward_batch_generation=forward), "decode-backend", None)
+    b = ngram_batch()
+    assert ds.DecodeStep.serves_ngram(b, 4) and not ds.DecodeStep.serves(b)
+    out = step.run_ngram(b, 4)
+    d = seen["batch"]
+    assert d.forward_mode == ForwardMode.DECODE and d.input_ids.tolist() == [5, 6, 10]
+    assert torch.equal(d.out_cache_loc, mr.req_to_token_pool.req_to_token[b.req_pool_indices, b.seq_lens])
+    assert out.speculative_num_draft_tokens == 4
+    assert out.next_token_ids.dtype == torch.int32
+    assert out.next_token_ids.view(3, 4).tolist() == [[7, 0, 0, 0], [8, 0, 0, 0], [9, 0, 0, 0]]
+    assert out.accept_lens.tolist() == [1, 1, 1] and out.new_seq_lens.tolist() == [6, 10, 3]
+    nxt = out.next_draft_input
+    assert isinstance(nxt, NgramVerifyInput) and nxt.draft_token_num == 4
+    assert torch.equal(nxt.accept_tokens, out.next_token_ids) and torch.equal(nxt.accept_lens, out.accept_lens)
+    assert torch.equal(nxt.new_seq_lens, out.new_seq_lens)
+    # the step after it: a decode step again reads the token just sampled
+    b2 = ngram_batch(spec_info=SimpleNamespace(accept_tokens=nxt.accept_tokens, accept_lens=nxt.accept_lens))
+    step.run_ngram(b2, 4)
+    assert seen["batch"].input_ids.tolist() == [7, 8, 9]
+
+
+@pytest.mark.parametrize("change", [
+    {},
+    {"forward_mode": ForwardMode.IDLE},
+    {"spec_info": None},
+    {"spec_info": SimpleNamespace(accept_tokens=None, accept_lens=torch.ones(3, dtype=torch.int32))},
+    {"spec_info": SimpleNamespace(accept_tokens=torch.zeros(12, dtype=torch.int32), accept_lens=None)},
+    {"spec_info": SimpleNamespace(accept_tokens=torch.zeros(9, dtype=torch.int32),
+                                  accept_lens=torch.ones(3, dtype=torch.int32))},  # rows of another width
+    {"return_logprob": True},
+    {"has_grammar": True},
+], ids=["plain", "idle", "no-draft-input", "no-tokens", "no-lens", "other-width", "logprob", "grammar"])
+def test_which_ngram_batches_decode(change):
+    assert ds.DecodeStep.serves_ngram(ngram_batch(**change), 4) == (change == {})
+
+
 def test_backend_restored_when_the_forward_fails(monkeypatch):
     monkeypatch.setattr("sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_uniform_func", cache_locs)
     mr = Runner()
@@ -168,7 +228,7 @@ def test_spec_algorithm_restored_after_capture():
 
 def worker(monkeypatch, decode_step):
     import sglang.srt.speculative.eagle_worker_v2 as ew
-    from lumotree.sglang.worker import StepClock, worker_class
+    from lumotree.sglang.worker import StepLedger, worker_class
 
     w = object.__new__(worker_class())
     w.calls = []
@@ -185,9 +245,7 @@ def worker(monkeypatch, decode_step):
     w.apply_runtime_state = apply_runtime_state
     w.speculative_num_steps = 3
     w._tree_states = {0: 0, 3: 3}
-    w._clock = StepClock()
-    w._pending_steps = collections.deque(maxlen=8)
-    w._prev_steps = 3
+    w._ledger = StepLedger(None, first=3)
     w._step_chosen = False
     w._decode_step = decode_step
     w._stub_skipped_draft_extend = lambda batch, out: w.calls.append(("stub", out))
@@ -203,15 +261,15 @@ def test_worker_serves_no_draft_steps_as_decode_steps(monkeypatch, plain):
             return SimpleNamespace(new_seq_lens=batch.seq_lens + 1)
 
     w = worker(monkeypatch, Step())
-    w.tree_policy = TreeSizePolicy([0])  # pinned to no draft
+    w.tree_policy = w._ledger.policy = TreeSizePolicy([0])  # pinned to no draft
     published = []
     out = w.forward_batch_generation(spec_batch(return_logprob=not plain), on_publish=published.append)
-    assert len(w._pending_steps) == 1  # one choice per step, though SGLang's loop asks again
+    assert len(w._ledger.pending) == 1  # one choice per step, though SGLang's loop asks again
     if plain:
         assert w.calls == [("stub", out)] and published[0].tolist() == [6, 10, 3]
     else:  # the one-node verify serves what a decode step does not
         assert out == "verify-result" and w.calls == [("verify", 0)] and not published
-    w.tree_policy = TreeSizePolicy([3])  # a drafted step never decodes
+    w.tree_policy = w._ledger.policy = TreeSizePolicy([3])  # a drafted step never decodes
     w.calls.clear()
     assert w.forward_batch_generation(spec_batch()) == "verify-result" and w.calls == [("verify", 3)]
-    assert len(w._pending_steps) == 2
+    assert len(w._ledger.pending) == 2

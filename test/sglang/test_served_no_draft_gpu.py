@@ -1,9 +1,10 @@
-"""GPU, end to end: a LUMOTREE server pinned to its no-draft step (``--speculative-adaptive-config
+"""GPU, end to end: a LUMOTREE or LUMOTREE_SUFFIX server pinned to its no-draft step (``--speculative-adaptive-config
 {"candidate_steps": [0]}``: the target's decode forward through its own decode CUDA graphs,
 ``lumotree.sglang.decode_step``, no MTP draft-extend) on the committed tiny model, against the same
 server without speculation. Greedy, two batches: its tokens must be the no-speculation server's,
 token for token (the same decode kernels and graphs run). A batch asking for logprobs is served by
-the one-node verify instead (GDN decode kernels in place); its tokens must match too."""
+the one-node verify instead (GDN decode kernels in place; LUMOTREE_SUFFIX: its suffix tree); its tokens must
+match closely."""
 import json
 import os
 import re
@@ -34,13 +35,22 @@ def serve(tmp_path, name, args):
     return [o["output_ids"] for o in outs], [o["meta_info"] for o in outs], log
 
 
-def test_no_draft_step_decodes_like_no_speculation(tmp_path):
+@pytest.fixture(scope="module")
+def no_speculation(tmp_path_factory):
+    return serve(tmp_path_factory.mktemp("none"), "none", [])
+
+
+@pytest.mark.parametrize("algorithm", ["LUMOTREE", "LUMOTREE_SUFFIX"])
+def test_no_draft_step_decodes_like_no_speculation(tmp_path, no_speculation, algorithm):
+    """LUMOTREE (EAGLE V2 loop) and LUMOTREE_SUFFIX (NGRAM loop) alike."""
     cfg = tmp_path / "no_draft.json"
     cfg.write_text(json.dumps({"candidate_steps": [0]}))
-    tree = ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
-            "--speculative-num-draft-tokens", "6", "--speculative-adaptive-config", str(cfg)]
-    ref, _, ref_log = serve(tmp_path, "none", [])
-    got, meta, log = serve(tmp_path, "lumotree", tree)
+    tree = (["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
+             "--speculative-num-draft-tokens", "6"] if algorithm == "LUMOTREE" else
+            ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-num-draft-tokens", "8"])
+    tree += ["--speculative-adaptive-config", str(cfg)]
+    ref, _, ref_log = no_speculation
+    got, meta, log = serve(tmp_path, algorithm.lower(), tree)
     assert "no-draft steps run as decode steps" in log
     # its decode graphs are captured at the sizes the server without speculation captured (1, 2, 4, 8 here),
     # not at the speculative list's (1..8), so its batches pad as that server's do
@@ -49,12 +59,15 @@ def test_no_draft_step_decodes_like_no_speculation(tmp_path):
     assert none_bs and lt_bs and json.loads(lt_bs.group(1)) == json.loads(none_bs.group(1)) == [1, 2, 4, 8], (
         none_bs and none_bs.group(1), lt_bs and lt_bs.group(1))
     assert all(m["completion_tokens"] == 64 for m in meta)
-    # the prefill makes the first token, then one token per verify step: nothing was drafted
-    assert all(m.get("spec_verify_ct") == 63 for m in meta), [m.get("spec_verify_ct") for m in meta]
-    first_diff = [next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), len(r)) for r, g in zip(ref, got)]
     plain = len(got) - 3
+    # the prefill makes the first token, then one token per verify step: nothing was drafted (LUMOTREE_SUFFIX serves
+    # the logprob batch its suffix tree, which drafts)
+    pinned = meta if algorithm == "LUMOTREE" else meta[:plain]
+    assert all(m.get("spec_verify_ct") == 63 for m in pinned), [m.get("spec_verify_ct") for m in meta]
+    first_diff = [next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), len(r)) for r, g in zip(ref, got)]
     # decode steps: the no-speculation server's kernels and graphs, so its tokens exactly
     assert got[:plain] == ref[:plain], first_diff
-    # the logprob batch: a one-node verify (its attention is the verify's kernel): close, not necessarily equal
+    # the logprob batch: a one-node verify (LUMOTREE) or the suffix tree (LUMOTREE_SUFFIX): close, not necessarily
+    # equal (the verify's attention kernel)
     same = [sum(a == b for a, b in zip(r, g)) for r, g in zip(ref[plain:], got[plain:])]
     assert min(first_diff[plain:]) >= 16 and sum(same) >= 0.9 * 3 * 64, (first_diff, same)

@@ -70,9 +70,11 @@ worker (:mod:`lumotree.sglang.worker`) calls :meth:`TreeSizePolicy.choose` befor
 :meth:`~TreeSizePolicy.observe_accept` when SGLang has the accept lengths on the host.
 
 Candidates are tree sizes named by their draft steps (SGLang's runtime states are keyed by steps):
-``0`` = no draft, and the server's ``--speculative-num-steps`` tree. ``--speculative-adaptive-config
-FILE`` (JSON ``{"candidate_steps": [...]}``, a subset of those two) restricts them; one candidate
-serves a fixed tree.
+``0`` = no draft, and the server's ``--speculative-num-steps`` tree. A LUMOTREE_SUFFIX server (SGLang's
+NGRAM loop, :mod:`lumotree.sglang.suffix`) has one tree size, ``--speculative-num-draft-tokens`` nodes
+drafted on the host: its candidates are ``0`` and ``1`` (:data:`SUFFIX_TREE`), the suffix tree.
+``--speculative-adaptive-config FILE`` (JSON ``{"candidate_steps": [...]}``, a subset of those two)
+restricts them; one candidate serves a fixed tree.
 """
 from __future__ import annotations
 
@@ -158,9 +160,11 @@ class TreeSizePolicy:
     Args:
         candidates (Sequence[int]): draft steps the server can serve (``0`` = no draft).
         prior_accept (float): accepted drafts per request assumed before any drafted step.
+        tree_name (str): how the log names a drafting candidate (``format``-ed with it).
     """
 
-    def __init__(self, candidates: Sequence[int], prior_accept: Optional[float] = None):
+    def __init__(self, candidates: Sequence[int], prior_accept: Optional[float] = None, tree_name: str = "{}-step tree"):
+        self.tree_name = tree_name  # a drafting candidate in the log (LUMOTREE_SUFFIX: its one tree)
         cands = sorted(set(int(c) for c in candidates))
         if not cands or cands[0] < 0:
             raise ValueError(f"candidate draft steps must be non-negative integers, got {list(candidates)}")
@@ -273,7 +277,7 @@ class TreeSizePolicy:
             st.probe_every = min(2 * st.probe_every, PROBE_MAX)
         if best != st.chosen or st.probed:  # changes, and what each probe measured (probes are rare: logged too)
             logger.info("LumoTree adaptive: batch bucket %d -> %s (%s; accept %.2f)%s", bucket(batch),
-                        "no draft" if best == 0 else f"{best}-step tree",
+                        "no draft" if best == 0 else self.tree_name.format(best),
                         ", ".join(f"{c}: {rates[c]:.0f} tok/s" for c in self.candidates),
                         self.accept or 0.0, " after a probe" if st.probed else "")
         st.probed = False
@@ -322,7 +326,7 @@ class TreeSizePolicy:
 
 
 def adaptive_tree_size(server_args) -> bool:
-    """Whether a LUMOTREE server chooses its tree size per step: by default, except with
+    """Whether a LUMOTREE or LUMOTREE_SUFFIX server chooses its tree size per step: by default, except with
     ``--enable-multi-layer-eagle``, the merged MTP + suffix tree (``LUMOTREE_SUFFIX_MERGE=1``), the
     decode-exact mode, and more than one GPU per model (``--tp-size`` / ``--dp-size`` > 1: each rank
     measures its own step times, and ranks choosing differently would launch different collectives),
@@ -335,11 +339,20 @@ def adaptive_tree_size(server_args) -> bool:
                 or exact_mode(server_args) or multi)
 
 
+SUFFIX_TREE = 1  # LUMOTREE_SUFFIX's candidate for its draft tree (the NGRAM loop has one tree size and no draft steps)
+
+
+def is_suffix(server_args) -> bool:
+    return str(getattr(server_args, "speculative_algorithm", None) or "").upper() == "LUMOTREE_SUFFIX"
+
+
 def candidate_steps(server_args) -> List[int]:
-    """The draft steps a LUMOTREE server may serve: ``[0, --speculative-num-steps]``, or those of
-    ``--speculative-adaptive-config`` (``{"candidate_steps": [...]}``). Raises ``ValueError`` naming
-    the flag for a config that cannot be served."""
-    steps = int(server_args.speculative_num_steps or 0)
+    """The candidates a LUMOTREE server may serve: ``[0, --speculative-num-steps]`` in draft steps (0 = no draft);
+    a LUMOTREE_SUFFIX server's ``[0, 1]``, 1 its suffix tree of ``--speculative-num-draft-tokens`` nodes. Or
+    those of ``--speculative-adaptive-config`` (``{"candidate_steps": [...]}``, a subset). Raises ``ValueError``
+    naming the flag for a config that cannot be served."""
+    suffix = is_suffix(server_args)
+    steps = SUFFIX_TREE if suffix else int(server_args.speculative_num_steps or 0)
     full = [0, steps] if steps > 0 else [0]
     path = getattr(server_args, "speculative_adaptive_config", None)
     if not path:
@@ -349,12 +362,16 @@ def candidate_steps(server_args) -> List[int]:
             cfg = json.load(f)
     except (OSError, ValueError) as e:
         raise ValueError(f"--speculative-adaptive-config {path}: cannot read it as JSON ({e})") from None
+    what = (f"a LUMOTREE_SUFFIX server reads {{\"candidate_steps\": [...]}} from {full} (0: no draft, "
+            f"{SUFFIX_TREE}: its suffix tree)" if suffix else
+            f'a LUMOTREE server reads {{"candidate_steps": [...]}} with draft steps from {full}')
     got = cfg.get("candidate_steps") if isinstance(cfg, dict) else None
     if not isinstance(got, list) or not got or not all(isinstance(s, int) and not isinstance(s, bool) for s in got):
-        raise ValueError(f"--speculative-adaptive-config {path}: a LUMOTREE server reads "
-                         f'{{"candidate_steps": [...]}} with draft steps from {full}; got {cfg!r}')
+        raise ValueError(f"--speculative-adaptive-config {path}: {what}; got {cfg!r}")
     bad = sorted(set(got) - set(full))
     if bad:
-        raise ValueError(f"--speculative-adaptive-config {path}: candidate_steps {bad} cannot be served; a LUMOTREE "
-                         f"server drafts its --speculative-num-steps {steps} tree or none (0): use a subset of {full}")
+        served = (f"a LUMOTREE_SUFFIX server drafts its suffix tree ({SUFFIX_TREE}) or none (0)" if suffix else
+                  f"a LUMOTREE server drafts its --speculative-num-steps {steps} tree or none (0)")
+        raise ValueError(f"--speculative-adaptive-config {path}: candidate_steps {bad} cannot be served; "
+                         f"{served}: use a subset of {full}")
     return sorted(set(got))

@@ -104,11 +104,20 @@ class DecodeStep:
         """An attention backend and decode CUDA graphs of the target model, beside the worker's
         runtime states (``worker``: the EAGLE V2 worker; ``cuda_graph_bs``: the batch sizes the
         states capture, ``None`` for SGLang's default)."""
+        return cls.build_target(worker._target_worker, cuda_graph_bs,
+                                worker._override_worker_state(0, 1, cuda_graph_bs=cuda_graph_bs))
+
+    @classmethod
+    def build_target(cls, target_worker, cuda_graph_bs=None, override=None) -> "DecodeStep":
+        """:meth:`build` for any speculative worker: ``override`` is the context in which the backend and the
+        graphs are built as for a server without drafts (default :func:`one_token_spec`, SGLang's speculative
+        config reading no draft steps and one token per request, as ``EAGLEWorkerV2._override_worker_state(0, 1)``
+        sets it)."""
         import sglang.srt.speculative.eagle_worker_v2 as ew
 
-        mr = worker._target_worker.model_runner
+        mr = target_worker.model_runner
         tic = time.perf_counter()
-        with worker._override_worker_state(0, 1, cuda_graph_bs=cuda_graph_bs):
+        with override if override is not None else one_token_spec(cuda_graph_bs):
             keep = mr.init_new_workspace
             try:
                 backend = mr._get_attention_backend(init_new_workspace=True)
@@ -122,15 +131,27 @@ class DecodeStep:
         logger.info("LumoTree: no-draft steps run as decode steps (%s) -- built in %.1f s",
                     "decode CUDA graphs for batch sizes %s" % (runner.capture_bs,) if runner is not None
                     else "no CUDA graphs", time.perf_counter() - tic)
-        return cls(worker._target_worker, backend, runner)
+        return cls(target_worker, backend, runner)
 
     @staticmethod
     def serves(batch) -> bool:
         """Whether this batch's no-draft step is a plain decode step (see the module docstring)."""
         spec = batch.spec_info
+        return (DecodeStep._plain(batch) and spec is not None and getattr(spec, "bonus_tokens", None) is not None)
+
+    @staticmethod
+    def serves_ngram(batch, draft_token_num: int) -> bool:
+        """:meth:`serves` for SGLang's NGRAM loop: the last step's accepted tokens (``accept_tokens`` ``[bs *
+        draft_token_num]``, ``accept_lens``) are on the batch, the last of each row being this step's input."""
+        spec = batch.spec_info
+        tokens, lens = getattr(spec, "accept_tokens", None), getattr(spec, "accept_lens", None)
+        return (DecodeStep._plain(batch) and tokens is not None and lens is not None
+                and lens.shape[0] == batch.seq_lens.shape[0] and tokens.numel() == lens.shape[0] * draft_token_num)
+
+    @staticmethod
+    def _plain(batch) -> bool:
         si = batch.sampling_info
-        return (not batch.forward_mode.is_idle() and spec is not None
-                and getattr(spec, "bonus_tokens", None) is not None
+        return (not batch.forward_mode.is_idle() and batch.spec_info is not None
                 and not batch.return_logprob and not batch.return_hidden_states and not batch.has_grammar
                 and all(m is None for m in (getattr(batch, "multimodal_inputs", None) or ()))
                 and si is not None and not si.has_custom_logit_processor
@@ -146,9 +167,10 @@ class DecodeStep:
         finally:
             mr.attn_backend, mr.decode_cuda_graph_runner = keep
 
-    def run(self, batch):
+    def run(self, batch, tokens=None):
         """One decode step of ``batch`` (SGLang's speculative V2 conventions: ``seq_lens`` excludes the
-        last bonus token, which is this step's input); returns the one-node verify's result."""
+        last bonus token, which is this step's input: ``tokens``, default the EAGLE draft input's
+        ``bonus_tokens``); returns the one-node verify's result."""
         from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_uniform_func
         from sglang.srt.managers.utils import GenerationBatchResult
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -160,7 +182,7 @@ class DecodeStep:
         dec.forward_mode = ForwardMode.DECODE
         dec.spec_algorithm = SpeculativeAlgorithm.NONE
         dec.spec_info = None
-        dec.input_ids = batch.spec_info.bonus_tokens
+        dec.input_ids = batch.spec_info.bonus_tokens if tokens is None else tokens
         dec.out_cache_loc = assign_extend_cache_locs_uniform_func(
             req_pool_indices=batch.req_pool_indices, req_to_token=self.model_runner.req_to_token_pool.req_to_token,
             start_offset=batch.seq_lens, batch_size=bs, draft_token_num=1, device=batch.device)
@@ -179,3 +201,42 @@ class DecodeStep:
             accept_lens=accept_lens, new_seq_lens=batch.seq_lens + accept_lens,
             routed_experts_output=out.routed_experts_output, indexer_topk_output=out.indexer_topk_output,
             extra_keep_alive_refs=[fb])
+
+    def run_ngram(self, batch, draft_token_num: int):
+        """One decode step of a batch of SGLang's NGRAM loop (:meth:`serves_ngram`), its result as the loop's:
+        ``next_token_ids`` / ``accept_tokens`` ``[bs * draft_token_num]`` with each row's sampled token first,
+        accept lengths 1, sequence lengths + 1 (what a verify that accepts only its root returns). The input
+        token of a row is the last one the previous step accepted, gathered on the device: under the overlap
+        scheduler it is not on the host yet."""
+        from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+        spec, bs, n = batch.spec_info, batch.seq_lens.shape[0], draft_token_num
+        last = (spec.accept_lens.to(torch.int64) - 1).clamp_min_(0)
+        root = spec.accept_tokens.view(bs, n).gather(1, last[:, None]).squeeze(1).to(torch.int64)
+        out = self.run(batch, root)
+        accept_tokens = torch.zeros(bs, n, dtype=torch.int32, device=root.device)
+        accept_tokens[:, 0] = out.next_token_ids
+        accept_tokens = accept_tokens.view(-1)
+        out.next_token_ids, out.speculative_num_draft_tokens = accept_tokens, n
+        out.next_draft_input = NgramVerifyInput(draft_token_num=n, new_seq_lens=out.new_seq_lens,
+                                                accept_tokens=accept_tokens, accept_lens=out.accept_lens)
+        return out
+
+
+@contextlib.contextmanager
+def one_token_spec(cuda_graph_bs=None):
+    """SGLang's speculative config read as no draft steps and one token per request (and, where given, decode
+    graphs at ``cuda_graph_bs``) while a decode step's backend and graphs are built, as
+    ``EAGLEWorkerV2._override_worker_state(0, 1)`` sets it for its runtime states; restored after."""
+    from sglang.srt.runtime_context import get_context, get_exec, get_spec
+
+    keep = dict(speculative_num_steps=get_spec().speculative_num_steps,
+                speculative_num_draft_tokens=get_spec().speculative_num_draft_tokens)
+    graphs = dict(cuda_graph_bs_decode=get_exec().graph.cuda_graph_bs_decode,
+                  disable_cuda_graph=get_exec().graph.disable_cuda_graph)
+    get_context().override("lumotree.decode_step.capture", speculative_num_steps=0, speculative_num_draft_tokens=1,
+                           **({"cuda_graph_bs_decode": list(cuda_graph_bs)} if cuda_graph_bs else {}))
+    try:
+        yield
+    finally:
+        get_context().override("lumotree.decode_step.restore", **keep, **(graphs if cuda_graph_bs else {}))

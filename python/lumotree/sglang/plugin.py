@@ -94,11 +94,11 @@ def validate_server_args(server_args, algorithm: str = ALGORITHM) -> None:
         raise ValueError(f"--speculative-algorithm {algorithm} is incompatible with --enable-linear-replayssm "
                          "(the decode ring owns the same state storage with another protocol).")
     if getattr(sa, "speculative_adaptive", False):
-        if algorithm != ALGORITHM:
-            raise ValueError(f"--speculative-adaptive: the adaptive tree size serves the MTP tree of "
-                             f"--speculative-algorithm {ALGORITHM}; {algorithm} drafts a fixed tree size.")
-        # LUMOTREE's tree size is adaptive by default (lumotree.sglang.adaptive); SGLang's own controller
-        # (EAGLE chains) must not run as well
+        if algorithm not in (ALGORITHM, SUFFIX_ALGORITHM):
+            raise ValueError(f"--speculative-adaptive: the adaptive tree size serves --speculative-algorithm "
+                             f"{ALGORITHM} and {SUFFIX_ALGORITHM}; {algorithm} drafts a fixed tree size.")
+        # LUMOTREE's and LUMOTREE_SUFFIX's tree size is adaptive by default (lumotree.sglang.adaptive); SGLang's
+        # own controller (EAGLE chains) must not run as well
         object.__setattr__(sa, "speculative_adaptive", False)
     if getattr(sa, "disaggregation_mode", "null") not in (None, "null"):
         raise ValueError(f"--speculative-algorithm {algorithm} does not support PD disaggregation "
@@ -287,6 +287,12 @@ def _suffix_spec_class(lumotree_backend: bool = True, size_tree: bool = True):
             _handle_ngram(server_args)
             if lumotree_backend:
                 configure_server_args(server_args)
+            if size_tree:
+                from lumotree.sglang.adaptive import adaptive_tree_size, candidate_steps
+
+                if adaptive_tree_size(server_args):  # a bad --speculative-adaptive-config fails here
+                    logger.info("LUMOTREE_SUFFIX: adaptive, %s per decode step (0 = no draft, 1 = the suffix tree)",
+                                candidate_steps(server_args))
 
     return LumoTreeSuffixSpecAlgo
 

@@ -355,19 +355,60 @@ ONE_PASS_MASK_ALGORITHMS = ("LUMOTREE_SUFFIX", "LUMOTREE_ORACLE")
 
 def ngram_worker(make_corpus):
     """SGLang's NGRAM worker with ``make_corpus(server_args)`` as its draft source; for
-    ``ONE_PASS_MASK_ALGORITHMS`` the verify's full mask is laid out in one pass."""
+    ``ONE_PASS_MASK_ALGORITHMS`` the verify's full mask is laid out in one pass; a LUMOTREE_SUFFIX server
+    chooses per decode step between its suffix tree and no draft (below)."""
     from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
-    from lumotree.sglang import draft_timing
+    from lumotree.sglang import adaptive, draft_timing
+    from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.finish import forward_marked, keep_out_of_cache
     from lumotree.sglang.scheduling import overlap_consistent
+    from lumotree.sglang.worker import StepLedger
 
     class HostCorpusWorker(NGRAMWorker):
+        """SGLang's NGRAM worker over a :class:`HostCorpus`. **Adaptive** (LUMOTREE_SUFFIX, by default where
+        :func:`~lumotree.sglang.adaptive.adaptive_tree_size` allows it): each decode step the
+        :class:`~lumotree.sglang.adaptive.TreeSizePolicy` chooses between the suffix tree (candidate 1) and no
+        draft (0), from the step times the device measured (:class:`~lumotree.sglang.worker.StepLedger`) and the
+        measured acceptance. A no-draft step is the target's decode forward through decode CUDA graphs of its own
+        (:meth:`lumotree.sglang.decode_step.DecodeStep.run_ngram`): no host drafting, no copy of the last step's
+        tokens to the host (so the overlap scheduler overlaps it), no tree verify. Why: a drafted step of the
+        NGRAM loop waits for the previous step's tokens on the host, drafts, and verifies ``bs x nodes`` tokens;
+        at 32 concurrent agents (tiny model, H200) it cost ~5x a decode step, and a fixed tree served 0.93x no
+        speculation. The corpus skips no-draft steps: the next drafted step hands over the tokens they made
+        (:meth:`HostCorpus.window`)."""
+
         def __init__(self, server_args, *args, **kwargs):
             super().__init__(server_args, *args, **kwargs)
             self.ngram_corpus = make_corpus(server_args)
             self._overlap_consistent = overlap_consistent(server_args)
             self._one_pass_mask = (server_args.speculative_algorithm or "").upper() in ONE_PASS_MASK_ALGORITHMS
+            self.tree_policy = self._ledger = self._decode_step = None
+            if (adaptive.is_suffix(server_args) and adaptive.adaptive_tree_size(server_args)
+                    and one_token_decode(server_args)):
+                steps = adaptive.candidate_steps(server_args)
+                if steps != [adaptive.SUFFIX_TREE]:
+                    self.tree_policy = adaptive.TreeSizePolicy(
+                        steps, tree_name=f"{self.draft_token_num}-node suffix tree")
+                    self._ledger = StepLedger(self.tree_policy, self._overlap_consistent, adaptive.SUFFIX_TREE)
+
+        def init_cuda_graphs(self):
+            super().init_cuda_graphs()
+            if self.tree_policy is None or 0 not in self.tree_policy.candidates:
+                return
+            import sglang.srt.speculative.eagle_worker_v2 as ew
+
+            from lumotree.sglang.decode_step import DecodeStep
+            from lumotree.sglang.worker import configured_graph_bs, decode_step_graph_bs
+
+            mr = self._target_worker.model_runner
+            cuda_graph_bs = (None if ew.check_cuda_graph_backend(ew.Phase.DECODE, ew.Backend.DISABLED)
+                             else configured_graph_bs(mr.server_args, ew.get_exec().graph.cuda_graph_bs_decode))
+            self._decode_step = DecodeStep.build_target(self._target_worker,
+                                                        decode_step_graph_bs(self.server_args, cuda_graph_bs))
+            logger.info("LUMOTREE_SUFFIX adaptive: candidates %s (0 = no draft, 1 = the %d-node suffix tree), chosen "
+                        "per decode step from measured step times and acceptance", self.tree_policy.candidates,
+                        self.draft_token_num)
 
         def _prepare_for_speculative_decoding(self, batch):
             prepare = super(HostCorpusWorker, self)._prepare_for_speculative_decoding
@@ -381,10 +422,45 @@ def ngram_worker(make_corpus):
             prefill = batch.forward_mode.is_extend()
             # where each request ends: the run clamp; the overlap scheduler's finished rows (lumotree.sglang.finish)
             out = forward_marked(getattr(self, "_overlap_consistent", False), batch,
-                                 lambda: super(HostCorpusWorker, self).forward_batch_generation(batch, *args, **kwargs))
+                                 lambda: self._forward(batch, *args, **kwargs))
             if prefill:  # launched: index the new prompts while the GPU computes
                 admit_prefilled(self, batch)
             return out
+
+        def _forward(self, batch, *args, **kwargs):
+            ledger = getattr(self, "_ledger", None)
+            if ledger is not None:
+                if batch.forward_mode.is_decode():
+                    bs = batch.seq_lens.shape[0]
+                    steps = ledger.choose(bs)
+                    if steps == 0 and self._decode_step is not None and self._decode_step.serves_ngram(
+                            batch, self.draft_token_num):
+                        ledger.launched(bs, 0)
+                        return self._no_draft_decode(batch, kwargs.get("on_publish", args[0] if args else None))
+                    ledger.launched(bs, adaptive.SUFFIX_TREE)  # also where a no-draft step cannot decode the batch
+                    ledger.note_live_rows(batch)
+                elif batch.forward_mode.is_idle():
+                    ledger.choose(0)
+                else:  # a prefill between two decode steps: the one before it has no step time of its own
+                    ledger.clock.interrupt()
+            return super(HostCorpusWorker, self).forward_batch_generation(batch, *args, **kwargs)
+
+        def _no_draft_decode(self, batch, on_publish):
+            """The no-draft step as a decode forward; the requests that left the batch since the last step leave
+            the corpus as after a verify."""
+            out = self._decode_step.run_ngram(batch, self.draft_token_num)
+            if on_publish is not None:
+                on_publish(out.new_seq_lens)
+            current = {req.rid for req in batch.reqs}
+            gone = self._prev_decode_rids - current
+            if gone:
+                self.ngram_corpus.erase_match_state(list(gone))
+            self._prev_decode_rids = current
+            return out
+
+        def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
+            if getattr(self, "_ledger", None) is not None:
+                self._ledger.accepted(num_correct_drafts_per_req, adaptive.SUFFIX_TREE)
 
         def prepare_for_kv_cache_release(self, req) -> None:
             keep_out_of_cache(getattr(self, "_overlap_consistent", False), req)

@@ -143,6 +143,79 @@ class StepClock:
         return out
 
 
+class StepLedger:
+    """What an adaptive worker keeps of the decode steps it launched, between the policy's choice and the step's
+    results on the host: each step's device time (:class:`StepClock`, fed to the policy at the next choice) and,
+    in launch order, ``[candidate, cold, live rows]`` until its acceptance arrives (:meth:`accepted`). Shared by
+    the LUMOTREE worker (EAGLE V2 loop) and the LUMOTREE_SUFFIX worker (NGRAM loop).
+
+    Args:
+        policy: the :class:`~lumotree.sglang.adaptive.TreeSizePolicy`.
+        consistent: the overlap scheduler with LumoTree's consistent cache (:meth:`note_live_rows` applies).
+        first: the candidate taken as served before the first step (the configured tree).
+        event: :class:`StepClock`'s event factory (tests).
+    """
+
+    def __init__(self, policy, consistent: bool = False, first: int = 0, event=None):
+        self.policy, self.consistent = policy, consistent
+        self.clock = StepClock(event)
+        self.pending = collections.deque(maxlen=8)  # [steps, cold, live rows] of decode steps not yet reported
+        self.prev = first
+
+    def choose(self, batch_size: int):
+        """The policy's candidate for a decode step of ``batch_size`` requests, after it has taken the step times
+        the device has finished; ``None`` for an idle batch (which ends the last step's time sample)."""
+        for b, s, seconds in self.clock.samples():
+            self.policy.observe_time(b, s, seconds)
+        if batch_size <= 0:
+            self.clock.interrupt()
+            return None
+        return self.policy.choose(batch_size)
+
+    def launched(self, batch_size: int, steps: int, cold: bool = False) -> None:
+        """A decode step serving candidate ``steps`` is launched now; ``cold``: its acceptance is not counted."""
+        # a step's time includes no prefill: batches ramp up through smaller buckets as a pass's requests are
+        # admitted, and samples that held prefills once made a bucket-4 tree step "take" 55 ms against 13 ms
+        # at bucket 8, and the bucket served no draft (27B shapes, batch 8, H200)
+        self.clock.start(batch_size, steps)
+        self.pending.append([steps, cold, None])
+        self.prev = steps
+
+    def note_live_rows(self, batch) -> None:
+        """With the overlap scheduler's consistent cache: which rows of the step just launched are still
+        running, copied to the host with the step (its acceptance sample leaves the others out).
+
+        Why: a step launched before the previous step's results were processed still holds the
+        requests that step finished (their state rows masked, :mod:`lumotree.sglang.finish`); their
+        "accepted drafts" are whatever the verify of a finished request gave -- zeros with the
+        benchmark's drafts -- and SGLang reports them with the rest. Where a batch of requests ends
+        together, each such step pulled the acceptance average down by most of its value, and the
+        policy dropped a tree that paid (27B shapes, batch 32, H200)."""
+        from lumotree.sglang.finish import FinishedRows
+
+        if not self.consistent or not self.pending:
+            return
+        entry = self.pending[-1]
+        if entry[2] is not None or entry[0] == 0:  # a no-draft step has no acceptance sample to filter
+            return
+        rows = FinishedRows.of(batch.req_to_token_pool)
+        live = ~rows.done[batch.req_pool_indices[:batch.seq_lens.shape[0]].long()]
+        host = torch.empty(live.shape, dtype=torch.bool, pin_memory=live.is_cuda)
+        host.copy_(live, non_blocking=live.is_cuda)  # before SGLang's copy of the results on this stream
+        entry[2] = host
+
+    def accepted(self, num_correct_drafts_per_req, default_steps: int) -> None:
+        """The accepted drafts per request of the oldest reported step (results arrive in launch order, one
+        step late under the overlap scheduler), into the policy unless the step was cold or drafted nothing."""
+        steps, cold, live = self.pending.popleft() if self.pending else (default_steps, False, None)
+        if cold:
+            return
+        drafts = list(num_correct_drafts_per_req)
+        if live is not None and len(live) == len(drafts):  # the step's results are in: so is its copy
+            drafts = [d for d, running in zip(drafts, live.tolist()) if running]
+        self.policy.observe_accept(steps, drafts)
+
+
 class HostEvent:
     """:class:`StepClock`'s event without CUDA: the host's clock at ``record()``."""
 
@@ -189,7 +262,7 @@ def worker_class():
     from lumotree.sglang import draft_oracle
     from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.decode_step import DecodeStep, capture_sizes
-    from lumotree.sglang.finish import FinishedRows, forward_marked, keep_out_of_cache
+    from lumotree.sglang.finish import forward_marked, keep_out_of_cache
     from lumotree.sglang.scheduling import overlap_consistent
 
     class LumoTreeWorker(ew.EAGLEWorkerV2):
@@ -202,13 +275,11 @@ def worker_class():
             # one candidate that is the configured tree: a fixed tree, no policy ([0] pins the no-draft step)
             self.tree_policy = adaptive.TreeSizePolicy(steps) if steps != [self.speculative_num_steps] else None
             self._tree_states = {}
-            self._clock = StepClock()  # each decode step's time, as the device saw it
-            self._pending_steps = collections.deque(maxlen=8)  # [steps, cold, live rows] of decode steps not yet reported
-            self._prev_steps = self.speculative_num_steps
+            self._ledger = StepLedger(self.tree_policy, overlap_consistent(server_args), self.speculative_num_steps)
             self._decode_step = None  # the no-draft step as a decode forward (built with the CUDA graphs)
             self._decodes = one_token_decode(server_args)
             self._step_chosen = False  # this decode step's tree size is chosen already
-            self._overlap_consistent = overlap_consistent(server_args)
+            self._overlap_consistent = self._ledger.consistent
             self._draft_oracle = draft_oracle.probability() is not None  # benchmark only
             if self.tree_policy is not None and 0 in self.tree_policy.candidates:
                 self._skip_draft_extend_without_draft()
@@ -272,36 +343,15 @@ def worker_class():
         def _forward(self, batch, *args, **kwargs):
             if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
                 # a prefill between two decode steps: the one before it has no step time of its own
-                self._clock.interrupt()
+                self._ledger.clock.interrupt()
             elif self.tree_policy is not None and not batch.forward_mode.is_idle():
                 self.activate_step_by_batch(batch.seq_lens.shape[0])
                 self._step_chosen = True  # SGLang's loop asks again: the choice stands
-                self._note_live_rows(batch)
+                self._ledger.note_live_rows(batch)
                 if self._decode_step is not None and self.speculative_num_steps == 0 and self._decode_step.serves(batch):
                     self._step_chosen = False
                     return self._no_draft_decode(batch, kwargs.get("on_publish", args[0] if args else None))
             return super().forward_batch_generation(batch, *args, **kwargs)
-
-        def _note_live_rows(self, batch) -> None:
-            """With the overlap scheduler's consistent cache: which rows of this decode step are still
-            running, copied to the host with the step (its acceptance sample leaves the others out).
-
-            Why: a step launched before the previous step's results were processed still holds the
-            requests that step finished (their state rows masked, :mod:`lumotree.sglang.finish`); their
-            "accepted drafts" are whatever the verify of a finished request gave -- zeros with the
-            benchmark's drafts -- and SGLang reports them with the rest. Where a batch of requests ends
-            together, each such step pulled the acceptance average down by most of its value, and the
-            policy dropped a tree that paid (27B shapes, batch 32, H200)."""
-            if self.tree_policy is None or not getattr(self, "_overlap_consistent", False) or not self._pending_steps:
-                return
-            entry = self._pending_steps[-1]  # this step's (chosen just now, by SGLang's loop or by _forward)
-            if entry[2] is not None or entry[0] == 0:  # a no-draft step has no acceptance sample to filter
-                return
-            rows = FinishedRows.of(batch.req_to_token_pool)
-            live = ~rows.done[batch.req_pool_indices[:batch.seq_lens.shape[0]].long()]
-            host = torch.empty(live.shape, dtype=torch.bool, pin_memory=live.is_cuda)
-            host.copy_(live, non_blocking=live.is_cuda)  # before SGLang's copy of the results on this stream
-            entry[2] = host
 
         def _stub_skipped_draft_extend(self, batch, batch_output):
             super()._stub_skipped_draft_extend(batch, batch_output)
@@ -325,34 +375,17 @@ def worker_class():
             if self._step_chosen:
                 self._step_chosen = False
                 return
-            for b, s, seconds in self._clock.samples():
-                self.tree_policy.observe_time(b, s, seconds)
-            if batch_size <= 0:  # idle batch
-                self._clock.interrupt()
+            steps = self._ledger.choose(batch_size)
+            if steps is None:  # idle batch
                 return
-            steps = self.tree_policy.choose(batch_size)
             if steps != self.speculative_num_steps:
                 self.apply_runtime_state(self._tree_states[steps])
-            # a step's time includes no prefill: batches ramp up through smaller buckets as a pass's requests are
-            # admitted, and samples that held prefills once made a bucket-4 tree step "take" 55 ms against 13 ms
-            # at bucket 8, and the bucket served no draft (27B shapes, batch 8, H200)
-            self._clock.start(batch_size, steps)
-            # the first drafted step after no-draft steps drafts from zeros (draft-extend skipped): not an acceptance;
-            # the third entry: the step's running rows on the host (_note_live_rows), or None (all of them)
-            self._pending_steps.append([steps, steps > 0 and self._prev_steps == 0, None])
-            self._prev_steps = steps
+            # the first drafted step after no-draft steps drafts from zeros (draft-extend skipped): not an acceptance
+            self._ledger.launched(batch_size, steps, cold=steps > 0 and self._ledger.prev == 0)
 
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
             if self.tree_policy is None:
                 return
-            # results arrive in launch order (one step late under the overlap scheduler)
-            steps, cold, live = (self._pending_steps.popleft() if self._pending_steps
-                                 else (self.speculative_num_steps, False, None))
-            if cold:
-                return
-            drafts = list(num_correct_drafts_per_req)
-            if live is not None and len(live) == len(drafts):  # the step's results are in: so is its copy
-                drafts = [d for d, running in zip(drafts, live.tolist()) if running]
-            self.tree_policy.observe_accept(steps, drafts)
+            self._ledger.accepted(num_correct_drafts_per_req, self.speculative_num_steps)
 
     return LumoTreeWorker

@@ -1,0 +1,164 @@
+"""LUMOTREE_SUFFIX's adaptive tree size (``lumotree.sglang.suffix``): each decode step of SGLang's NGRAM loop
+serves the suffix tree or no draft, as :class:`~lumotree.sglang.adaptive.TreeSizePolicy` chooses from the
+device's step times and the measured acceptance; a no-draft step is a decode forward
+(``DecodeStep.run_ngram``), requests that left the batch leave the corpus then too, and the candidates come from
+the flags. On CPU with SGLang's NGRAM worker replaced (its C++ n-gram ops need sgl_kernel's CUDA build);
+the served step is ``test_served_no_draft_gpu.py``."""
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+
+from lumotree.sglang import adaptive  # noqa: E402
+from lumotree.sglang.adaptive import TreeSizePolicy  # noqa: E402
+
+N = 4
+
+
+def ngram_base(monkeypatch, calls):
+    """SGLang's NGRAM worker class, or a stand-in of the same name where it cannot be imported; its forward
+    (the drafted step: host drafts, tree verify) records the call."""
+    try:
+        from sglang.srt.speculative.ngram_worker import NGRAMWorker
+    except ImportError:
+        NGRAMWorker = type("NGRAMWorker", (), {})
+        monkeypatch.setitem(sys.modules, "sglang.srt.speculative.ngram_worker", SimpleNamespace(NGRAMWorker=NGRAMWorker))
+
+    def verify(self, batch, on_publish=None):
+        calls.append(("tree", batch.seq_lens.shape[0]))
+        return "verify-result"
+
+    monkeypatch.setattr(NGRAMWorker, "forward_batch_generation", verify, raising=False)
+    return NGRAMWorker
+
+
+class Corpus:
+    def __init__(self):
+        self.erased = []
+
+    def erase_match_state(self, rids):
+        self.erased.append(sorted(rids))
+
+
+class Step:
+    """``DecodeStep`` as the worker calls it."""
+
+    def __init__(self, serves=True):
+        self.ran = []
+        self._serves = serves
+
+    def serves_ngram(self, batch, n):
+        return self._serves and n == N
+
+    def run_ngram(self, batch, n):
+        self.ran.append(batch.seq_lens.shape[0])
+        return SimpleNamespace(new_seq_lens=batch.seq_lens + 1, next_token_ids=None)
+
+
+def worker(monkeypatch, candidates, step=None, clock=None):
+    from lumotree.sglang.suffix import ngram_worker
+    from lumotree.sglang.worker import StepLedger
+
+    calls = []
+    ngram_base(monkeypatch, calls)
+    w = object.__new__(ngram_worker(lambda sa: None))
+    w.calls, w.draft_token_num, w.ngram_corpus = calls, N, Corpus()
+    w._overlap_consistent, w._prev_decode_rids = False, set()
+    w.tree_policy = TreeSizePolicy(candidates)
+    w._ledger = StepLedger(w.tree_policy, False, adaptive.SUFFIX_TREE, event=clock.event if clock else None)
+    w._decode_step = step if step is not None else Step()
+    return w
+
+
+def batch(rids, mode=ForwardMode.DECODE):
+    n = len(rids)
+    return SimpleNamespace(forward_mode=mode, reqs=[SimpleNamespace(rid=r) for r in rids], seq_lens=torch.arange(n) + 5,
+                           req_pool_indices=torch.arange(n), is_extend_in_batch=False)
+
+
+def test_pinned_to_no_draft_every_decode_step_decodes(monkeypatch):
+    w = worker(monkeypatch, [0])
+    published = []
+    out = w.forward_batch_generation(batch(["a", "b", "c"]), on_publish=published.append)
+    assert w._decode_step.ran == [3] and w.calls == [] and published[0].tolist() == [6, 7, 8]
+    assert out.new_seq_lens.tolist() == [6, 7, 8]
+    # a request left: it leaves the corpus at this no-draft step, as a verify would have it leave
+    w.forward_batch_generation(batch(["a", "c"]))
+    assert w.ngram_corpus.erased == [["b"]] and w._prev_decode_rids == {"a", "c"}
+    assert [e[0] for e in w._ledger.pending] == [0, 0]
+    # their results: nothing drafted, so no acceptance sample
+    w.on_verify_complete_cpu([0, 0, 0])
+    w.on_verify_complete_cpu([0, 0])
+    assert w.tree_policy.accept is None and not w._ledger.pending
+
+
+def test_the_tree_is_sglang_s_ngram_step_and_its_acceptance_feeds_the_policy(monkeypatch):
+    w = worker(monkeypatch, [1])
+    assert w.forward_batch_generation(batch(["a", "b"])) == "verify-result"
+    assert w.calls == [("tree", 2)] and w._decode_step.ran == []
+    w.on_verify_complete_cpu([3, 1])
+    assert w.tree_policy.accept == 2.0
+
+
+def test_a_batch_a_decode_step_cannot_serve_gets_the_tree(monkeypatch):
+    """Logprobs, grammars, penalties...: the policy's no draft is served as the tree, and timed as the tree."""
+    w = worker(monkeypatch, [0], step=Step(serves=False))
+    assert w.forward_batch_generation(batch(["a"])) == "verify-result"
+    assert w._ledger.pending[-1][0] == adaptive.SUFFIX_TREE and w._ledger.clock._open[-1][2] == adaptive.SUFFIX_TREE
+
+
+def test_prefills_and_idle_batches_end_a_step_s_time_sample(monkeypatch):
+    monkeypatch.setattr("lumotree.sglang.finish.admit_batch", lambda batch: None)  # the run clamp: test_finish.py
+    w = worker(monkeypatch, [0, 1])
+    w.forward_batch_generation(batch(["a"]))
+    assert w._ledger.clock._open[-1][3]  # the step's time counts until something else runs
+    w.forward_batch_generation(batch(["b"], ForwardMode.EXTEND))
+    assert w.calls[-1] == ("tree", 1)  # SGLang's forward runs the prefill
+    assert not w._ledger.clock._open[-1][3] and len(w._ledger.pending) == 1
+    w.forward_batch_generation(batch(["a", "b"]))
+    w.forward_batch_generation(batch([], ForwardMode.IDLE))
+    assert not w._ledger.clock._open[-1][3] and len(w._ledger.pending) == 2
+
+
+def test_the_policy_drops_a_tree_that_does_not_pay_and_keeps_one_that_does(monkeypatch):
+    """Served as a server would: step times from the device's clock, acceptance a step late. A tree step that
+    costs 5x a decode step pays from 4 accepted drafts per request on: at 2 the bucket serves no draft, at 8 the
+    tree."""
+    from test_adaptive import DeviceClock
+
+    for accepted, want in ((2, 0), (8, 1)):
+        dev = DeviceClock()
+        w = worker(monkeypatch, [0, 1], clock=dev)
+        served = []
+        for _ in range(40):
+            bt = batch([f"r{i}" for i in range(32)])
+            w.forward_batch_generation(bt)
+            steps = w._ledger.pending[-1][0]
+            served.append(steps)
+            dev.now += 0.005 if steps else 0.001
+            w.on_verify_complete_cpu([accepted if steps else 0] * 32)
+        assert served[-10:] == [want] * 10, (accepted, served)
+
+
+def test_candidates_from_the_flags(tmp_path):
+    def args(cfg=None):
+        path = None
+        if cfg is not None:
+            path = tmp_path / "cfg.json"
+            path.write_text(json.dumps(cfg))
+        return SimpleNamespace(speculative_algorithm="LUMOTREE_SUFFIX", speculative_num_steps=None,
+                               speculative_adaptive_config=path and str(path))
+
+    assert adaptive.candidate_steps(args()) == [0, 1]
+    assert adaptive.candidate_steps(args({"candidate_steps": [1]})) == [1]
+    assert adaptive.candidate_steps(args({"candidate_steps": [0]})) == [0]
+    with pytest.raises(ValueError, match=r"--speculative-adaptive-config .*candidate_steps \[3\] cannot be served; "
+                                         r"a LUMOTREE_SUFFIX server drafts its suffix tree \(1\) or none \(0\)"):
+        adaptive.candidate_steps(args({"candidate_steps": [0, 3]}))
+    with pytest.raises(ValueError, match="LUMOTREE_SUFFIX server reads"):
+        adaptive.candidate_steps(args({"steps": [0]}))

@@ -273,15 +273,22 @@ class SuffixDrafter {
 
   void start(const std::string& rid, const std::vector<Tok>& prompt) {
     Request req;
-    size_t done = adopt(prompt, req);
+    auto [done, keep] = adopt(prompt, req);
     if (done == 0) {
       req.trie = std::make_shared<SuffixTrie>(depth_);
       req.seq = req.trie->new_sequence();
+    } else if (keep < req.ctx.size()) {  // the old context parts from the prompt after ctx[:keep]
+      req.trie->set_cursor(req.seq, std::vector<Tok>(prompt.begin(), prompt.begin() + done));
     }
     req.trie->extend(req.seq, prompt, done);
     req.ctx = prompt;
     requests_[rid] = std::move(req);
+    ++starts_;
+    adopted_ += done > 0;
+    indexed_tokens_ += static_cast<int64_t>(prompt.size() - done);
   }
+
+  std::tuple<int64_t, int64_t, int64_t> stats() const { return {starts_, adopted_, indexed_tokens_}; }
 
   void append(const std::string& rid, const std::vector<Tok>& tokens) {
     Request& r = request(rid);
@@ -368,35 +375,53 @@ class SuffixDrafter {
     return {-1, 0};
   }
 
-  // how many of prompt's first tokens a request whose context was ctx has indexed (python: _continued):
-  // all of ctx when it is a prefix of prompt, else the longest m >= overlap with ctx's last m tokens prompt's first
-  static size_t continued(const std::vector<Tok>& ctx, const std::vector<Tok>& prompt, size_t overlap) {
-    size_t n = ctx.size();
-    if (n <= prompt.size() && std::equal(ctx.begin(), ctx.end(), prompt.begin())) return n;
-    if (overlap < 1 || prompt.size() < overlap || n < overlap) return 0;
-    for (size_t j = n > prompt.size() ? n - prompt.size() : 0; j + overlap <= n; ++j)
-      if (ctx[j] == prompt[0] && std::equal(ctx.begin() + j, ctx.end(), prompt.begin())) return n - j;
-    return 0;
+  // how a request whose context was ctx lines up with prompt (python: _continued): {done, keep}, prompt's first
+  // done tokens being ctx[keep - done, keep); {0, 0}: it does not. prompt's start at ctx's start or anywhere in
+  // ctx, whichever runs longest; it counts when it covers all of ctx or at least overlap tokens
+  static std::pair<size_t, size_t> continued(const std::vector<Tok>& ctx, const std::vector<Tok>& prompt,
+                                             size_t overlap) {
+    size_t n = ctx.size(), p = prompt.size();
+    auto run = [&](size_t j) {
+      size_t m = std::min(n - j, p), i = 0;
+      while (i < m && ctx[j + i] == prompt[i]) ++i;
+      return i;
+    };
+    size_t best = run(0), best_j = 0;
+    if (best == n) return {n, n};
+    if (overlap >= 1 && p >= 1) {
+      for (size_t j = 1; j < n && n - j >= std::max(overlap, best + 1); ++j) {
+        if (ctx[j] != prompt[0]) continue;
+        size_t r = run(j);
+        if (r > best) {
+          best = r;
+          best_j = j;
+          if (j + r == n || r == p) break;
+        }
+      }
+    }
+    if (best < std::max<size_t>(overlap, 1)) return {0, 0};
+    return {best, best_j + best};
   }
 
-  // the retired request whose context covers the most of prompt's start, taken out of the store; the tokens of
-  // prompt it holds (0: none, or its trie would index more than retired_tokens)
-  size_t adopt(const std::vector<Tok>& prompt, Request& out) {
+  // the retired request whose context lines up with the most of prompt's start, taken out of the store; the
+  // tokens of prompt it holds (0: none, or its trie would index more than retired_tokens) and of its context kept
+  std::pair<size_t, size_t> adopt(const std::vector<Tok>& prompt, Request& out) {
     auto best = retired_.end();
-    size_t best_done = 0;
+    size_t best_done = 0, best_keep = 0;
     for (auto it = retired_.begin(); it != retired_.end(); ++it) {
-      size_t done = continued(it->ctx, prompt, kAdoptOverlap);
+      auto [done, keep] = continued(it->ctx, prompt, kAdoptOverlap);
       if (done > best_done &&
           it->trie->num_tokens() + static_cast<int64_t>(prompt.size() - done) <= retired_tokens_) {
         best = it;
         best_done = done;
+        best_keep = keep;
       }
     }
-    if (best == retired_.end()) return 0;
+    if (best == retired_.end()) return {0, 0};
     retired_total_ -= best->trie->num_tokens();
     out = std::move(*best);
     retired_.erase(best);
-    return best_done;
+    return {best_done, best_keep};
   }
 
   void retire(Request&& req) {
@@ -422,6 +447,7 @@ class SuffixDrafter {
   std::unique_ptr<SuffixTrie> global_;
   std::list<Request> retired_;  // oldest first
   int64_t retired_total_ = 0;
+  int64_t starts_ = 0, adopted_ = 0, indexed_tokens_ = 0;  // python: SuffixDrafter.stats
 };
 
 }  // namespace lumotree
@@ -438,6 +464,7 @@ PYBIND11_MODULE(_host, m) {
       .def("rewind", &SuffixDrafter::rewind, py::call_guard<py::gil_scoped_release>())
       .def("finish", &SuffixDrafter::finish, py::call_guard<py::gil_scoped_release>())
       .def("context", &SuffixDrafter::context)
+      .def("stats", &SuffixDrafter::stats)
       .def("draft",
            [](SuffixDrafter& self, const std::string& rid, int budget) {
              Draft d;

@@ -276,12 +276,60 @@ def test_continued_counts_the_prompt_tokens_a_retired_context_holds():
     from lumotree.drafters.suffix import _continued
 
     ctx = list(range(10))
-    assert _continued(ctx, ctx + [42], 3) == 10  # a next turn: the context is a prefix
-    assert _continued(ctx, list(range(4, 14)), 3) == 6  # the window moved on: ctx's last 6 are the prompt's first
-    assert _continued(ctx, list(range(4, 14)), 7) == 0  # an overlap shorter than asked for: not continued
-    assert _continued(ctx, [3, 4, 5], 3) == 0  # the prompt's head is in ctx but ctx does not end there
-    assert _continued(ctx, list(range(20, 30)), 3) == 0
-    assert _continued([7, 7, 7, 7], [7, 7, 7, 7, 7], 2) == 4  # the prefix first, whatever overlaps
+    assert _continued(ctx, ctx + [42], 3) == (10, 10)  # a next turn: the context is a prefix
+    assert _continued(ctx, list(range(4, 14)), 3) == (6, 10)  # the window moved on: ctx's last 6 are the prompt's first
+    assert _continued(ctx, list(range(4, 14)), 7) == (0, 0)  # an overlap shorter than asked for: not continued
+    assert _continued(ctx, [3, 4, 5], 3) == (3, 6)  # the prompt lies inside ctx: continued from ctx[:6]
+    assert _continued(ctx, list(range(20, 30)), 3) == (0, 0)
+    assert _continued([7, 7, 7, 7], [7, 7, 7, 7, 7], 2) == (4, 4)  # the prefix first, whatever overlaps
+    # the output as sampled and as the next prompt renders it part: continued up to where they part
+    assert _continued(ctx, list(range(7)) + [99, 98], 3) == (7, 7)
+    assert _continued(ctx, list(range(7)) + [99, 98], 8) == (0, 0)
+    assert _continued(ctx, list(range(3, 8)) + [99], 4) == (5, 8)  # the window moved on, then they part
+    assert _continued(ctx, list(range(3, 8)) + [99], 6) == (0, 0)
+    assert _continued([1, 2, 1, 2, 3], [1, 2, 3, 9], 2) == (3, 5)  # the longest run, not the first
+
+
+@pytest.mark.parametrize("native", [False, True])
+@pytest.mark.parametrize("moved", [False, True], ids=["same-window", "window-moved-on"])
+def test_a_next_turn_whose_output_was_re_tokenized_adopts_the_retired_trie(native, moved):
+    """A turn's output tokens as sampled and the next prompt's rendering of the reply part some tokens before the
+    reply's end: the next turn adopts the trie anyway, continues it from where they part (the trie keeps the
+    parted tokens' counts, as a rewind does) and indexes only the rest -- drafting as a drafter that rewound to
+    that point and appended the rest; the stats count it."""
+    from lumotree.drafters import suffix as S
+
+    if native and S._host_extension() is None:
+        pytest.skip("lumotree._host not built")
+    make = S.NativeSuffixDrafter if native else S.SuffixDrafter
+    rng = random.Random(5)
+    vocab = 30
+    ctx = [rng.randrange(vocab) for _ in range(600)]
+    out = [rng.randrange(vocab) for _ in range(80)]
+    rendered = out[:50] + [rng.randrange(vocab) for _ in range(35)]  # the reply re-tokenized: parts at token 50
+    new = [rng.randrange(vocab) for _ in range(70)]
+    conv = ctx + rendered + new
+    prompt = conv[-450:] if moved else conv
+    kw = dict(max_match=4, max_spec=4, min_prob=0.0, global_tokens=1 << 12)
+    d, ref = make(**kw), make(**kw, retired_tokens=0)
+    for x in (d, ref):
+        x.start("t0", ctx)
+        x.append("t0", out)
+    d.finish("t0", out)
+    keep = len(ctx) + 50  # the old context up to where the renderings part
+    done = keep - (len(conv) - len(prompt))  # the prompt's tokens it holds
+    ref.rewind("t0", len(ctx) + len(out) - keep)
+    ref.append("t0", prompt[done:])
+    ref.finish("other", out)  # the same global cache
+    d.start("t1", prompt)
+    assert d.context("t1") == prompt
+    assert d.stats == dict(starts=2, adopted=1, indexed_tokens=len(ctx) + len(prompt) - done)
+    for _ in range(5):
+        a, b = d.draft("t1", 12), ref.draft("t0", 12)
+        assert a.tokens == b.tokens and a.parents == b.parents and a.scores == b.scores
+        tok = [rng.randrange(vocab)]
+        d.append("t1", tok)
+        ref.append("t0", tok)
 
 
 @pytest.mark.parametrize("native", [False, True])

@@ -192,21 +192,39 @@ def _expand(trie: SuffixTrie, node: int, root_token: int, budget: int, min_prob:
     return Draft(tokens, parents, scores)
 
 
-def _continued(ctx: Sequence[int], prompt: Sequence[int], overlap: int) -> int:
-    """How many of ``prompt``'s first tokens a request whose context was ``ctx`` has indexed: ``len(ctx)``
-    when ``ctx`` is a prefix of ``prompt``; else the longest ``m >= overlap`` with ``ctx[-m:] == prompt[:m]``;
-    else 0."""
+def _continued(ctx: Sequence[int], prompt: Sequence[int], overlap: int) -> Tuple[int, int]:
+    """How a request whose context was ``ctx`` lines up with ``prompt``: ``(done, keep)``, ``prompt``'s first
+    ``done`` tokens being ``ctx[keep - done:keep]``, so a trie of ``ctx`` continues into ``prompt`` from
+    ``ctx[:keep]`` (``(0, 0)``: it does not). The alignment is ``prompt``'s start at ``ctx``'s start (a next turn)
+    or anywhere in ``ctx`` (a next turn of a conversation longer than the window the server hands over: the
+    window moved on), whichever runs longest; it counts when it covers all of ``ctx`` or at least ``overlap``
+    tokens. Why not only where all of ``ctx`` runs into ``prompt``: a turn's output tokens as the model sampled
+    them and as the next prompt renders the reply need not be the same tokens (re-tokenized text; 11 % of the
+    agent benchmark's served replies did not even re-tokenize to their length), and such a turn then indexed its
+    whole window again."""
     ctx, prompt = list(ctx), list(prompt)
-    n = len(ctx)
-    if n <= len(prompt) and prompt[:n] == ctx:
-        return n
-    # the window moved on: ctx ends with prompt's head; the earliest start in ctx where it does, the longest overlap
-    if overlap < 1 or len(prompt) < overlap or n < overlap:
-        return 0
-    for j in range(max(0, n - len(prompt)), n - overlap + 1):
-        if ctx[j] == prompt[0] and ctx[j:] == prompt[:n - j]:
-            return n - j
-    return 0
+    n, p = len(ctx), len(prompt)
+
+    def run(j: int) -> int:
+        m = min(n - j, p)
+        if ctx[j:j + m] == prompt[:m]:
+            return m
+        return next(i for i in range(m) if ctx[j + i] != prompt[i])
+
+    best, best_j = run(0), 0
+    if best == n:
+        return n, n
+    if overlap >= 1 and p >= 1:
+        for j in range(1, n - max(overlap, best + 1) + 1):
+            if ctx[j] == prompt[0]:
+                r = run(j)
+                if r > best:
+                    best, best_j = r, j
+                    if j + r == n or r == p:
+                        break
+    if best < max(overlap, 1):
+        return 0, 0
+    return best, best_j + best
 
 
 class SuffixDrafter:
@@ -245,6 +263,8 @@ class SuffixDrafter:
         self._retired: "collections.OrderedDict[int, Tuple[SuffixTrie, int, List[int]]]" = collections.OrderedDict()
         self._retired_total = 0
         self._retired_serial = 0
+        # admissions (start), those that adopted a finished turn's trie, prompt tokens indexed by them
+        self.stats = dict(starts=0, adopted=0, indexed_tokens=0)
 
     # ------------------------------------------------------------------ request lifecycle
     def start(self, rid, prompt: Sequence[int]) -> None:
@@ -254,26 +274,30 @@ class SuffixDrafter:
             trie = SuffixTrie(self.depth)
             seq, done = trie.new_sequence(), 0
         else:
-            (trie, seq, _), done = adopted
+            (trie, seq, ctx), done, keep = adopted
+            if keep < len(ctx):  # the old context parts from the prompt after ctx[:keep]: continue from there
+                trie.set_cursor(seq, prompt[:done])
         trie.extend(seq, prompt[done:])
         self._requests[rid] = (trie, seq, prompt)
+        self.stats["starts"] += 1
+        self.stats["adopted"] += adopted is not None
+        self.stats["indexed_tokens"] += len(prompt) - done
 
     def _adopt(self, prompt: List[int]):
-        """``(retired request, tokens of prompt it holds)`` for the retired request whose context covers the
-        most of ``prompt``'s start -- a context that is a prefix of ``prompt`` (a next turn), or whose last
-        ``ADOPT_OVERLAP`` or more tokens are ``prompt``'s first (a next turn of a conversation longer than the
-        window the server hands over: the window moved on) -- taken out of the store (a trie is extended by
-        one request only); None when none does or the trie would index more than ``retired_tokens``."""
-        best, best_done = None, 0
+        """``(retired request, tokens of prompt it holds, tokens of its context kept)`` for the retired request
+        whose context lines up with the most of ``prompt``'s start (:func:`_continued`), taken out of the store
+        (a trie is extended by one request only); None when none does or the trie would index more than
+        ``retired_tokens``."""
+        best, best_done, best_keep = None, 0, 0
         for key, entry in self._retired.items():
-            done = _continued(entry[2], prompt, self.ADOPT_OVERLAP)
+            done, keep = _continued(entry[2], prompt, self.ADOPT_OVERLAP)
             if done > best_done and entry[0].num_tokens + len(prompt) - done <= self.retired_tokens:
-                best, best_done = key, done
+                best, best_done, best_keep = key, done, keep
         if best is None:
             return None
         entry = self._retired.pop(best)
         self._retired_total -= entry[0].num_tokens
-        return entry, best_done
+        return entry, best_done, best_keep
 
     def _retire(self, req) -> None:
         size = req[0].num_tokens
@@ -400,6 +424,12 @@ class NativeSuffixDrafter:
 
     def context(self, rid) -> List[int]:
         return self._d.context(str(rid))
+
+    @property
+    def stats(self) -> dict:
+        """As :attr:`SuffixDrafter.stats`: admissions, adoptions of a finished turn's trie, tokens indexed."""
+        starts, adopted, indexed = self._d.stats()
+        return dict(starts=starts, adopted=adopted, indexed_tokens=indexed)
 
     def draft(self, rid, budget: int) -> Draft:
         return Draft(*map(list, _unknown_as_key_error(self._d.draft, str(rid), budget)))

@@ -281,8 +281,15 @@ class SuffixCorpus(HostCorpus):
     def _reset(self) -> None:
         self.drafter = make_suffix_drafter(**self.kw)
 
+    LOG_EVERY = 256  # admissions between two log lines of the drafter's admission stats
+
     def _start(self, rid, tokens):
         self.drafter.start(rid, tokens)
+        st = getattr(self.drafter, "stats", None)
+        if st is not None and st["starts"] % self.LOG_EVERY == 0:
+            logger.info("LumoTree suffix drafter: %d admissions, %d continued a finished turn's trie, %.0f prompt "
+                        "tokens indexed per admission", st["starts"], st["adopted"],
+                        st["indexed_tokens"] / max(1, st["starts"]))
 
     def _append(self, rid, tokens):
         self.drafter.append(rid, tokens)

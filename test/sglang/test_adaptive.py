@@ -534,20 +534,20 @@ def test_acceptance_leaves_out_rows_a_step_holds_after_they_finished(monkeypatch
     batch = SimpleNamespace(req_to_token_pool=pool, req_pool_indices=torch.tensor([1, 2, 5, 6]),
                             seq_lens=torch.tensor([9, 9, 9, 9]))
     w.activate_step_by_batch(4)
-    w._ledger.note_live_rows(batch)
+    w._ledger.note_live_rows(pool, batch.req_pool_indices)
     w.on_verify_complete_cpu([2, 0, 0, 2])
     assert w.tree_policy.accept == 2.0
     # without the consistent overlap cache every row is the workload's
     w._ledger.consistent = False
     w.activate_step_by_batch(4)
-    w._ledger.note_live_rows(batch)
+    w._ledger.note_live_rows(pool, batch.req_pool_indices)
     w.on_verify_complete_cpu([0, 0, 0, 0])
     assert w.tree_policy.accept == pytest.approx(2.0 * (1 - adaptive.EMA))
     # a no-draft step has no acceptance sample: its rows are not copied to the host
     w._ledger.consistent = True
     w.tree_policy.choose = lambda batch: 0
     w.activate_step_by_batch(4)
-    w._ledger.note_live_rows(batch)
+    w._ledger.note_live_rows(pool, batch.req_pool_indices)
     assert w._ledger.pending[-1] == [0, False, None]
 
 

@@ -25,7 +25,7 @@ def spec_batch(bs=3, **kw):
         spec_info=SimpleNamespace(bonus_tokens=torch.tensor([11, 22, 33][:bs], dtype=torch.int32)),
         seq_lens=seq, seq_lens_cpu=seq.clone(), seq_lens_sum=int(seq.sum()), req_pool_indices=torch.tensor([2, 0, 1][:bs]),
         device="cpu", input_ids=None, out_cache_loc=None, return_logprob=False, return_hidden_states=False,
-        has_grammar=False, is_extend_in_batch=False,
+        has_grammar=False, is_extend_in_batch=False, req_to_token_pool=None,
         sampling_info=SimpleNamespace(has_custom_logit_processor=False,
                                       penalizer_orchestrator=SimpleNamespace(is_required=False)))
     for k, v in kw.items():

@@ -78,7 +78,7 @@ def worker(monkeypatch, candidates, step=None, clock=None):
 def batch(rids, mode=ForwardMode.DECODE):
     n = len(rids)
     return SimpleNamespace(forward_mode=mode, reqs=[SimpleNamespace(rid=r) for r in rids], seq_lens=torch.arange(n) + 5,
-                           req_pool_indices=torch.arange(n), is_extend_in_batch=False)
+                           req_pool_indices=torch.arange(n), is_extend_in_batch=False, req_to_token_pool=None)
 
 
 def test_pinned_to_no_draft_every_decode_step_decodes(monkeypatch):
@@ -162,3 +162,30 @@ def test_candidates_from_the_flags(tmp_path):
         adaptive.candidate_steps(args({"candidate_steps": [0, 3]}))
     with pytest.raises(ValueError, match="LUMOTREE_SUFFIX server reads"):
         adaptive.candidate_steps(args({"steps": [0]}))
+
+
+def test_acceptance_leaves_out_rows_that_finished_before_or_in_the_step(monkeypatch):
+    """Under the overlap scheduler's consistent cache a drafted step's acceptance sample counts only the rows still
+    running after it: not those the step before finished (still in the batch), nor those this step finished (their
+    run was cut at the request's end, so they accept what was left of the request). 32 agents whose turns end
+    together otherwise read every turn's end as acceptance near zero."""
+    from lumotree.sglang import finish
+    from lumotree.sglang.finish import FinishedRows
+
+    pool = SimpleNamespace(req_to_token=torch.zeros(8, 4, dtype=torch.int32))
+    fin = FinishedRows.of(pool)
+    fin.done[2] = True  # finished by the step before
+
+    def forward_marked(consistent, batch, forward):
+        out = forward()
+        fin.done[5] = True  # this step's run reached the request's end (mark_step)
+        return out
+
+    monkeypatch.setattr(finish, "forward_marked", forward_marked)
+    w = worker(monkeypatch, [1])
+    w._ledger.consistent = True
+    b = batch(["a", "b", "c", "d"])
+    b.req_pool_indices, b.req_to_token_pool = torch.tensor([1, 2, 5, 6]), pool
+    w.forward_batch_generation(b)
+    w.on_verify_complete_cpu([4, 0, 1, 6])
+    assert w.tree_policy.accept == 5.0  # rows 1 and 6 only

@@ -427,11 +427,15 @@ def ngram_worker(make_corpus):
 
         def forward_batch_generation(self, batch, *args, **kwargs):
             prefill = batch.forward_mode.is_extend()
+            ledger = getattr(self, "_ledger", None) if batch.forward_mode.is_decode() else None
+            rows = batch.req_pool_indices[:batch.seq_lens.shape[0]] if ledger is not None else None
             # where each request ends: the run clamp; the overlap scheduler's finished rows (lumotree.sglang.finish)
             out = forward_marked(getattr(self, "_overlap_consistent", False), batch,
                                  lambda: self._forward(batch, *args, **kwargs))
             if prefill:  # launched: index the new prompts while the GPU computes
                 admit_prefilled(self, batch)
+            if ledger is not None:  # the step's finished rows are marked now: its acceptance leaves them out
+                ledger.note_live_rows(batch.req_to_token_pool, rows)
             return out
 
         def _forward(self, batch, *args, **kwargs):
@@ -445,7 +449,6 @@ def ngram_worker(make_corpus):
                         ledger.launched(bs, 0)
                         return self._no_draft_decode(batch, kwargs.get("on_publish", args[0] if args else None))
                     ledger.launched(bs, adaptive.SUFFIX_TREE)  # also where a no-draft step cannot decode the batch
-                    ledger.note_live_rows(batch)
                 elif batch.forward_mode.is_idle():
                     ledger.choose(0)
                 else:  # a prefill between two decode steps: the one before it has no step time of its own

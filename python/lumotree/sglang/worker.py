@@ -181,16 +181,20 @@ class StepLedger:
         self.pending.append([steps, cold, None])
         self.prev = steps
 
-    def note_live_rows(self, batch) -> None:
-        """With the overlap scheduler's consistent cache: which rows of the step just launched are still
-        running, copied to the host with the step (its acceptance sample leaves the others out).
+    def note_live_rows(self, req_to_token_pool, req_pool_indices) -> None:
+        """With the overlap scheduler's consistent cache, right after a drafted step's forward (its finished rows
+        marked, :func:`lumotree.sglang.finish.forward_marked`): which of its rows (``req_pool_indices``) are still
+        running after it, copied to the host with the step; its acceptance sample leaves the others out.
 
-        Why: a step launched before the previous step's results were processed still holds the
-        requests that step finished (their state rows masked, :mod:`lumotree.sglang.finish`); their
-        "accepted drafts" are whatever the verify of a finished request gave -- zeros with the
-        benchmark's drafts -- and SGLang reports them with the rest. Where a batch of requests ends
-        together, each such step pulled the acceptance average down by most of its value, and the
-        policy dropped a tree that paid (27B shapes, batch 32, H200)."""
+        Why: rows that finished before the step -- a step launched before the previous step's results were
+        processed still holds the requests that step finished (their state rows masked) -- report whatever the
+        verify of a finished request gave (zeros with the benchmark's drafts); where a batch of requests ends
+        together each such step pulled the acceptance average down by most of its value and the policy dropped a
+        tree that paid (27B shapes, batch 32, H200). And rows this step finished: their run was cut at the
+        request's end (a stop token, ``max_new_tokens``), so they accept what was left of the request, not what
+        the draft was worth -- 32 agents whose turns end together made every turn's end read as acceptance near
+        zero (0.76 and 1.26 accepted drafts per request at two bucket-32 decisions of a LUMOTREE_SUFFIX server
+        whose tree accepted 4-12 between them, H200), and the policy served no draft into the next turns."""
         from lumotree.sglang.finish import FinishedRows
 
         if not self.consistent or not self.pending:
@@ -198,8 +202,7 @@ class StepLedger:
         entry = self.pending[-1]
         if entry[2] is not None or entry[0] == 0:  # a no-draft step has no acceptance sample to filter
             return
-        rows = FinishedRows.of(batch.req_to_token_pool)
-        live = ~rows.done[batch.req_pool_indices[:batch.seq_lens.shape[0]].long()]
+        live = ~FinishedRows.of(req_to_token_pool).done[req_pool_indices.long()]
         host = torch.empty(live.shape, dtype=torch.bool, pin_memory=live.is_cuda)
         host.copy_(live, non_blocking=live.is_cuda)  # before SGLang's copy of the results on this stream
         entry[2] = host
@@ -333,9 +336,14 @@ def worker_class():
                         "step from measured step times and acceptance", self.tree_policy.candidates)
 
         def forward_batch_generation(self, batch, *args, **kwargs):
+            decode = getattr(self, "tree_policy", None) is not None and batch.forward_mode.is_decode()
+            rows = batch.req_pool_indices[:batch.seq_lens.shape[0]] if decode else None
             # where each request ends: the run clamp; the overlap scheduler's finished rows (lumotree.sglang.finish)
-            return forward_marked(getattr(self, "_overlap_consistent", False), batch,
-                                  lambda: self._forward(batch, *args, **kwargs))
+            out = forward_marked(getattr(self, "_overlap_consistent", False), batch,
+                                 lambda: self._forward(batch, *args, **kwargs))
+            if decode:
+                self._ledger.note_live_rows(batch.req_to_token_pool, rows)
+            return out
 
         def prepare_for_kv_cache_release(self, req) -> None:
             keep_out_of_cache(getattr(self, "_overlap_consistent", False), req)
@@ -347,7 +355,6 @@ def worker_class():
             elif self.tree_policy is not None and not batch.forward_mode.is_idle():
                 self.activate_step_by_batch(batch.seq_lens.shape[0])
                 self._step_chosen = True  # SGLang's loop asks again: the choice stands
-                self._ledger.note_live_rows(batch)
                 if self._decode_step is not None and self.speculative_num_steps == 0 and self._decode_step.serves(batch):
                     self._step_chosen = False
                     return self._no_draft_decode(batch, kwargs.get("on_publish", args[0] if args else None))

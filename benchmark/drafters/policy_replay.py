@@ -1,0 +1,189 @@
+"""LUMOTREE_SUFFIX's per-step choice (suffix tree or no draft) replayed on the CPU against the agent benchmark's served
+token streams, with a step-time model: what the adaptive tree size (``lumotree.sglang.adaptive.TreeSizePolicy``) makes
+of acceptance that swings between turn phases, against a fixed tree, no speculation and a per-step oracle.
+
+Acceptance: every turn of ``benchmark/workloads/agents_bench.py``'s sessions is rebuilt as the server saw it (the
+reference server's replies as the continuation, as ``acceptance_replay.py`` does) and LumoTree's C++ suffix drafter
+with the server's settings drafts a ``--nodes`` tree at *every* position of every turn (sessions in the benchmark's
+order, ``--agents`` at a time, outputs handed to the global cache as they finish): ``k[turn][pos]``, the drafts a
+greedy verify would accept there. Serving: ``--agents`` closed-loop sessions, each turn admitted with a prefill
+(``--prefill-ms``, its first token), then decode steps over the running requests; a drafted step advances each request
+by ``k + 1`` tokens, a no-draft step by 1. Step time (ms) at batch ``b``: ``none = --none-ms * (F + (1 - F) b / 32)``,
+``tree = --tree-ms * (F + (1 - F) b / 32)`` with ``F = --fixed-share`` -- the defaults are what the served policy's
+device clock measured at batch bucket 32 (run ``32-agents``, H200: 2.2-3.3 ms without a draft, 5.7-8.9 ms with the
+16-node tree) and a prefill cost that brings the no-speculation replay to that run's 4,917 tokens/s. The policy gets
+each step's time and acceptance one step late (the overlap scheduler), as served.
+
+    python3 benchmark/drafters/policy_replay.py --replies benchmark/results/agents32_replies_h200.json.gz \\
+        --reference none/32 --out benchmark/results/policy_replay_cpu.json
+
+A model, not a measurement of a server: it shows whether the choice can follow the swings, not what a server gains.
+"""
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "workloads"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+sys.path.insert(0, HERE)
+
+MODEL = os.path.join(HERE, "..", "models", "tiny-hybrid")
+
+
+def acceptance_table(per_session, nodes: int, agents: int):
+    """``{(session, turn): [k at output position 1, 2, ...]}``: drafts accepted if a tree were drafted there."""
+    from acceptance_replay import SuffixReplay, accepted
+    from admission_replay import turn_order
+
+    d = SuffixReplay(nodes)
+    table = {}
+    for rid, prompt, output in turn_order(per_session, agents):
+        d.start(rid, prompt)
+        d.step(rid, output[:1])
+        ks = []
+        for pos in range(1, len(output)):
+            toks, parents = d.draft(rid, None)
+            ks.append(accepted(toks, parents, output[pos:]))
+            d.step(rid, output[pos:pos + 1])
+        d.finish(rid, output)
+        g, t = (int(x) for x in rid.split("-"))
+        table[(g, t)] = ks
+    return table
+
+
+def serve(table, per_session, agents: int, mode: str, args, finishing: bool = False, **policy_kw):
+    """Tokens per second of one closed-loop serving of every session (``mode``: none, tree, policy, oracle). The
+    policy's acceptance sample of a drafted step: each row's accepted drafts as the server reports them (a run cut
+    at the request's end accepts what was left of it), the rows that finished in the step left out unless
+    ``finishing`` (how LumoTree's workers counted them before)."""
+    from lumotree.sglang import adaptive
+
+    policy = None
+    if mode == "policy":
+        saved = {k: getattr(adaptive, k) for k in policy_kw}
+        for k, v in policy_kw.items():
+            setattr(adaptive, k, v)
+        policy = adaptive.TreeSizePolicy([0, 1])
+
+    def step_ms(b, tree):
+        scale = args.fixed_share + (1 - args.fixed_share) * b / 32
+        return (args.tree_ms if tree else args.none_ms) * scale
+
+    try:
+        sessions = list(range(len(per_session)))
+        queue = sessions[agents:]
+        running = {}  # session -> [turn, pos, output length]
+        clock_ms, tokens, steps, drafted, pending = 0.0, 0, 0, 0, []
+
+        def admit(s, turn):
+            nonlocal clock_ms, tokens
+            clock_ms += args.prefill_ms
+            tokens += 1  # the prefill's token
+            running[s] = [turn, 1, len(per_session[s][turn][1])]
+
+        for s in sessions[:agents]:
+            admit(s, 0)
+        while running:
+            b = len(running)
+            rows = [(s, st) for s, st in running.items() if st[1] < st[2]]
+            ks = [table[(s, st[0])][st[1] - 1] for s, st in rows]
+            if mode == "none":
+                tree = False
+            elif mode == "tree":
+                tree = True
+            elif mode == "oracle":
+                tree = (sum(ks) + len(ks)) / step_ms(b, True) > len(ks) / step_ms(b, False)
+            else:
+                for late in pending:  # the previous step's results arrive now (overlap)
+                    late()
+                pending = []
+                tree = policy.choose(b) > 0
+            t = step_ms(b, tree)
+            clock_ms += t
+            steps += 1
+            drafted += tree
+            got = []
+            for (s, st), k in zip(rows, ks):
+                adv = min(k + 1 if tree else 1, st[2] - st[1])
+                st[1] += adv
+                tokens += adv
+                if tree and (finishing or st[1] < st[2]):
+                    got.append(adv - 1)
+            if policy is not None:
+                pending.append(lambda b=b, tree=tree, t=t, got=got: (
+                    policy.observe_time(b, int(tree), t / 1e3), policy.observe_accept(int(tree), got)))
+            for s in [s for s, st in running.items() if st[1] >= st[2]]:
+                turn = running.pop(s)[0]
+                if turn + 1 < len(per_session[s]):
+                    admit(s, turn + 1)
+                elif queue:
+                    admit(queue.pop(0), 0)
+        return dict(mode=mode, **({"policy": policy_kw} if policy_kw else {}),
+                    **({"finishing_rows_counted": finishing} if mode == "policy" else {}), tokens=tokens, steps=steps,
+                    drafted_steps=drafted, seconds=round(clock_ms / 1e3, 3),
+                    tokens_per_s=round(tokens / (clock_ms / 1e3), 1))
+    finally:
+        if policy is not None:
+            for k, v in saved.items():
+                setattr(adaptive, k, v)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--replies", required=True, help="agents_bench.py --replies-out (gzip JSON)")
+    ap.add_argument("--reference", default="none/8")
+    ap.add_argument("--nodes", type=int, default=16)
+    ap.add_argument("--agents", type=int, default=32)
+    ap.add_argument("--sessions", type=int, default=32)
+    ap.add_argument("--turns", type=int, default=13)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--collapse-tokens", type=int, default=6500)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--none-ms", type=float, default=2.9, help="a no-draft step at batch 32")
+    ap.add_argument("--tree-ms", type=float, default=7.0, help="a drafted step at batch 32")
+    ap.add_argument("--fixed-share", type=float, default=0.3, help="share of a step's time independent of the batch")
+    ap.add_argument("--prefill-ms", type=float, default=14.0, help="host + device time of a turn's prefill")
+    ap.add_argument("--variants", default='[{}]',
+                    help="JSON list of TreeSizePolicy module settings to replay (one row each)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    import agents_bench as ab
+    from admission_replay import turns_of
+    from tokenizers import Tokenizer
+
+    with gzip.open(args.replies, "rt") as f:
+        replies = json.load(f)[args.reference]
+    tok = Tokenizer.from_file(os.path.join(MODEL, "tokenizer.json"))
+    sessions = ab.make_sessions(args.sessions, args.turns, args.seed)
+    per_session = turns_of(sessions, lambda s: tok.encode(s).ids, ab.token_counter(MODEL), args.collapse_tokens,
+                           args.max_tokens, replies=replies)
+    t0 = time.perf_counter()
+    table = acceptance_table(per_session, args.nodes, args.agents)
+    rows = [serve(table, per_session, args.agents, m, args) for m in ("none", "tree", "oracle")]
+    rows += [serve(table, per_session, args.agents, "policy", args, finishing=f, **kw)
+             for kw in json.loads(args.variants) for f in (True, False)]
+    base = rows[0]["tokens_per_s"]
+    for r in rows:
+        r["x_none"] = round(r["tokens_per_s"] / base, 3)
+        print(json.dumps(r), flush=True)
+    ks = [k for v in table.values() for k in v]
+    first = [v[0] for v in table.values() if v]
+    acceptance = dict(mean_k_any_position=round(sum(ks) / len(ks), 2), share_k_zero=round(ks.count(0) / len(ks), 3),
+                      mean_k_first_decode_step=round(sum(first) / len(first), 2))
+    print(json.dumps(acceptance), flush=True)
+    res = dict(command="python3 " + " ".join([os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])),
+               reference=args.reference, acceptance=acceptance, model=dict(none_ms=args.none_ms, tree_ms=args.tree_ms,
+                                                    fixed_share=args.fixed_share, prefill_ms=args.prefill_ms),
+               seconds=round(time.perf_counter() - t0, 1), rows=rows)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+    return res
+
+
+if __name__ == "__main__":
+    main()

@@ -133,6 +133,21 @@ def replay(drafter, per_session, agents: int):
     return steps, tokens
 
 
+def served_turns(args):
+    """Per session, per turn ``(prompt ids, output ids)`` with the reference server's replies (``args``: replies,
+    reference, sessions, turns, seed, collapse_tokens, max_tokens as this script's flags)."""
+    import agents_bench as ab
+    from admission_replay import turns_of
+    from tokenizers import Tokenizer
+
+    with gzip.open(args.replies, "rt") as f:
+        replies = json.load(f)[args.reference]
+    tok = Tokenizer.from_file(os.path.join(MODEL, "tokenizer.json"))
+    sessions = ab.make_sessions(args.sessions, args.turns, args.seed)
+    return turns_of(sessions, lambda s: tok.encode(s).ids, ab.token_counter(MODEL), args.collapse_tokens,
+                    args.max_tokens, replies=replies)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--replies", required=True, help="agents_bench.py --replies-out (gzip JSON)")
@@ -151,17 +166,7 @@ def main(argv=None):
     ap.add_argument("--session-range", default=None, help="LO:HI, replay only these sessions (e.g. a held-out half)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    import agents_bench as ab
-    from admission_replay import turns_of
-    from tokenizers import Tokenizer
-
-    with gzip.open(args.replies, "rt") as f:
-        replies = json.load(f)[args.reference]
-    tok = Tokenizer.from_file(os.path.join(MODEL, "tokenizer.json"))
-    encode = lambda s: tok.encode(s).ids  # noqa: E731
-    sessions = ab.make_sessions(args.sessions, args.turns, args.seed)
-    per_session = turns_of(sessions, encode, ab.token_counter(MODEL), args.collapse_tokens, args.max_tokens,
-                           replies=replies)
+    per_session = served_turns(args)
     if args.session_range:
         lo, hi = (int(x) for x in args.session_range.split(":"))
         per_session = per_session[lo:hi]

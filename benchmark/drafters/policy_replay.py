@@ -20,7 +20,6 @@ each step's time and acceptance one step late (the overlap scheduler), as served
 A model, not a measurement of a server: it shows whether the choice can follow the swings, not what a server gains.
 """
 import argparse
-import gzip
 import json
 import os
 import sys
@@ -30,8 +29,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "workloads"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 sys.path.insert(0, HERE)
-
-MODEL = os.path.join(HERE, "..", "models", "tiny-hybrid")
 
 
 def acceptance_table(per_session, nodes: int, agents: int):
@@ -151,16 +148,9 @@ def main(argv=None):
                     help="JSON list of TreeSizePolicy module settings to replay (one row each)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    import agents_bench as ab
-    from admission_replay import turns_of
-    from tokenizers import Tokenizer
+    from acceptance_replay import served_turns
 
-    with gzip.open(args.replies, "rt") as f:
-        replies = json.load(f)[args.reference]
-    tok = Tokenizer.from_file(os.path.join(MODEL, "tokenizer.json"))
-    sessions = ab.make_sessions(args.sessions, args.turns, args.seed)
-    per_session = turns_of(sessions, lambda s: tok.encode(s).ids, ab.token_counter(MODEL), args.collapse_tokens,
-                           args.max_tokens, replies=replies)
+    per_session = served_turns(args)
     t0 = time.perf_counter()
     table = acceptance_table(per_session, args.nodes, args.agents)
     rows = [serve(table, per_session, args.agents, m, args) for m in ("none", "tree", "oracle")]

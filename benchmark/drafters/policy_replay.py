@@ -32,23 +32,35 @@ sys.path.insert(0, HERE)
 
 
 def acceptance_table(per_session, nodes: int, agents: int):
-    """``{(session, turn): [k at output position 1, 2, ...]}``: drafts accepted if a tree were drafted there."""
+    """``{(session, turn): [k at output position 1, 2, ...]}``: drafts accepted if a tree were drafted there. The
+    sessions run ``agents`` at a time in rounds of one turn each (closed-loop agents started together stay close to
+    step), so a turn's drafts see the outputs of earlier rounds in the global cache, not those of its own round's
+    other turns -- a sequential replay let each turn draft from its round's earlier outputs, which the tiny model's
+    sessions share much of."""
     from acceptance_replay import SuffixReplay, accepted
-    from admission_replay import turn_order
 
     d = SuffixReplay(nodes)
     table = {}
-    for rid, prompt, output in turn_order(per_session, agents):
-        d.start(rid, prompt)
-        d.step(rid, output[:1])
-        ks = []
-        for pos in range(1, len(output)):
-            toks, parents = d.draft(rid, None)
-            ks.append(accepted(toks, parents, output[pos:]))
-            d.step(rid, output[pos:pos + 1])
-        d.finish(rid, output)
-        g, t = (int(x) for x in rid.split("-"))
-        table[(g, t)] = ks
+    for g in range(0, len(per_session), agents):
+        group = list(range(g, min(g + agents, len(per_session))))
+        for t in range(max(len(per_session[s]) for s in group)):
+            done = []
+            for s in group:
+                if t >= len(per_session[s]):
+                    continue
+                prompt, output = per_session[s][t]
+                rid = f"{s}-{t}"
+                d.start(rid, prompt)
+                d.step(rid, output[:1])
+                ks = []
+                for pos in range(1, len(output)):
+                    toks, parents = d.draft(rid, None)
+                    ks.append(accepted(toks, parents, output[pos:]))
+                    d.step(rid, output[pos:pos + 1])
+                table[(s, t)] = ks
+                done.append((rid, output))
+            for rid, output in done:  # the round's outputs reach the global cache as its turns end
+                d.finish(rid, output)
     return table
 
 

@@ -189,3 +189,22 @@ def test_acceptance_leaves_out_rows_that_finished_before_or_in_the_step(monkeypa
     w.forward_batch_generation(b)
     w.on_verify_complete_cpu([4, 0, 1, 6])
     assert w.tree_policy.accept == 5.0  # rows 1 and 6 only
+
+
+def test_the_served_choice_is_summarised_in_the_log(monkeypatch, caplog):
+    """Every ``LOG_EVERY`` decode steps one line: how many drafted, the mean acceptance of the drafted steps'
+    samples, the policy's step times -- what a served run's choice was, for comparison with a replay."""
+    import logging
+
+    from lumotree.sglang.worker import StepLedger
+
+    monkeypatch.setattr(StepLedger, "LOG_EVERY", 4)
+    w = worker(monkeypatch, [1])
+    with caplog.at_level(logging.INFO, logger="lumotree.sglang.worker"):
+        for accepted in ([3, 1], [0, 2], [4, 4]):
+            w.forward_batch_generation(batch(["a", "b"]))
+            w.on_verify_complete_cpu(accepted)
+        assert not [r for r in caplog.records if "last 4 decode steps" in r.getMessage()]
+        w.forward_batch_generation(batch(["a", "b"]))
+    lines = [r.getMessage() for r in caplog.records if "last 4 decode steps" in r.getMessage()]
+    assert len(lines) == 1 and "4 drafted; accepted drafts per request 2.33 (mean of 3 drafted steps' samples)" in lines[0]

@@ -156,11 +156,15 @@ class StepLedger:
         event: :class:`StepClock`'s event factory (tests).
     """
 
+    LOG_EVERY = 512  # decode steps between two summary lines in the server log (the served choice, for diagnosis)
+
     def __init__(self, policy, consistent: bool = False, first: int = 0, event=None):
         self.policy, self.consistent = policy, consistent
         self.clock = StepClock(event)
         self.pending = collections.deque(maxlen=8)  # [steps, cold, live rows] of decode steps not yet reported
         self.prev = first
+        # since the last summary line: decode steps, drafted ones, and the counted acceptance samples (sum, count)
+        self._window = [0, 0, 0.0, 0]
 
     def choose(self, batch_size: int):
         """The policy's candidate for a decode step of ``batch_size`` requests, after it has taken the step times
@@ -180,6 +184,15 @@ class StepLedger:
         self.clock.start(batch_size, steps)
         self.pending.append([steps, cold, None])
         self.prev = steps
+        w = self._window
+        w[0] += 1
+        w[1] += steps > 0
+        if w[0] >= self.LOG_EVERY:
+            logger.info("LumoTree adaptive, last %d decode steps: %d drafted; accepted drafts per request %.2f (mean of "
+                        "%d drafted steps' samples); step ms per bucket and candidate %s", w[0], w[1],
+                        w[2] / max(1, w[3]), w[3],
+                        {b: v["step_ms"] for b, v in self.policy.table()["buckets"].items()})
+            self._window = [0, 0, 0.0, 0]
 
     def note_live_rows(self, req_to_token_pool, req_pool_indices) -> None:
         """With the overlap scheduler's consistent cache, right after a drafted step's forward (its finished rows
@@ -216,6 +229,9 @@ class StepLedger:
         drafts = list(num_correct_drafts_per_req)
         if live is not None and len(live) == len(drafts):  # the step's results are in: so is its copy
             drafts = [d for d, running in zip(drafts, live.tolist()) if running]
+        if steps > 0 and drafts:
+            self._window[2] += sum(drafts) / len(drafts)
+            self._window[3] += 1
         self.policy.observe_accept(steps, drafts)
 
 

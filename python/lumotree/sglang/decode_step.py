@@ -167,14 +167,11 @@ class DecodeStep:
         finally:
             mr.attn_backend, mr.decode_cuda_graph_runner = keep
 
-    def run(self, batch, tokens=None):
-        """One decode step of ``batch`` (SGLang's speculative V2 conventions: ``seq_lens`` excludes the
-        last bonus token, which is this step's input: ``tokens``, default the EAGLE draft input's
-        ``bonus_tokens``); returns the one-node verify's result."""
+    def _decode(self, batch, tokens):
+        """The target's decode forward of ``batch`` on ``tokens`` (SGLang's speculative V2 conventions: ``seq_lens``
+        excludes the last accepted token, which is this step's input) and its sampled tokens: ``(out, fb, predict)``."""
         from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_uniform_func
-        from sglang.srt.managers.utils import GenerationBatchResult
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
-        from sglang.srt.speculative.eagle_info import EagleDraftInput
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         bs = batch.seq_lens.shape[0]
@@ -182,7 +179,7 @@ class DecodeStep:
         dec.forward_mode = ForwardMode.DECODE
         dec.spec_algorithm = SpeculativeAlgorithm.NONE
         dec.spec_info = None
-        dec.input_ids = batch.spec_info.bonus_tokens if tokens is None else tokens
+        dec.input_ids = tokens
         dec.out_cache_loc = assign_extend_cache_locs_uniform_func(
             req_pool_indices=batch.req_pool_indices, req_to_token=self.model_runner.req_to_token_pool.req_to_token,
             start_offset=batch.seq_lens, batch_size=bs, draft_token_num=1, device=batch.device)
@@ -192,15 +189,31 @@ class DecodeStep:
         with self._active():
             fb = forward_batch_class().init_new(dec, self.model_runner, return_hidden_states_before_norm=False)
             out = self.target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True)
-        predict = self.model_runner.sample(out.logits_output, fb).to(torch.int32)
-        accept_lens = torch.ones(bs, dtype=torch.int32, device=predict.device)
         self.steps += 1
+        return out, fb, self.model_runner.sample(out.logits_output, fb).to(torch.int32)
+
+    @staticmethod
+    def _result(batch, out, fb, next_token_ids, stride: int, next_draft_input):
+        """The scheduler's result of a decode step: accept lengths 1, lengths + 1, ``next_token_ids`` in rows of
+        ``stride``; ``next_draft_input(accept_lens, new_seq_lens)`` the loop's input for the next step."""
+        from sglang.srt.managers.utils import GenerationBatchResult
+
+        accept_lens = torch.ones(batch.seq_lens.shape[0], dtype=torch.int32, device=next_token_ids.device)
+        new_seq_lens = batch.seq_lens + accept_lens
         return GenerationBatchResult(
-            logits_output=out.logits_output, next_token_ids=predict, can_run_cuda_graph=out.can_run_cuda_graph,
-            speculative_num_draft_tokens=1, next_draft_input=EagleDraftInput(bonus_tokens=predict.clone()),
-            accept_lens=accept_lens, new_seq_lens=batch.seq_lens + accept_lens,
+            logits_output=out.logits_output, next_token_ids=next_token_ids, can_run_cuda_graph=out.can_run_cuda_graph,
+            speculative_num_draft_tokens=stride, next_draft_input=next_draft_input(accept_lens, new_seq_lens),
+            accept_lens=accept_lens, new_seq_lens=new_seq_lens,
             routed_experts_output=out.routed_experts_output, indexer_topk_output=out.indexer_topk_output,
             extra_keep_alive_refs=[fb])
+
+    def run(self, batch):
+        """One decode step of an EAGLE V2 ``batch`` (its input the draft input's last bonus token); returns the
+        one-node verify's result."""
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+        out, fb, predict = self._decode(batch, batch.spec_info.bonus_tokens)
+        return self._result(batch, out, fb, predict, 1, lambda lens, seq: EagleDraftInput(bonus_tokens=predict.clone()))
 
     def run_ngram(self, batch, draft_token_num: int):
         """One decode step of a batch of SGLang's NGRAM loop (:meth:`serves_ngram`), its result as the loop's:
@@ -212,15 +225,13 @@ class DecodeStep:
 
         spec, bs, n = batch.spec_info, batch.seq_lens.shape[0], draft_token_num
         last = (spec.accept_lens.to(torch.int64) - 1).clamp_min_(0)
-        root = spec.accept_tokens.view(bs, n).gather(1, last[:, None]).squeeze(1).to(torch.int64)
-        out = self.run(batch, root)
-        accept_tokens = torch.zeros(bs, n, dtype=torch.int32, device=root.device)
-        accept_tokens[:, 0] = out.next_token_ids
+        root = spec.accept_tokens.view(bs, n).gather(1, last[:, None]).squeeze(1)
+        out, fb, predict = self._decode(batch, root)
+        accept_tokens = torch.zeros(bs, n, dtype=torch.int32, device=predict.device)
+        accept_tokens[:, 0] = predict
         accept_tokens = accept_tokens.view(-1)
-        out.next_token_ids, out.speculative_num_draft_tokens = accept_tokens, n
-        out.next_draft_input = NgramVerifyInput(draft_token_num=n, new_seq_lens=out.new_seq_lens,
-                                                accept_tokens=accept_tokens, accept_lens=out.accept_lens)
-        return out
+        return self._result(batch, out, fb, accept_tokens, n, lambda lens, seq: NgramVerifyInput(
+            draft_token_num=n, new_seq_lens=seq, accept_tokens=accept_tokens, accept_lens=lens))
 
 
 @contextlib.contextmanager

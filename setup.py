@@ -61,7 +61,8 @@ if BuildExtension is not None and not os.environ.get("LUMOTREE_NO_EXTENSION"):
         # optional=True: a failed compile of it is skipped by setuptools (then the Python drafter serves); a
         # machine without any C++ compiler may fail earlier in torch's checks: LUMOTREE_NO_EXTENSION=1
         ext_modules.append(CppExtension(name="lumotree._host", sources=host_sources, optional=True,
-                                        extra_compile_args={"cxx": ["-O3", "-std=c++17"]}))
+                                        extra_compile_args={"cxx": ["-O3", "-std=c++17", "-pthread"]},
+                                        extra_link_args=["-pthread"]))
     if ext_modules:
         cmdclass["build_ext"] = BuildExtension
 

@@ -132,8 +132,9 @@ class _Req:
         self.rid, self.origin_input_ids, self.output_ids = rid, prompt, []
 
 
-def run_worker(kind, batch, args):
-    """One worker kind's draft preparation per step (``--worker``): admission (first step) and steps, ms."""
+def run_worker(kind, batch, args, threads=None):
+    """One worker kind's draft preparation per step (``--worker``): admission (first step) and steps, ms;
+    ``threads``: the C++ drafter's host threads for LumoTree's corpus (None: as served, ``drafter_threads()``)."""
     from types import SimpleNamespace
 
     import torch
@@ -144,6 +145,9 @@ def run_worker(kind, batch, args):
                                                    "_efficient_concat_last_n")
     depth = SGLangNgram.DEPTH if kind == "sglang-ngram" else DEFAULT_CONTEXT
     corpus = SGLangNgram(args.nodes).corpus if kind == "sglang-ngram" else SuffixCorpus(args.nodes)
+    if threads is not None and kind != "sglang-ngram":
+        corpus.threads = threads
+        corpus.reset()
     w = SimpleNamespace(draft_token_num=args.nodes, max_trie_depth=depth, enable_overlap=True, ngram_corpus=corpus)
     w._efficient_concat_last_n = concat.__get__(w)
     if kind == "lumotree-suffix":
@@ -187,6 +191,9 @@ def main():
     ap.add_argument("--window", type=int, default=64, help="tokens SGLang hands over per request per step")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--worker", action="store_true", help="the NGRAM loop's draft preparation per step (docstring)")
+    ap.add_argument("--threads", default=None,
+                    help="--worker: the C++ drafter's host threads to compare for LumoTree's rows, e.g. 1,2 "
+                         "(default: as served, up to 4 and at most this machine's CPUs)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from lumotree.drafters.suffix import NativeSuffixDrafter, SuffixDrafter
@@ -200,8 +207,11 @@ def main():
         return make
 
     if args.worker:
-        rows = [dict(worker=kind, **run_worker(kind, int(b), args))
+        from lumotree.drafters.suffix import drafter_threads
+        threads = [int(t) for t in args.threads.split(",")] if args.threads else [drafter_threads()]
+        rows = [dict(worker=kind, **({"threads": t} if kind != "sglang-ngram" else {}), **run_worker(kind, int(b), args, t))
                 for kind in ("lumotree-suffix", "lumotree-suffix-sglang-handover", "sglang-ngram")
+                for t in (threads if kind != "sglang-ngram" else [None])
                 for b in args.batches.split(",")]
     else:
         makers = {"python": corpus("python"), "c++": corpus("c++"), "sglang-ngram": SGLangNgram}

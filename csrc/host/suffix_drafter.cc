@@ -6,14 +6,20 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <queue>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -260,13 +266,95 @@ static Draft merge(const std::vector<Draft>& drafts, int budget) {
   return out;
 }
 
+// A fixed set of worker threads that, with the caller, run fn(0 .. n-1) (each index once, in any order) and
+// return when all are done; the first exception thrown is rethrown to the caller. Kept across calls: a decode
+// step wakes them instead of creating threads.
+class WorkerPool {
+ public:
+  explicit WorkerPool(int threads) {
+    if (threads < 1) throw std::invalid_argument("threads must be >= 1");
+    for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { loop(); });
+  }
+  ~WorkerPool() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+      ++generation_;
+    }
+    wake_.notify_all();
+    for (std::thread& t : workers_) t.join();
+  }
+  WorkerPool(const WorkerPool&) = delete;
+  WorkerPool& operator=(const WorkerPool&) = delete;
+  int threads() const { return static_cast<int>(workers_.size()) + 1; }
+
+  void run(size_t n, const std::function<void(size_t)>& fn) {
+    if (workers_.empty() || n < 2) {
+      for (size_t i = 0; i < n; ++i) fn(i);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      fn_ = &fn;
+      n_ = n;
+      next_.store(0);
+      busy_ = workers_.size();
+      error_ = nullptr;
+      ++generation_;
+    }
+    wake_.notify_all();
+    work();
+    std::unique_lock<std::mutex> lk(mu_);
+    done_.wait(lk, [this] { return busy_ == 0; });
+    fn_ = nullptr;
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void work() {
+    for (size_t i; (i = next_.fetch_add(1)) < n_;) {
+      try {
+        (*fn_)(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (!error_) error_ = std::current_exception();
+      }
+    }
+  }
+  void loop() {
+    uint64_t seen = 0;
+    for (;;) {
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        wake_.wait(lk, [&] { return generation_ != seen; });
+        seen = generation_;
+        if (stop_) return;
+      }
+      work();
+      std::lock_guard<std::mutex> lk(mu_);
+      if (--busy_ == 0) done_.notify_one();
+    }
+  }
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable wake_, done_;
+  const std::function<void(size_t)>* fn_ = nullptr;
+  size_t n_ = 0, busy_ = 0;
+  std::atomic<size_t> next_{0};
+  uint64_t generation_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
 // Per-request suffix tries + a bounded global trie of recent outputs + finished requests' tries kept
 // for a next turn that extends their context (python: SuffixDrafter).
 class SuffixDrafter {
  public:
-  SuffixDrafter(int max_match, int max_spec, int64_t global_tokens, double min_prob, int64_t retired_tokens)
+  SuffixDrafter(int max_match, int max_spec, int64_t global_tokens, double min_prob, int64_t retired_tokens,
+                int threads)
       : max_match_(max_match), max_spec_(max_spec), depth_(max_match + max_spec), global_tokens_(global_tokens),
-        min_prob_(min_prob), retired_tokens_(retired_tokens), global_(std::make_unique<SuffixTrie>(depth_)) {
+        min_prob_(min_prob), retired_tokens_(retired_tokens), global_(std::make_unique<SuffixTrie>(depth_)),
+        pool_(threads) {
     if (max_match < 1 || max_spec < 1) throw std::invalid_argument("max_match and max_spec must be >= 1");
     if (retired_tokens < 0) throw std::invalid_argument("retired_tokens must be >= 0");
   }
@@ -331,7 +419,18 @@ class SuffixDrafter {
 
   Draft draft(const std::string& rid, int budget) {
     if (budget < 1) throw std::invalid_argument("budget must be >= 1");
-    Request& r = request(rid);
+    return draft(request(rid), rid, budget);
+  }
+
+ private:
+  struct Request {
+    std::shared_ptr<SuffixTrie> trie;
+    int seq = 0;
+    std::vector<Tok> ctx;
+  };
+
+  // reads r's trie and the global trie only (step_batch drafts requests concurrently)
+  Draft draft(Request& r, const std::string& rid, int budget) const {
     if (r.ctx.empty()) throw std::invalid_argument("request " + rid + " has no context: the root token is missing");
     auto [local, m_local] = match_cursor(*r.trie, r.seq, r.ctx.size());
     auto [glob, m_glob] = match(*global_, r.ctx);
@@ -343,15 +442,38 @@ class SuffixDrafter {
     return merge(drafts, budget);
   }
 
+ public:
+  // one decode step for a batch: request i's context grows by appends[i] (may be empty), then it drafts; the
+  // requests' own tries are indexed and drafted on the pool's threads (each request's trie is its own; the global
+  // trie is only read here). The same drafts, in the same order, as append + draft request by request.
+  std::vector<Draft> step_batch(const std::vector<std::string>& rids, const std::vector<std::vector<Tok>>& appends,
+                                int budget) {
+    if (!appends.empty() && appends.size() != rids.size())
+      throw std::invalid_argument("step_batch: " + std::to_string(appends.size()) + " appends for " +
+                                  std::to_string(rids.size()) + " requests");
+    if (budget < 1) throw std::invalid_argument("budget must be >= 1");
+    std::vector<Request*> reqs(rids.size());
+    for (size_t i = 0; i < rids.size(); ++i) {
+      reqs[i] = &request(rids[i]);  // unknown requests fail here, before any change
+      for (size_t j = 0; j < i && !appends.empty(); ++j)  // two threads would extend one trie
+        if (reqs[j] == reqs[i]) throw std::invalid_argument("step_batch: request " + rids[i] + " twice in a batch");
+    }
+    std::vector<Draft> out(rids.size());
+    pool_.run(rids.size(), [&](size_t i) {
+      Request& r = *reqs[i];
+      if (!appends.empty() && !appends[i].empty()) {
+        r.trie->extend(r.seq, appends[i]);
+        r.ctx.insert(r.ctx.end(), appends[i].begin(), appends[i].end());
+      }
+      out[i] = draft(r, rids[i], budget);
+    });
+    return out;
+  }
+
+  int threads() const { return pool_.threads(); }
   int64_t num_requests() const { return static_cast<int64_t>(requests_.size()); }
 
  private:
-  struct Request {
-    std::shared_ptr<SuffixTrie> trie;
-    int seq = 0;
-    std::vector<Tok> ctx;
-  };
-
   Request& request(const std::string& rid) {
     auto it = requests_.find(rid);
     if (it == requests_.end()) throw std::out_of_range("unknown request " + rid + ": call start() first");
@@ -448,6 +570,7 @@ class SuffixDrafter {
   std::list<Request> retired_;  // oldest first
   int64_t retired_total_ = 0;
   int64_t starts_ = 0, adopted_ = 0, indexed_tokens_ = 0;  // python: SuffixDrafter.stats
+  WorkerPool pool_;  // last: its threads stop before the tries they may be reading go
 };
 
 }  // namespace lumotree
@@ -456,9 +579,9 @@ PYBIND11_MODULE(_host, m) {
   using namespace lumotree;
   m.doc() = "LumoTree's host-side drafters in C++ (see csrc/host/suffix_drafter.cc)";
   py::class_<SuffixDrafter>(m, "SuffixDrafter")
-      .def(py::init<int, int, int64_t, double, int64_t>(), py::arg("max_match") = 16, py::arg("max_spec") = 16,
+      .def(py::init<int, int, int64_t, double, int64_t, int>(), py::arg("max_match") = 16, py::arg("max_spec") = 16,
            py::arg("global_tokens") = int64_t(1) << 16, py::arg("min_prob") = 0.05,
-           py::arg("retired_tokens") = int64_t(1) << 15)
+           py::arg("retired_tokens") = int64_t(1) << 15, py::arg("threads") = 1)
       .def("start", &SuffixDrafter::start, py::call_guard<py::gil_scoped_release>())
       .def("append", &SuffixDrafter::append, py::call_guard<py::gil_scoped_release>())
       .def("rewind", &SuffixDrafter::rewind, py::call_guard<py::gil_scoped_release>())
@@ -477,14 +600,28 @@ PYBIND11_MODULE(_host, m) {
       // one call per step for the whole batch, the GIL released throughout
       .def("draft_batch",
            [](SuffixDrafter& self, const std::vector<std::string>& rids, int budget) {
-             std::vector<Draft> out(rids.size());
+             std::vector<Draft> out;
              {
                py::gil_scoped_release release;
-               for (size_t i = 0; i < rids.size(); ++i) out[i] = self.draft(rids[i], budget);
+               out = self.step_batch(rids, {}, budget);
              }
              py::list res;
              for (auto& d : out) res.append(py::make_tuple(d.tokens, d.parents));
              return res;
            })
+      // one decode step for the whole batch: appends then drafts, the requests spread over the drafter's threads
+      .def("step_batch",
+           [](SuffixDrafter& self, const std::vector<std::string>& rids, const std::vector<std::vector<Tok>>& appends,
+              int budget) {
+             std::vector<Draft> out;
+             {
+               py::gil_scoped_release release;
+               out = self.step_batch(rids, appends, budget);
+             }
+             py::list res;
+             for (auto& d : out) res.append(py::make_tuple(d.tokens, d.parents));
+             return res;
+           })
+      .def_property_readonly("threads", &SuffixDrafter::threads)
       .def_property_readonly("num_requests", &SuffixDrafter::num_requests);
 }

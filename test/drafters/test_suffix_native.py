@@ -85,6 +85,74 @@ def test_native_drafts_equal_the_reference(seed, kw):
             assert (tokens, parents) == (d.tokens, d.parents)
 
 
+@pytest.mark.parametrize("threads", [1, 4])
+@pytest.mark.parametrize("seed", range(6))
+def test_batch_steps_on_threads_draft_as_request_by_request(seed, threads):
+    """step_batch (a batch's appends + drafts in one call, the requests spread over the C++ drafter's threads) gives
+    the reference's drafts of append + draft request by request, and the same contexts, through requests that come,
+    rewind and finish (their tries retired and adopted by next turns) between the steps."""
+    rng = random.Random(100 + seed)
+    kw = dict(max_match=4, max_spec=6, global_tokens=300, min_prob=0.0, retired_tokens=2000)
+    py, cc = S.SuffixDrafter(**kw), S.NativeSuffixDrafter(threads=threads, **kw)
+    assert cc.threads == threads
+    contexts, finished, serial, steps = {}, [], 0, 0
+    for _ in range(60):
+        while len(contexts) < 12 or rng.random() < 0.2:  # new requests, some of them next turns
+            rid = f"r{serial}"
+            serial += 1
+            prompt = (rng.choice(finished) if finished and rng.random() < 0.5 else []) + motif_tokens(rng, rng.randrange(1, 60))
+            py.start(rid, prompt)
+            cc.start(rid, prompt)
+            contexts[rid] = list(prompt)
+        batch = rng.sample(sorted(contexts), rng.randrange(1, len(contexts) + 1))
+        appends = [motif_tokens(rng, rng.randrange(0, 5)) for _ in batch]
+        budget = rng.choice([1, 4, 8, 16])
+        got, want = cc.step_batch(batch, appends, budget), []
+        for rid, a in zip(batch, appends):  # the reference, one request after the other
+            if a:
+                py.append(rid, a)
+            contexts[rid] += a
+            d = py.draft(rid, budget)
+            want.append((d.tokens, d.parents))
+        assert [tuple(map(list, g)) for g in got] == want
+        assert py.step_batch(batch, [], budget) == want  # the reference's own batch step, nothing appended
+        steps += 1
+        for rid in rng.sample(sorted(contexts), rng.randrange(0, 3)):
+            if rng.random() < 0.5 and len(contexts[rid]) > 2:
+                py.rewind(rid, 1)
+                cc.rewind(rid, 1)
+                contexts[rid].pop()
+            else:
+                out = contexts[rid][-rng.randrange(0, 20):]
+                py.finish(rid, out)
+                cc.finish(rid, out)
+                finished.append(contexts.pop(rid))
+        for rid in contexts:
+            assert cc.context(rid) == py.context(rid) == contexts[rid]
+    assert steps == 60
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_batch_step_errors_change_nothing(native):
+    """A batch step with an unknown request, a request twice, or appends that do not match the batch fails before
+    any request changes; a bad token in one request's appends fails the call, raised from whichever thread met it."""
+    d = S.NativeSuffixDrafter(max_match=4, max_spec=4, threads=4) if native else S.SuffixDrafter(max_match=4, max_spec=4)
+    for i in range(6):
+        d.start(f"r{i}", [1, 2, 3, i])
+    with pytest.raises(KeyError, match="unknown request"):
+        d.step_batch(["r0", "nobody"], [[5], [6]], 4)
+    with pytest.raises(ValueError, match="twice in a batch"):
+        d.step_batch(["r0", "r1", "r0"], [[5], [6], [7]], 4)
+    with pytest.raises(ValueError, match="3 appends for 2 requests"):
+        d.step_batch(["r0", "r1"], [[5], [6], [7]], 4)
+    with pytest.raises(ValueError, match="budget must be >= 1"):
+        d.step_batch(["r0"], [[5]], 0)
+    assert [d.context(f"r{i}") for i in range(6)] == [[1, 2, 3, i] for i in range(6)]
+    with pytest.raises(ValueError, match="non-negative"):
+        d.step_batch([f"r{i}" for i in range(6)], [[9]] * 5 + [[-1]], 4)
+    assert d.step_batch(["r0", "r0"], [], 4) == d.step_batch(["r0"], [], 4) * 2  # drafting twice reads only
+
+
 def test_native_errors_match_the_reference():
     cc = S.NativeSuffixDrafter(max_match=4, max_spec=4)
     with pytest.raises(KeyError, match="unknown request"):
@@ -123,6 +191,9 @@ def test_served_corpus_batches_are_the_same_with_either_drafter(monkeypatch):
     rng = random.Random(3)
     streams = {f"q{i}": motif_tokens(rng, 400) for i in range(6)}
     native = SuffixCorpus(8)
+    native.threads = 3  # the step's requests on three threads, whatever this machine's CPUs
+    native.reset()
+    assert native.drafter.threads == 3
     monkeypatch.setenv("LUMOTREE_OPS", "naive")
     ref = SuffixCorpus(8)
     lens = {rid: 30 + 7 * i for i, rid in enumerate(streams)}
@@ -185,11 +256,12 @@ def test_host_cost_benchmark_worker_rows(tmp_path, monkeypatch):
 
     out = tmp_path / "worker.json"
     monkeypatch.setattr(sys, "argv", ["suffix_host_cost.py", "--worker", "--batches", "1,3", "--steps", "4",
-                                      "--context", "300", "--nodes", "6", "--out", str(out)])
+                                      "--context", "300", "--nodes", "6", "--threads", "1,2", "--out", str(out)])
     h.main()
     rows = json.loads(out.read_text())["rows"]
-    assert [(r["worker"], r["batch"]) for r in rows] == [
-        (k, b) for k in ("lumotree-suffix", "lumotree-suffix-sglang-handover", "sglang-ngram") for b in (1, 3)]
+    assert [(r["worker"], r.get("threads"), r["batch"]) for r in rows] == [
+        (k, t, b) for k in ("lumotree-suffix", "lumotree-suffix-sglang-handover") for t in (1, 2) for b in (1, 3)] + [
+        ("sglang-ngram", None, b) for b in (1, 3)]
     assert all(r["step_ms_median"] > 0 and r["admission_ms"] > 0 for r in rows)
 
 

@@ -386,6 +386,36 @@ class SuffixDrafter:
             return Draft([ctx[-1]], [-1], [1.0])
         return merge_drafts(drafts, budget)
 
+    def step_batch(self, rids: Sequence, appends: Sequence[Sequence[int]], budget: int
+                   ) -> List[Tuple[List[int], List[int]]]:
+        """One decode step for a batch: request ``rids[i]``'s context grows by ``appends[i]`` (may be empty), then
+        it drafts; ``(tokens, parents)`` per request. The reference of :meth:`NativeSuffixDrafter.step_batch`."""
+        if appends and len(appends) != len(rids):
+            raise ValueError(f"step_batch: {len(appends)} appends for {len(rids)} requests")
+        if budget < 1:
+            raise ValueError(f"budget must be >= 1, got {budget}")
+        for rid in rids:
+            self._request(rid)  # unknown requests fail before any change
+        if appends and len(set(rids)) < len(rids):
+            raise ValueError("step_batch: a request twice in a batch")
+        out = []
+        for i, rid in enumerate(rids):
+            if appends and len(appends[i]):
+                self.append(rid, appends[i])
+            d = self.draft(rid, budget)
+            out.append((d.tokens, d.parents))
+        return out
+
+
+def drafter_threads() -> int:
+    """Host threads a served C++ drafter spreads a step's requests over: up to 4, at most the CPUs this process
+    may run on (the scheduler's own thread is one of them)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(4, cpus))
+
 
 @functools.cache
 def _host_extension():
@@ -403,11 +433,13 @@ class NativeSuffixDrafter:
     drafts a whole batch in one call. Same constructor arguments and methods."""
 
     def __init__(self, max_match: int = 16, max_spec: int = 16, global_tokens: int = 1 << 16,
-                 min_prob: float = 0.05, retired_tokens: int = 1 << 15):
+                 min_prob: float = 0.05, retired_tokens: int = 1 << 15, threads: int = 1):
         ext = _host_extension()
         if ext is None:
             raise RuntimeError("lumotree._host is not built (reinstall without LUMOTREE_NO_EXTENSION)")
-        self._d = ext.SuffixDrafter(max_match, max_spec, global_tokens, min_prob, retired_tokens)
+        if threads < 1:
+            raise ValueError(f"threads must be >= 1, got {threads}")
+        self._d = ext.SuffixDrafter(max_match, max_spec, global_tokens, min_prob, retired_tokens, threads)
         self.max_match, self.max_spec, self.min_prob = max_match, max_spec, min_prob
 
     def start(self, rid, prompt: Sequence[int]) -> None:
@@ -438,6 +470,18 @@ class NativeSuffixDrafter:
         """``(tokens, parents)`` of every request's draft, one call (the GIL released throughout)."""
         return _unknown_as_key_error(self._d.draft_batch, [str(r) for r in rids], budget)
 
+    def step_batch(self, rids: Sequence, appends: Sequence[Sequence[int]], budget: int
+                   ) -> List[Tuple[List[int], List[int]]]:
+        """One decode step for a batch, one call: request ``rids[i]``'s context grows by ``appends[i]`` (may be
+        empty), then it drafts; the requests are indexed and drafted on the drafter's ``threads`` (the GIL
+        released). The same drafts as :meth:`append` + :meth:`draft` request by request."""
+        return _unknown_as_key_error(self._d.step_batch, [str(r) for r in rids],
+                                     [[operator.index(t) for t in a] for a in appends], budget)
+
+    @property
+    def threads(self) -> int:
+        return self._d.threads
+
 
 def _unknown_as_key_error(fn, *args):
     try:
@@ -446,12 +490,12 @@ def _unknown_as_key_error(fn, *args):
         raise KeyError(str(e)) from None
 
 
-def make_suffix_drafter(**kw):
-    """The suffix drafter LumoTree serves with: :class:`NativeSuffixDrafter` when ``lumotree._host`` is
-    built, else the Python :class:`SuffixDrafter` (also with ``LUMOTREE_OPS=naive``). The one place
-    that chooses."""
+def make_suffix_drafter(threads: int = 1, **kw):
+    """The suffix drafter LumoTree serves with: :class:`NativeSuffixDrafter` (its batch steps on ``threads`` host
+    threads) when ``lumotree._host`` is built, else the Python :class:`SuffixDrafter` (also with
+    ``LUMOTREE_OPS=naive``; one thread). The one place that chooses."""
     if os.environ.get("LUMOTREE_OPS", "").strip().lower() != "naive" and _host_extension() is not None:
-        return NativeSuffixDrafter(**kw)
+        return NativeSuffixDrafter(threads=threads, **kw)
     return SuffixDrafter(**kw)
 
 

@@ -18,7 +18,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from lumotree.drafters.suffix import make_suffix_drafter
+from lumotree.drafters.suffix import drafter_threads, make_suffix_drafter
 
 logger = logging.getLogger(__name__)
 
@@ -274,16 +274,27 @@ class SuffixCorpus(HostCorpus):
         # retired_tokens: finished turns' tries kept for their sessions' next turns -- 32 concurrent agent
         # sessions of 4-8k-token contexts (the default 32k tokens kept about 5, so most next turns indexed
         # their 4,096-token window again, ~10 ms each on the scheduler's thread)
+        # threads: a step's requests are indexed and drafted on up to 4 host threads (drafter_threads), one call
+        # for the batch (_draft_batch); at 32 concurrent agents that work was ~2.5-4 ms of a drafted step's host time
         self.kw = dict(max_match=max_match, max_spec=max_spec, global_tokens=global_tokens, min_prob=min_prob,
                        retired_tokens=retired_tokens)
-        self.drafter = make_suffix_drafter(**self.kw)
+        self.threads = drafter_threads()
+        self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
+        self._pending: Dict[object, List[int]] = {}  # a step's appends, handed over with its drafts
 
     def _reset(self) -> None:
-        self.drafter = make_suffix_drafter(**self.kw)
+        self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
+        self._pending.clear()
 
     LOG_EVERY = 256  # admissions between two log lines of the drafter's admission stats
 
+    def _flush(self, rid) -> None:
+        tokens = self._pending.pop(rid, None)
+        if tokens:
+            self.drafter.append(rid, tokens)
+
     def _start(self, rid, tokens):
+        self._pending.pop(rid, None)  # a restart: the tokens of the old context are gone with it
         self.drafter.start(rid, tokens)
         st = getattr(self.drafter, "stats", None)
         if st is not None and st["starts"] % self.LOG_EVERY == 0:
@@ -292,22 +303,28 @@ class SuffixCorpus(HostCorpus):
                         st["indexed_tokens"] / max(1, st["starts"]))
 
     def _append(self, rid, tokens):
-        self.drafter.append(rid, tokens)
+        self._pending.setdefault(rid, []).extend(tokens)  # indexed with the step's drafts (_draft_batch)
 
     def _rewind(self, rid, drop):
+        self._flush(rid)
         self.drafter.rewind(rid, drop)
 
     def _finish(self, rid, output):
+        self._flush(rid)
         self.drafter.finish(rid, output)
 
     def _draft(self, rid, root):
+        self._flush(rid)
         d = self.drafter.draft(rid, self.n)
         return d.tokens, d.parents
 
     def _draft_batch(self, req_ids, roots):
-        if hasattr(self.drafter, "draft_batch"):
-            return self.drafter.draft_batch(req_ids, self.n)
-        return super()._draft_batch(req_ids, roots)
+        """The step's appends and drafts in one call for the batch (``step_batch``: the C++ drafter spreads the
+        requests over its threads)."""
+        appends = [self._pending.pop(rid, []) for rid in req_ids]
+        for rid in list(self._pending):  # appended outside this batch: never with batch_get, kept in order anyway
+            self._flush(rid)
+        return self.drafter.step_batch(req_ids, appends, self.n)
 
 
 def prepare_draft_tokens(worker, batch) -> Tuple[np.ndarray, np.ndarray]:

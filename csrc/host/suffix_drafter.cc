@@ -13,7 +13,6 @@
 #include <exception>
 #include <functional>
 #include <list>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <queue>
@@ -45,8 +44,8 @@ class SuffixTrie {
   void append(int seq, Tok token) {
     if (token < 0) throw std::invalid_argument("token ids must be non-negative integers");
     std::vector<int32_t>& act = active_[seq];
-    std::vector<int32_t> nxt;
-    nxt.reserve(act.size() + 1);
+    std::vector<int32_t>& nxt = scratch_;  // the cursor before this token, kept for the next: no allocation per token
+    nxt.clear();
     nxt.push_back(child_or_new(0, token));
     for (int32_t node : act) nxt.push_back(child_or_new(node, token));
     if (static_cast<int>(nxt.size()) > depth_ - 1) nxt.resize(std::max(0, depth_ - 1));
@@ -177,6 +176,7 @@ class SuffixTrie {
   std::vector<int32_t> free_;  // ids of removed nodes, reused
   std::unordered_map<uint64_t, int32_t> edge_;
   std::vector<std::vector<int32_t>> active_;
+  std::vector<int32_t> scratch_;
 };
 
 struct Draft {
@@ -218,50 +218,69 @@ static Draft expand(const SuffixTrie& trie, int32_t node, Tok root, int budget, 
   return d;
 }
 
-// union by token path, best score per path, the `budget` best nodes best-first (python: merge_drafts)
+// union by token path, best score per path, the `budget` best nodes best-first (python: merge_drafts). The merged
+// tree is built over node ids (a path is a node: its parent's path + its token); ties between equal scores go to
+// the smaller path, as python's tuple order has it: a node's rank in the pre-order walk with children by token.
 static Draft merge(const std::vector<Draft>& drafts, int budget) {
-  using Path = std::vector<Tok>;
-  std::map<Path, double> best;
-  std::map<Path, std::vector<Path>> children;
-  best[Path{}] = 1.0;
-  Tok root = drafts[0].tokens[0];
+  std::vector<int32_t> par{-1}, first{-1}, last{-1}, next{-1};
+  std::vector<Tok> tok{-1};
+  std::vector<double> best{1.0};
+  std::vector<int32_t> at;  // a draft's node -> merged node
   for (const Draft& d : drafts) {
-    std::vector<Path> paths{Path{}};
+    at.assign(d.tokens.size(), 0);
     for (size_t i = 1; i < d.tokens.size(); ++i) {
-      Path path = paths[d.parents[i]];
-      path.push_back(d.tokens[i]);
-      double sc = d.scores[i];
-      auto it = best.find(path);
-      if (it == best.end()) {
-        children[paths[d.parents[i]]].push_back(path);
-        best.emplace(path, sc);
+      int32_t p = at[d.parents[i]], m = first[p];
+      while (m >= 0 && tok[m] != d.tokens[i]) m = next[m];
+      if (m < 0) {  // a new path: a child of p, after p's earlier children
+        m = static_cast<int32_t>(par.size());
+        par.push_back(p);
+        tok.push_back(d.tokens[i]);
+        best.push_back(d.scores[i]);
+        first.push_back(-1);
+        last.push_back(-1);
+        next.push_back(-1);
+        if (last[p] < 0) first[p] = m;
+        else next[last[p]] = m;
+        last[p] = m;
       } else {
-        it->second = std::max(it->second, sc);
+        best[m] = std::max(best[m], d.scores[i]);
       }
-      paths.push_back(std::move(path));
+      at[i] = m;
     }
   }
-  Draft out{{root}, {-1}, {1.0}};
-  // (score, path, parent): highest score first, then the smallest path (python tuple order)
-  using Item = std::tuple<double, Path, int64_t>;
+  const int32_t n = static_cast<int32_t>(par.size());
+  // rank: pre-order, children by token (their order in `by` grouped by parent, then by token)
+  std::vector<int32_t> by(n), rank(n), stack{0};
+  for (int32_t i = 0; i < n; ++i) by[i] = i;
+  std::sort(by.begin() + 1, by.end(), [&](int32_t a, int32_t b) {
+    return par[a] != par[b] ? par[a] < par[b] : tok[a] < tok[b];
+  });
+  std::vector<int32_t> kids_end(n, 0), kids_begin(n, 0);  // node's children: by[kids_begin, kids_end)
+  for (int32_t j = n - 1; j >= 1; --j) kids_begin[par[by[j]]] = j;
+  for (int32_t j = 1; j < n; ++j) kids_end[par[by[j]]] = j + 1;
+  for (int32_t r = 0; !stack.empty(); ++r) {
+    int32_t v = stack.back();
+    stack.pop_back();
+    rank[v] = r;
+    for (int32_t j = kids_end[v] - 1; j >= kids_begin[v] && kids_end[v] > 0; --j) stack.push_back(by[j]);
+  }
+  Draft out{{drafts[0].tokens[0]}, {-1}, {1.0}};
+  // (score, rank, merged node, parent index): highest score first, then the smallest path
+  using Item = std::tuple<double, int32_t, int32_t, int64_t>;
   auto worse = [](const Item& a, const Item& b) {
     if (std::get<0>(a) != std::get<0>(b)) return std::get<0>(a) < std::get<0>(b);
     return std::get<1>(a) > std::get<1>(b);
   };
   std::priority_queue<Item, std::vector<Item>, decltype(worse)> heap(worse);
-  for (const Path& c : children[Path{}]) heap.emplace(best[c], c, 0);
+  for (int32_t c = first[0]; c >= 0; c = next[c]) heap.emplace(best[c], rank[c], c, 0);
   while (!heap.empty() && static_cast<int>(out.tokens.size()) < budget) {
-    Item top = heap.top();
+    auto [score, r, v, parent] = heap.top();
     heap.pop();
-    double score = std::get<0>(top);
-    const Path& path = std::get<1>(top);
     int64_t idx = static_cast<int64_t>(out.tokens.size());
-    out.tokens.push_back(path.back());
-    out.parents.push_back(std::get<2>(top));
+    out.tokens.push_back(tok[v]);
+    out.parents.push_back(parent);
     out.scores.push_back(score);
-    auto it = children.find(path);
-    if (it != children.end())
-      for (const Path& c : it->second) heap.emplace(std::min(best[c], score), c, idx);  // never above the parent
+    for (int32_t c = first[v]; c >= 0; c = next[c]) heap.emplace(std::min(best[c], score), rank[c], c, idx);  // never above the parent
   }
   return out;
 }

@@ -395,6 +395,46 @@ class SuffixDrafter {
     indexed_tokens_ += static_cast<int64_t>(prompt.size() - done);
   }
 
+  // start(rids[i], prompts[i]) for a batch of new requests (a prefill batch's): the adoptions of retired tries
+  // one after the other (the store is shared), then each request's prompt indexed into its own trie on the pool's
+  // threads. The same tries, contexts and stats as the starts one by one; bad input fails before any change.
+  void start_batch(const std::vector<std::string>& rids, const std::vector<std::vector<Tok>>& prompts) {
+    if (prompts.size() != rids.size())
+      throw std::invalid_argument("start_batch: " + std::to_string(prompts.size()) + " prompts for " +
+                                  std::to_string(rids.size()) + " requests");
+    for (size_t i = 0; i < rids.size(); ++i) {
+      for (size_t j = 0; j < i; ++j)
+        if (rids[j] == rids[i]) throw std::invalid_argument("start_batch: request " + rids[i] + " twice in a batch");
+      for (Tok t : prompts[i]) check_token(t);
+    }
+    std::vector<Request> reqs(rids.size());
+    std::vector<size_t> done(rids.size());
+    std::vector<char> parted(rids.size(), 0);  // the old context parts from the prompt after ctx[:keep]
+    for (size_t i = 0; i < rids.size(); ++i) {
+      auto [d, keep] = adopt(prompts[i], reqs[i]);
+      done[i] = d;
+      if (d == 0) {
+        reqs[i].trie = std::make_shared<SuffixTrie>(depth_);
+        reqs[i].seq = reqs[i].trie->new_sequence();
+      } else {
+        parted[i] = keep < reqs[i].ctx.size();
+      }
+    }
+    pool_.run(rids.size(), [&](size_t i) {  // each request's own trie
+      Request& req = reqs[i];
+      const std::vector<Tok>& prompt = prompts[i];
+      if (parted[i]) req.trie->set_cursor(req.seq, std::vector<Tok>(prompt.begin(), prompt.begin() + done[i]));
+      req.trie->extend(req.seq, prompt, done[i]);
+      req.ctx = prompt;
+    });
+    for (size_t i = 0; i < rids.size(); ++i) {
+      requests_[rids[i]] = std::move(reqs[i]);
+      ++starts_;
+      adopted_ += done[i] > 0;
+      indexed_tokens_ += static_cast<int64_t>(prompts[i].size() - done[i]);
+    }
+  }
+
   std::tuple<int64_t, int64_t, int64_t> stats() const { return {starts_, adopted_, indexed_tokens_}; }
 
   void append(const std::string& rid, const std::vector<Tok>& tokens) {
@@ -576,6 +616,11 @@ class SuffixDrafter {
     }
   }
 
+  static void check_token(Tok t) {
+    if (t < 0) throw std::invalid_argument("token ids must be non-negative integers");
+    if (t >= (Tok(1) << 32)) throw std::invalid_argument("token ids must be < 2^32");
+  }
+
   static constexpr size_t kAdoptOverlap = 256;  // python: SuffixDrafter.ADOPT_OVERLAP
 
   int max_match_, max_spec_, depth_;
@@ -602,6 +647,7 @@ PYBIND11_MODULE(_host, m) {
            py::arg("global_tokens") = int64_t(1) << 16, py::arg("min_prob") = 0.05,
            py::arg("retired_tokens") = int64_t(1) << 15, py::arg("threads") = 1)
       .def("start", &SuffixDrafter::start, py::call_guard<py::gil_scoped_release>())
+      .def("start_batch", &SuffixDrafter::start_batch, py::call_guard<py::gil_scoped_release>())
       .def("append", &SuffixDrafter::append, py::call_guard<py::gil_scoped_release>())
       .def("rewind", &SuffixDrafter::rewind, py::call_guard<py::gil_scoped_release>())
       .def("finish", &SuffixDrafter::finish, py::call_guard<py::gil_scoped_release>())

@@ -132,6 +132,70 @@ def test_batch_steps_on_threads_draft_as_request_by_request(seed, threads):
     assert steps == 60
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_batch_starts_on_threads_equal_starts_one_by_one(seed):
+    """start_batch (a prefill batch's admissions: the adoptions one after the other, the prompts indexed on the C++
+    drafter's threads) leaves the contexts, drafts and stats of the reference's starts one by one -- with next turns
+    that continue a finished turn's trie, whose reply was re-tokenized (the old context parts from the prompt), whose
+    window moved on, and new sessions in the same batch."""
+    rng = random.Random(200 + seed)
+    kw = dict(max_match=4, max_spec=6, global_tokens=400, min_prob=0.0, retired_tokens=1 << 14)
+    py, cc = S.SuffixDrafter(**kw), S.NativeSuffixDrafter(threads=4, **kw)
+    finished, serial = [], 0
+    for _ in range(8):
+        rids, prompts = [], []
+        for _ in range(rng.randrange(1, 7)):
+            kind = rng.random()
+            if finished and kind < 0.4:  # the next turn: the whole finished context and more
+                prompt = rng.choice(finished) + motif_tokens(rng, rng.randrange(1, 30))
+            elif finished and kind < 0.55 and max(map(len, finished)) > 280:  # its reply re-tokenized: parts
+                old = max(finished, key=len)
+                prompt = old[:len(old) - rng.randrange(1, 10)] + [11] + motif_tokens(rng, rng.randrange(1, 30))
+            elif finished and kind < 0.7:  # the window moved on: starts inside the old context
+                old = rng.choice(finished)
+                prompt = old[rng.randrange(1, max(2, len(old) - 300)):] + motif_tokens(rng, rng.randrange(1, 30))
+            else:
+                prompt = motif_tokens(rng, rng.randrange(1, 400))
+            rids.append(f"r{serial}")
+            prompts.append(prompt)
+            serial += 1
+        cc.start_batch(rids, prompts)
+        for rid, prompt in zip(rids, prompts):
+            py.start(rid, prompt)
+        assert cc.stats == py.stats
+        for rid, prompt in zip(rids, prompts):
+            assert cc.context(rid) == py.context(rid) == prompt
+            for budget in (4, 16):
+                same(py.draft(rid, budget), cc.draft(rid, budget))
+            more = motif_tokens(rng, rng.randrange(1, 40))
+            py.append(rid, more)
+            cc.append(rid, more)
+            same(py.draft(rid, 8), cc.draft(rid, 8))
+        for rid in rids:
+            if rng.random() < 0.8:
+                ctx = py.context(rid)
+                py.finish(rid, ctx[-20:])
+                cc.finish(rid, ctx[-20:])
+                finished.append(ctx)
+    assert py.stats["adopted"] > 0 and py.stats["starts"] == serial
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_batch_start_errors_change_nothing(native):
+    d = S.NativeSuffixDrafter(max_match=4, max_spec=4, threads=4) if native else S.SuffixDrafter(max_match=4, max_spec=4)
+    with pytest.raises(ValueError, match="twice in a batch"):
+        d.start_batch(["a", "b", "a"], [[1], [2], [3]])
+    with pytest.raises(ValueError, match="2 prompts for 3 requests"):
+        d.start_batch(["a", "b", "c"], [[1], [2]])
+    with pytest.raises(ValueError, match="non-negative"):
+        d.start_batch(["a", "b"], [[1, 2], [3, -4]])
+    assert d.stats == dict(starts=0, adopted=0, indexed_tokens=0)
+    with pytest.raises(KeyError):
+        d.draft("a", 4)
+    d.start_batch(["a", "b"], [[1, 2], [3, 4]])
+    assert d.context("b") == [3, 4] and d.stats["starts"] == 2
+
+
 @pytest.mark.parametrize("native", [False, True])
 def test_batch_step_errors_change_nothing(native):
     """A batch step with an unknown request, a request twice, or appends that do not match the batch fails before

@@ -283,6 +283,20 @@ class SuffixDrafter:
         self.stats["adopted"] += adopted is not None
         self.stats["indexed_tokens"] += len(prompt) - done
 
+    def start_batch(self, rids: Sequence, prompts: Sequence[Sequence[int]]) -> None:
+        """:meth:`start` for a batch of new requests, one after the other (the reference of
+        :meth:`NativeSuffixDrafter.start_batch`); bad input fails before any request starts."""
+        if len(prompts) != len(rids):
+            raise ValueError(f"start_batch: {len(prompts)} prompts for {len(rids)} requests")
+        if len(set(rids)) < len(rids):
+            raise ValueError("start_batch: a request twice in a batch")
+        for prompt in prompts:
+            for t in prompt:
+                if t < 0:
+                    raise ValueError(f"token ids must be non-negative integers, got {t!r}")
+        for rid, prompt in zip(rids, prompts):
+            self.start(rid, prompt)
+
     def _adopt(self, prompt: List[int]):
         """``(retired request, tokens of prompt it holds, tokens of its context kept)`` for the retired request
         whose context lines up with the most of ``prompt``'s start (:func:`_continued`), taken out of the store
@@ -444,6 +458,11 @@ class NativeSuffixDrafter:
 
     def start(self, rid, prompt: Sequence[int]) -> None:
         self._d.start(str(rid), [operator.index(t) for t in prompt])
+
+    def start_batch(self, rids: Sequence, prompts: Sequence[Sequence[int]]) -> None:
+        """:meth:`start` for a batch of new requests, one call: the adoptions one after the other, the prompts
+        indexed on the drafter's ``threads`` (the GIL released). The same as the starts one by one."""
+        self._d.start_batch([str(r) for r in rids], [[operator.index(t) for t in p] for p in prompts])
 
     def append(self, rid, tokens: Sequence[int]) -> None:
         _unknown_as_key_error(self._d.append, str(rid), [operator.index(t) for t in tokens])

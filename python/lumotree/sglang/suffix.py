@@ -14,7 +14,7 @@ with every accepted token; when the request leaves the batch its output joins th
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -163,6 +163,11 @@ class HostCorpus:
         if len(self._undecoded) > self.MAX_UNDECODED:  # no decode step for long (one-token requests): bounded
             self.erase_match_state([next(iter(self._undecoded))])  # a request that still decodes starts over then
 
+    def admit_batch(self, items: Sequence[Tuple[object, Sequence[int], int]]) -> None:
+        """:meth:`admit` for each ``(rid, tokens, total_len)`` of a prefill batch."""
+        for rid, tokens, total_len in items:
+            self.admit(rid, tokens, total_len)
+
     def window(self, rid, total_len: int, depth: int) -> int:
         """How many of request ``rid``'s last tokens (its context ends at ``total_len``) :meth:`batch_get`
         needs, at most ``depth``: all ``depth`` at first sight, else the tokens from the start of the
@@ -281,26 +286,55 @@ class SuffixCorpus(HostCorpus):
         self.threads = drafter_threads()
         self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
         self._pending: Dict[object, List[int]] = {}  # a step's appends, handed over with its drafts
+        self._starts: Optional[List[Tuple[object, List[int]]]] = None  # a prefill batch's admissions (admit_batch)
 
     def _reset(self) -> None:
         self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
         self._pending.clear()
+        self._starts = None
 
     LOG_EVERY = 256  # admissions between two log lines of the drafter's admission stats
 
+    def admit_batch(self, items) -> None:
+        """A prefill batch's admissions in one call: the drafter indexes their prompts on its threads
+        (``start_batch``)."""
+        self._starts = []
+        try:
+            super().admit_batch(items)
+        finally:
+            self._flush_starts(stop=True)
+
+    def _flush_starts(self, stop: bool) -> None:
+        """Start the admissions deferred by :meth:`admit_batch` so far; ``stop``: and defer no more."""
+        starts, self._starts = self._starts, (None if stop else [])
+        if starts:
+            self._start_now(starts)
+
+    def _start_now(self, starts: List[Tuple[object, List[int]]]) -> None:
+        before = self.drafter.stats["starts"]
+        if len(starts) == 1:
+            self.drafter.start(*starts[0])
+        else:
+            self.drafter.start_batch([rid for rid, _ in starts], [tokens for _, tokens in starts])
+        st = self.drafter.stats
+        if st["starts"] // self.LOG_EVERY > before // self.LOG_EVERY:
+            logger.info("LumoTree suffix drafter: %d admissions, %d continued a finished turn's trie, %.0f prompt "
+                        "tokens indexed per admission", st["starts"], st["adopted"],
+                        st["indexed_tokens"] / max(1, st["starts"]))
+
     def _flush(self, rid) -> None:
+        if self._starts:  # every other call sees the deferred admissions started
+            self._flush_starts(stop=False)
         tokens = self._pending.pop(rid, None)
         if tokens:
             self.drafter.append(rid, tokens)
 
     def _start(self, rid, tokens):
         self._pending.pop(rid, None)  # a restart: the tokens of the old context are gone with it
-        self.drafter.start(rid, tokens)
-        st = getattr(self.drafter, "stats", None)
-        if st is not None and st["starts"] % self.LOG_EVERY == 0:
-            logger.info("LumoTree suffix drafter: %d admissions, %d continued a finished turn's trie, %.0f prompt "
-                        "tokens indexed per admission", st["starts"], st["adopted"],
-                        st["indexed_tokens"] / max(1, st["starts"]))
+        if self._starts is not None:  # inside admit_batch: started with the batch's others
+            self._starts.append((rid, tokens))
+        else:
+            self._start_now([(rid, tokens)])
 
     def _append(self, rid, tokens):
         self._pending.setdefault(rid, []).extend(tokens)  # indexed with the step's drafts (_draft_batch)
@@ -321,6 +355,8 @@ class SuffixCorpus(HostCorpus):
     def _draft_batch(self, req_ids, roots):
         """The step's appends and drafts in one call for the batch (``step_batch``: the C++ drafter spreads the
         requests over its threads)."""
+        if self._starts:
+            self._flush_starts(stop=False)
         appends = [self._pending.pop(rid, []) for rid in req_ids]
         for rid in list(self._pending):  # appended outside this batch: never with batch_get, kept in order anyway
             self._flush(rid)
@@ -364,12 +400,13 @@ def admit_prefilled(worker, batch) -> None:
     corpus = getattr(worker, "ngram_corpus", None)
     if not isinstance(corpus, HostCorpus):
         return
-    depth = worker.max_trie_depth
+    depth, items = worker.max_trie_depth, []
     for req in batch.reqs:
         if getattr(req, "inflight_middle_chunks", 0) > 0:
             continue
         prompt, out = req.origin_input_ids, req.output_ids
-        corpus.admit(req.rid, last_tokens(prompt, out, [], depth), len(prompt) + len(out))
+        items.append((req.rid, last_tokens(prompt, out, [], depth), len(prompt) + len(out)))
+    corpus.admit_batch(items)
 
 
 # LumoTree's own NGRAM-loop algorithms: their verify mask is laid out in one pass

@@ -2,6 +2,7 @@
 // batch with the GIL released. Same semantics, node order and scores as the Python reference
 // python/lumotree/drafters/suffix.py (SuffixTrie, SuffixDrafter, merge_drafts) -- the tests compare
 // the two draft for draft.
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -529,6 +530,33 @@ class SuffixDrafter {
     return out;
   }
 
+  // step_batch laid out as SGLang's NGRAM worker takes the drafts (python: lumotree.sglang.suffix.batch_tree_arrays):
+  // tokens [B * n] -- each draft, then padding nodes repeating the root's first candidate (or the root) -- and the
+  // ancestor-or-self masks [B * n * n] (padding nodes: children of the root), each request's slice written by the
+  // thread that drafted it
+  void step_layout(const std::vector<std::string>& rids, const std::vector<std::vector<Tok>>& appends, int n,
+                   int64_t* tokens, uint8_t* mask) {
+    std::vector<Draft> drafts = step_batch(rids, appends, n);
+    pool_.run(drafts.size(), [&](size_t b) {
+      const Draft& d = drafts[b];
+      const int m = static_cast<int>(d.tokens.size());
+      int64_t* t = tokens + b * n;
+      uint8_t* mk = mask + b * static_cast<size_t>(n) * n;
+      std::fill(mk, mk + static_cast<size_t>(n) * n, 0);
+      for (int i = 0; i < n; ++i) {
+        t[i] = i < m ? d.tokens[i] : (m > 1 ? d.tokens[1] : d.tokens[0]);
+        uint8_t* row = mk + static_cast<size_t>(i) * n;
+        if (i < m && i > 0) {
+          int64_t q = d.parents[i];
+          if (q < 0 || q >= i) throw std::logic_error("draft parents are not numbered before their children");
+          std::copy(mk + q * n, mk + q * n + n, row);
+        }
+        row[0] = 1;
+        row[i] = 1;
+      }
+    });
+  }
+
   int threads() const { return pool_.threads(); }
   int64_t num_requests() const { return static_cast<int64_t>(requests_.size()); }
 
@@ -686,6 +714,21 @@ PYBIND11_MODULE(_host, m) {
              py::list res;
              for (auto& d : out) res.append(py::make_tuple(d.tokens, d.parents));
              return res;
+           })
+      // step_batch as SGLang's NGRAM worker takes it: (tokens int64 [B * n], masks bool [B * n * n]), drafts of n nodes
+      .def("step_layout",
+           [](SuffixDrafter& self, const std::vector<std::string>& rids, const std::vector<std::vector<Tok>>& appends,
+              int n) {
+             const py::ssize_t b = static_cast<py::ssize_t>(rids.size());
+             py::array_t<int64_t> tokens(b * n);
+             py::array_t<bool> mask(b * n * n);
+             int64_t* t = tokens.mutable_data();
+             uint8_t* m = reinterpret_cast<uint8_t*>(mask.mutable_data());
+             {
+               py::gil_scoped_release release;
+               self.step_layout(rids, appends, n, t, m);
+             }
+             return py::make_tuple(tokens, mask);
            })
       .def_property_readonly("threads", &SuffixDrafter::threads)
       .def_property_readonly("num_requests", &SuffixDrafter::num_requests);

@@ -132,6 +132,35 @@ def test_batch_steps_on_threads_draft_as_request_by_request(seed, threads):
     assert steps == 60
 
 
+@pytest.mark.parametrize("n", [1, 2, 8, 16])
+def test_batch_layout_in_cpp_equals_the_python_layout(n):
+    """step_layout (a step's drafts laid out for SGLang's NGRAM worker in C++, per request on the drafter's threads)
+    equals batch_tree_arrays of step_batch's drafts: the tokens with their padding, the ancestor-or-self masks."""
+    import numpy as np
+
+    from lumotree.sglang.suffix import batch_tree_arrays
+
+    rng = random.Random(n)
+    kw = dict(max_match=4, max_spec=6, global_tokens=300, min_prob=0.0, retired_tokens=0)
+    a, b = S.NativeSuffixDrafter(threads=3, **kw), S.NativeSuffixDrafter(threads=1, **kw)
+    rids = [f"r{i}" for i in range(10)]
+    for i, rid in enumerate(rids):
+        prompt = motif_tokens(rng, 1 + 7 * i)  # short contexts draft fewer than n nodes: padded
+        a.start(rid, prompt)
+        b.start(rid, prompt)
+    for step in range(12):
+        batch = rng.sample(rids, rng.randrange(1, len(rids) + 1))
+        appends = [motif_tokens(rng, rng.randrange(0, 4)) for _ in batch]
+        tokens, mask = a.step_layout(batch, appends, n)
+        want = batch_tree_arrays(b.step_batch(batch, appends, n), n)
+        assert tokens.dtype == np.int64 and mask.dtype == np.bool_
+        assert np.array_equal(tokens, want[0]) and np.array_equal(mask, want[1])
+    t, m = a.step_layout([], [], n)
+    assert t.shape == (0,) and m.shape == (0,)
+    with pytest.raises(KeyError, match="unknown request"):
+        a.step_layout(["nobody"], [[1]], n)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_batch_starts_on_threads_equal_starts_one_by_one(seed):
     """start_batch (a prefill batch's admissions: the adoptions one after the other, the prompts indexed on the C++

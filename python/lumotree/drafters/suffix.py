@@ -422,13 +422,14 @@ class SuffixDrafter:
 
 
 def drafter_threads() -> int:
-    """Host threads a served C++ drafter spreads a step's requests over: up to 4, at most the CPUs this process
-    may run on (the scheduler's own thread is one of them)."""
+    """Host threads a served C++ drafter spreads a step's requests over (the scheduler's own thread is one of
+    them): up to 4, at most half the CPUs this process may run on -- the rest stay with the server's other threads
+    and processes (on a 2-CPU machine two threads ran the batch-32 step slower in some runs than one)."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    return max(1, min(4, cpus))
+    return max(1, min(4, cpus // 2))
 
 
 @functools.cache
@@ -496,6 +497,13 @@ class NativeSuffixDrafter:
         released). The same drafts as :meth:`append` + :meth:`draft` request by request."""
         return _unknown_as_key_error(self._d.step_batch, [str(r) for r in rids],
                                      [[operator.index(t) for t in a] for a in appends], budget)
+
+    def step_layout(self, rids: Sequence, appends: Sequence[Sequence[int]], n: int):
+        """:meth:`step_batch` with ``n``-node drafts laid out as SGLang's NGRAM worker takes them, in C++ on the
+        drafter's threads: tokens ``int64 [B * n]`` and ancestor-or-self masks ``bool [B * n * n]``, what
+        :func:`lumotree.sglang.suffix.batch_tree_arrays` makes of the drafts."""
+        return _unknown_as_key_error(self._d.step_layout, [str(r) for r in rids],
+                                     [[operator.index(t) for t in a] for a in appends], n)
 
     @property
     def threads(self) -> int:

@@ -236,12 +236,17 @@ class HostCorpus:
                 self.erase_match_state(list(gone))
         roots = [self._observe(rid, ctx, total, full[i] if full is not None else None)
                  for i, (rid, ctx, total) in enumerate(zip(req_ids, batch_tokens, total_lens))]
-        trees = self._draft_batch(req_ids, roots)
-        for rid, root, (tokens, _) in zip(req_ids, roots, trees):
-            if int(tokens[0]) != root:  # never with the tail check above; a draft is only a guess, the root is not
-                raise RuntimeError(f"LumoTree host drafter: the draft of request {rid!r} starts at token {tokens[0]}, "
-                                   f"the server's last token is {root}")
-        return batch_tree_arrays(trees, self.n)
+        tokens, mask = self._draft_arrays(req_ids, roots)
+        firsts = tokens[::self.n]
+        if len(roots) and not np.array_equal(firsts, roots):  # never with the tail check above; a draft is a guess,
+            i = int(np.flatnonzero(firsts != np.asarray(roots, dtype=firsts.dtype))[0])  # the root is not
+            raise RuntimeError(f"LumoTree host drafter: the draft of request {req_ids[i]!r} starts at token "
+                               f"{firsts[i]}, the server's last token is {roots[i]}")
+        return tokens, mask
+
+    def _draft_arrays(self, req_ids, roots) -> Tuple[np.ndarray, np.ndarray]:
+        """The batch's drafts in SGLang's layout (:func:`batch_tree_arrays`)."""
+        return batch_tree_arrays(self._draft_batch(req_ids, roots), self.n)
 
     def batch_put(self, batch_tokens: List[List[int]]) -> None:
         pass  # contexts are observed in batch_get, outputs handed over in erase_match_state
@@ -352,15 +357,25 @@ class SuffixCorpus(HostCorpus):
         d = self.drafter.draft(rid, self.n)
         return d.tokens, d.parents
 
-    def _draft_batch(self, req_ids, roots):
-        """The step's appends and drafts in one call for the batch (``step_batch``: the C++ drafter spreads the
-        requests over its threads)."""
+    def _step_appends(self, req_ids) -> List[List[int]]:
+        """The step's appends, taken for the drafter's batch call (any other pending first handed over alone)."""
         if self._starts:
             self._flush_starts(stop=False)
         appends = [self._pending.pop(rid, []) for rid in req_ids]
         for rid in list(self._pending):  # appended outside this batch: never with batch_get, kept in order anyway
             self._flush(rid)
-        return self.drafter.step_batch(req_ids, appends, self.n)
+        return appends
+
+    def _draft_batch(self, req_ids, roots):
+        """The step's appends and drafts in one call for the batch (``step_batch``)."""
+        return self.drafter.step_batch(req_ids, self._step_appends(req_ids), self.n)
+
+    def _draft_arrays(self, req_ids, roots):
+        """The step's appends, drafts and SGLang's layout in one C++ call (``step_layout``: the requests spread
+        over the drafter's threads); the Python drafter through :func:`batch_tree_arrays`."""
+        if not hasattr(self.drafter, "step_layout"):
+            return super()._draft_arrays(req_ids, roots)
+        return self.drafter.step_layout(req_ids, self._step_appends(req_ids), self.n)
 
 
 def prepare_draft_tokens(worker, batch) -> Tuple[np.ndarray, np.ndarray]:

@@ -667,6 +667,19 @@ class SuffixDrafter {
 
 }  // namespace lumotree
 
+// step_batch without the GIL, as a list of (tokens, parents)
+static py::list step_batch_list(lumotree::SuffixDrafter& self, const std::vector<std::string>& rids,
+                                const std::vector<std::vector<lumotree::Tok>>& appends, int budget) {
+  std::vector<lumotree::Draft> out;
+  {
+    py::gil_scoped_release release;
+    out = self.step_batch(rids, appends, budget);
+  }
+  py::list res;
+  for (auto& d : out) res.append(py::make_tuple(d.tokens, d.parents));
+  return res;
+}
+
 PYBIND11_MODULE(_host, m) {
   using namespace lumotree;
   m.doc() = "LumoTree's host-side drafters in C++ (see csrc/host/suffix_drafter.cc)";
@@ -693,28 +706,10 @@ PYBIND11_MODULE(_host, m) {
       // one call per step for the whole batch, the GIL released throughout
       .def("draft_batch",
            [](SuffixDrafter& self, const std::vector<std::string>& rids, int budget) {
-             std::vector<Draft> out;
-             {
-               py::gil_scoped_release release;
-               out = self.step_batch(rids, {}, budget);
-             }
-             py::list res;
-             for (auto& d : out) res.append(py::make_tuple(d.tokens, d.parents));
-             return res;
+             return step_batch_list(self, rids, {}, budget);
            })
       // one decode step for the whole batch: appends then drafts, the requests spread over the drafter's threads
-      .def("step_batch",
-           [](SuffixDrafter& self, const std::vector<std::string>& rids, const std::vector<std::vector<Tok>>& appends,
-              int budget) {
-             std::vector<Draft> out;
-             {
-               py::gil_scoped_release release;
-               out = self.step_batch(rids, appends, budget);
-             }
-             py::list res;
-             for (auto& d : out) res.append(py::make_tuple(d.tokens, d.parents));
-             return res;
-           })
+      .def("step_batch", &step_batch_list)
       // step_batch as SGLang's NGRAM worker takes it: (tokens int64 [B * n], masks bool [B * n * n]), drafts of n nodes
       .def("step_layout",
            [](SuffixDrafter& self, const std::vector<std::string>& rids, const std::vector<std::vector<Tok>>& appends,

@@ -25,6 +25,8 @@
 #include <utility>
 #include <vector>
 
+#include <unistd.h>
+
 namespace py = pybind11;
 
 namespace lumotree {
@@ -288,20 +290,26 @@ static Draft merge(const std::vector<Draft>& drafts, int budget) {
 
 // A fixed set of worker threads that, with the caller, run fn(0 .. n-1) (each index once, in any order) and
 // return when all are done; the first exception thrown is rethrown to the caller. Kept across calls: a decode
-// step wakes them instead of creating threads.
+// step wakes them instead of creating threads. In a process forked from the owner (no worker threads there) it
+// runs everything on the caller.
 class WorkerPool {
  public:
-  explicit WorkerPool(int threads) {
+  explicit WorkerPool(int threads) : owner_(getpid()), s_(std::make_unique<Shared>()) {
     if (threads < 1) throw std::invalid_argument("threads must be >= 1");
     for (int i = 1; i < threads; ++i) workers_.emplace_back([this] { loop(); });
   }
   ~WorkerPool() {
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      stop_ = true;
-      ++generation_;
+    if (getpid() != owner_) {  // forked: the threads, and the waits on s_, are not this process's to end
+      new std::vector<std::thread>(std::move(workers_));  // left alone, never destroyed
+      s_.release();
+      return;
     }
-    wake_.notify_all();
+    {
+      std::lock_guard<std::mutex> lk(s_->mu);
+      s_->stop = true;
+      ++s_->generation;
+    }
+    s_->wake.notify_all();
     for (std::thread& t : workers_) t.join();
   }
   WorkerPool(const WorkerPool&) = delete;
@@ -309,61 +317,68 @@ class WorkerPool {
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   void run(size_t n, const std::function<void(size_t)>& fn) {
-    if (workers_.empty() || n < 2) {
+    if (workers_.empty() || n < 2 || getpid() != owner_) {
       for (size_t i = 0; i < n; ++i) fn(i);
       return;
     }
+    Shared& s = *s_;
     {
-      std::lock_guard<std::mutex> lk(mu_);
-      fn_ = &fn;
-      n_ = n;
-      next_.store(0);
-      busy_ = workers_.size();
-      error_ = nullptr;
-      ++generation_;
+      std::lock_guard<std::mutex> lk(s.mu);
+      s.fn = &fn;
+      s.n = n;
+      s.next.store(0);
+      s.busy = workers_.size();
+      s.error = nullptr;
+      ++s.generation;
     }
-    wake_.notify_all();
+    s.wake.notify_all();
     work();
-    std::unique_lock<std::mutex> lk(mu_);
-    done_.wait(lk, [this] { return busy_ == 0; });
-    fn_ = nullptr;
-    if (error_) std::rethrow_exception(error_);
+    std::unique_lock<std::mutex> lk(s.mu);
+    s.done.wait(lk, [&s] { return s.busy == 0; });
+    s.fn = nullptr;
+    if (s.error) std::rethrow_exception(s.error);
   }
 
  private:
+  struct Shared {  // what the threads wait on and share
+    std::mutex mu;
+    std::condition_variable wake, done;
+    const std::function<void(size_t)>* fn = nullptr;
+    size_t n = 0, busy = 0;
+    std::atomic<size_t> next{0};
+    uint64_t generation = 0;
+    bool stop = false;
+    std::exception_ptr error;
+  };
   void work() {
-    for (size_t i; (i = next_.fetch_add(1)) < n_;) {
+    Shared& s = *s_;
+    for (size_t i; (i = s.next.fetch_add(1)) < s.n;) {
       try {
-        (*fn_)(i);
+        (*s.fn)(i);
       } catch (...) {
-        std::lock_guard<std::mutex> lk(mu_);
-        if (!error_) error_ = std::current_exception();
+        std::lock_guard<std::mutex> lk(s.mu);
+        if (!s.error) s.error = std::current_exception();
       }
     }
   }
   void loop() {
+    Shared& s = *s_;
     uint64_t seen = 0;
     for (;;) {
       {
-        std::unique_lock<std::mutex> lk(mu_);
-        wake_.wait(lk, [&] { return generation_ != seen; });
-        seen = generation_;
-        if (stop_) return;
+        std::unique_lock<std::mutex> lk(s.mu);
+        s.wake.wait(lk, [&] { return s.generation != seen; });
+        seen = s.generation;
+        if (s.stop) return;
       }
       work();
-      std::lock_guard<std::mutex> lk(mu_);
-      if (--busy_ == 0) done_.notify_one();
+      std::lock_guard<std::mutex> lk(s.mu);
+      if (--s.busy == 0) s.done.notify_one();
     }
   }
+  pid_t owner_;
+  std::unique_ptr<Shared> s_;
   std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable wake_, done_;
-  const std::function<void(size_t)>* fn_ = nullptr;
-  size_t n_ = 0, busy_ = 0;
-  std::atomic<size_t> next_{0};
-  uint64_t generation_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;
 };
 
 // Per-request suffix tries + a bounded global trie of recent outputs + finished requests' tries kept

@@ -225,6 +225,42 @@ def test_batch_start_errors_change_nothing(native):
     assert d.context("b") == [3, 4] and d.stats["starts"] == 2
 
 
+def test_a_forked_process_drafts_without_the_worker_threads():
+    """A process forked from one with a threaded drafter has none of its worker threads: its batch calls run on the
+    calling thread (the same drafts, no wait for threads that are not there) and the drafter goes without joining."""
+    import os
+    import time
+
+    if not hasattr(os, "fork"):
+        pytest.skip("no fork on this platform")
+    d = S.NativeSuffixDrafter(max_match=4, max_spec=4, threads=3)
+    rids = [f"r{i}" for i in range(6)]
+    rng = random.Random(5)
+    for rid in rids:
+        d.start(rid, motif_tokens(rng, 40))
+    want = d.step_batch(rids, [], 8)
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if it drafted the same
+        ok = False
+        try:
+            ok = d.step_batch(rids, [], 8) == want and d.step_batch(rids, [[1]] * 6, 8) is not None
+            del d
+        finally:
+            os._exit(0 if ok else 1)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked process hung in a batch call")
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert d.step_batch(rids, [], 8) == want  # the parent's threads still serve
+
+
 @pytest.mark.parametrize("native", [False, True])
 def test_batch_step_errors_change_nothing(native):
     """A batch step with an unknown request, a request twice, or appends that do not match the batch fails before

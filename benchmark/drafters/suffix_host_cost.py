@@ -207,7 +207,11 @@ def main():
         return make
 
     if args.worker:
+        import torch
+
         from lumotree.drafters.suffix import drafter_threads
+
+        torch.set_num_threads(1)  # as SGLang's scheduler process runs (ModelRunner.load_model on a GPU)
         threads = [int(t) for t in args.threads.split(",")] if args.threads else [drafter_threads()]
         rows = [dict(worker=kind, **({"threads": t} if kind != "sglang-ngram" else {}), **run_worker(kind, int(b), args, t))
                 for kind in ("lumotree-suffix", "lumotree-suffix-sglang-handover", "sglang-ngram")

@@ -424,7 +424,7 @@ class SuffixDrafter:
 def drafter_threads() -> int:
     """Host threads a served C++ drafter spreads a step's requests over (the scheduler's own thread is one of
     them): up to 4, at most half the CPUs this process may run on -- the rest stay with the server's other threads
-    and processes (on a 2-CPU machine two threads ran the batch-32 step slower in some runs than one)."""
+    and processes."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

@@ -27,7 +27,8 @@ what LumoTree's worker spends indexing the prompts right after launching their p
 over only the tokens the corpus lacks, :func:`lumotree.sglang.suffix.prepare_draft_tokens`; nothing to insert), ``lumotree-suffix-sglang-handover``
 (the same corpus under SGLang's preparation at LUMOTREE_SUFFIX's depth of 4,096: the whole prompt copied and
 4,096 tokens handed over per request, twice a step) and ``sglang-ngram`` (SGLang's worker and corpus at its
-depth of 18). SGLang builds that corpus just in time
+depth of 18); ``--threads 1,2`` runs LumoTree's rows with the C++ drafter on each number of host threads (the
+process's torch on one thread, as SGLang's scheduler runs it). SGLang builds that corpus just in time
 with the host compiler; a compiler whose standard headers do not bring ``size_t`` into SGLang's
 ``result.h`` (seen with g++ here) gets ``-include cstddef`` added, nothing else changed.
 """

@@ -148,6 +148,17 @@ def served_turns(args):
                     args.max_tokens, replies=replies)
 
 
+def write_result(script: str, argv, out, **fields) -> dict:
+    """A replay script's result: the command that ran it (``argv``: its arguments, else the process's) and
+    ``fields``, written to ``out`` as JSON when given; shared by the scripts in this folder."""
+    res = dict(command="python3 " + " ".join([os.path.relpath(script)] + (argv if argv is not None else sys.argv[1:])),
+               **fields)
+    if out:
+        with open(out, "w") as f:
+            json.dump(res, f, indent=1)
+    return res
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--replies", required=True, help="agents_bench.py --replies-out (gzip JSON)")
@@ -182,12 +193,8 @@ def main(argv=None):
                    tokens_per_step=round(tokens / steps, 3), seconds=round(time.perf_counter() - t0, 1))
         rows.append(row)
         print(json.dumps(row), flush=True)
-    res = dict(command="python3 " + " ".join([os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])),
-               reference=args.reference, turns=sum(len(t) for t in per_session), rows=rows)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
-    return res
+    return write_result(__file__, argv, args.out, reference=args.reference, turns=sum(len(t) for t in per_session),
+                        rows=rows)
 
 
 if __name__ == "__main__":

@@ -123,12 +123,9 @@ def main(argv=None):
                        p95_ms=round(1e3 * sorted(times)[int(0.95 * (len(times) - 1))], 3))
             rows.append(row)
             print(json.dumps(row), flush=True)
-    res = dict(command="python3 " + " ".join([os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])),
-               drafter=kw, extension=args.extension, rows=rows)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
-    return res
+    from acceptance_replay import write_result  # this folder: sys.path[0] when run as a script
+
+    return write_result(__file__, argv, args.out, drafter=kw, extension=args.extension, rows=rows)
 
 
 if __name__ == "__main__":

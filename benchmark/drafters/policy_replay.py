@@ -177,14 +177,12 @@ def main(argv=None):
     acceptance = dict(mean_k_any_position=round(sum(ks) / len(ks), 2), share_k_zero=round(ks.count(0) / len(ks), 3),
                       mean_k_first_decode_step=round(sum(first) / len(first), 2))
     print(json.dumps(acceptance), flush=True)
-    res = dict(command="python3 " + " ".join([os.path.relpath(__file__)] + (argv if argv is not None else sys.argv[1:])),
-               reference=args.reference, acceptance=acceptance, model=dict(none_ms=args.none_ms, tree_ms=args.tree_ms,
-                                                    fixed_share=args.fixed_share, prefill_ms=args.prefill_ms),
-               seconds=round(time.perf_counter() - t0, 1), rows=rows)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(res, f, indent=1)
-    return res
+    from acceptance_replay import write_result
+
+    return write_result(__file__, argv, args.out, reference=args.reference, acceptance=acceptance,
+                        model=dict(none_ms=args.none_ms, tree_ms=args.tree_ms, fixed_share=args.fixed_share,
+                                   prefill_ms=args.prefill_ms),
+                        seconds=round(time.perf_counter() - t0, 1), rows=rows)
 
 
 if __name__ == "__main__":

@@ -285,7 +285,7 @@ class SuffixCorpus(HostCorpus):
         # sessions of 4-8k-token contexts (the default 32k tokens kept about 5, so most next turns indexed
         # their 4,096-token window again, ~10 ms each on the scheduler's thread)
         # threads: a step's requests are indexed and drafted on up to 4 host threads (drafter_threads), one call
-        # for the batch (_draft_batch); at 32 concurrent agents that work was ~2.5-4 ms of a drafted step's host time
+        # for the batch (_draft_arrays); at 32 concurrent agents that work was ~2.5-4 ms of a drafted step's host time
         self.kw = dict(max_match=max_match, max_spec=max_spec, global_tokens=global_tokens, min_prob=min_prob,
                        retired_tokens=retired_tokens)
         self.threads = drafter_threads()
@@ -342,7 +342,7 @@ class SuffixCorpus(HostCorpus):
             self._start_now([(rid, tokens)])
 
     def _append(self, rid, tokens):
-        self._pending.setdefault(rid, []).extend(tokens)  # indexed with the step's drafts (_draft_batch)
+        self._pending.setdefault(rid, []).extend(tokens)  # indexed with the step's drafts (_step_appends)
 
     def _rewind(self, rid, drop):
         self._flush(rid)

@@ -14,7 +14,9 @@ not a model's; what matters here is that each next prompt holds the previous tur
     python3 benchmark/drafters/admission_replay.py --agents 8,32 --out benchmark/results/admission_replay_cpu.json
 
 ``--extension PATH``: another build of ``lumotree._host`` (e.g. from an earlier commit's
-``csrc/host/suffix_drafter.cc``) timed instead, with ``--retired-tokens`` as that version served.
+``csrc/host/suffix_drafter.cc``) timed instead, with ``--retired-tokens`` as that version served. ``--threads 1,2``:
+also each round's turns admitted in one ``start_batch`` call (as LumoTree admits a prefill batch) on that many of
+the drafter's threads.
 """
 import argparse
 import importlib.util
@@ -26,6 +28,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "workloads"))
+sys.path.insert(0, HERE)
 
 MODEL = os.path.join(HERE, "..", "models", "tiny-hybrid")
 
@@ -72,15 +75,26 @@ def turn_order(per_session, agents: int):
                     yield (f"{g + i}-{t}", *turns[t])
 
 
-def replay(drafter, per_session, agents: int, window: int):
-    """Admission seconds of every turn, ``agents`` sessions at a time, turn by turn."""
-    times = []
+def replay(drafter, per_session, agents: int, window: int, batched: bool = False):
+    """Admission seconds of every turn, ``agents`` sessions at a time, turn by turn; ``batched``: each round's
+    turns (one per session of the group) admitted in one ``start_batch`` call, as a prefill batch of them is (each
+    turn counted the call's time over the round's turns)."""
+    times, rounds = [], {}
     for rid, ids, output in turn_order(per_session, agents):
-        t0 = time.perf_counter()
-        drafter.start(rid, ids[-window:])
-        times.append(time.perf_counter() - t0)
-        drafter.append(rid, output)
-        drafter.finish(rid, output)
+        group, t = rid.rsplit("-", 1)
+        rounds.setdefault((int(group) // agents, int(t)), []).append((rid, ids, output))
+    for turns in rounds.values():  # in turn_order's order
+        if batched:
+            t0 = time.perf_counter()
+            drafter.start_batch([rid for rid, _, _ in turns], [ids[-window:] for _, ids, _ in turns])
+            times += [(time.perf_counter() - t0) / len(turns)] * len(turns)
+        for rid, ids, output in turns:
+            if not batched:
+                t0 = time.perf_counter()
+                drafter.start(rid, ids[-window:])
+                times.append(time.perf_counter() - t0)
+            drafter.append(rid, output)
+            drafter.finish(rid, output)
     return times
 
 
@@ -94,6 +108,9 @@ def main(argv=None):
     ap.add_argument("--extension", default=None, help="another build of lumotree._host to time")
     ap.add_argument("--retired-tokens", type=int, default=None,
                     help="the drafter's retired_tokens (default: what LUMOTREE_SUFFIX serves with)")
+    ap.add_argument("--threads", default=None,
+                    help="e.g. 1,2: also each round's turns admitted in one start_batch call on that many drafter "
+                         "threads (rows with threads; without: one start per turn)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import agents_bench as ab
@@ -115,15 +132,19 @@ def main(argv=None):
     count = ab.token_counter(MODEL)
     per_session = turns_of(ab.make_sessions(args.sessions, args.turns, 0), encode, count, 6500, 128)
     rows = []
+    modes = [None] + ([int(t) for t in args.threads.split(",")] if args.threads else [])
     for agents in (int(a) for a in args.agents.split(",")):
         for r in range(args.repeat):
-            times = replay(S.NativeSuffixDrafter(**kw), per_session, agents, args.window)
-            row = dict(agents=agents, repeat=r, turns=len(times), total_s=round(sum(times), 3),
-                       median_ms=round(1e3 * statistics.median(times), 3),
-                       p95_ms=round(1e3 * sorted(times)[int(0.95 * (len(times) - 1))], 3))
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    from acceptance_replay import write_result  # this folder: sys.path[0] when run as a script
+            for threads in modes:  # one start per turn, then batched rounds on each thread count
+                d = S.NativeSuffixDrafter(**kw) if threads is None else S.NativeSuffixDrafter(threads=threads, **kw)
+                times = replay(d, per_session, agents, args.window, batched=threads is not None)
+                row = dict(agents=agents, repeat=r, **({} if threads is None else dict(threads=threads)),
+                           turns=len(times), total_s=round(sum(times), 3),
+                           median_ms=round(1e3 * statistics.median(times), 3),
+                           p95_ms=round(1e3 * sorted(times)[int(0.95 * (len(times) - 1))], 3))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    from acceptance_replay import write_result
 
     return write_result(__file__, argv, args.out, drafter=kw, extension=args.extension, rows=rows)
 

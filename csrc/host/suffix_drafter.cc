@@ -394,22 +394,7 @@ class SuffixDrafter {
     if (retired_tokens < 0) throw std::invalid_argument("retired_tokens must be >= 0");
   }
 
-  void start(const std::string& rid, const std::vector<Tok>& prompt) {
-    Request req;
-    auto [done, keep] = adopt(prompt, req);
-    if (done == 0) {
-      req.trie = std::make_shared<SuffixTrie>(depth_);
-      req.seq = req.trie->new_sequence();
-    } else if (keep < req.ctx.size()) {  // the old context parts from the prompt after ctx[:keep]
-      req.trie->set_cursor(req.seq, std::vector<Tok>(prompt.begin(), prompt.begin() + done));
-    }
-    req.trie->extend(req.seq, prompt, done);
-    req.ctx = prompt;
-    requests_[rid] = std::move(req);
-    ++starts_;
-    adopted_ += done > 0;
-    indexed_tokens_ += static_cast<int64_t>(prompt.size() - done);
-  }
+  void start(const std::string& rid, const std::vector<Tok>& prompt) { start_batch({rid}, {prompt}); }
 
   // start(rids[i], prompts[i]) for a batch of new requests (a prefill batch's): the adoptions of retired tries
   // one after the other (the store is shared), then each request's prompt indexed into its own trie on the pool's
@@ -682,7 +667,7 @@ class SuffixDrafter {
 
 }  // namespace lumotree
 
-// step_batch without the GIL, as a list of (tokens, parents)
+// step_batch without the GIL, as a list of (tokens, parents) (empty appends: the batch drafted as it is)
 static py::list step_batch_list(lumotree::SuffixDrafter& self, const std::vector<std::string>& rids,
                                 const std::vector<std::vector<lumotree::Tok>>& appends, int budget) {
   std::vector<lumotree::Draft> out;
@@ -719,10 +704,6 @@ PYBIND11_MODULE(_host, m) {
              return py::make_tuple(d.tokens, d.parents, d.scores);
            })
       // one call per step for the whole batch, the GIL released throughout
-      .def("draft_batch",
-           [](SuffixDrafter& self, const std::vector<std::string>& rids, int budget) {
-             return step_batch_list(self, rids, {}, budget);
-           })
       // one decode step for the whole batch: appends then drafts, the requests spread over the drafter's threads
       .def("step_batch", &step_batch_list)
       // step_batch as SGLang's NGRAM worker takes it: (tokens int64 [B * n], masks bool [B * n * n]), drafts of n nodes

@@ -79,7 +79,7 @@ def test_native_drafts_equal_the_reference(seed, kw):
             assert cc.context(rid) == py.context(rid) == contexts[rid]
     assert branched > 0  # the workload exercises branching trees, not only chains
     if live:
-        batch = cc.draft_batch(live, 8)
+        batch = cc.step_batch(live, [], 8)
         for rid, (tokens, parents) in zip(live, batch):
             d = py.draft(rid, 8)
             assert (tokens, parents) == (d.tokens, d.parents)

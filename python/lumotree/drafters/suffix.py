@@ -444,8 +444,9 @@ def _host_extension():
 
 class NativeSuffixDrafter:
     """:class:`SuffixDrafter` in C++ (``csrc/host/suffix_drafter.cc``): the same drafts, node for node
-    and score for score, with the GIL released while it indexes and drafts; :meth:`draft_batch`
-    drafts a whole batch in one call. Same constructor arguments and methods."""
+    and score for score, with the GIL released while it indexes and drafts; :meth:`step_batch`
+    appends to and drafts a whole batch in one call. The same constructor arguments and methods, and ``threads``
+    and :meth:`step_layout`."""
 
     def __init__(self, max_match: int = 16, max_spec: int = 16, global_tokens: int = 1 << 16,
                  min_prob: float = 0.05, retired_tokens: int = 1 << 15, threads: int = 1):
@@ -485,10 +486,6 @@ class NativeSuffixDrafter:
 
     def draft(self, rid, budget: int) -> Draft:
         return Draft(*map(list, _unknown_as_key_error(self._d.draft, str(rid), budget)))
-
-    def draft_batch(self, rids: Sequence, budget: int) -> List[Tuple[List[int], List[int]]]:
-        """``(tokens, parents)`` of every request's draft, one call (the GIL released throughout)."""
-        return _unknown_as_key_error(self._d.draft_batch, [str(r) for r in rids], budget)
 
     def step_batch(self, rids: Sequence, appends: Sequence[Sequence[int]], budget: int
                    ) -> List[Tuple[List[int], List[int]]]:

@@ -259,7 +259,7 @@ def resumed(res, runs, args) -> set:
             done.add(name)
             res["rows"] += rows
             res["servers"][name] = srv
-            runs.update({k: old_replies[k] for k in keys if k in old_replies})
+            runs.update({k: old_replies[k] for k in keys + [k + DETAILS for k in keys] if k in old_replies})
     return done
 
 
@@ -309,13 +309,39 @@ def replies(turns):
     return out
 
 
+def details(turns):
+    """``{session: [[prompt_tokens, cached_tokens, completion_tokens] of turn 0, 1, ...]}`` of one phase (kept in
+    ``runs`` beside the replies, under the phase's key + :data:`DETAILS`)."""
+    out = {}
+    for t in sorted(turns, key=lambda t: (t["session"], t["turn"])):
+        out.setdefault(str(t["session"]), []).append([t.get("prompt_tokens", 0), t.get("cached_tokens", 0),
+                                                       t.get("completion_tokens", 0)])
+    return out
+
+
+DETAILS = "#turns"
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def compare(runs, reference="none"):
     """Per ``"config/agents"`` key of ``runs`` (``{key: replies(...)}``) other than the reference's:
     turns whose reply equals the reference's same phase (``reference/agents``), sessions with a
     difference, and the first differing ``(session, turn)``. The loop is closed, so a session's turns
-    after its first difference are different conversations (they are counted as they come)."""
+    after its first difference are different conversations (they are counted as they come). Where the
+    phases' :func:`details` are in ``runs`` too, ``first_difference_detail`` gives both servers' prompt and
+    cached tokens at that turn (this one's first) and the characters the two replies share from the start."""
     out = {}
     for key, rep in runs.items():
+        if DETAILS in key:
+            continue
         config, agents = key.rsplit("/", 1)
         ref = runs.get(f"{reference}/{agents}")
         if config == reference or ref is None:
@@ -334,6 +360,15 @@ def compare(runs, reference="none"):
                     first = (int(sid), turn)
         out[key] = dict(reference=f"{reference}/{agents}", identical_turns=same, turns=total,
                         sessions_with_difference=len(differing), first_difference=first)
+        mine, theirs = runs.get(key + DETAILS), runs.get(f"{reference}/{agents}" + DETAILS)
+        if first is not None and mine is not None and theirs is not None:
+            sid, turn = str(first[0]), first[1]
+            a = mine.get(sid, [])[turn] if turn < len(mine.get(sid, [])) else None
+            b = theirs.get(sid, [])[turn] if turn < len(theirs.get(sid, [])) else None
+            ra, rb = rep.get(sid, []), ref.get(sid, [])
+            out[key]["first_difference_detail"] = dict(
+                prompt_tokens=[a and a[0], b and b[0]], cached_tokens=[a and a[1], b and b[1]],
+                reply_common_prefix_chars=_common_prefix(ra[turn], rb[turn]) if turn < min(len(ra), len(rb)) else 0)
     return out
 
 
@@ -452,6 +487,7 @@ def main():
                     row = summarize(name, agents, turns, wall, acc)
                     res["rows"].append(row)
                     runs[f"{name}/{agents}"] = replies(turns)
+                    runs[f"{name}/{agents}" + DETAILS] = details(turns)
                     res["parity"] = compare(runs, reference="none" + args.tag)
                     print(json.dumps(row), flush=True)
                     json.dump(res, open(args.out, "w"), indent=1)

@@ -88,6 +88,25 @@ def test_compare_counts_identical_turns_against_the_same_phase_of_no_speculation
                                      first_difference=(1, 0))
 
 
+def test_compare_details_the_first_difference_with_both_servers_cached_tokens():
+    ab = load()
+    mk = lambda texts, cached: [dict(session=s, turn=t, reply=x, prompt_tokens=100 * (t + 1),  # noqa: E731
+                                     cached_tokens=cached[s][t], completion_tokens=len(x))
+                                for s, r in texts.items() for t, x in enumerate(r)]
+    ref = mk({0: ["abc", "def"], 1: ["g"]}, {0: [0, 90], 1: [0]})
+    spec = mk({0: ["abc", "dXf"], 1: ["g"]}, {0: [0, 63], 1: [0]})
+    runs = {"none/1": ab.replies(ref), "none/1" + ab.DETAILS: ab.details(ref),
+            "lt/1": ab.replies(spec), "lt/1" + ab.DETAILS: ab.details(spec)}
+    assert ab.details(ref) == {"0": [[100, 0, 3], [200, 90, 3]], "1": [[100, 0, 1]]}
+    out = ab.compare(runs)
+    assert set(out) == {"lt/1"} and out["lt/1"]["first_difference"] == (0, 1)
+    assert out["lt/1"]["first_difference_detail"] == dict(prompt_tokens=[200, 200], cached_tokens=[63, 90],
+                                                          reply_common_prefix_chars=1)
+    # without details (an older replies file) the comparison is as before
+    out = ab.compare({k: v for k, v in runs.items() if ab.DETAILS not in k})
+    assert "first_difference_detail" not in out["lt/1"]
+
+
 def test_main_runs_every_configuration_and_phase_with_the_flags_given(tmp_path, monkeypatch):
     import contextlib
     import gzip
@@ -144,8 +163,10 @@ def test_main_runs_every_configuration_and_phase_with_the_flags_given(tmp_path, 
     assert flushed == ["none", "lumotree", "lumotree-sync"] and all("warmup_s" in s for s in res["servers"].values())
     assert res["parity"]["lumotree-exact/1"]["identical_turns"] == 6  # turns 0-1 of 3 sessions
     assert res["parity"]["lumotree-exact/2"]["first_difference"] == [0, 2]  # (session, turn), through JSON
-    assert set(json.load(gzip.open(rep, "rt"))) == {"none-exact/1", "none-exact/2", "lumotree-exact/1", "lumotree-exact/2",
-                                                    "lumotree-sync-exact/1", "lumotree-sync-exact/2"}
+    phases = {"none-exact/1", "none-exact/2", "lumotree-exact/1", "lumotree-exact/2", "lumotree-sync-exact/1",
+              "lumotree-sync-exact/2"}
+    assert set(json.load(gzip.open(rep, "rt"))) == phases | {k + ab.DETAILS for k in phases}
+    assert "first_difference_detail" in res["parity"]["lumotree-exact/2"]
 
 
 def test_aborted_turns_are_sent_twice_and_recorded():

@@ -69,12 +69,12 @@ def served():
 
 
 def agents():
-    """Concurrent agents: tokens/s and p95 turn latency per server, one group per (run, concurrency), all the current
-    LUMOTREE_SUFFIX (its adaptive tree size): 1 and 8 agents from run "1-8-agents" (16 sessions), 32 agents from run
-    "32-agents" and from run "32-8-agents-partial" (a slower host; NGRAM not reached)."""
+    """Concurrent agents: tokens/s and p95 turn latency per server, one group per (run, concurrency), LUMOTREE_SUFFIX with
+    its adaptive tree size: 1 and 8 agents from run "1-8-agents" (16 sessions; one drafter call per request per step),
+    32 agents from run "32-agents" (the current code: one drafter call per step for the batch)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
     groups = [("1-8-agents", 1, "1 agent\n(16 sessions)"), ("1-8-agents", 8, "8 agents\n(16 sessions)"),
-              ("32-agents", 32, "32 agents"), ("32-8-agents-partial", 32, "32 agents\n(slower host)")]
+              ("32-agents", 32, "32 agents\n(32 sessions)")]
     rows = [dict(r, agents=label) for name, level, label in groups if name in runs
             for r in runs[name]["rows"] if r["agents"] == level]
     configs = list(dict.fromkeys(r["config"] for r in rows))

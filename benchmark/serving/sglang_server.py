@@ -207,22 +207,32 @@ def log_health(log):
 
 
 DRAFT_TIMING_LINE = re.compile(r"LumoTree draft timing: batch bucket (\d+): median ([\d.]+) ms, p95 ([\d.]+) ms "
-                               r"over (\d+) steps")
+                               r"over (\d+) steps(?:, total ([\d.]+) ms)?")
+ADMISSION_TIMING_LINE = re.compile(r"LumoTree admission timing: batch bucket (\d+): median ([\d.]+) ms, p95 ([\d.]+) "
+                                   r"ms over (\d+) batches, total ([\d.]+) ms")
 
 
-def draft_timing(log):
+def draft_timing(log, pattern=DRAFT_TIMING_LINE):
     """The draft preparation's host time per step that a server run with ``LUMOTREE_BENCH_DRAFT_TIMING=1``
     logged (:mod:`lumotree.sglang.draft_timing`), per batch bucket: the median of its lines' medians, the
-    largest p95, the steps they cover. ``{}`` when the log has none."""
+    largest p95, the steps they cover and (lines that give it) their total ms. ``{}`` when the log has none.
+    ``pattern=ADMISSION_TIMING_LINE``: the same for LUMOTREE_SUFFIX's prefill admissions (``steps`` counts
+    prefill batches)."""
     try:
         text = open(log, errors="replace").read()
     except (OSError, TypeError):
         return {}
     lines = collections.defaultdict(list)
-    for m in DRAFT_TIMING_LINE.finditer(text):
-        lines[int(m.group(1))].append((float(m.group(2)), float(m.group(3)), int(m.group(4))))
-    return {str(b): dict(median_ms=statistics.median(x[0] for x in got), p95_ms=max(x[1] for x in got),
-                         steps=sum(x[2] for x in got)) for b, got in sorted(lines.items())}
+    for m in pattern.finditer(text):
+        total = float(m.group(5)) if m.group(5) is not None else None
+        lines[int(m.group(1))].append((float(m.group(2)), float(m.group(3)), int(m.group(4)), total))
+    out = {}
+    for b, got in sorted(lines.items()):
+        out[str(b)] = dict(median_ms=statistics.median(x[0] for x in got), p95_ms=max(x[1] for x in got),
+                           steps=sum(x[2] for x in got))
+        if all(x[3] is not None for x in got):
+            out[str(b)]["total_ms"] = round(sum(x[3] for x in got), 1)
+    return out
 
 
 JIT_LINE = re.compile(r"LumoTree JIT: ([\d.]+) ([\d.]+|nan) ms (\S+)")

@@ -403,7 +403,8 @@ def main():
     ap.add_argument("--server-timeout", type=int, default=400)
     ap.add_argument("--draft-timing", action="store_true",
                     help="every server times its model-free draft preparation per step (LUMOTREE_BENCH_DRAFT_TIMING=1, "
-                         "benchmark only; NGRAM and LUMOTREE_SUFFIX): per batch bucket in the result's servers")
+                         "benchmark only; NGRAM and LUMOTREE_SUFFIX): per batch bucket in the result's servers; "
+                         "LUMOTREE_SUFFIX's prefill admissions likewise (admission_timing)")
     ap.add_argument("--jit-log", action="store_true",
                     help="every server logs each Triton compile (LUMOTREE_BENCH_JIT_LOG=1, benchmark only): per "
                          "window (start-up, warm-up, each measured phase) the count, time and kernels in the "
@@ -433,7 +434,8 @@ def main():
                          "--out, replies in --replies-out) and run the rest: one command repeated across sittings")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    from sglang_server import draft_timing, jit_cache_env, jit_compiles, get, log_health, post, sglang_server
+    from sglang_server import (ADMISSION_TIMING_LINE, draft_timing, get, jit_cache_env, jit_compiles, log_health, post,
+                               sglang_server)
 
     sessions = make_sessions(args.sessions, args.turns, args.seed)
     count = token_counter(args.model)
@@ -498,6 +500,7 @@ def main():
         res["servers"].setdefault(name, {}).update(log_health(log))
         if args.draft_timing:
             res["servers"][name]["draft_timing"] = draft_timing(log)
+            res["servers"][name]["admission_timing"] = draft_timing(log, ADMISSION_TIMING_LINE)
         if args.jit_log:
             res["servers"][name]["jit_compiles"] = jit_compiles(
                 log, {k: (a, b if b is not None else time.time()) for k, (a, b) in windows.items()})

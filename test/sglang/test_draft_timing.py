@@ -17,7 +17,7 @@ def test_timer_logs_a_line_per_bucket_every_n_steps_and_the_log_reader_reads_the
     t.add(1, 0.5e-3)
     assert lines == []
     t.add(32, 10e-3)
-    assert lines == ["LumoTree draft timing: batch bucket 32: median 3.000 ms, p95 10.000 ms over 4 steps"]
+    assert lines == ["LumoTree draft timing: batch bucket 32: median 3.000 ms, p95 10.000 ms over 4 steps, total 16.0 ms"]
     assert t.samples[32] == [] and t.samples[1] == [0.5]
     for ms in (4.0, 4.0, 4.0, 20.0):
         t.add(17, ms / 1e3)
@@ -25,9 +25,30 @@ def test_timer_logs_a_line_per_bucket_every_n_steps_and_the_log_reader_reads_the
     log.write_text("".join(f"[2026-01-01 00:00:00] {ln}\n" for ln in lines) + "Decode batch, #running-req: 3\n")
     ss = load_script("serving", "sglang_server")
     got = ss.draft_timing(str(log))
-    assert len(lines) == 2 and lines[1].endswith("median 4.000 ms, p95 20.000 ms over 4 steps")
-    assert got == {"32": dict(median_ms=3.5, p95_ms=20.0, steps=8)}  # two lines: the median of their medians, max p95
+    assert len(lines) == 2 and lines[1].endswith("median 4.000 ms, p95 20.000 ms over 4 steps, total 32.0 ms")
+    # two lines: the median of their medians, the largest p95, the summed steps and totals
+    assert got == {"32": dict(median_ms=3.5, p95_ms=20.0, steps=8, total_ms=48.0)}
     assert ss.draft_timing(str(tmp_path / "missing.log")) == {}
+    # lines of an earlier server (no total) still read, without a total
+    log.write_text("LumoTree draft timing: batch bucket 8: median 1.000 ms, p95 2.000 ms over 64 steps\n")
+    assert ss.draft_timing(str(log)) == {"8": dict(median_ms=1.0, p95_ms=2.0, steps=64)}
+
+
+def test_admission_timer_lines_are_read_apart_from_the_draft_lines(tmp_path):
+    lines = []
+    adm = draft_timing.DraftTimer(every=2, log=lambda fmt, *a: lines.append(fmt % a), what="admission", unit="batches")
+    drafts = draft_timing.DraftTimer(every=2, log=lambda fmt, *a: lines.append(fmt % a))
+    adm.add(3, 5e-3)
+    adm.add(4, 7e-3)
+    drafts.add(2, 1e-3)
+    drafts.add(2, 1e-3)
+    assert lines[0] == "LumoTree admission timing: batch bucket 4: median 7.000 ms, p95 7.000 ms over 2 batches, total 12.0 ms"
+    log = tmp_path / "server.log"
+    log.write_text("".join(ln + "\n" for ln in lines))
+    ss = load_script("serving", "sglang_server")
+    assert ss.draft_timing(str(log), ss.ADMISSION_TIMING_LINE) == {"4": dict(median_ms=7.0, p95_ms=7.0, steps=2,
+                                                                            total_ms=12.0)}
+    assert ss.draft_timing(str(log)) == {"2": dict(median_ms=1.0, p95_ms=1.0, steps=2, total_ms=2.0)}
 
 
 def test_measure_times_only_when_on(monkeypatch):
@@ -40,6 +61,9 @@ def test_measure_times_only_when_on(monkeypatch):
     monkeypatch.setattr(draft_timing, "_on", True)
     assert draft_timing.measure(fn, "w", batch) == ("w", 3, 0) and list(timer.samples) == [4]
     assert draft_timing._around(fn, "w", batch) == ("w", 3, 0) and len(timer.samples[4]) == 2
+    other = draft_timing.DraftTimer(every=1000)
+    assert draft_timing.measure(fn, "w", batch, timer=other) == ("w", 3, 0)
+    assert len(timer.samples[4]) == 2 and list(other.samples) == [4]
 
 
 def test_install_hooks_sglang_s_preparation_only_in_the_benchmark(monkeypatch):

@@ -12,8 +12,12 @@ served, on the workload's own requests, for both servers alike:
   :func:`measure`, which the override calls (a subclass method is not reached by a hook on the base class).
 
 Per batch bucket (the next power of two) the wall times of ``REPORT_EVERY`` steps are logged as one line,
-``LumoTree draft timing: batch bucket B: median X ms, p95 Y ms over N steps``, which
+``LumoTree draft timing: batch bucket B: median X ms, p95 Y ms over N steps, total Z ms``, which
 ``benchmark/serving/sglang_server.py: draft_timing`` reads back from the server log.
+
+LUMOTREE_SUFFIX also indexes each prefill batch's prompts into its drafter right after launching the prefill
+(:func:`lumotree.sglang.suffix.admit_prefilled`), on the same thread: :data:`ADMISSIONS` times those calls per
+bucket of the batch's request count (``LumoTree admission timing: ...``, the same form, "batches" for "steps").
 """
 from __future__ import annotations
 
@@ -39,8 +43,9 @@ def enabled(env=os.environ) -> bool:
 class DraftTimer:
     """Wall times (ms) per batch bucket; a line logged per ``every`` samples of a bucket."""
 
-    def __init__(self, every: int = REPORT_EVERY, log: Callable[..., None] = logger.info):
-        self.every, self.log = every, log
+    def __init__(self, every: int = REPORT_EVERY, log: Callable[..., None] = logger.info, what: str = "draft",
+                 unit: str = "steps"):
+        self.every, self.log, self.what, self.unit = every, log, what, unit
         self.samples: Dict[int, List[float]] = collections.defaultdict(list)
 
     def add(self, batch: int, seconds: float) -> None:
@@ -49,22 +54,23 @@ class DraftTimer:
         got.append(seconds * 1e3)
         if len(got) >= self.every:
             s = sorted(got)
-            self.log("LumoTree draft timing: batch bucket %d: median %.3f ms, p95 %.3f ms over %d steps", b,
-                     s[len(s) // 2], s[min(len(s) - 1, int(0.95 * len(s)))], len(s))
+            self.log("LumoTree %s timing: batch bucket %d: median %.3f ms, p95 %.3f ms over %d %s, total %.1f ms",
+                     self.what, b, s[len(s) // 2], s[min(len(s) - 1, int(0.95 * len(s)))], len(s), self.unit, sum(s))
             got.clear()
 
 
 TIMER = DraftTimer()
+ADMISSIONS = DraftTimer(every=16, what="admission", unit="batches")
 _on = enabled()
 
 
-def measure(fn, worker, batch, *args, **kwargs):
-    """``fn(worker, batch, ...)``, its wall time added to :data:`TIMER` when timing is on."""
+def measure(fn, worker, batch, *args, timer=None, **kwargs):
+    """``fn(worker, batch, ...)``, its wall time added to ``timer`` (default :data:`TIMER`) when timing is on."""
     if not _on:
         return fn(worker, batch, *args, **kwargs)
     t0 = time.perf_counter()
     out = fn(worker, batch, *args, **kwargs)
-    TIMER.add(len(batch.reqs), time.perf_counter() - t0)
+    (timer or TIMER).add(len(batch.reqs), time.perf_counter() - t0)
     return out
 
 

@@ -501,8 +501,8 @@ def ngram_worker(make_corpus):
             # where each request ends: the run clamp; the overlap scheduler's finished rows (lumotree.sglang.finish)
             out = forward_marked(getattr(self, "_overlap_consistent", False), batch,
                                  lambda: self._forward(batch, *args, **kwargs))
-            if prefill:  # launched: index the new prompts while the GPU computes
-                admit_prefilled(self, batch)
+            if prefill:  # launched: index the new prompts while the GPU computes (timed only in the benchmark)
+                draft_timing.measure(admit_prefilled, self, batch, timer=draft_timing.ADMISSIONS)
             if ledger is not None:  # the step's finished rows are marked now: its acceptance leaves them out
                 ledger.note_live_rows(batch.req_to_token_pool, rows)
             return out

@@ -497,3 +497,78 @@ def test_global_window_benchmark_times_finishes_while_filling_and_full(tmp_path)
     assert [r["global_tokens"] for r in res["rows"]] == [256, 512]
     for r in res["rows"]:
         assert r["full_finishes"] == 20 and 0 < r["full_median_ms"] <= r["full_p99_ms"] <= r["full_max_ms"]
+
+
+def test_prefill_admissions_run_in_the_background_and_the_next_drafter_call_waits():
+    """SuffixCorpus.admit_batch hands a prefill batch's start_batch to a background thread (the C++ drafter releases
+    the GIL) and returns; the next call into the drafter waits for it. The drafts are those of admitting in line."""
+    import threading
+
+    import numpy as np
+
+    from lumotree.sglang.suffix import SuffixCorpus
+
+    rng = random.Random(7)
+    prompts = {f"p{i}": motif_tokens(rng, 300) for i in range(5)}
+    items = [(rid, toks, len(toks)) for rid, toks in prompts.items()]
+    inline, background = SuffixCorpus(8), SuffixCorpus(8)
+    for rid, toks, n in items:  # one by one, in line
+        inline.admit(rid, toks, n)
+    real = background._drafter
+    release, entered, done = threading.Event(), threading.Event(), []
+
+    class Slow:  # the C++ drafter, its start_batch held until released
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def start_batch(self, rids, tokens):
+            entered.set()
+            assert threading.current_thread() is not threading.main_thread()
+            release.wait(10)
+            real.start_batch(rids, tokens)
+            done.append(list(rids))
+
+    background.drafter = Slow()
+    background.admit_batch(items)  # returns while the admissions are held
+    assert entered.wait(10) and not done and background._admitting is not None
+    waiter = threading.Thread(target=lambda: background.batch_get(
+        list(prompts), [t[-8:] for t in prompts.values()], [len(t) for t in prompts.values()]))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive() and not done  # the drafter call waits for the admissions
+    release.set()
+    waiter.join(10)
+    assert not waiter.is_alive() and done == [list(prompts)] and background._admitting is None
+    args = (list(prompts), [t[-8:] for t in prompts.values()], [len(t) for t in prompts.values()])
+    a, b = background.batch_get(*args), inline.batch_get(*args)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+def test_a_background_admission_error_is_raised_at_the_next_drafter_call():
+    from lumotree.sglang.suffix import SuffixCorpus
+
+    corpus = SuffixCorpus(8)
+    real = corpus._drafter
+
+    class Failing:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def start_batch(self, rids, tokens):
+            raise RuntimeError("admission failed")
+
+    corpus.drafter = Failing()
+    corpus.admit_batch([("a", [1, 2, 3], 3), ("b", [4, 5, 6], 3)])
+    with pytest.raises(RuntimeError, match="admission failed"):
+        corpus.batch_get(["a"], [[1, 2, 3]], [3])
+    assert corpus._admitting is None  # raised once; the corpus goes on
+
+
+def test_the_python_drafter_admits_in_line(monkeypatch):
+    from lumotree.sglang.suffix import SuffixCorpus
+
+    monkeypatch.setenv("LUMOTREE_OPS", "naive")
+    corpus = SuffixCorpus(8)
+    corpus.admit_batch([("a", [1, 2, 3, 1, 2], 5), ("b", [4, 5, 6], 3)])
+    assert corpus._admitting is None and corpus._executor is None
+    assert corpus.drafter.stats["starts"] == 2

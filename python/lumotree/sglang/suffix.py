@@ -13,7 +13,10 @@ with every accepted token; when the request leaves the batch its output joins th
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import os
+import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -289,9 +292,30 @@ class SuffixCorpus(HostCorpus):
         self.kw = dict(max_match=max_match, max_spec=max_spec, global_tokens=global_tokens, min_prob=min_prob,
                        retired_tokens=retired_tokens)
         self.threads = drafter_threads()
+        self._admitting: Optional[concurrent.futures.Future] = None  # a prefill batch's admissions, in the background
+        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
         self._pending: Dict[object, List[int]] = {}  # a step's appends, handed over with its drafts
         self._starts: Optional[List[Tuple[object, List[int]]]] = None  # a prefill batch's admissions (admit_batch)
+        _CORPORA.add(self)
+
+    @property
+    def drafter(self):
+        """The drafter, once the admissions running in the background (:meth:`admit_batch`) are done: every call
+        into it comes through here, so it is never used by two threads at once."""
+        self.wait_admissions()
+        return self._drafter
+
+    @drafter.setter
+    def drafter(self, drafter) -> None:
+        self.wait_admissions()
+        self._drafter = drafter
+
+    def wait_admissions(self) -> None:
+        """Wait for the admissions :meth:`admit_batch` left running; an error they met is raised here."""
+        f, self._admitting = self._admitting, None
+        if f is not None:
+            f.result()
 
     def _reset(self) -> None:
         self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
@@ -302,12 +326,27 @@ class SuffixCorpus(HostCorpus):
 
     def admit_batch(self, items) -> None:
         """A prefill batch's admissions in one call: the drafter indexes their prompts on its threads
-        (``start_batch``)."""
+        (``start_batch``). With the C++ drafter that call runs in the background (it releases the GIL): the
+        scheduler's thread goes on -- the prefill's results, the next batch -- and the next call into the drafter
+        waits for it (:attr:`drafter`). Why: right after a prefill's launch the indexing of its prompts (~1-7 ms for a
+        batch of agent turns, this project's CPU replay) held the scheduler's thread while the GPU, whose prefill of
+        a small model is shorter, waited for the next step."""
         self._starts = []
         try:
             super().admit_batch(items)
-        finally:
+        except BaseException:
             self._flush_starts(stop=True)
+            raise
+        starts, self._starts = self._starts, None
+        if not starts:
+            return
+        if not hasattr(self._drafter, "start_batch") or not hasattr(self._drafter, "step_layout"):
+            self._start_now(starts)  # the Python reference holds the GIL: nothing to overlap
+            return
+        self.wait_admissions()
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lumotree-admissions")
+        self._admitting = self._executor.submit(self._start_now, starts, self._drafter)
 
     def _flush_starts(self, stop: bool) -> None:
         """Start the admissions deferred by :meth:`admit_batch` so far; ``stop``: and defer no more."""
@@ -315,13 +354,15 @@ class SuffixCorpus(HostCorpus):
         if starts:
             self._start_now(starts)
 
-    def _start_now(self, starts: List[Tuple[object, List[int]]]) -> None:
-        before = self.drafter.stats["starts"]
+    def _start_now(self, starts: List[Tuple[object, List[int]]], drafter=None) -> None:
+        """Admit ``starts`` into ``drafter`` (default :attr:`drafter`: after any background admissions)."""
+        drafter = drafter if drafter is not None else self.drafter
+        before = drafter.stats["starts"]
         if len(starts) == 1:
-            self.drafter.start(*starts[0])
+            drafter.start(*starts[0])
         else:
-            self.drafter.start_batch([rid for rid, _ in starts], [tokens for _, tokens in starts])
-        st = self.drafter.stats
+            drafter.start_batch([rid for rid, _ in starts], [tokens for _, tokens in starts])
+        st = drafter.stats
         if st["starts"] // self.LOG_EVERY > before // self.LOG_EVERY:
             logger.info("LumoTree suffix drafter: %d admissions, %d continued a finished turn's trie, %.0f prompt "
                         "tokens indexed per admission", st["starts"], st["adopted"],
@@ -376,6 +417,21 @@ class SuffixCorpus(HostCorpus):
         if not hasattr(self.drafter, "step_layout"):
             return super()._draft_arrays(req_ids, roots)
         return self.drafter.step_layout(req_ids, self._step_appends(req_ids), self.n)
+
+
+_CORPORA: "weakref.WeakSet[SuffixCorpus]" = weakref.WeakSet()
+
+
+def _wait_all_admissions() -> None:
+    """Before a fork: no admission is left running in the background (the child would not have its thread). The
+    futures stay as they are: an error one met is raised at the next drafter call, in the parent and in the child."""
+    futures = [f for f in (c._admitting for c in list(_CORPORA)) if f is not None]
+    if futures:
+        concurrent.futures.wait(futures)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_wait_all_admissions)
 
 
 def prepare_draft_tokens(worker, batch) -> Tuple[np.ndarray, np.ndarray]:

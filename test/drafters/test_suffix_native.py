@@ -572,3 +572,52 @@ def test_the_python_drafter_admits_in_line(monkeypatch):
     corpus.admit_batch([("a", [1, 2, 3, 1, 2], 5), ("b", [4, 5, 6], 3)])
     assert corpus._admitting is None and corpus._executor is None
     assert corpus.drafter.stats["starts"] == 2
+
+
+def test_a_request_leaving_while_admissions_run_leaves_after_them_without_waiting():
+    """erase_match_state during background admissions (e.g. on a no-draft step, which does not draft) returns at once;
+    the request's finish reaches the drafter after the admissions, and the drafts then equal those of a corpus that did
+    everything in line."""
+    import threading
+
+    import numpy as np
+
+    from lumotree.sglang.suffix import SuffixCorpus
+
+    rng = random.Random(11)
+    old = motif_tokens(rng, 200)
+    new = {f"n{i}": motif_tokens(rng, 150) for i in range(3)}
+    items = [(rid, toks, len(toks)) for rid, toks in new.items()]
+    corpora = [SuffixCorpus(8), SuffixCorpus(8)]
+    for c in corpora:  # a running request, two steps drafted
+        c.batch_get(["old"], [old[:120]], [120])
+        c.batch_get(["old"], [old[100:140]], [140])
+    inline, background = corpora
+    for rid, toks, n in items:
+        inline.admit(rid, toks, n)
+    inline.erase_match_state(["old"])
+    real, calls = background._drafter, []
+    release = threading.Event()
+
+    class Spy:
+        def __getattr__(self, name):
+            attr = getattr(real, name)
+            if name in ("start_batch", "finish"):
+                def call(*a):
+                    calls.append(name)
+                    if name == "start_batch":
+                        release.wait(10)
+                    return attr(*a)
+                return call
+            return attr
+
+    background.drafter = Spy()
+    background.admit_batch(items)
+    background.erase_match_state(["old"])  # returns although start_batch is held
+    assert "finish" not in calls and background._finishes and background._finishes[0][0] == "old"
+    release.set()
+    args = (list(new), [t[-8:] for t in new.values()], [len(t) for t in new.values()])
+    a = background.batch_get(*args)
+    assert calls == ["start_batch", "finish"] and not background._finishes
+    b = inline.batch_get(*args)
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])

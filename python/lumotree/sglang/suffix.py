@@ -294,6 +294,7 @@ class SuffixCorpus(HostCorpus):
         self.threads = drafter_threads()
         self._admitting: Optional[concurrent.futures.Future] = None  # a prefill batch's admissions, in the background
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._finishes: List[Tuple[object, List[int], List[int]]] = []  # requests that left while admissions ran
         self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
         self._pending: Dict[object, List[int]] = {}  # a step's appends, handed over with its drafts
         self._starts: Optional[List[Tuple[object, List[int]]]] = None  # a prefill batch's admissions (admit_batch)
@@ -312,10 +313,19 @@ class SuffixCorpus(HostCorpus):
         self._drafter = drafter
 
     def wait_admissions(self) -> None:
-        """Wait for the admissions :meth:`admit_batch` left running; an error they met is raised here."""
+        """Wait for the admissions :meth:`admit_batch` left running (an error they met is raised here), then hand
+        over the requests that left meanwhile, in the order they left (:meth:`_finish`)."""
         f, self._admitting = self._admitting, None
-        if f is not None:
+        if f is None:
+            return
+        try:
             f.result()
+        finally:
+            finishes, self._finishes = self._finishes, []
+            for rid, pending, output in finishes:
+                if pending:
+                    self._drafter.append(rid, pending)
+                self._drafter.finish(rid, output)
 
     def _reset(self) -> None:
         self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
@@ -390,6 +400,9 @@ class SuffixCorpus(HostCorpus):
         self.drafter.rewind(rid, drop)
 
     def _finish(self, rid, output):
+        if self._admitting is not None:  # admissions running: the request leaves after them, without waiting here
+            self._finishes.append((rid, self._pending.pop(rid, []), list(output)))  # (a no-draft step, which does
+            return                                                                # not draft, never waits for them)
         self._flush(rid)
         self.drafter.finish(rid, output)
 

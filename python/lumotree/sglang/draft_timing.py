@@ -15,9 +15,11 @@ Per batch bucket (the next power of two) the wall times of ``REPORT_EVERY`` step
 ``LumoTree draft timing: batch bucket B: median X ms, p95 Y ms over N steps, total Z ms``, which
 ``benchmark/serving/sglang_server.py: draft_timing`` reads back from the server log.
 
-LUMOTREE_SUFFIX also indexes each prefill batch's prompts into its drafter right after launching the prefill
-(:func:`lumotree.sglang.suffix.admit_prefilled`), on the same thread: :data:`ADMISSIONS` times those calls per
-bucket of the batch's request count (``LumoTree admission timing: ...``, the same form, "batches" for "steps").
+LUMOTREE_SUFFIX also admits each prefill batch's prompts into its drafter right after launching the prefill
+(:func:`lumotree.sglang.suffix.admit_prefilled`): :data:`ADMISSIONS` times the scheduler thread's share of those calls
+per bucket of the batch's request count (``LumoTree admission timing: ...``, the same form, "batches" for "steps");
+the indexing they leave running in the background is waited for, where it is still running, inside the next drafted
+step's preparation, which :data:`TIMER` times.
 """
 from __future__ import annotations
 

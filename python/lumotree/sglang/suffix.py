@@ -338,9 +338,10 @@ class SuffixCorpus(HostCorpus):
         """A prefill batch's admissions in one call: the drafter indexes their prompts on its threads
         (``start_batch``). With the C++ drafter that call runs in the background (it releases the GIL): the
         scheduler's thread goes on -- the prefill's results, the next batch -- and the next call into the drafter
-        waits for it (:attr:`drafter`). Why: right after a prefill's launch the indexing of its prompts (~1-7 ms for a
-        batch of agent turns, this project's CPU replay) held the scheduler's thread while the GPU, whose prefill of
-        a small model is shorter, waited for the next step."""
+        waits for it (:attr:`drafter`). Why: right after a prefill's launch the indexing of its prompts held the
+        scheduler's thread (32 new 3k-token prompts: 130-230 ms on this project's 2-CPU machine,
+        ``benchmark/drafters/suffix_host_cost.py --worker``; agent turns that continue their session's trie index a
+        few hundred tokens each), while the GPU, whose prefill of a small model is shorter, waited for the next step."""
         self._starts = []
         try:
             super().admit_batch(items)

@@ -322,15 +322,6 @@ def details(turns):
 DETAILS = "#turns"
 
 
-def _common_prefix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def compare(runs, reference="none"):
     """Per ``"config/agents"`` key of ``runs`` (``{key: replies(...)}``) other than the reference's:
     turns whose reply equals the reference's same phase (``reference/agents``), sessions with a
@@ -368,7 +359,8 @@ def compare(runs, reference="none"):
             ra, rb = rep.get(sid, []), ref.get(sid, [])
             out[key]["first_difference_detail"] = dict(
                 prompt_tokens=[a and a[0], b and b[0]], cached_tokens=[a and a[1], b and b[1]],
-                reply_common_prefix_chars=_common_prefix(ra[turn], rb[turn]) if turn < min(len(ra), len(rb)) else 0)
+                reply_common_prefix_chars=(len(os.path.commonprefix([ra[turn], rb[turn]]))
+                                           if turn < min(len(ra), len(rb)) else 0))
     return out
 
 

@@ -298,7 +298,13 @@ class SuffixCorpus(HostCorpus):
         self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
         self._pending: Dict[object, List[int]] = {}  # a step's appends, handed over with its drafts
         self._starts: Optional[List[Tuple[object, List[int]]]] = None  # a prefill batch's admissions (admit_batch)
+        if self._native():
+            self._admissions_thread()
         _CORPORA.add(self)
+
+    def _native(self) -> bool:
+        """The C++ drafter (its calls release the GIL), not the Python reference."""
+        return hasattr(self._drafter, "start_batch") and hasattr(self._drafter, "step_layout")
 
     @property
     def drafter(self):
@@ -339,7 +345,7 @@ class SuffixCorpus(HostCorpus):
         (``start_batch``). With the C++ drafter that call runs in the background (it releases the GIL): the
         scheduler's thread goes on -- the prefill's results, the next batch -- and the next call into the drafter
         waits for it (:attr:`drafter`). Why: right after a prefill's launch the indexing of its prompts held the
-        scheduler's thread (32 new 3k-token prompts: 130-230 ms on this project's 2-CPU machine,
+        scheduler's thread (32 new 3k-token prompts: 140-240 ms on this project's 2-CPU machine,
         ``benchmark/drafters/suffix_host_cost.py --worker``; agent turns that continue their session's trie index a
         few hundred tokens each), while the GPU, whose prefill of a small model is shorter, waited for the next step."""
         self._starts = []
@@ -351,13 +357,19 @@ class SuffixCorpus(HostCorpus):
         starts, self._starts = self._starts, None
         if not starts:
             return
-        if not hasattr(self._drafter, "start_batch") or not hasattr(self._drafter, "step_layout"):
+        if not self._native():
             self._start_now(starts)  # the Python reference holds the GIL: nothing to overlap
             return
         self.wait_admissions()
+        self._admitting = self._admissions_thread().submit(self._start_now, starts, self._drafter)
+
+    def _admissions_thread(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The one background thread of :meth:`admit_batch`, started with the C++ drafter (starting it at the first
+        prefill cost that prefill ~6 ms on this project's CPU)."""
         if self._executor is None:
             self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lumotree-admissions")
-        self._admitting = self._executor.submit(self._start_now, starts, self._drafter)
+            self._executor.submit(int).result()  # the thread is up
+        return self._executor
 
     def _flush_starts(self, stop: bool) -> None:
         """Start the admissions deferred by :meth:`admit_batch` so far; ``stop``: and defer no more."""

@@ -294,7 +294,7 @@ class SuffixCorpus(HostCorpus):
         self.threads = drafter_threads()
         self._admitting: Optional[concurrent.futures.Future] = None  # a prefill batch's admissions, in the background
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._finishes: List[Tuple[object, List[int], List[int]]] = []  # requests that left while admissions ran
+        self._finishes: List[Tuple[object, List[int]]] = []  # requests that left while admissions ran
         self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
         self._pending: Dict[object, List[int]] = {}  # a step's appends, handed over with its drafts
         self._starts: Optional[List[Tuple[object, List[int]]]] = None  # a prefill batch's admissions (admit_batch)
@@ -328,10 +328,8 @@ class SuffixCorpus(HostCorpus):
             f.result()
         finally:
             finishes, self._finishes = self._finishes, []
-            for rid, pending, output in finishes:
-                if pending:
-                    self._drafter.append(rid, pending)
-                self._drafter.finish(rid, output)
+            for rid, output in finishes:
+                self._finish(rid, output)
 
     def _reset(self) -> None:
         self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
@@ -414,8 +412,8 @@ class SuffixCorpus(HostCorpus):
 
     def _finish(self, rid, output):
         if self._admitting is not None:  # admissions running: the request leaves after them, without waiting here
-            self._finishes.append((rid, self._pending.pop(rid, []), list(output)))  # (a no-draft step, which does
-            return                                                                # not draft, never waits for them)
+            self._finishes.append((rid, list(output)))  # (a no-draft step, which does not draft, never waits for them)
+            return
         self._flush(rid)
         self.drafter.finish(rid, output)
 

@@ -63,7 +63,7 @@ def busy_union(intervals):
     return total
 
 
-def summarize(events, focus=FOCUS, top=12, steps=None):
+def summarize(events, focus=FOCUS, top=12, steps=None, python_top=0):
     """The trace's window, GPU busy time and idle share, launches, heaviest kernels, runtime calls and
     focus functions; ``gpu_by_part``: kernel time per :data:`PARTS` entry (ms, per step when ``steps`` --
     the forward steps in the window, e.g. ``--profile-steps`` of a decode-only profile -- is given)."""
@@ -80,15 +80,21 @@ def summarize(events, focus=FOCUS, top=12, steps=None):
         k[1] += e["dur"]
     rt = collections.defaultdict(lambda: [0, 0.0])
     py = collections.defaultdict(lambda: [0, 0.0])
+    every = collections.defaultdict(lambda: [0, 0.0])  # every Python function (python_top)
     for e in xs:
         if e.get("cat") == "cuda_runtime" and t0 <= e["ts"] <= t1:
             r = rt[e["name"]]
             r[0] += 1
             r[1] += e["dur"]
-        elif e.get("cat") == "python_function" and t0 <= e["ts"] <= t1 and any(f in e["name"] for f in focus):
-            p = py[e["name"][:120]]
-            p[0] += 1
-            p[1] += e["dur"]
+        elif e.get("cat") == "python_function" and t0 <= e["ts"] <= t1:
+            if python_top:
+                a = every[e["name"][:120]]
+                a[0] += 1
+                a[1] += e["dur"]
+            if any(f in e["name"] for f in focus):
+                p = py[e["name"][:120]]
+                p[0] += 1
+                p[1] += e["dur"]
 
     parts = collections.defaultdict(float)
     for e in gpu:
@@ -104,7 +110,8 @@ def summarize(events, focus=FOCUS, top=12, steps=None):
                 gpu_events=len(gpu), graph_launches=rt["cudaGraphLaunch"][0] if "cudaGraphLaunch" in rt else 0,
                 kernel_launches=sum(c for k, (c, _) in rt.items() if "LaunchKernel" in k),
                 top_kernels=rows(kern, top), runtime_calls=rows(rt, top), python_focus=rows(py, top),
-                gpu_by_part=by_part, gpu_by_part_unit="ms per step" if steps else "ms", steps=steps)
+                gpu_by_part=by_part, gpu_by_part_unit="ms per step" if steps else "ms", steps=steps,
+                **({"python_top": rows(every, python_top)} if python_top else {}))
 
 
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync", "cudaGraphLaunch")
@@ -161,13 +168,15 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=None,
                     help="forward steps in each trace's window (a decode-only profile's --profile-steps): GPU time "
                          "per part is then per step")
+    ap.add_argument("--python-top", type=int, default=0,
+                    help="also the N Python functions of most inclusive host time (any name; traces written with_stack)")
     ap.add_argument("--callers", action="store_true",
                     help="also count eager launches per Python caller (traces written with_stack)")
     args = ap.parse_args(argv)
     res = {}
     for t in traces(args.paths):
         events = load(t)
-        res[t] = summarize(events, top=args.top, steps=args.steps)
+        res[t] = summarize(events, top=args.top, steps=args.steps, python_top=args.python_top)
         if args.callers:
             res[t]["launches_by_caller"] = launches_by_caller(events, steps=args.steps)
         s = res[t]

@@ -378,6 +378,10 @@ CONFIGS = {
 # the same servers on the synchronous scheduler (what the overlap default gains)
 CONFIGS["lumotree-suffix-sync"] = CONFIGS["lumotree-suffix"] + ["--disable-overlap-schedule"]
 CONFIGS["lumotree-sync"] = CONFIGS["lumotree"] + ["--disable-overlap-schedule"]
+# diagnosis, not a peer: LUMOTREE_SUFFIX pinned to its no-draft step (every decode step the target's decode forward),
+# to set its per-step cost beside no speculation's on the same sessions (profiles)
+CONFIGS["lumotree-suffix-nodraft"] = CONFIGS["lumotree-suffix"] + [
+    "--speculative-adaptive-config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_draft.json")]
 
 
 def main():

@@ -389,17 +389,45 @@ class SuffixDrafter {
                 int threads)
       : max_match_(max_match), max_spec_(max_spec), depth_(max_match + max_spec), global_tokens_(global_tokens),
         min_prob_(min_prob), retired_tokens_(retired_tokens), global_(std::make_unique<SuffixTrie>(depth_)),
-        pool_(threads) {
+        pool_(threads), admit_pool_(threads) {
     if (max_match < 1 || max_spec < 1) throw std::invalid_argument("max_match and max_spec must be >= 1");
     if (retired_tokens < 0) throw std::invalid_argument("retired_tokens must be >= 0");
   }
 
   void start(const std::string& rid, const std::vector<Tok>& prompt) { start_batch({rid}, {prompt}); }
 
-  // start(rids[i], prompts[i]) for a batch of new requests (a prefill batch's): the adoptions of retired tries
-  // one after the other (the store is shared), then each request's prompt indexed into its own trie on the pool's
-  // threads. The same tries, contexts and stats as the starts one by one; bad input fails before any change.
+ private:
+  struct Request {
+    std::shared_ptr<SuffixTrie> trie;
+    int seq = 0;
+    std::vector<Tok> ctx;
+  };
+
+ public:
+  // A prefill batch's admissions in three parts, so that their indexing can run on another thread while this
+  // drafter serves the running requests: stage_batch (the checks and the adoptions of retired tries, which share
+  // the store; on the caller's thread), index_staged (each request's prompt into its own trie on the admissions'
+  // threads -- it reads and writes nothing of the drafter but the staged requests), commit_staged (the requests
+  // join; on the caller's thread). Until its commit a staged request is unknown to the drafter.
+  struct Staged {
+    std::vector<std::string> rids;
+    std::vector<std::vector<Tok>> prompts;
+    std::vector<Request> reqs;
+    std::vector<size_t> done;
+    std::vector<char> parted;  // the old context parts from the prompt after ctx[:keep]
+    bool indexed = false, committed = false;
+  };
+
+  // start(rids[i], prompts[i]) for a batch of new requests (a prefill batch's): staged, indexed on the step's
+  // threads, committed. The same tries, contexts and stats as the starts one by one; bad input fails before any change.
   void start_batch(const std::vector<std::string>& rids, const std::vector<std::vector<Tok>>& prompts) {
+    std::shared_ptr<Staged> st = stage_batch(rids, prompts);
+    index_staged(*st, pool_);
+    commit_staged(*st);
+  }
+
+  std::shared_ptr<Staged> stage_batch(const std::vector<std::string>& rids,
+                                      const std::vector<std::vector<Tok>>& prompts) {
     if (prompts.size() != rids.size())
       throw std::invalid_argument("start_batch: " + std::to_string(prompts.size()) + " prompts for " +
                                   std::to_string(rids.size()) + " requests");
@@ -408,34 +436,55 @@ class SuffixDrafter {
         if (rids[j] == rids[i]) throw std::invalid_argument("start_batch: request " + rids[i] + " twice in a batch");
       for (Tok t : prompts[i]) check_token(t);
     }
-    std::vector<Request> reqs(rids.size());
-    std::vector<size_t> done(rids.size());
-    std::vector<char> parted(rids.size(), 0);  // the old context parts from the prompt after ctx[:keep]
+    auto st = std::make_shared<Staged>();
+    st->rids = rids;
+    st->prompts = prompts;
+    st->reqs.resize(rids.size());
+    st->done.resize(rids.size());
+    st->parted.assign(rids.size(), 0);
     for (size_t i = 0; i < rids.size(); ++i) {
-      auto [d, keep] = adopt(prompts[i], reqs[i]);
-      done[i] = d;
+      auto [d, keep] = adopt(prompts[i], st->reqs[i]);
+      st->done[i] = d;
       if (d == 0) {
-        reqs[i].trie = std::make_shared<SuffixTrie>(depth_);
-        reqs[i].seq = reqs[i].trie->new_sequence();
+        st->reqs[i].trie = std::make_shared<SuffixTrie>(depth_);
+        st->reqs[i].seq = st->reqs[i].trie->new_sequence();
       } else {
-        parted[i] = keep < reqs[i].ctx.size();
+        st->parted[i] = keep < st->reqs[i].ctx.size();
       }
     }
-    pool_.run(rids.size(), [&](size_t i) {  // each request's own trie
-      Request& req = reqs[i];
-      const std::vector<Tok>& prompt = prompts[i];
-      if (parted[i]) req.trie->set_cursor(req.seq, std::vector<Tok>(prompt.begin(), prompt.begin() + done[i]));
-      req.trie->extend(req.seq, prompt, done[i]);
-      req.ctx = prompt;
-    });
-    for (size_t i = 0; i < rids.size(); ++i) {
-      requests_[rids[i]] = std::move(reqs[i]);
-      ++starts_;
-      adopted_ += done[i] > 0;
-      indexed_tokens_ += static_cast<int64_t>(prompts[i].size() - done[i]);
-    }
+    return st;
   }
 
+  void index_staged(Staged& st) { index_staged(st, admit_pool_); }
+
+  void commit_staged(Staged& st) {
+    if (!st.indexed) throw std::logic_error("commit_staged: the staged requests are not indexed yet");
+    if (st.committed) throw std::logic_error("commit_staged: the staged requests are committed already");
+    for (size_t i = 0; i < st.rids.size(); ++i) {
+      requests_[st.rids[i]] = std::move(st.reqs[i]);
+      ++starts_;
+      adopted_ += st.done[i] > 0;
+      indexed_tokens_ += static_cast<int64_t>(st.prompts[i].size() - st.done[i]);
+    }
+    st.committed = true;
+    st.prompts.clear();
+    st.reqs.clear();
+  }
+
+ private:
+  void index_staged(Staged& st, WorkerPool& pool) {
+    if (st.indexed) throw std::logic_error("index_staged: the staged requests are indexed already");
+    pool.run(st.rids.size(), [&](size_t i) {  // each request's own trie
+      Request& req = st.reqs[i];
+      const std::vector<Tok>& prompt = st.prompts[i];
+      if (st.parted[i]) req.trie->set_cursor(req.seq, std::vector<Tok>(prompt.begin(), prompt.begin() + st.done[i]));
+      req.trie->extend(req.seq, prompt, st.done[i]);
+      req.ctx = prompt;
+    });
+    st.indexed = true;
+  }
+
+ public:
   std::tuple<int64_t, int64_t, int64_t> stats() const { return {starts_, adopted_, indexed_tokens_}; }
 
   void append(const std::string& rid, const std::vector<Tok>& tokens) {
@@ -483,12 +532,6 @@ class SuffixDrafter {
   }
 
  private:
-  struct Request {
-    std::shared_ptr<SuffixTrie> trie;
-    int seq = 0;
-    std::vector<Tok> ctx;
-  };
-
   // reads r's trie and the global trie only (step_batch drafts requests concurrently)
   Draft draft(Request& r, const std::string& rid, int budget) const {
     if (r.ctx.empty()) throw std::invalid_argument("request " + rid + " has no context: the root token is missing");
@@ -663,6 +706,7 @@ class SuffixDrafter {
   int64_t retired_total_ = 0;
   int64_t starts_ = 0, adopted_ = 0, indexed_tokens_ = 0;  // python: SuffixDrafter.stats
   WorkerPool pool_;  // last: its threads stop before the tries they may be reading go
+  WorkerPool admit_pool_;  // index_staged's threads (another thread's calls, beside the step's on pool_)
 };
 
 }  // namespace lumotree
@@ -683,12 +727,21 @@ static py::list step_batch_list(lumotree::SuffixDrafter& self, const std::vector
 PYBIND11_MODULE(_host, m) {
   using namespace lumotree;
   m.doc() = "LumoTree's host-side drafters in C++ (see csrc/host/suffix_drafter.cc)";
+  py::class_<SuffixDrafter::Staged, std::shared_ptr<SuffixDrafter::Staged>>(m, "StagedStarts")
+      .def_property_readonly("rids", [](const SuffixDrafter::Staged& st) { return st.rids; })
+      .def_property_readonly("indexed", [](const SuffixDrafter::Staged& st) { return st.indexed; })
+      .def_property_readonly("committed", [](const SuffixDrafter::Staged& st) { return st.committed; });
   py::class_<SuffixDrafter>(m, "SuffixDrafter")
       .def(py::init<int, int, int64_t, double, int64_t, int>(), py::arg("max_match") = 16, py::arg("max_spec") = 16,
            py::arg("global_tokens") = int64_t(1) << 16, py::arg("min_prob") = 0.05,
            py::arg("retired_tokens") = int64_t(1) << 15, py::arg("threads") = 1)
       .def("start", &SuffixDrafter::start, py::call_guard<py::gil_scoped_release>())
       .def("start_batch", &SuffixDrafter::start_batch, py::call_guard<py::gil_scoped_release>())
+      // a prefill batch's admissions in three parts (the indexing on another thread, while the drafter serves)
+      .def("stage_batch", &SuffixDrafter::stage_batch, py::call_guard<py::gil_scoped_release>())
+      .def("index_staged", py::overload_cast<SuffixDrafter::Staged&>(&SuffixDrafter::index_staged),
+           py::call_guard<py::gil_scoped_release>())
+      .def("commit_staged", &SuffixDrafter::commit_staged, py::call_guard<py::gil_scoped_release>())
       .def("append", &SuffixDrafter::append, py::call_guard<py::gil_scoped_release>())
       .def("rewind", &SuffixDrafter::rewind, py::call_guard<py::gil_scoped_release>())
       .def("finish", &SuffixDrafter::finish, py::call_guard<py::gil_scoped_release>())

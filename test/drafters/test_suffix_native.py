@@ -499,49 +499,67 @@ def test_global_window_benchmark_times_finishes_while_filling_and_full(tmp_path)
         assert r["full_finishes"] == 20 and 0 < r["full_median_ms"] <= r["full_p99_ms"] <= r["full_max_ms"]
 
 
-def test_prefill_admissions_run_in_the_background_and_the_next_drafter_call_waits():
-    """SuffixCorpus.admit_batch hands a prefill batch's start_batch to a background thread (the C++ drafter releases
-    the GIL) and returns; the next call into the drafter waits for it. The drafts are those of admitting in line."""
-    import threading
+class HeldIndexing:
+    """The C++ drafter with its ``index_staged`` held until ``release`` is set (it must run off the main thread)."""
 
+    def __init__(self, real):
+        import threading
+
+        self.real, self.entered, self.release, self.indexed = real, threading.Event(), threading.Event(), []
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+    def index_staged(self, staged):
+        import threading
+
+        assert threading.current_thread() is not threading.main_thread()
+        self.entered.set()
+        self.release.wait(10)
+        self.real.index_staged(staged)
+        self.indexed.append(list(staged.rids))
+
+
+def test_prefill_admissions_are_indexed_in_the_background_and_drafted_once_committed():
+    """SuffixCorpus.admit_batch stages a prefill batch's admissions (adoptions) on the caller's thread, indexes them
+    on the background thread (the C++ drafter releases the GIL) and returns. A step that drafts meanwhile does not
+    wait: the requests still indexing draft their root alone (laid out as a one-node draft, rows in ``undrafted``),
+    the others draft as always; once indexed they are committed and draft as if admitted in line."""
     import numpy as np
 
-    from lumotree.sglang.suffix import SuffixCorpus
+    from lumotree.sglang.suffix import SuffixCorpus, batch_tree_arrays
 
     rng = random.Random(7)
+    running = motif_tokens(rng, 300)
     prompts = {f"p{i}": motif_tokens(rng, 300) for i in range(5)}
     items = [(rid, toks, len(toks)) for rid, toks in prompts.items()]
     inline, background = SuffixCorpus(8), SuffixCorpus(8)
+    for c in (inline, background):
+        c.batch_get(["run"], [running[:280]], [280])
     for rid, toks, n in items:  # one by one, in line
         inline.admit(rid, toks, n)
-    real = background._drafter
-    release, entered, done = threading.Event(), threading.Event(), []
-
-    class Slow:  # the C++ drafter, its start_batch held until released
-        def __getattr__(self, name):
-            return getattr(real, name)
-
-        def start_batch(self, rids, tokens):
-            entered.set()
-            assert threading.current_thread() is not threading.main_thread()
-            release.wait(10)
-            real.start_batch(rids, tokens)
-            done.append(list(rids))
-
-    background.drafter = Slow()
-    background.admit_batch(items)  # returns while the admissions are held
-    assert entered.wait(10) and not done and background._admitting is not None
-    waiter = threading.Thread(target=lambda: background.batch_get(
-        list(prompts), [t[-8:] for t in prompts.values()], [len(t) for t in prompts.values()]))
-    waiter.start()
-    waiter.join(0.3)
-    assert waiter.is_alive() and not done  # the drafter call waits for the admissions
-    release.set()
-    waiter.join(10)
-    assert not waiter.is_alive() and done == [list(prompts)] and background._admitting is None
-    args = (list(prompts), [t[-8:] for t in prompts.values()], [len(t) for t in prompts.values()])
-    a, b = background.batch_get(*args), inline.batch_get(*args)
-    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    held = HeldIndexing(background._drafter)
+    background.drafter = held
+    background.admit_batch(items)  # returns while the indexing is held
+    assert held.entered.wait(10) and not held.indexed and set(background._admitting) == set(prompts)
+    assert background.admitting(list(prompts)) and not background.admitting(["run", *prompts])
+    rids = ["run", *prompts]
+    views = [running[270:290]] + [t[-8:] for t in prompts.values()]
+    totals = [290] + [len(t) for t in prompts.values()]
+    tokens, mask = background.batch_get(rids, views, totals)  # does not wait
+    assert background.undrafted == [1, 2, 3, 4, 5] and not held.indexed
+    ref_tokens, ref_mask = inline.batch_get(rids, views, totals)
+    n = 8
+    assert np.array_equal(tokens[:n], ref_tokens[:n]) and np.array_equal(mask[:n * n], ref_mask[:n * n])
+    root_only, root_mask = batch_tree_arrays([([t[-1]], [-1]) for t in prompts.values()], n)
+    assert np.array_equal(tokens[n:], root_only) and np.array_equal(mask[n * n:], root_mask)
+    held.release.set()
+    background.wait_admissions()
+    assert held.indexed == [list(prompts)] and not background._admitting and not background._staged
+    views = [running[280:292]] + [t[-4:] + [9, 8] for t in prompts.values()]  # two more tokens each
+    totals = [292] + [len(t) + 2 for t in prompts.values()]
+    a, b = background.batch_get(rids, views, totals), inline.batch_get(rids, views, totals)
+    assert background.undrafted == [] and np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
 
 
 def test_a_background_admission_error_is_raised_at_the_next_drafter_call():
@@ -554,14 +572,17 @@ def test_a_background_admission_error_is_raised_at_the_next_drafter_call():
         def __getattr__(self, name):
             return getattr(real, name)
 
-        def start_batch(self, rids, tokens):
+        def index_staged(self, staged):
             raise RuntimeError("admission failed")
 
     corpus.drafter = Failing()
     corpus.admit_batch([("a", [1, 2, 3], 3), ("b", [4, 5, 6], 3)])
+    corpus._staged[0][0].exception(10)  # the indexing has failed
     with pytest.raises(RuntimeError, match="admission failed"):
         corpus.batch_get(["a"], [[1, 2, 3]], [3])
-    assert corpus._admitting is None  # raised once; the corpus goes on
+    assert not corpus._staged and not corpus._admitting  # raised once; the corpus goes on
+    with pytest.raises(ValueError, match="non-negative"):  # bad input fails at once, on the caller's thread
+        corpus.admit_batch([("c", [1, -2, 3], 3)])
 
 
 def test_the_python_drafter_admits_in_line(monkeypatch):
@@ -570,16 +591,14 @@ def test_the_python_drafter_admits_in_line(monkeypatch):
     monkeypatch.setenv("LUMOTREE_OPS", "naive")
     corpus = SuffixCorpus(8)
     corpus.admit_batch([("a", [1, 2, 3, 1, 2], 5), ("b", [4, 5, 6], 3)])
-    assert corpus._admitting is None and corpus._executor is None
+    assert not corpus._staged and not corpus._admitting and corpus._executor is None
     assert corpus.drafter.stats["starts"] == 2
 
 
-def test_a_request_leaving_while_admissions_run_leaves_after_them_without_waiting():
-    """erase_match_state during background admissions (e.g. on a no-draft step, which does not draft) returns at once;
-    the request's finish reaches the drafter after the admissions, and the drafts then equal those of a corpus that did
-    everything in line."""
-    import threading
-
+def test_a_request_leaving_while_admissions_run_leaves_without_waiting():
+    """erase_match_state during background admissions (e.g. on a no-draft step, which does not draft) returns at once:
+    a running request's finish reaches the drafter then (the indexing touches only the admitted requests), an admitted
+    request's at its commit; the drafts then equal those of a corpus that did everything in line."""
     import numpy as np
 
     from lumotree.sglang.suffix import SuffixCorpus
@@ -595,29 +614,20 @@ def test_a_request_leaving_while_admissions_run_leaves_after_them_without_waitin
     inline, background = corpora
     for rid, toks, n in items:
         inline.admit(rid, toks, n)
-    inline.erase_match_state(["old"])
-    real, calls = background._drafter, []
-    release = threading.Event()
-
-    class Spy:
-        def __getattr__(self, name):
-            attr = getattr(real, name)
-            if name in ("start_batch", "finish"):
-                def call(*a):
-                    calls.append(name)
-                    if name == "start_batch":
-                        release.wait(10)
-                    return attr(*a)
-                return call
-            return attr
-
-    background.drafter = Spy()
+    inline.erase_match_state(["old", "n0"])
+    held = HeldIndexing(background._drafter)
+    finished = []
+    held.finish = lambda rid, out: (finished.append(rid), held.real.finish(rid, out))
+    background.drafter = held
     background.admit_batch(items)
-    background.erase_match_state(["old"])  # returns although start_batch is held
-    assert "finish" not in calls and background._finishes and background._finishes[0][0] == "old"
-    release.set()
-    args = (list(new), [t[-8:] for t in new.values()], [len(t) for t in new.values()])
+    assert held.entered.wait(10)
+    background.erase_match_state(["old", "n0"])  # returns although the indexing is held
+    assert finished == ["old"] and [f[0] for f in background._finishes] == ["n0"]
+    held.release.set()
+    rids = ["n1", "n2"]
+    args = (rids, [new[r][-8:] for r in rids], [len(new[r]) for r in rids])
+    background.wait_admissions()
     a = background.batch_get(*args)
-    assert calls == ["start_batch", "finish"] and not background._finishes
+    assert finished == ["old", "n0"] and not background._finishes
     b = inline.batch_get(*args)
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])

@@ -112,6 +112,47 @@ def test_a_batch_a_decode_step_cannot_serve_gets_the_tree(monkeypatch):
     assert w._ledger.pending[-1][0] == adaptive.SUFFIX_TREE and w._ledger.clock._open[-1][2] == adaptive.SUFFIX_TREE
 
 
+class AdmittingCorpus(Corpus):
+    """A corpus whose requests ``indexing`` are still being admitted; a drafted step leaves their rows undrafted."""
+
+    def __init__(self, indexing):
+        super().__init__()
+        self.indexing, self.undrafted = set(indexing), []
+
+    def admitting(self, rids):
+        return bool(rids) and all(r in self.indexing for r in rids)
+
+
+def test_a_step_whose_requests_are_all_still_admitting_decodes(monkeypatch):
+    """The tree chosen, but every request's admission is still indexing (it would draft nothing): a decode step,
+    timed as one; with one request indexed the tree is served."""
+    w = worker(monkeypatch, [1])
+    w.ngram_corpus = AdmittingCorpus({"a", "b"})
+    w.forward_batch_generation(batch(["a", "b"]))
+    assert w._decode_step.ran == [2] and w.calls == [] and w._ledger.pending[-1][0] == 0
+    assert w.forward_batch_generation(batch(["a", "b", "c"])) == "verify-result" and w.calls == [("tree", 3)]
+    w = worker(monkeypatch, [1], step=Step(serves=False))  # a batch a decode step cannot serve: the tree
+    w.ngram_corpus = AdmittingCorpus({"a"})
+    assert w.forward_batch_generation(batch(["a"])) == "verify-result"
+
+
+def test_rows_that_drafted_nothing_leave_the_acceptance_sample(monkeypatch):
+    """Requests whose admission was indexing drafted their root alone: they accept what a decode step gives, so the
+    step's acceptance sample leaves them out (a step that drafted for none of its rows gives none)."""
+    w = worker(monkeypatch, [1])
+
+    def verify(self, b, on_publish=None):
+        self.ngram_corpus.undrafted = [0, 2]
+        return "verify-result"
+
+    monkeypatch.setattr(ngram_base(monkeypatch, []), "forward_batch_generation", verify, raising=False)
+    w.ngram_corpus = AdmittingCorpus(set())
+    w.forward_batch_generation(batch(["a", "b", "c"]))
+    assert w._ledger.pending[-1][3] == {0, 2}
+    w.on_verify_complete_cpu([0, 6, 0])
+    assert w.tree_policy.accept == 6.0
+
+
 def test_prefills_and_idle_batches_end_a_step_s_time_sample(monkeypatch):
     monkeypatch.setattr("lumotree.sglang.finish.admit_batch", lambda batch: None)  # the run clamp: test_finish.py
     w = worker(monkeypatch, [0, 1])

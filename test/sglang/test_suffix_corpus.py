@@ -315,6 +315,7 @@ def test_prompts_admitted_with_their_prefill_draft_the_same(seed):
     for kind, batch, *done in _views(seed, depth, longest=depth - 3 * stride):
         if kind == "prefill":
             admit_prefilled(early, batch)
+            early.ngram_corpus.wait_admissions()  # indexed in the background: as in line once done (test_suffix_native)
             assert all(r.rid in early.ngram_corpus._seen for r in batch.reqs)
             continue
         starts = early.ngram_corpus.stats["starts"]
@@ -339,6 +340,7 @@ def test_admitted_requests_without_a_decode_step_leave_and_middle_chunks_wait():
     a, b, c = _Req("a", [1, 2, 3, 1, 2]), _Req("b", [7, 8, 9]), _Req("c", [5, 6, 5, 6])
     c.inflight_middle_chunks = 1  # its prompt is still being prefilled chunk by chunk
     admit_prefilled(w, SimpleNamespace(reqs=[a, b, c]))
+    w.ngram_corpus.wait_admissions()
     assert set(w.ngram_corpus._seen) == {"a", "b"}
     a.output_ids = [3]  # "b" finished with its prefill (one token) and never decodes
     batch = SimpleNamespace(reqs=[a], grammar_needs_sync=lambda: False,

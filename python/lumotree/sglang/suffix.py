@@ -13,6 +13,7 @@ with every accepted token; when the request leaves the batch its output joins th
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import os
@@ -292,9 +293,12 @@ class SuffixCorpus(HostCorpus):
         self.kw = dict(max_match=max_match, max_spec=max_spec, global_tokens=global_tokens, min_prob=min_prob,
                        retired_tokens=retired_tokens)
         self.threads = drafter_threads()
-        self._admitting: Optional[concurrent.futures.Future] = None  # a prefill batch's admissions, in the background
+        # a prefill batch's admissions indexed in the background, oldest first: [future, staged starts, their rids]
+        self._staged: collections.deque = collections.deque()
+        self._admitting: Dict[object, None] = {}  # requests staged and not yet committed (drafting nothing meanwhile)
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self._finishes: List[Tuple[object, List[int]]] = []  # requests that left while admissions ran
+        self._finishes: List[Tuple[object, List[int]]] = []  # admitting requests that left before their commit
+        self.undrafted: List[int] = []  # rows of the last batch_get that drafted nothing: their admission was indexing
         self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
         self._pending: Dict[object, List[int]] = {}  # a step's appends, handed over with its drafts
         self._starts: Optional[List[Tuple[object, List[int]]]] = None  # a prefill batch's admissions (admit_batch)
@@ -303,14 +307,15 @@ class SuffixCorpus(HostCorpus):
         _CORPORA.add(self)
 
     def _native(self) -> bool:
-        """The C++ drafter (its calls release the GIL), not the Python reference."""
-        return hasattr(self._drafter, "start_batch") and hasattr(self._drafter, "step_layout")
+        """The C++ drafter (its calls release the GIL; its admissions can be indexed on another thread)."""
+        return all(hasattr(self._drafter, a) for a in ("stage_batch", "index_staged", "commit_staged", "step_layout"))
 
     @property
     def drafter(self):
-        """The drafter, once the admissions running in the background (:meth:`admit_batch`) are done: every call
-        into it comes through here, so it is never used by two threads at once."""
-        self.wait_admissions()
+        """The drafter, with the admissions the background has indexed since the last call committed (an error one
+        met is raised here). It may be indexing others meanwhile: those touch only their own requests, which the
+        corpus keeps away from it until their commit (:meth:`_wait_for`)."""
+        self._settle(block=False)
         return self._drafter
 
     @drafter.setter
@@ -319,17 +324,34 @@ class SuffixCorpus(HostCorpus):
         self._drafter = drafter
 
     def wait_admissions(self) -> None:
-        """Wait for the admissions :meth:`admit_batch` left running (an error they met is raised here), then hand
-        over the requests that left meanwhile, in the order they left (:meth:`_finish`)."""
-        f, self._admitting = self._admitting, None
-        if f is None:
-            return
-        try:
-            f.result()
-        finally:
-            finishes, self._finishes = self._finishes, []
-            for rid, output in finishes:
-                self._finish(rid, output)
+        """Wait for every admission :meth:`admit_batch` left indexing and commit it (an error one met is raised here)."""
+        self._settle(block=True)
+
+    def _wait_for(self, rid) -> None:
+        """Request ``rid`` is about to be touched (appended, rewound, restarted, drafted in line): if its admission is
+        still indexing, wait for it."""
+        if rid in self._admitting:
+            self._settle(block=True)
+
+    def _settle(self, block: bool) -> None:
+        """Commit the background admissions that are done, oldest first (``block``: all of them, waiting), then hand
+        over their requests that left meanwhile, in the order they left (:meth:`_finish`)."""
+        while self._staged:
+            future, staged, rids = self._staged[0]
+            if not block and not future.done():
+                break
+            self._staged.popleft()
+            try:
+                future.result()
+                self._drafter.commit_staged(staged)
+            finally:  # committed or failed: the requests are no longer admitting either way
+                for rid in rids:
+                    self._admitting.pop(rid, None)
+                left = [f for f in self._finishes if f[0] not in self._admitting]
+                self._finishes = [f for f in self._finishes if f[0] in self._admitting]
+                for rid, output in left:
+                    self._finish(rid, output)
+            self._log_starts(len(rids))
 
     def _reset(self) -> None:
         self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
@@ -339,13 +361,16 @@ class SuffixCorpus(HostCorpus):
     LOG_EVERY = 256  # admissions between two log lines of the drafter's admission stats
 
     def admit_batch(self, items) -> None:
-        """A prefill batch's admissions in one call: the drafter indexes their prompts on its threads
-        (``start_batch``). With the C++ drafter that call runs in the background (it releases the GIL): the
-        scheduler's thread goes on -- the prefill's results, the next batch -- and the next call into the drafter
-        waits for it (:attr:`drafter`). Why: right after a prefill's launch the indexing of its prompts held the
-        scheduler's thread (32 new 3k-token prompts: 140-240 ms on this project's 2-CPU machine,
-        ``benchmark/drafters/suffix_host_cost.py --worker``; agent turns that continue their session's trie index a
-        few hundred tokens each), while the GPU, whose prefill of a small model is shorter, waited for the next step."""
+        """A prefill batch's admissions in one call. With the C++ drafter their prompts are indexed in the background
+        (``stage_batch`` here -- the checks and the adoptions of finished turns' tries --, ``index_staged`` on the
+        admissions thread, without the GIL, ``commit_staged`` at the first drafter call after it is done): the
+        scheduler's thread goes on -- the prefill's results, the next batch -- and a decode step that drafts before
+        a request's commit drafts nothing for that request (its root alone, :attr:`undrafted`) instead of waiting.
+        Why: a prompt's indexing takes milliseconds -- 32 new 3k-token prompts 140-240 ms on this project's 2-CPU
+        machine (``benchmark/drafters/suffix_host_cost.py --worker``), a 4k-token context whose finished turn's trie
+        could not be adopted (its history collapsed) ~14 ms on one thread --, and a drafted step that waited for it
+        held the GPU idle: with every drafter call waiting for the background, LUMOTREE_SUFFIX's draft preparation at
+        32 agents took 13 ms at its 95th percentile (1.6 ms median; H200 machine)."""
         self._starts = []
         try:
             super().admit_batch(items)
@@ -358,8 +383,18 @@ class SuffixCorpus(HostCorpus):
         if not self._native():
             self._start_now(starts)  # the Python reference holds the GIL: nothing to overlap
             return
-        self.wait_admissions()
-        self._admitting = self._admissions_thread().submit(self._start_now, starts, self._drafter)
+        rids = [rid for rid, _ in starts]
+        self._settle(block=any(rid in self._admitting for rid in rids))  # a request admitted again: its first commit
+        staged = self._drafter.stage_batch(rids, [tokens for _, tokens in starts])
+        future = self._admissions_thread().submit(self._drafter.index_staged, staged)
+        self._staged.append((future, staged, rids))
+        self._admitting.update(dict.fromkeys(rids))
+
+    def admitting(self, req_ids) -> bool:
+        """Whether every one of ``req_ids`` is still being admitted (a drafted step would draft nothing for any)."""
+        if self._admitting:
+            self._settle(block=False)
+        return bool(req_ids) and bool(self._admitting) and all(rid in self._admitting for rid in req_ids)
 
     def _admissions_thread(self) -> concurrent.futures.ThreadPoolExecutor:
         """The one background thread of :meth:`admit_batch`, started with the C++ drafter (starting it at the first
@@ -375,16 +410,20 @@ class SuffixCorpus(HostCorpus):
         if starts:
             self._start_now(starts)
 
-    def _start_now(self, starts: List[Tuple[object, List[int]]], drafter=None) -> None:
-        """Admit ``starts`` into ``drafter`` (default :attr:`drafter`: after any background admissions)."""
-        drafter = drafter if drafter is not None else self.drafter
-        before = drafter.stats["starts"]
+    def _start_now(self, starts: List[Tuple[object, List[int]]]) -> None:
+        """Admit ``starts`` into the drafter in line."""
+        drafter = self.drafter
+        for rid, _ in starts:
+            self._wait_for(rid)
         if len(starts) == 1:
             drafter.start(*starts[0])
         else:
             drafter.start_batch([rid for rid, _ in starts], [tokens for _, tokens in starts])
-        st = drafter.stats
-        if st["starts"] // self.LOG_EVERY > before // self.LOG_EVERY:
+        self._log_starts(len(starts))
+
+    def _log_starts(self, n: int) -> None:
+        st = self._drafter.stats
+        if st["starts"] // self.LOG_EVERY > (st["starts"] - n) // self.LOG_EVERY:
             logger.info("LumoTree suffix drafter: %d admissions, %d continued a finished turn's trie, %.0f prompt "
                         "tokens indexed per admission", st["starts"], st["adopted"],
                         st["indexed_tokens"] / max(1, st["starts"]))
@@ -392,6 +431,7 @@ class SuffixCorpus(HostCorpus):
     def _flush(self, rid) -> None:
         if self._starts:  # every other call sees the deferred admissions started
             self._flush_starts(stop=False)
+        self._wait_for(rid)
         tokens = self._pending.pop(rid, None)
         if tokens:
             self.drafter.append(rid, tokens)
@@ -411,8 +451,8 @@ class SuffixCorpus(HostCorpus):
         self.drafter.rewind(rid, drop)
 
     def _finish(self, rid, output):
-        if self._admitting is not None:  # admissions running: the request leaves after them, without waiting here
-            self._finishes.append((rid, list(output)))  # (a no-draft step, which does not draft, never waits for them)
+        if rid in self._admitting:  # its admission is indexing: it leaves at the commit, without waiting here
+            self._finishes.append((rid, list(output)))  # (a no-draft step, which does not draft, never waits for it)
             return
         self._flush(rid)
         self.drafter.finish(rid, output)
@@ -423,24 +463,52 @@ class SuffixCorpus(HostCorpus):
         return d.tokens, d.parents
 
     def _step_appends(self, req_ids) -> List[List[int]]:
-        """The step's appends, taken for the drafter's batch call (any other pending first handed over alone)."""
+        """The step's appends, taken for the drafter's batch call (any other pending first handed over alone; those
+        of requests still admitting stay until their commit)."""
         if self._starts:
             self._flush_starts(stop=False)
         appends = [self._pending.pop(rid, []) for rid in req_ids]
         for rid in list(self._pending):  # appended outside this batch: never with batch_get, kept in order anyway
-            self._flush(rid)
+            if rid not in self._admitting:
+                self._flush(rid)
         return appends
 
     def _draft_batch(self, req_ids, roots):
         """The step's appends and drafts in one call for the batch (``step_batch``)."""
+        for rid in req_ids:
+            self._wait_for(rid)
         return self.drafter.step_batch(req_ids, self._step_appends(req_ids), self.n)
 
     def _draft_arrays(self, req_ids, roots):
         """The step's appends, drafts and SGLang's layout in one C++ call (``step_layout``: the requests spread
-        over the drafter's threads); the Python drafter through :func:`batch_tree_arrays`."""
-        if not hasattr(self.drafter, "step_layout"):
+        over the drafter's threads); the Python drafter through :func:`batch_tree_arrays`. A request whose admission
+        is still indexing drafts nothing this step (its root and padding, as :func:`batch_tree_arrays` lays out a
+        one-node draft; its row in :attr:`undrafted`) and keeps its appends for after the commit."""
+        drafter = self.drafter  # commits what the background has indexed
+        self.undrafted = []
+        if not hasattr(drafter, "step_layout"):
             return super()._draft_arrays(req_ids, roots)
-        return self.drafter.step_layout(req_ids, self._step_appends(req_ids), self.n)
+        if self._starts:
+            self._flush_starts(stop=False)
+        skip = [i for i, rid in enumerate(req_ids) if rid in self._admitting]
+        if not skip:
+            return drafter.step_layout(req_ids, self._step_appends(req_ids), self.n)
+        n, b = self.n, len(req_ids)
+        ready = [i for i in range(b) if i not in set(skip)]
+        tokens = np.empty((b, n), dtype=np.int64)
+        mask = np.zeros((b, n, n), dtype=bool)
+        if ready:
+            rids = [req_ids[i] for i in ready]
+            t, m = drafter.step_layout(rids, self._step_appends(rids), n)
+            tokens[ready] = np.asarray(t).reshape(len(ready), n)
+            mask[ready] = np.asarray(m).reshape(len(ready), n, n)
+        tokens[skip] = np.asarray([roots[i] for i in skip], dtype=np.int64)[:, None]
+        diag = np.arange(n)
+        for i in skip:
+            mask[i, :, 0] = True
+            mask[i, diag, diag] = True
+        self.undrafted = skip
+        return tokens.reshape(-1), mask.reshape(-1)
 
 
 _CORPORA: "weakref.WeakSet[SuffixCorpus]" = weakref.WeakSet()
@@ -449,7 +517,7 @@ _CORPORA: "weakref.WeakSet[SuffixCorpus]" = weakref.WeakSet()
 def _wait_all_admissions() -> None:
     """Before a fork: no admission is left running in the background (the child would not have its thread). The
     futures stay as they are: an error one met is raised at the next drafter call, in the parent and in the child."""
-    futures = [f for f in (c._admitting for c in list(_CORPORA)) if f is not None]
+    futures = [f for c in list(_CORPORA) for f, _, _ in list(c._staged)]
     if futures:
         concurrent.futures.wait(futures)
 
@@ -593,16 +661,25 @@ def ngram_worker(make_corpus):
                 if batch.forward_mode.is_decode():
                     bs = batch.seq_lens.shape[0]
                     steps = ledger.choose(bs)
-                    if steps == 0 and self._decode_step is not None and self._decode_step.serves_ngram(
-                            batch, self.draft_token_num):
+                    # no draft: chosen, or every request's admission still indexing (the tree would draft nothing)
+                    if ((steps == 0 or self.ngram_corpus_admitting(batch)) and self._decode_step is not None
+                            and self._decode_step.serves_ngram(batch, self.draft_token_num)):
                         ledger.launched(bs, 0)
                         return self._no_draft_decode(batch, kwargs.get("on_publish", args[0] if args else None))
                     ledger.launched(bs, adaptive.SUFFIX_TREE)  # also where a no-draft step cannot decode the batch
+                    out = super(HostCorpusWorker, self).forward_batch_generation(batch, *args, **kwargs)
+                    ledger.note_undrafted(getattr(self.ngram_corpus, "undrafted", ()))
+                    return out
                 elif batch.forward_mode.is_idle():
                     ledger.choose(0)
                 else:  # a prefill between two decode steps: the one before it has no step time of its own
                     ledger.clock.interrupt()
             return super(HostCorpusWorker, self).forward_batch_generation(batch, *args, **kwargs)
+
+        def ngram_corpus_admitting(self, batch) -> bool:
+            """Whether every request of ``batch`` is still being admitted by the corpus (:meth:`SuffixCorpus.admitting`)."""
+            admitting = getattr(self.ngram_corpus, "admitting", None)
+            return admitting is not None and admitting([req.rid for req in batch.reqs])
 
         def _no_draft_decode(self, batch, on_publish):
             """The no-draft step as a decode forward; the requests that left the batch since the last step leave

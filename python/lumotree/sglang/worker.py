@@ -161,7 +161,8 @@ class StepLedger:
     def __init__(self, policy, consistent: bool = False, first: int = 0, event=None):
         self.policy, self.consistent = policy, consistent
         self.clock = StepClock(event)
-        self.pending = collections.deque(maxlen=8)  # [steps, cold, live rows] of decode steps not yet reported
+        # [steps, cold, live rows, undrafted rows] of decode steps not yet reported
+        self.pending = collections.deque(maxlen=8)
         self.prev = first
         # since the last summary line: decode steps, drafted ones, and the counted acceptance samples (sum, count)
         self._window = [0, 0, 0.0, 0]
@@ -182,7 +183,7 @@ class StepLedger:
         # admitted, and samples that held prefills once made a bucket-4 tree step "take" 55 ms against 13 ms
         # at bucket 8, and the bucket served no draft (27B shapes, batch 8, H200)
         self.clock.start(batch_size, steps)
-        self.pending.append([steps, cold, None])
+        self.pending.append([steps, cold, None, ()])
         self.prev = steps
         w = self._window
         w[0] += 1
@@ -220,15 +221,24 @@ class StepLedger:
         host.copy_(live, non_blocking=live.is_cuda)  # before SGLang's copy of the results on this stream
         entry[2] = host
 
+    def note_undrafted(self, rows) -> None:
+        """Rows of the step just launched that drafted nothing although the step drafted (LUMOTREE_SUFFIX: requests
+        whose admission was still indexing, :attr:`lumotree.sglang.suffix.SuffixCorpus.undrafted`): its acceptance
+        sample leaves them out -- they accept what a decode step gives, not what the tree is worth."""
+        if rows and self.pending:
+            self.pending[-1][3] = frozenset(rows)
+
     def accepted(self, num_correct_drafts_per_req, default_steps: int) -> None:
         """The accepted drafts per request of the oldest reported step (results arrive in launch order, one
         step late under the overlap scheduler), into the policy unless the step was cold or drafted nothing."""
-        steps, cold, live = self.pending.popleft() if self.pending else (default_steps, False, None)
+        steps, cold, live, skip = self.pending.popleft() if self.pending else (default_steps, False, None, ())
         if cold:
             return
         drafts = list(num_correct_drafts_per_req)
+        keep = [i not in skip for i in range(len(drafts))]
         if live is not None and len(live) == len(drafts):  # the step's results are in: so is its copy
-            drafts = [d for d, running in zip(drafts, live.tolist()) if running]
+            keep = [k and running for k, running in zip(keep, live.tolist())]
+        drafts = [d for d, k in zip(drafts, keep) if k]
         if steps > 0 and drafts:
             self._window[2] += sum(drafts) / len(drafts)
             self._window[3] += 1

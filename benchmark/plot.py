@@ -71,15 +71,17 @@ def served():
 def agents():
     """Concurrent agents: tokens/s and p95 turn latency per server, one group per (run, concurrency), LUMOTREE_SUFFIX with
     its adaptive tree size: 1 and 8 agents from run "1-8-agents" (16 sessions; one drafter call per request per step),
-    32 agents from run "32-agents" (the current code: one drafter call per step for the batch)."""
+    32 agents from run "32-agents" (one drafter call per step for the batch, admissions in line) and from run
+    "32-agents-background-admissions" (admissions in the background, waited for; NGRAM not reached)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
     groups = [("1-8-agents", 1, "1 agent\n(16 sessions)"), ("1-8-agents", 8, "8 agents\n(16 sessions)"),
-              ("32-agents", 32, "32 agents\n(32 sessions)")]
+              ("32-agents", 32, "32 agents\n(admission in line)"),
+              ("32-agents-background-admissions", 32, "32 agents\n(in background)")]
     rows = [dict(r, agents=label) for name, level, label in groups if name in runs
             for r in runs[name]["rows"] if r["agents"] == level]
     configs = list(dict.fromkeys(r["config"] for r in rows))
     levels = list(dict.fromkeys(r["agents"] for r in rows))
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.8))
+    fig, axes = plt.subplots(1, 2, figsize=(14, 3.8))
     w = 0.8 / len(configs)
     for i, c in enumerate(configs):
         got = {r["agents"]: r for r in rows if r["config"] == c}

@@ -425,6 +425,10 @@ def main():
                          "torch profiler (its /start_profile, --profile-steps forward steps, Python stacks), one "
                          "trace directory per configuration and level (benchmark/serving/profile_summary.py reads them)")
     ap.add_argument("--profile-steps", type=int, default=40)
+    ap.add_argument("--prefill-graphs", action="store_true",
+                    help="serve with SGLang's default prefill CUDA graphs (breakable, on CUDA) instead of turning them "
+                         "off with --disable-piecewise-cuda-graph as the recorded runs did (their capture adds minutes "
+                         "to every server's start)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the configurations an interrupted run of the same command finished (rows and server in "
                          "--out, replies in --replies-out) and run the rest: one command repeated across sittings")
@@ -435,8 +439,9 @@ def main():
 
     sessions = make_sessions(args.sessions, args.turns, args.seed)
     count = token_counter(args.model)
-    base = ["--disable-piecewise-cuda-graph", "--enable-cache-report", "--mem-fraction-static", "0.5",
-            "--max-running-requests", str(max(int(a) for a in args.agents.split(",")))]
+    base = ([] if args.prefill_graphs else ["--disable-piecewise-cuda-graph"]) + [
+        "--enable-cache-report", "--mem-fraction-static", "0.5",
+        "--max-running-requests", str(max(int(a) for a in args.agents.split(",")))]
     if not any(e.startswith("--attention-backend") for e in args.extra):
         base = ["--attention-backend", "triton", *base]
     base += [p for e in args.extra for p in e.split("=", 1)]

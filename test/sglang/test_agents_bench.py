@@ -151,6 +151,7 @@ def test_main_runs_every_configuration_and_phase_with_the_flags_given(tmp_path, 
         ("none-exact", 1, 12), ("none-exact", 2, 12), ("lumotree-exact", 1, 12), ("lumotree-exact", 2, 12),
         ("lumotree-sync-exact", 1, 12), ("lumotree-sync-exact", 2, 12)]
     assert all("--enable-deterministic-inference" in b for _, b, env in launched)
+    assert all("--disable-piecewise-cuda-graph" in b for _, b, env in launched)  # as the recorded runs
     # --env for every server, and each server's own empty JIT caches (--jit-cache fresh, the default)
     import sglang_server
 
@@ -167,6 +168,36 @@ def test_main_runs_every_configuration_and_phase_with_the_flags_given(tmp_path, 
               "lumotree-sync-exact/2"}
     assert set(json.load(gzip.open(rep, "rt"))) == phases | {k + ab.DETAILS for k in phases}
     assert "first_difference_detail" in res["parity"]["lumotree-exact/2"]
+
+
+def test_prefill_graphs_serves_with_sglang_s_default_prefill_cuda_graphs(tmp_path, monkeypatch):
+    import contextlib
+    import json
+    import sys
+
+    ab = load()
+    import sglang_server as ss
+
+    launched = []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, base_args=(), env=None, **kw):
+        launched.append(list(base_args))
+        yield "http://x"
+
+    def fake_post(url, payload, timeout=600):
+        return dict(choices=[dict(message=dict(content="r"))],
+                    usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=25)))
+
+    monkeypatch.setattr(ss, "sglang_server", fake_server)
+    monkeypatch.setattr(ss, "post", fake_post)
+    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
+    monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs", "none", "--agents", "1",
+                                      "--sessions", "1", "--turns", "2", "--warmup-sessions", "0", "--prefill-graphs",
+                                      "--out", str(tmp_path / "a.json")])
+    ab.main()
+    assert len(launched) == 1 and "--disable-piecewise-cuda-graph" not in launched[0]
+    assert "--enable-cache-report" in launched[0]
 
 
 def test_aborted_turns_are_sent_twice_and_recorded():

@@ -6,7 +6,8 @@ where a speculative decode step's time goes, GPU side and host side.
 Per trace: the window from the first to the last GPU activity, the time the GPU was busy (union
 of kernel / memcpy / memset intervals) and so the idle share -- a step the GPU waits for is
 host-bound -- the CUDA-graph launches, the heaviest kernels, the CUDA runtime calls, and the
-inclusive host time of Python functions (``with_stack``) whose names match ``--focus``.
+inclusive host time of Python functions (``with_stack``) whose names match ``--focus`` (``--python-top``: of any
+name; ``--compare``: two traces' functions per forward step side by side).
 """
 from __future__ import annotations
 
@@ -149,6 +150,28 @@ def launches_by_caller(events, steps=None, top=40):
                 unit="launches per step" if steps else "launches")
 
 
+STEP_FUNCTION = ": run_batch"  # SGLang's scheduler calls it once per forward step (prefill or decode)
+
+
+def compare(a: dict, b: dict, top: int = 40) -> dict:
+    """Two summaries' ``python_top`` (``--python-top``) side by side, per forward step of each window (the scheduler's
+    ``run_batch`` calls): ms per step in ``a``, in ``b`` and ``b - a``, the largest differences first -- where one
+    server's step spends host time the other's does not (e.g. a speculative server pinned to no draft against no
+    speculation on the same sessions)."""
+    def per_step(s):
+        rows = {r["name"]: r for r in s.get("python_top", [])}
+        steps = next((r["count"] for n, r in rows.items() if n.endswith(STEP_FUNCTION)), 0)
+        if not steps:
+            raise ValueError("compare: a summary without the scheduler's run_batch in its python_top (--python-top)")
+        return {n: r["total_us"] / 1e3 / steps for n, r in rows.items()}, steps
+
+    (pa, sa), (pb, sb) = per_step(a), per_step(b)
+    names = sorted(set(pa) | set(pb), key=lambda n: -abs(pb.get(n, 0.0) - pa.get(n, 0.0)))
+    return dict(steps=[sa, sb], unit="ms per forward step", rows=[
+        dict(name=n, a=round(pa.get(n, 0.0), 4), b=round(pb.get(n, 0.0), 4), diff=round(pb.get(n, 0.0) - pa.get(n, 0.0), 4))
+        for n in names[:top]])
+
+
 def traces(paths):
     for p in paths:
         if os.path.isdir(p):
@@ -172,6 +195,9 @@ def main(argv=None):
                     help="also the N Python functions of most inclusive host time (any name; traces written with_stack)")
     ap.add_argument("--callers", action="store_true",
                     help="also count eager launches per Python caller (traces written with_stack)")
+    ap.add_argument("--compare", action="store_true",
+                    help="two traces: their Python functions' host time per forward step side by side, under "
+                         "'comparison' (needs --python-top)")
     args = ap.parse_args(argv)
     res = {}
     for t in traces(args.paths):
@@ -183,6 +209,11 @@ def main(argv=None):
         print(f"{t}: window {s.get('window_ms')} ms, GPU busy {s.get('gpu_busy_ms')} ms "
               f"(idle {100 * s.get('gpu_idle_fraction', 0):.0f}%), graph launches {s.get('graph_launches')}, "
               f"kernel launches {s.get('kernel_launches')}", file=sys.stderr)
+    if args.compare:
+        if len(res) != 2 or not args.python_top:
+            raise SystemExit("--compare takes two traces and --python-top")
+        a, b = res.values()
+        res["comparison"] = dict(traces=list(res)[:2], **compare(a, b, top=args.python_top))
     if args.out:
         json.dump(res, open(args.out, "w"), indent=1)
     else:

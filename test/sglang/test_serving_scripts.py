@@ -224,6 +224,39 @@ def test_profile_summary_measures_gpu_idle_time_and_focus_functions(tmp_path):
     assert ps.part_of("nvjet_sm90_tst_144x128_64x6_2x1_v_bz_TNN") == "dense GEMM" and ps.part_of("mystery") == "other"
 
 
+def test_profile_summary_compares_two_traces_per_forward_step(tmp_path):
+    """--compare: each trace's Python functions per forward step (its run_batch calls), the larger differences first."""
+    import gzip
+    import json
+
+    ps = load("profile_summary")
+
+    def trace(name, steps, extra_us):
+        ev = [dict(ph="X", cat="kernel", name="k", ts=0, dur=10, pid=0, tid=7)]
+        for i in range(steps):
+            ev.append(dict(ph="X", cat="python_function", name="scheduler.py(1): run_batch", ts=i * 100, dur=90, pid=1,
+                           tid=1))
+            ev.append(dict(ph="X", cat="python_function", name="x.py(2): common", ts=i * 100, dur=20, pid=1, tid=1))
+            if extra_us:
+                ev.append(dict(ph="X", cat="python_function", name="y.py(3): extra", ts=i * 100 + 30, dur=extra_us,
+                               pid=1, tid=1))
+        ev.append(dict(ph="X", cat="kernel", name="k", ts=steps * 100, dur=10, pid=0, tid=7))
+        f = tmp_path / name
+        with gzip.open(f, "wt") as h:
+            json.dump(dict(traceEvents=ev), h)
+        return str(f)
+
+    a, b = trace("a.json.gz", 4, 0), trace("b.json.gz", 2, 50)
+    res = ps.main([a, b, "--python-top", "10", "--compare"])
+    c = res["comparison"]
+    assert c["steps"] == [4, 2] and c["traces"] == [a, b]
+    rows = {r["name"]: r for r in c["rows"]}
+    assert c["rows"][0]["name"] == "y.py(3): extra" and rows["y.py(3): extra"]["diff"] == 0.05
+    assert rows["x.py(2): common"]["diff"] == 0.0 and rows["scheduler.py(1): run_batch"]["a"] == 0.09
+    with pytest.raises(SystemExit):
+        ps.main([a, "--python-top", "10", "--compare"])
+
+
 def test_bench_spec_reads_the_servers_decode_throughput_and_merges_lanes(tmp_path):
     import json
 

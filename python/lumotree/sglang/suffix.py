@@ -366,7 +366,7 @@ class SuffixCorpus(HostCorpus):
         admissions thread, without the GIL, ``commit_staged`` at the first drafter call after it is done): the
         scheduler's thread goes on -- the prefill's results, the next batch -- and a decode step that drafts before
         a request's commit drafts nothing for that request (its root alone, :attr:`undrafted`) instead of waiting.
-        Why: a prompt's indexing takes milliseconds -- 32 new 3k-token prompts 140-240 ms on this project's 2-CPU
+        Why: a prompt's indexing takes milliseconds -- 32 new 3k-token prompts 105-240 ms on this project's 2-CPU
         machine (``benchmark/drafters/suffix_host_cost.py --worker``), a 4k-token context whose finished turn's trie
         could not be adopted (its history collapsed) ~14 ms on one thread --, and a drafted step that waited for it
         held the GPU idle: with every drafter call waiting for the background, LUMOTREE_SUFFIX's draft preparation at

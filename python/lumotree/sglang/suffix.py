@@ -493,8 +493,8 @@ class SuffixCorpus(HostCorpus):
         skip = [i for i, rid in enumerate(req_ids) if rid in self._admitting]
         if not skip:
             return drafter.step_layout(req_ids, self._step_appends(req_ids), self.n)
-        n, b = self.n, len(req_ids)
-        ready = [i for i in range(b) if i not in set(skip)]
+        n, b, skipped = self.n, len(req_ids), set(skip)
+        ready = [i for i in range(b) if i not in skipped]
         tokens = np.empty((b, n), dtype=np.int64)
         mask = np.zeros((b, n, n), dtype=bool)
         if ready:

@@ -65,6 +65,7 @@ def test_decode_view_and_result(monkeypatch):
     def forward(batch, forward_batch, is_verify):
         assert batch is None and is_verify  # no sampling inside: the step samples with the decode sampler
         seen["during"] = (mr.attn_backend, mr.decode_cuda_graph_runner)
+        seen["published_before_forward"] = list(published)
         return SimpleNamespace(logits_output="logits", can_run_cuda_graph=True, routed_experts_output=None,
                                indexer_topk_output=None)
 
@@ -73,7 +74,8 @@ def test_decode_view_and_result(monkeypatch):
                          "decode-graphs")
     b = spec_batch()
     before = dict(vars(b))
-    out = step.run(b)
+    published = []
+    out = step.run(b, on_publish=published.append)
 
     d = seen["batch"]
     assert d.forward_mode == ForwardMode.DECODE and d.spec_algorithm == SpeculativeAlgorithm.NONE and d.spec_info is None
@@ -90,6 +92,8 @@ def test_decode_view_and_result(monkeypatch):
     assert out.next_token_ids.dtype == torch.int32 and out.next_token_ids.tolist() == [7, 8, 9]
     assert out.accept_lens.dtype == torch.int32 and out.accept_lens.tolist() == [1, 1, 1]
     assert out.new_seq_lens.tolist() == [6, 10, 3] and out.speculative_num_draft_tokens == 1
+    # the new lengths are published before the forward is launched (the scheduler's next step waits for them)
+    assert len(seen["published_before_forward"]) == 1 and published[0] is out.new_seq_lens
     bonus = out.next_draft_input.bonus_tokens
     assert bonus.tolist() == [7, 8, 9] and bonus.data_ptr() != out.next_token_ids.data_ptr()
     assert out.can_run_cuda_graph and step.steps == 1
@@ -118,12 +122,18 @@ def test_ngram_decode_view_and_result(monkeypatch):
         return SimpleNamespace(tag="fb", bs=batch.seq_lens.shape[0])
 
     monkeypatch.setattr("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", init_new)
-    forward = lambda batch, forward_batch, is_verify: SimpleNamespace(  # noqa: E731
-        logits_output="logits", can_run_cuda_graph=True, routed_experts_output=None, indexer_topk_output=None)
+    published = []
+
+    def forward(batch, forward_batch, is_verify):
+        seen["published_before_forward"] = len(published)
+        return SimpleNamespace(logits_output="logits", can_run_cuda_graph=True, routed_experts_output=None,
+                               indexer_topk_output=None)
+
     step = ds.DecodeStep(SimpleNamespace(model_runner=mr, forward_batch_generation=forward), "decode-backend", None)
     b = ngram_batch()
     assert ds.DecodeStep.serves_ngram(b, 4) and not ds.DecodeStep.serves(b)
-    out = step.run_ngram(b, 4)
+    out = step.run_ngram(b, 4, on_publish=published.append)
+    assert seen["published_before_forward"] == 1 and published[0] is out.new_seq_lens
     d = seen["batch"]
     assert d.forward_mode == ForwardMode.DECODE and d.input_ids.tolist() == [5, 6, 10]
     assert torch.equal(d.out_cache_loc, mr.req_to_token_pool.req_to_token[b.req_pool_indices, b.seq_lens])
@@ -257,7 +267,8 @@ def test_worker_serves_no_draft_steps_as_decode_steps(monkeypatch, plain):
     class Step:
         serves = staticmethod(ds.DecodeStep.serves)
 
-        def run(self, batch):
+        def run(self, batch, on_publish=None):
+            on_publish(batch.seq_lens + 1)
             return SimpleNamespace(new_seq_lens=batch.seq_lens + 1)
 
     w = worker(monkeypatch, Step())

@@ -55,8 +55,10 @@ class Step:
     def serves_ngram(self, batch, n):
         return self._serves and n == N
 
-    def run_ngram(self, batch, n):
+    def run_ngram(self, batch, n, on_publish=None):
         self.ran.append(batch.seq_lens.shape[0])
+        if on_publish is not None:
+            on_publish(batch.seq_lens + 1)
         return SimpleNamespace(new_seq_lens=batch.seq_lens + 1, next_token_ids=None)
 
 

@@ -167,14 +167,26 @@ class DecodeStep:
         finally:
             mr.attn_backend, mr.decode_cuda_graph_runner = keep
 
-    def _decode(self, batch, tokens):
+    def _decode(self, batch, tokens, on_publish=None):
         """The target's decode forward of ``batch`` on ``tokens`` (SGLang's speculative V2 conventions: ``seq_lens``
-        excludes the last accepted token, which is this step's input) and its sampled tokens: ``(out, fb, predict)``."""
+        excludes the last accepted token, which is this step's input) and its sampled tokens, and the lengths after
+        it: ``(out, fb, predict, new_seq_lens)``.
+
+        ``on_publish`` (SGLang's overlap scheduler: its ``FutureMap.publish`` of the step's new lengths) is called
+        with ``seq_lens + 1`` *before* the forward is launched: a decode step's lengths do not depend on its
+        results. Why: the scheduler's next step waits for the publish on the device before it launches anything
+        (``resolve_seq_lens_cpu``, a speculative batch's host lengths); published after the forward, the next step's
+        preparation and launch could start only once this step's forward was done, so the device idled for the
+        host's launch work at every step -- no speculation's scheduler launches step N+1 while step N runs. SGLang's
+        EAGLE V2 worker likewise publishes as soon as its lengths are known (between the verify and the draft-extend)."""
         from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_uniform_func
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         bs = batch.seq_lens.shape[0]
+        new_seq_lens = batch.seq_lens + 1
+        if on_publish is not None:
+            on_publish(new_seq_lens)
         dec = copy.copy(batch)  # the scheduler's batch keeps its speculative view
         dec.forward_mode = ForwardMode.DECODE
         dec.spec_algorithm = SpeculativeAlgorithm.NONE
@@ -190,16 +202,16 @@ class DecodeStep:
             fb = forward_batch_class().init_new(dec, self.model_runner, return_hidden_states_before_norm=False)
             out = self.target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True)
         self.steps += 1
-        return out, fb, self.model_runner.sample(out.logits_output, fb).to(torch.int32)
+        return out, fb, self.model_runner.sample(out.logits_output, fb).to(torch.int32), new_seq_lens
 
     @staticmethod
-    def _result(batch, out, fb, next_token_ids, stride: int, next_draft_input):
-        """The scheduler's result of a decode step: accept lengths 1, lengths + 1, ``next_token_ids`` in rows of
-        ``stride``; ``next_draft_input(accept_lens, new_seq_lens)`` the loop's input for the next step."""
+    def _result(batch, out, fb, next_token_ids, new_seq_lens, stride: int, next_draft_input):
+        """The scheduler's result of a decode step: accept lengths 1, lengths ``new_seq_lens`` (+ 1),
+        ``next_token_ids`` in rows of ``stride``; ``next_draft_input(accept_lens, new_seq_lens)`` the loop's input for
+        the next step."""
         from sglang.srt.managers.utils import GenerationBatchResult
 
         accept_lens = torch.ones(batch.seq_lens.shape[0], dtype=torch.int32, device=next_token_ids.device)
-        new_seq_lens = batch.seq_lens + accept_lens
         return GenerationBatchResult(
             logits_output=out.logits_output, next_token_ids=next_token_ids, can_run_cuda_graph=out.can_run_cuda_graph,
             speculative_num_draft_tokens=stride, next_draft_input=next_draft_input(accept_lens, new_seq_lens),
@@ -207,15 +219,16 @@ class DecodeStep:
             routed_experts_output=out.routed_experts_output, indexer_topk_output=out.indexer_topk_output,
             extra_keep_alive_refs=[fb])
 
-    def run(self, batch):
+    def run(self, batch, on_publish=None):
         """One decode step of an EAGLE V2 ``batch`` (its input the draft input's last bonus token); returns the
-        one-node verify's result."""
+        one-node verify's result. ``on_publish``: see :meth:`_decode`."""
         from sglang.srt.speculative.eagle_info import EagleDraftInput
 
-        out, fb, predict = self._decode(batch, batch.spec_info.bonus_tokens)
-        return self._result(batch, out, fb, predict, 1, lambda lens, seq: EagleDraftInput(bonus_tokens=predict.clone()))
+        out, fb, predict, seq = self._decode(batch, batch.spec_info.bonus_tokens, on_publish)
+        return self._result(batch, out, fb, predict, seq, 1,
+                            lambda lens, seq: EagleDraftInput(bonus_tokens=predict.clone()))
 
-    def run_ngram(self, batch, draft_token_num: int):
+    def run_ngram(self, batch, draft_token_num: int, on_publish=None):
         """One decode step of a batch of SGLang's NGRAM loop (:meth:`serves_ngram`), its result as the loop's:
         ``next_token_ids`` / ``accept_tokens`` ``[bs * draft_token_num]`` with each row's sampled token first,
         accept lengths 1, sequence lengths + 1 (what a verify that accepts only its root returns). The input
@@ -226,11 +239,11 @@ class DecodeStep:
         spec, bs, n = batch.spec_info, batch.seq_lens.shape[0], draft_token_num
         last = (spec.accept_lens.to(torch.int64) - 1).clamp_min_(0)
         root = spec.accept_tokens.view(bs, n).gather(1, last[:, None]).squeeze(1)
-        out, fb, predict = self._decode(batch, root)
+        out, fb, predict, new_seq_lens = self._decode(batch, root, on_publish)
         accept_tokens = torch.zeros(bs, n, dtype=torch.int32, device=predict.device)
         accept_tokens[:, 0] = predict
         accept_tokens = accept_tokens.view(-1)
-        return self._result(batch, out, fb, accept_tokens, n, lambda lens, seq: NgramVerifyInput(
+        return self._result(batch, out, fb, accept_tokens, new_seq_lens, n, lambda lens, seq: NgramVerifyInput(
             draft_token_num=n, new_seq_lens=seq, accept_tokens=accept_tokens, accept_lens=lens))
 
 

@@ -682,11 +682,9 @@ def ngram_worker(make_corpus):
             return admitting is not None and admitting([req.rid for req in batch.reqs])
 
         def _no_draft_decode(self, batch, on_publish):
-            """The no-draft step as a decode forward; the requests that left the batch since the last step leave
-            the corpus as after a verify."""
-            out = self._decode_step.run_ngram(batch, self.draft_token_num)
-            if on_publish is not None:
-                on_publish(out.new_seq_lens)
+            """The no-draft step as a decode forward (its lengths published before it, :meth:`DecodeStep._decode`);
+            the requests that left the batch since the last step leave the corpus as after a verify."""
+            out = self._decode_step.run_ngram(batch, self.draft_token_num, on_publish)
             current = {req.rid for req in batch.reqs}
             gone = self._prev_decode_rids - current
             if gone:

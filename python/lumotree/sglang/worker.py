@@ -392,13 +392,12 @@ def worker_class():
 
         def _no_draft_decode(self, batch, on_publish):
             """The no-draft step as a decode forward; what follows a one-node verify in SGLang's loop
-            (publish the lengths, stub the skipped draft-extend) follows it too."""
+            (publish the lengths -- before the forward here, :meth:`DecodeStep._decode` --, stub the skipped
+            draft-extend) follows it too."""
             seq_lens, rows = batch.seq_lens, batch.req_pool_indices
-            out = self._decode_step.run(batch)
+            out = self._decode_step.run(batch, on_publish)
             if getattr(self, "_draft_oracle", False):  # SGLang's step (hooked there) does not run
                 draft_oracle.after_step(batch, out, seq_lens, rows, prefill=False)
-            if on_publish is not None:
-                on_publish(out.new_seq_lens)
             self._stub_skipped_draft_extend(batch, out)
             return out
 

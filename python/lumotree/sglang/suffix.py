@@ -391,10 +391,17 @@ class SuffixCorpus(HostCorpus):
         self._admitting.update(dict.fromkeys(rids))
 
     def admitting(self, req_ids) -> bool:
-        """Whether every one of ``req_ids`` is still being admitted (a drafted step would draft nothing for any)."""
-        if self._admitting:
-            self._settle(block=False)
-        return bool(req_ids) and bool(self._admitting) and all(rid in self._admitting for rid in req_ids)
+        """Whether every one of ``req_ids`` (any iterable, read only while admissions are indexing) is still being
+        admitted: a drafted step would draft nothing for any of them."""
+        if not self._admitting:
+            return False
+        self._settle(block=False)
+        seen = False
+        for rid in req_ids:
+            if rid not in self._admitting:
+                return False
+            seen = True
+        return seen
 
     def _admissions_thread(self) -> concurrent.futures.ThreadPoolExecutor:
         """The one background thread of :meth:`admit_batch`, started with the C++ drafter (starting it at the first
@@ -488,8 +495,6 @@ class SuffixCorpus(HostCorpus):
         self.undrafted = []
         if not hasattr(drafter, "step_layout"):
             return super()._draft_arrays(req_ids, roots)
-        if self._starts:
-            self._flush_starts(stop=False)
         skip = [i for i, rid in enumerate(req_ids) if rid in self._admitting]
         if not skip:
             return drafter.step_layout(req_ids, self._step_appends(req_ids), self.n)
@@ -679,7 +684,7 @@ def ngram_worker(make_corpus):
         def ngram_corpus_admitting(self, batch) -> bool:
             """Whether every request of ``batch`` is still being admitted by the corpus (:meth:`SuffixCorpus.admitting`)."""
             admitting = getattr(self.ngram_corpus, "admitting", None)
-            return admitting is not None and admitting([req.rid for req in batch.reqs])
+            return admitting is not None and admitting(req.rid for req in batch.reqs)
 
         def _no_draft_decode(self, batch, on_publish):
             """The no-draft step as a decode forward (its lengths published before it, :meth:`DecodeStep._decode`);

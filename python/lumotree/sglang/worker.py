@@ -235,10 +235,10 @@ class StepLedger:
         if cold:
             return
         drafts = list(num_correct_drafts_per_req)
-        keep = [i not in skip for i in range(len(drafts))]
         if live is not None and len(live) == len(drafts):  # the step's results are in: so is its copy
-            keep = [k and running for k, running in zip(keep, live.tolist())]
-        drafts = [d for d, k in zip(drafts, keep) if k]
+            drafts = [d for i, (d, running) in enumerate(zip(drafts, live.tolist())) if running and i not in skip]
+        elif skip:
+            drafts = [d for i, d in enumerate(drafts) if i not in skip]
         if steps > 0 and drafts:
             self._window[2] += sum(drafts) / len(drafts)
             self._window[3] += 1

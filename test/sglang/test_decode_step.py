@@ -284,3 +284,24 @@ def test_worker_serves_no_draft_steps_as_decode_steps(monkeypatch, plain):
     w.calls.clear()
     assert w.forward_batch_generation(spec_batch()) == "verify-result" and w.calls == [("verify", 3)]
     assert len(w._ledger.pending) == 2
+
+
+def test_lumotree_prefill_publishes_its_lengths_before_sglang_s_forward(monkeypatch):
+    """The EAGLE V2 loop publishes a prefill's lengths after its target forward; LUMOTREE's worker publishes them
+    before it (they are the batch's input lengths) and SGLang's loop gets no callback."""
+    import sglang.srt.speculative.eagle_worker_v2 as ew
+
+    monkeypatch.setattr("lumotree.sglang.finish.admit_batch", lambda batch: None)
+    w = worker(monkeypatch, None)
+    events = []
+
+    def sglang_step(self, batch, on_publish=None, **kwargs):
+        events.append(("forward", on_publish))
+        return "prefill-result"
+
+    monkeypatch.setattr(ew.EAGLEWorkerV2, "forward_batch_generation", sglang_step)
+    b = spec_batch()
+    b.forward_mode = ForwardMode.EXTEND
+    assert w.forward_batch_generation(b, on_publish=lambda lens: events.append(("publish", lens.tolist()))) == \
+        "prefill-result"
+    assert events == [("publish", b.seq_lens.tolist()), ("forward", None)]

@@ -168,6 +168,36 @@ def test_prefills_and_idle_batches_end_a_step_s_time_sample(monkeypatch):
     assert not w._ledger.clock._open[-1][3] and len(w._ledger.pending) == 2
 
 
+@pytest.mark.parametrize("positional", [False, True], ids=["keyword", "positional"])
+def test_a_prefill_publishes_its_lengths_before_sglang_s_forward(monkeypatch, positional):
+    """Under the overlap scheduler a prefill's lengths (its input lengths) are published before SGLang's forward is
+    launched, once, and SGLang's worker gets no callback to publish again after its forward; a decode step's tree
+    keeps SGLang's own publish."""
+    monkeypatch.setattr("lumotree.sglang.finish.admit_batch", lambda batch: None)  # the run clamp: test_finish.py
+    monkeypatch.setattr("lumotree.sglang.suffix.admit_prefilled", lambda worker, batch: None)
+    events = []
+    w = worker(monkeypatch, [1])
+
+    def forward(self, b, on_publish=None):
+        events.append(("forward", on_publish))
+        return "verify-result"
+
+    monkeypatch.setattr(ngram_base(monkeypatch, []), "forward_batch_generation", forward, raising=False)
+
+    def publish(lens):
+        events.append(("publish", lens.tolist()))
+
+    prefill = batch(["a", "b"], ForwardMode.EXTEND)
+    if positional:
+        w.forward_batch_generation(prefill, publish)
+    else:
+        w.forward_batch_generation(prefill, on_publish=publish)
+    assert events == [("publish", [5, 6]), ("forward", None)]
+    events.clear()
+    w.forward_batch_generation(batch(["a", "b"]), on_publish=publish)  # the tree: SGLang's worker publishes
+    assert events == [("forward", publish)]
+
+
 def test_the_policy_drops_a_tree_that_does_not_pay_and_keeps_one_that_does(monkeypatch):
     """Served as a server would: step times from the device's clock, acceptance a step late. A tree step that
     costs 5x a decode step pays from 4 accepted drafts per request on: at 2 the bucket serves no draft, at 8 the

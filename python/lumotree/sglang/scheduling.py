@@ -114,3 +114,27 @@ def consistent_prefix_cache(server_args) -> bool:
                 "tree, --enable-mixed-chunk or --enable-deterministic-inference): --disable-overlap-schedule with "
                 "the no_buffer state cache.")
     return True
+
+
+def publish_prefill_early(batch, args: tuple, kwargs: dict) -> tuple:
+    """A speculative worker's prefill under SGLang's overlap scheduler: publish the batch's lengths before its
+    forward is launched, and return ``(args, kwargs)`` for SGLang's worker without the ``on_publish`` callback (it
+    is called once, here). Any other batch, or no callback: ``(args, kwargs)`` unchanged.
+
+    Why: before it launches a speculative step, the overlap scheduler waits for the previous step's publish of its
+    lengths (``FutureMap.resolve_seq_lens_cpu``: a copy from the device gated on the publish event, then a host
+    sync). SGLang's NGRAM worker publishes a prefill's lengths after its target forward (its EAGLE V2 worker after
+    the target forward, before the draft-extend), so the next batch's preparation and launch wait for the whole
+    prefill. A prefill's lengths are its input lengths (SGLang's speculative V2 convention: the length before this
+    step's tokens), known before the forward. Device order is unchanged: the scheduler's stream waits for the
+    forward before it writes anything the forward reads (its WAR barrier)."""
+    mode = batch.forward_mode
+    if not mode.is_extend() or mode.is_target_verify():
+        return args, kwargs
+    kwargs = dict(kwargs)
+    on_publish = kwargs.pop("on_publish", None)
+    if on_publish is None and args:
+        on_publish, args = args[0], (None, *args[1:])
+    if on_publish is not None:
+        on_publish(batch.seq_lens.clone())
+    return args, kwargs

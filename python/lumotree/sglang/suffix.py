@@ -591,7 +591,7 @@ def ngram_worker(make_corpus):
     from lumotree.sglang import adaptive, draft_timing
     from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.finish import forward_marked, keep_out_of_cache
-    from lumotree.sglang.scheduling import overlap_consistent
+    from lumotree.sglang.scheduling import overlap_consistent, publish_prefill_early
     from lumotree.sglang.worker import StepLedger
 
     class HostCorpusWorker(NGRAMWorker):
@@ -679,6 +679,7 @@ def ngram_worker(make_corpus):
                     ledger.choose(0)
                 else:  # a prefill between two decode steps: the one before it has no step time of its own
                     ledger.clock.interrupt()
+            args, kwargs = publish_prefill_early(batch, args, kwargs)  # its lengths are known: publish, then launch
             return super(HostCorpusWorker, self).forward_batch_generation(batch, *args, **kwargs)
 
         def ngram_corpus_admitting(self, batch) -> bool:

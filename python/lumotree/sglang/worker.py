@@ -32,6 +32,7 @@ import types
 import torch
 
 from lumotree.sglang import adaptive
+from lumotree.sglang.scheduling import publish_prefill_early
 
 logger = logging.getLogger(__name__)
 
@@ -378,6 +379,7 @@ def worker_class():
             if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
                 # a prefill between two decode steps: the one before it has no step time of its own
                 self._ledger.clock.interrupt()
+                args, kwargs = publish_prefill_early(batch, args, kwargs)  # its lengths are known: publish, launch
             elif self.tree_policy is not None and not batch.forward_mode.is_idle():
                 self.activate_step_by_batch(batch.seq_lens.shape[0])
                 self._step_chosen = True  # SGLang's loop asks again: the choice stands

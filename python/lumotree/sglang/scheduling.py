@@ -128,13 +128,12 @@ def publish_prefill_early(batch, args: tuple, kwargs: dict) -> tuple:
     prefill. A prefill's lengths are its input lengths (SGLang's speculative V2 convention: the length before this
     step's tokens), known before the forward. Device order is unchanged: the scheduler's stream waits for the
     forward before it writes anything the forward reads (its WAR barrier)."""
+    positional = kwargs.get("on_publish") is None and bool(args)
+    on_publish = args[0] if positional else kwargs.get("on_publish")
     mode = batch.forward_mode
-    if not mode.is_extend() or mode.is_target_verify():
+    if on_publish is None or not mode.is_extend() or mode.is_target_verify():
         return args, kwargs
-    kwargs = dict(kwargs)
-    on_publish = kwargs.pop("on_publish", None)
-    if on_publish is None and args:
-        on_publish, args = args[0], (None, *args[1:])
-    if on_publish is not None:
-        on_publish(batch.seq_lens.clone())
-    return args, kwargs
+    on_publish(batch.seq_lens.clone())
+    if positional:
+        return (None, *args[1:]), kwargs
+    return args, {**kwargs, "on_publish": None}

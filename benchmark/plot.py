@@ -72,11 +72,13 @@ def agents():
     """Concurrent agents: tokens/s and p95 turn latency per server, one group per (run, concurrency), LUMOTREE_SUFFIX with
     its adaptive tree size: 1 and 8 agents from run "1-8-agents" (16 sessions; one drafter call per request per step),
     32 agents from run "32-agents" (one drafter call per step for the batch, admissions in line) and from run
-    "32-agents-background-admissions" (admissions in the background, waited for; NGRAM not reached)."""
+    "32-agents-staged-admissions" (the current code: admissions in the background, never waited for), beside the
+    diagnosis run "32-agents-no-draft-pinned" (LUMOTREE_SUFFIX pinned to its no-draft step, same machine)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
     groups = [("1-8-agents", 1, "1 agent\n(16 sessions)"), ("1-8-agents", 8, "8 agents\n(16 sessions)"),
               ("32-agents", 32, "32 agents\n(admission in line)"),
-              ("32-agents-background-admissions", 32, "32 agents\n(in background)")]
+              ("32-agents-staged-admissions", 32, "32 agents\n(current code)"),
+              ("32-agents-no-draft-pinned", 32, "32 agents\n(current code)")]
     rows = [dict(r, agents=label) for name, level, label in groups if name in runs
             for r in runs[name]["rows"] if r["agents"] == level]
     configs = list(dict.fromkeys(r["config"] for r in rows))

@@ -25,6 +25,10 @@ turns, prompt_tokens_max}``: completion tokens per second of wall time; per-turn
 ``--enable-cache-report``); ``accept_length``: the server's average since start-up, read after the
 phase (``/get_server_info``; phases run in the order of ``--agents``).
 
+``--repeats R``: each measured phase runs R times per server, the radix cache flushed between them; the row is the
+run of median speed (``repeats``: every run's tokens/s): at 32 agents one 12-19 s phase of SGLang's NGRAM server took
+11.5 s in one run and 19.3 s in another (same flags, two machines, no compile in either).
+
 ``--abort-every K``: every K-th turn is first sent and aborted mid-way (a user interrupting it), then
 sent again, so that aborted requests' states meet the radix cache (``aborted_turns``; ``aborts_mid_run``:
 those whose abort found the request still running).
@@ -301,6 +305,16 @@ def summarize(config, agents, turns, wall, accept_length=None):
                 aborts_mid_run=sum(bool(t.get("aborted")) for t in turns))
 
 
+def repeated(config, agents, phases, accept_length=None):
+    """The row of ``--repeats`` runs of one phase (``phases``: ``[(turns, wall)]``): the run of median speed (the
+    lower median for an even count), with every run's tokens/s in ``repeats`` when there is more than one."""
+    rows = [summarize(config, agents, turns, wall, accept_length) for turns, wall in phases]
+    if len(rows) == 1:
+        return rows[0]
+    row = sorted(rows, key=lambda r: r["tokens_per_s"])[(len(rows) - 1) // 2]
+    return dict(row, repeats=[round(r["tokens_per_s"], 1) for r in rows])
+
+
 def replies(turns):
     """``{session: [reply of turn 0, 1, ...]}`` of one phase."""
     out = {}
@@ -429,11 +443,18 @@ def main():
                     help="serve with SGLang's default prefill CUDA graphs (breakable, on CUDA) instead of turning them "
                          "off with --disable-piecewise-cuda-graph as the recorded runs did (their capture adds minutes "
                          "to every server's start)")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="run each measured phase this many times per server (the radix cache flushed between "
+                         "them): the row is the run of median speed, every run's tokens/s in its 'repeats' "
+                         "(one 12-19 s phase at 32 agents is not a stable measure); the parity compares the "
+                         "first runs")
     ap.add_argument("--resume", action="store_true",
                     help="keep the configurations an interrupted run of the same command finished (rows and server in "
                          "--out, replies in --replies-out) and run the rest: one command repeated across sittings")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1 (got {args.repeats})")
     from sglang_server import (ADMISSION_TIMING_LINE, draft_timing, get, jit_cache_env, jit_compiles, log_health, post,
                                sglang_server)
 
@@ -480,15 +501,19 @@ def main():
                     windows["warm-up"] = (t1, time.time())
                     post(url + "/flush_cache", {})  # the measured phases start from an empty radix cache
                 for agents in (int(a) for a in args.agents.split(",")):
-                    t2 = time.time()
-                    turns, wall = run_phase(url, sessions, agents, args.max_tokens, count, args.collapse_tokens,
-                                            abort_every=args.abort_every, abort_after_s=args.abort_after)
+                    t2, phases = time.time(), []
+                    for rep in range(args.repeats):
+                        if rep:
+                            post(url + "/flush_cache", {})  # the same phase again, from an empty radix cache
+                        phases.append(run_phase(url, sessions, agents, args.max_tokens, count, args.collapse_tokens,
+                                                abort_every=args.abort_every, abort_after_s=args.abort_after))
                     windows[f"{agents} agents"] = (t2, time.time())
                     info = json.loads(get(url + "/get_server_info"))
                     acc = next((s.get("avg_spec_accept_length") for s in info.get("internal_states", [])
                                 if s.get("avg_spec_accept_length")), None)
-                    row = summarize(name, agents, turns, wall, acc)
+                    row = repeated(name, agents, phases, acc)
                     res["rows"].append(row)
+                    turns = phases[0][0]  # the parity compares every server's first phase
                     runs[f"{name}/{agents}"] = replies(turns)
                     runs[f"{name}/{agents}" + DETAILS] = details(turns)
                     res["parity"] = compare(runs, reference="none" + args.tag)

@@ -389,3 +389,49 @@ def test_warm_up_runs_each_level_at_its_concurrency(tmp_path, monkeypatch):
     warm, measured = calls[:3], calls[3:]
     assert warm == [(1, 1), (3, 3), (4, 4)]
     assert measured == [(8, 1), (8, 3), (8, 8)]
+
+
+def test_repeats_run_each_phase_again_from_a_flushed_cache_and_report_the_median_run(tmp_path, monkeypatch):
+    import contextlib
+    import json
+    import sys
+
+    ab = load()
+    import sglang_server as ss
+
+    events = []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, base_args=(), env=None, **kw):
+        yield "http://x"
+
+    def fake_post(url, payload, timeout=600):
+        if url.endswith("/flush_cache"):
+            events.append("flush")
+            return {}
+        events.append("turn")
+        return dict(choices=[dict(message=dict(content="r"))],
+                    usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=25)))
+
+    walls = iter([5.0, 1.0, 3.0])  # the three runs' wall times: 3 s is the median run
+
+    def fake_run_phase(url, sessions, agents, *a, **kw):
+        turns = [dict(session=0, turn=0, latency=0.1, prompt_tokens=50, cached_tokens=25, completion_tokens=30,
+                      reply="r")]
+        fake_post(url + "/v1/chat/completions", dict(messages=[]))
+        return turns, next(walls)
+
+    monkeypatch.setattr(ss, "sglang_server", fake_server)
+    monkeypatch.setattr(ss, "post", fake_post)
+    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
+    monkeypatch.setattr(ab, "run_phase", fake_run_phase)
+    monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs", "none", "--agents", "1",
+                                      "--sessions", "1", "--turns", "1", "--warmup-sessions", "0", "--repeats", "3",
+                                      "--out", str(tmp_path / "a.json")])
+    ab.main()
+    assert events == ["turn", "flush", "turn", "flush", "turn"]
+    (row,) = json.load(open(tmp_path / "a.json"))["rows"]
+    assert row["repeats"] == [6.0, 30.0, 10.0] and row["tokens_per_s"] == 10.0 and row["seconds"] == 3.0
+    monkeypatch.setattr(sys, "argv", sys.argv[:-3] + ["0", "--out", str(tmp_path / "b.json")])
+    with pytest.raises(SystemExit):
+        ab.main()

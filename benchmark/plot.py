@@ -78,7 +78,7 @@ def agents():
     groups = [("1-8-agents", 1, "1 agent\n(16 sessions)"), ("1-8-agents", 8, "8 agents\n(16 sessions)"),
               ("32-agents", 32, "32 agents\n(admission in line)"),
               ("32-agents-staged-admissions", 32, "32 agents\n(current code)"),
-              ("32-agents-no-draft-pinned", 32, "32 agents\n(current code)")]
+              ("32-agents-no-draft-pinned", 32, "32 agents\n(current code)")]  # one group with the run above
     rows = [dict(r, agents=label) for name, level, label in groups if name in runs
             for r in runs[name]["rows"] if r["agents"] == level]
     configs = list(dict.fromkeys(r["config"] for r in rows))

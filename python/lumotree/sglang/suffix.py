@@ -509,9 +509,8 @@ class SuffixCorpus(HostCorpus):
             mask[ready] = np.asarray(m).reshape(len(ready), n, n)
         tokens[skip] = np.asarray([roots[i] for i in skip], dtype=np.int64)[:, None]
         diag = np.arange(n)
-        for i in skip:
-            mask[i, :, 0] = True
-            mask[i, diag, diag] = True
+        mask[skip, :, 0] = True  # each node sees the root and itself: a one-node draft's layout
+        mask[np.asarray(skip)[:, None], diag, diag] = True
         self.undrafted = skip
         return tokens.reshape(-1), mask.reshape(-1)
 

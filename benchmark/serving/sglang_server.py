@@ -211,6 +211,27 @@ DRAFT_TIMING_LINE = re.compile(r"LumoTree draft timing: batch bucket (\d+): medi
 ADMISSION_TIMING_LINE = re.compile(r"LumoTree admission timing: batch bucket (\d+): median ([\d.]+) ms, p95 ([\d.]+) "
                                    r"ms over (\d+) batches, total ([\d.]+) ms")
 
+STEP_TIMING_LINE = re.compile(r"LumoTree step-(\w+) timing: batch bucket (\d+): median ([\d.]+) ms, p95 ([\d.]+) ms "
+                              r"over (\d+) steps, total ([\d.]+) ms")
+
+
+def step_timing(log):
+    """Where a server run with ``LUMOTREE_BENCH_STEP_TIMING=1`` spent its decode steps on the scheduler's thread
+    (:mod:`lumotree.sglang.step_timing`): per part (``step``, ``schedule``, ``launch``, ``lengths``, ``result``)
+    what :func:`draft_timing` reads per batch bucket. ``{}`` when the log has none."""
+    try:
+        text = open(log, errors="replace").read()
+    except (OSError, TypeError):
+        return {}
+    parts = collections.defaultdict(lambda: collections.defaultdict(list))
+    for m in STEP_TIMING_LINE.finditer(text):
+        parts[m.group(1)][int(m.group(2))].append((float(m.group(3)), float(m.group(4)), int(m.group(5)),
+                                                    float(m.group(6))))
+    return {part: {str(b): dict(median_ms=statistics.median(x[0] for x in got), p95_ms=max(x[1] for x in got),
+                                steps=sum(x[2] for x in got), total_ms=round(sum(x[3] for x in got), 1))
+                   for b, got in sorted(buckets.items())}
+            for part, buckets in sorted(parts.items())}
+
 
 def draft_timing(log, pattern=DRAFT_TIMING_LINE):
     """The draft preparation's host time per step that a server run with ``LUMOTREE_BENCH_DRAFT_TIMING=1``

@@ -411,6 +411,9 @@ def main():
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--log-dir", default=".")
     ap.add_argument("--server-timeout", type=int, default=400)
+    ap.add_argument("--step-timing", action="store_true",
+                    help="every server logs where its decode steps' wall time goes on the scheduler's thread "
+                         "(LUMOTREE_BENCH_STEP_TIMING=1, lumotree.sglang.step_timing), recorded per server")
     ap.add_argument("--draft-timing", action="store_true",
                     help="every server times its model-free draft preparation per step (LUMOTREE_BENCH_DRAFT_TIMING=1, "
                          "benchmark only; NGRAM and LUMOTREE_SUFFIX): per batch bucket in the result's servers; "
@@ -456,7 +459,7 @@ def main():
     if args.repeats < 1:
         ap.error(f"--repeats must be at least 1 (got {args.repeats})")
     from sglang_server import (ADMISSION_TIMING_LINE, draft_timing, get, jit_cache_env, jit_compiles, log_health, post,
-                               sglang_server)
+                               sglang_server, step_timing)
 
     sessions = make_sessions(args.sessions, args.turns, args.seed)
     count = token_counter(args.model)
@@ -471,6 +474,8 @@ def main():
         env["LUMOTREE_BENCH_DRAFT_TIMING"] = "1"
     if args.jit_log:
         env["LUMOTREE_BENCH_JIT_LOG"] = "1"
+    if args.step_timing:
+        env["LUMOTREE_BENCH_STEP_TIMING"] = "1"
     res = dict(command="python3 " + " ".join(sys.argv), rows=[], servers={})
     runs = {}
     done = resumed(res, runs, args) if args.resume else set()
@@ -527,6 +532,8 @@ def main():
         if args.draft_timing:
             res["servers"][name]["draft_timing"] = draft_timing(log)
             res["servers"][name]["admission_timing"] = draft_timing(log, ADMISSION_TIMING_LINE)
+        if args.step_timing:
+            res["servers"][name]["step_timing"] = step_timing(log)
         if args.jit_log:
             res["servers"][name]["jit_compiles"] = jit_compiles(
                 log, {k: (a, b if b is not None else time.time()) for k, (a, b) in windows.items()})

@@ -94,3 +94,64 @@ def test_the_timer_logs_through_the_module_logger(caplog):
     with caplog.at_level(logging.INFO, logger="lumotree.sglang.draft_timing"):
         t.add(8, 0.002)
     assert "LumoTree draft timing: batch bucket 8: median 2.000 ms, p95 2.000 ms over 1 steps" in caplog.text
+
+
+def test_step_timing_hooks_time_decode_batches_only_and_the_log_reader_reads_each_part(monkeypatch, tmp_path):
+    from lumotree.sglang import step_timing
+
+    lines = []
+    timers = {p: draft_timing.DraftTimer(every=2, log=lambda fmt, *a: lines.append(fmt % a), what=f"step-{p}")
+              for p in step_timing.PARTS}
+    monkeypatch.setattr(step_timing, "TIMERS", timers)
+    monkeypatch.setitem(step_timing._last, "start", None)
+    mode = lambda decode: SimpleNamespace(is_decode=lambda: decode)  # noqa: E731
+    dec = SimpleNamespace(forward_mode=mode(True), reqs=[0] * 3)
+    pre = SimpleNamespace(forward_mode=mode(False), reqs=[0] * 5)
+    calls = []
+    run = lambda self, b, *a: calls.append(b) or "out"  # noqa: E731
+    assert step_timing.run_batch(run, "sched", dec) == "out"  # first decode step: no interval yet
+    assert not timers["step"].samples and len(timers["launch"].samples[4]) == 1
+    step_timing.run_batch(run, "sched", dec)  # an interval
+    step_timing.run_batch(run, "sched", pre)  # a prefill: not timed, and it breaks the interval
+    step_timing.run_batch(run, "sched", dec)
+    assert calls == [dec, dec, pre, dec]
+    assert lines[0].startswith("LumoTree step-launch timing: batch bucket 4: median")
+    assert timers["step"].samples[4] and len(timers["step"].samples[4]) == 1 and not timers["step"].samples[8]
+    assert step_timing.get_next_batch_to_run(lambda self: pre, "sched") is pre
+    assert step_timing.get_next_batch_to_run(lambda self: None, "sched") is None
+    assert not timers["schedule"].samples
+    step_timing.get_next_batch_to_run(lambda self: dec, "sched")
+    step_timing.process_batch_result(lambda self, b, r: r, "sched", dec, "res")
+    step_timing.resolve_seq_lens_cpu(lambda self, b: None, "fm", pre)
+    assert len(timers["schedule"].samples[4]) == 1 and len(timers["result"].samples[4]) == 1
+    assert not timers["lengths"].samples
+    step_timing.run_batch(run, "sched", dec)  # the second step interval: a line
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"[2026-01-01 00:00:00] {ln}\n" for ln in lines))
+    ss = load_script("serving", "sglang_server")
+    got = ss.step_timing(str(log))
+    assert set(got) == {"launch", "step"} and set(got["step"]) == {"4"} and got["step"]["4"]["steps"] == 2
+    assert got["launch"]["4"]["steps"] == 4
+    assert ss.step_timing(str(tmp_path / "missing.log")) == {}
+
+
+def test_step_timing_installs_only_when_asked(monkeypatch):
+    from lumotree.sglang import step_timing
+    from lumotree.sglang import patches
+
+    got = []
+    monkeypatch.setattr(patches, "register_hook", lambda target, hook, kind: got.append((target, kind)))
+    monkeypatch.delenv(step_timing.ENV, raising=False)
+    step_timing.install()
+    assert got == []
+    monkeypatch.setenv(step_timing.ENV, "1")
+    step_timing.install()
+    assert [t.rsplit(".", 1)[1] for t, _ in got] == ["get_next_batch_to_run", "run_batch", "process_batch_result",
+                                                      "resolve_seq_lens_cpu"]
+    assert all(k == "AROUND" for _, k in got)
+    # the targets exist in SGLang 0.5.17
+    import pkgutil
+
+    for t, _ in got:
+        owner, attr = t.rsplit(".", 1)
+        assert callable(getattr(pkgutil.resolve_name(owner), attr))

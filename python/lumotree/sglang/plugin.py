@@ -337,6 +337,9 @@ def register() -> None:
     from lumotree.sglang import draft_timing  # benchmark only: a no-op unless LUMOTREE_BENCH_DRAFT_TIMING=1
 
     draft_timing.install()
+    from lumotree.sglang import step_timing  # benchmark only: a no-op unless LUMOTREE_BENCH_STEP_TIMING=1
+
+    step_timing.install()
     from lumotree.sglang import jit_log  # benchmark only: a no-op unless LUMOTREE_BENCH_JIT_LOG=1
 
     jit_log.install()

@@ -1,0 +1,97 @@
+"""Benchmark-only: where a served decode step's wall time goes on the scheduler's thread, for any server.
+
+Registered only when ``LUMOTREE_BENCH_STEP_TIMING=1``; never part of a normal launch. The torch profiler with
+Python stacks slows the host threefold, so a served step that is host-bound shows the same cost with and without
+speculation under it; these are plain ``perf_counter`` readings through ``AROUND`` hooks on SGLang's scheduler
+(SGLang's ``HookRegistry``), the same for a server without speculation, SGLang's speculative ones and LumoTree's.
+Decode batches only (a prefill between two decode steps breaks the interval it falls in):
+
+* ``step``: from one decode batch's ``Scheduler.run_batch`` start to the next one's (the served step, wall);
+* ``schedule``: ``Scheduler.get_next_batch_to_run`` (its preparation of the decode batch);
+* ``launch``: ``Scheduler.run_batch`` (the worker's launch, and any wait inside it);
+* ``lengths``: SGLang's ``FutureMap.resolve_seq_lens_cpu`` inside it (a speculative V2 batch waits there for the
+  previous step's published lengths);
+* ``result``: ``Scheduler.process_batch_result`` (waits for the previous step's results, then the host's share).
+
+Per batch bucket (the next power of two) each part logs a line per ``REPORT_EVERY`` samples,
+``LumoTree step-<part> timing: batch bucket B: median X ms, p95 Y ms over N steps, total Z ms``, which
+``benchmark/serving/sglang_server.py: step_timing`` reads back from the server log.
+"""
+from __future__ import annotations
+
+import os
+import time
+from typing import Dict
+
+from lumotree.sglang.draft_timing import DraftTimer
+
+ENV = "LUMOTREE_BENCH_STEP_TIMING"
+SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
+PARTS = ("step", "schedule", "launch", "lengths", "result")
+REPORT_EVERY = 128
+
+TIMERS: Dict[str, DraftTimer] = {p: DraftTimer(every=REPORT_EVERY, what=f"step-{p}") for p in PARTS}
+_last = {"start": None}  # the last decode run_batch's start (None after any other batch)
+
+
+def enabled(env=os.environ) -> bool:
+    return env.get(ENV) == "1"
+
+
+def _decode_size(batch) -> int:
+    """The request count of a decode batch; 0 for anything else (None, idle, prefill, mixed)."""
+    mode = getattr(batch, "forward_mode", None)
+    if batch is None or mode is None or not mode.is_decode():
+        return 0
+    return len(batch.reqs)
+
+
+def _timed(part: str, original, self, batch, *args, **kwargs):
+    bs = _decode_size(batch)
+    t0 = time.perf_counter()
+    out = original(self, batch, *args, **kwargs)
+    if bs:
+        TIMERS[part].add(bs, time.perf_counter() - t0)
+    return out
+
+
+def get_next_batch_to_run(original, self, *args, **kwargs):
+    t0 = time.perf_counter()
+    batch = original(self, *args, **kwargs)
+    bs = _decode_size(batch)
+    if bs:
+        TIMERS["schedule"].add(bs, time.perf_counter() - t0)
+    return batch
+
+
+def run_batch(original, self, batch, *args, **kwargs):
+    bs = _decode_size(batch)
+    t0 = time.perf_counter()
+    if bs and _last["start"] is not None:
+        TIMERS["step"].add(bs, t0 - _last["start"])
+    _last["start"] = t0 if bs else None
+    out = original(self, batch, *args, **kwargs)
+    if bs:
+        TIMERS["launch"].add(bs, time.perf_counter() - t0)
+    return out
+
+
+def process_batch_result(original, self, batch, *args, **kwargs):
+    return _timed("result", original, self, batch, *args, **kwargs)
+
+
+def resolve_seq_lens_cpu(original, self, batch, *args, **kwargs):
+    return _timed("lengths", original, self, batch, *args, **kwargs)
+
+
+def install() -> None:
+    """Register the hooks (when :data:`ENV` is ``1``)."""
+    if not enabled():
+        return
+    from lumotree.sglang.patches import register_hook
+
+    register_hook(f"{SCHEDULER}.get_next_batch_to_run", get_next_batch_to_run, "AROUND")
+    register_hook(f"{SCHEDULER}.run_batch", run_batch, "AROUND")
+    register_hook(f"{SCHEDULER}.process_batch_result", process_batch_result, "AROUND")
+    register_hook(f"{FUTURE_MAP}.resolve_seq_lens_cpu", resolve_seq_lens_cpu, "AROUND")

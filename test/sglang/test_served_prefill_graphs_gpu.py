@@ -10,7 +10,8 @@ with the same default prefill graphs:
 * with their flags alone (the adaptive tree size) they must serve the same requests and stay close (a verify's
   kernels differ from a decode step's: bf16 near-ties may part).
 
-Not yet run on the GPU machine (written when no device time was left)."""
+Run on the GPU machine once, before the cached-length assertion above was corrected: the LUMOTREE pinned test
+failed there on equal cached lengths (the two servers' state-cache strategies differ), before its token comparison."""
 import json
 import os
 import sys
@@ -62,10 +63,12 @@ def test_pinned_no_draft_server_with_prefill_graphs_decodes_like_no_speculation(
     got, meta, log = serve(tmp_path, algorithm.lower(), TREES[algorithm] + ["--speculative-adaptive-config", str(cfg)])
     assert "Traceback" not in log and "Traceback" not in ref_log
     assert all(m["completion_tokens"] == 48 for m in meta)
-    # the second turns were served from the radix cache on both servers, to the same prefix length
+    # the second turns were served from the radix cache on both servers. Not to the same prefix length: the server
+    # without speculation resolves SGLang's state cache to its extra_buffer strategy (overlap scheduler), LumoTree's to
+    # no_buffer (lumotree.sglang.scheduling), and the two keep states at different points (seen: 11, 60, 10, 58
+    # against 58, 59, 57, 57 cached tokens)
     second = slice(2 * len(PROMPTS), None)
-    assert [m["cached_tokens"] for m in meta[second]] == [m["cached_tokens"] for m in ref_meta[second]]
-    assert all(m["cached_tokens"] > 0 for m in meta[second])
+    assert all(m["cached_tokens"] > 0 for m in meta[second]) and all(m["cached_tokens"] > 0 for m in ref_meta[second])
     assert got == ref, first_differences(ref, got)
 
 

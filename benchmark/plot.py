@@ -71,14 +71,14 @@ def served():
 def agents():
     """Concurrent agents: tokens/s and p95 turn latency per server, one group per (run, concurrency), LUMOTREE_SUFFIX with
     its adaptive tree size: 1 and 8 agents from run "1-8-agents" (16 sessions; one drafter call per request per step),
-    32 agents from run "32-agents" (one drafter call per step for the batch, admissions in line) and from run
-    "32-agents-staged-admissions" (the current code: admissions in the background, never waited for), beside the
-    diagnosis run "32-agents-no-draft-pinned" (LUMOTREE_SUFFIX pinned to its no-draft step, same machine)."""
+    32 agents from run "32-agents" (one drafter call per step for the batch, admissions in line) and from runs
+    "32-agents-staged-admissions" and "32-agents-step-timing" (the current code, two machines; the second with
+    LUMOTREE_SUFFIX pinned to its no-draft step beside the others)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
     groups = [("1-8-agents", 1, "1 agent\n(16 sessions)"), ("1-8-agents", 8, "8 agents\n(16 sessions)"),
               ("32-agents", 32, "32 agents\n(admission in line)"),
               ("32-agents-staged-admissions", 32, "32 agents\n(current code)"),
-              ("32-agents-no-draft-pinned", 32, "32 agents\n(current code)")]  # one group with the run above
+              ("32-agents-step-timing", 32, "32 agents\n(current code,\nanother machine)")]
     rows = [dict(r, agents=label) for name, level, label in groups if name in runs
             for r in runs[name]["rows"] if r["agents"] == level]
     configs = list(dict.fromkeys(r["config"] for r in rows))
@@ -102,7 +102,34 @@ def agents():
     fig.savefig(os.path.join(DOCS, "agents_h200.png"), dpi=110)
 
 
+def step_timing():
+    """Served decode steps at 32 agents (run "32-agents-step-timing"): each server's median wall time per decode step on
+    the scheduler's thread, per batch bucket, and the part of it in ``Scheduler.run_batch`` (the worker's launch)."""
+    run = next(r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]
+               if r["name"] == "32-agents-step-timing")
+    servers = [n for n in ("none", "ngram", "lumotree-suffix", "lumotree-suffix-nodraft") if n in run["servers"]]
+    buckets = ["1", "2", "4", "8", "16", "32"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6), sharey=True)
+    w = 0.8 / len(servers)
+    for ax, part, title in zip(axes, ("step", "launch"), ("decode step (run_batch to run_batch)",
+                                                         "its Scheduler.run_batch (launch)")):
+        for i, n in enumerate(servers):
+            got = run["servers"][n]["step_timing"].get(part, {})
+            xs = [j + (i - (len(servers) - 1) / 2) * w for j in range(len(buckets))]
+            vals = [got[b]["median_ms"] if b in got else 0 for b in buckets]
+            ax.bar(xs, vals, width=w, label=n)
+        ax.set(xticks=range(len(buckets)), xticklabels=buckets, xlabel="batch bucket (running requests, next power of 2)",
+               title=title)
+    axes[0].set_ylabel("median ms")
+    axes[0].legend(fontsize=7)
+    fig.suptitle("32 SWE-agent-style sessions, tiny model, H200 (LUMOTREE_SUFFIX mixes drafted and no-draft steps)",
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(DOCS, "step_timing_h200.png"), dpi=110)
+
+
 if __name__ == "__main__":
     select()
     served()
     agents()
+    step_timing()

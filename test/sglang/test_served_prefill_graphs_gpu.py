@@ -10,8 +10,8 @@ with the same default prefill graphs:
 * with their flags alone (the adaptive tree size) they must serve the same requests and stay close (a verify's
   kernels differ from a decode step's: bf16 near-ties may part).
 
-Run on the GPU machine once, before the cached-length assertion above was corrected: the LUMOTREE pinned test
-failed there on equal cached lengths (the two servers' state-cache strategies differ), before its token comparison."""
+On the H200 (``pytest -q -m gpu -k pinned test/sglang/test_served_prefill_graphs_gpu.py``): the two pinned tests
+pass; the two adaptive ones have not been run there."""
 import json
 import os
 import sys

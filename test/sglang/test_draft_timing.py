@@ -117,10 +117,12 @@ def test_step_timing_hooks_time_decode_batches_only_and_the_log_reader_reads_eac
     assert calls == [dec, dec, pre, dec]
     assert lines[0].startswith("LumoTree step-launch timing: batch bucket 4: median")
     assert timers["step"].samples[4] and len(timers["step"].samples[4]) == 1 and not timers["step"].samples[8]
-    assert step_timing.get_next_batch_to_run(lambda self: pre, "sched") is pre
-    assert step_timing.get_next_batch_to_run(lambda self: None, "sched") is None
+    plan = lambda b: SimpleNamespace(batch_to_run=b, running_batch="running")  # noqa: E731  (SGLang's NextBatchPlan)
+    got = plan(pre)
+    assert step_timing.get_next_batch_to_run(lambda self, **kw: got, "sched", running_batch=1, last_batch=2) is got
+    step_timing.get_next_batch_to_run(lambda self: plan(None), "sched")
     assert not timers["schedule"].samples
-    step_timing.get_next_batch_to_run(lambda self: dec, "sched")
+    step_timing.get_next_batch_to_run(lambda self: plan(dec), "sched")
     step_timing.process_batch_result(lambda self, b, r: r, "sched", dec, "res")
     step_timing.resolve_seq_lens_cpu(lambda self, b: None, "fm", pre)
     assert len(timers["schedule"].samples[4]) == 1 and len(timers["result"].samples[4]) == 1
@@ -149,8 +151,12 @@ def test_step_timing_installs_only_when_asked(monkeypatch):
     assert [t.rsplit(".", 1)[1] for t, _ in got] == ["get_next_batch_to_run", "run_batch", "process_batch_result",
                                                       "resolve_seq_lens_cpu"]
     assert all(k == "AROUND" for _, k in got)
-    # the targets exist in SGLang 0.5.17
+    # the targets exist in SGLang 0.5.17, and its scheduler's next batch is a plan's batch_to_run
     import pkgutil
+
+    from sglang.srt.managers.schedule_batch import NextBatchPlan
+
+    assert "batch_to_run" in NextBatchPlan.__struct_fields__
 
     for t, _ in got:
         owner, attr = t.rsplit(".", 1)

@@ -58,11 +58,11 @@ def _timed(part: str, original, self, batch, *args, **kwargs):
 
 def get_next_batch_to_run(original, self, *args, **kwargs):
     t0 = time.perf_counter()
-    batch = original(self, *args, **kwargs)
-    bs = _decode_size(batch)
+    plan = original(self, *args, **kwargs)  # SGLang 0.5.17: a NextBatchPlan (its batch_to_run)
+    bs = _decode_size(getattr(plan, "batch_to_run", None))
     if bs:
         TIMERS["schedule"].add(bs, time.perf_counter() - t0)
-    return batch
+    return plan
 
 
 def run_batch(original, self, batch, *args, **kwargs):

@@ -398,8 +398,65 @@ CONFIGS["lumotree-suffix-nodraft"] = CONFIGS["lumotree-suffix"] + [
     "--speculative-adaptive-config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_draft.json")]
 
 
+STEP_BUCKETS = ("1", "2", "4", "8", "16", "32", "64")
+
+
+def markdown(res) -> str:
+    """The tables of a result (this script's ``--out``, or one run of ``benchmark/results/agents_h200.json``): per
+    --agents level every row's tokens/s (x the server without speculation of the same --tag at that level), p50 / p95
+    turn latency and accept length; then, where servers logged ``--step-timing``, their median ms per decode step and
+    per ``run_batch`` by batch bucket."""
+    rows = res.get("rows", [])
+    out = []
+    for level in sorted({r["agents"] for r in rows}):
+        at = [r for r in rows if r["agents"] == level]
+        out += [f"{level} agent{'s' if level != 1 else ''}:", "",
+                "| server | tokens/s (x none) | p50 / p95 turn (s) | accept |", "|---|---|---|---|"]
+        for r in at:
+            ref = next((x for x in at if x["config"] == "none" + _tag(r["config"])), None)
+            tps, ref_tps = r.get("tokens_per_s"), (ref or {}).get("tokens_per_s")
+            rel = f" ({tps / ref_tps:.2f}x)" if tps and ref_tps and ref is not r else ""
+            out.append(f"| {r['config']} | {_num(tps, '.0f')}{rel} | {_num(r.get('latency_p50'))} / "
+                       f"{_num(r.get('latency_p95'))} | {_num(r.get('accept_length'))} |")
+        out.append("")
+    timed = {n: s["step_timing"] for n, s in res.get("servers", {}).items() if s.get("step_timing")}
+    if timed:
+        buckets = [b for b in STEP_BUCKETS if any(b in t.get("step", {}) for t in timed.values())]
+        out += ["Median ms per decode step / its run_batch, by batch bucket (--step-timing):", "",
+                "| server | " + " | ".join(buckets) + " |", "|---|" + "---|" * len(buckets)]
+        for n, t in timed.items():
+            cells = [f"{t['step'][b]['median_ms']:.2f} / {t['launch'][b]['median_ms']:.2f}"
+                     if b in t.get("step", {}) and b in t.get("launch", {}) else "-" for b in buckets]
+            out.append(f"| {n} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _num(x, fmt: str = ".2f") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _tag(config: str) -> str:
+    """The --tag of a configuration name: what follows its CONFIGS key."""
+    key = max((k for k in CONFIGS if config.startswith(k)), key=len, default=config)
+    return config[len(key):]
+
+
 def main():
     ap = argparse.ArgumentParser()
+    if "--render" in sys.argv[1:]:  # tables of an existing result, no servers
+        ap.add_argument("--render", required=True, metavar="FILE[:RUN]",
+                        help="print the tables of this script's --out FILE, or of the run RUN of a file of runs "
+                             "(benchmark/results/agents_h200.json)")
+        a = ap.parse_args()
+        path, _, run = a.render.partition(":")
+        res = json.load(open(path))
+        if "runs" in res:
+            res = next((r for r in res["runs"] if r["name"] == run), None)
+            if res is None:
+                ap.error(f"no run {run!r} in {path}")
+        print(markdown(res))
+        return
     ap.add_argument("--model", required=True)
     ap.add_argument("--configs", default="none,ngram,lumotree-suffix,lumotree")
     ap.add_argument("--agents", default="1,8,32")
@@ -541,6 +598,7 @@ def main():
         if args.replies_out:
             with gzip.open(args.replies_out, "wt") as f:
                 json.dump(runs, f)
+    print(markdown(res), flush=True)
 
 
 if __name__ == "__main__":

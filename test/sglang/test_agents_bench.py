@@ -435,3 +435,42 @@ def test_repeats_run_each_phase_again_from_a_flushed_cache_and_report_the_median
     monkeypatch.setattr(sys, "argv", sys.argv[:-3] + ["0", "--out", str(tmp_path / "b.json")])
     with pytest.raises(SystemExit):
         ab.main()
+
+
+def _row(config, agents, tps, acc=None):
+    return dict(config=config, agents=agents, tokens_per_s=tps, latency_p50=0.5, latency_p95=1.0, accept_length=acc)
+
+
+def test_markdown_tables_relate_each_row_to_the_server_without_speculation_of_its_tag_and_level():
+    ab = load()
+    res = dict(rows=[_row("none", 8, 2000.0), _row("lumotree-suffix", 8, 3000.0, 7.0), _row("none-exact", 8, 1000.0),
+                     _row("lumotree-suffix-nodraft-exact", 8, 900.0, 1.0), _row("ngram", 1, 500.0, 5.0)],
+               servers={"none": dict(step_timing={"step": {"8": dict(median_ms=1.6)}, "launch": {"8": dict(median_ms=1.1)}}),
+                        "ngram": dict(step_timing={"step": {"1": dict(median_ms=3.0)}, "launch": {}})})
+    text = ab.markdown(res)
+    lines = text.splitlines()
+    assert "| lumotree-suffix | 3000 (1.50x) | 0.50 / 1.00 | 7.00 |" in lines
+    assert "| lumotree-suffix-nodraft-exact | 900 (0.90x) | 0.50 / 1.00 | 1.00 |" in lines  # against none-exact
+    assert "| none | 2000 | 0.50 / 1.00 | - |" in lines
+    assert "| ngram | 500 | 0.50 / 1.00 | 5.00 |" in lines  # no reference at its level: no ratio
+    assert lines.index("1 agent:") < lines.index("8 agents:")
+    assert "| server | 1 | 8 |" in lines
+    assert "| none | - | 1.60 / 1.10 |" in lines and "| ngram | - | - |" in lines
+    assert "step_timing" not in ab.markdown(dict(rows=res["rows"], servers={})) and "--step-timing" not in \
+        ab.markdown(dict(rows=res["rows"], servers={}))
+
+
+def test_render_prints_a_run_of_a_file_of_runs_and_refuses_a_missing_one(tmp_path, monkeypatch, capsys):
+    import json
+    import sys
+
+    ab = load()
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps(dict(runs=[dict(name="a", rows=[_row("none", 32, 4000.0)], servers={})])))
+    monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--render", f"{path}:a"])
+    ab.main()
+    assert "| none | 4000 | 0.50 / 1.00 | - |" in capsys.readouterr().out
+    monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--render", f"{path}:b"])
+    with pytest.raises(SystemExit):
+        ab.main()
+    assert "no run 'b'" in capsys.readouterr().err

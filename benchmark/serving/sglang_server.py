@@ -233,6 +233,37 @@ def step_timing(log):
             for part, buckets in sorted(parts.items())}
 
 
+STEP_TOTALS_LINE = re.compile(r"LumoTree step totals at ([\d.]+): (.*)")
+STEP_TOTALS_PART = re.compile(r"(\w+) ([\d.]+) ms (\d+)")
+
+
+def step_totals(log, windows):
+    """Where the scheduler's time went inside each named ``(start, end)`` unix-time window, from the cumulative
+    totals a server run with ``LUMOTREE_BENCH_STEP_TIMING=1`` logged (:mod:`lumotree.sglang.step_timing`): per
+    window and kind (``decode``, ``prefill``, ``other``, ``idle``) the seconds and intervals between the last totals
+    logged at or before its start (none: zero) and the last at or before its end. The totals are logged at most once
+    a second, so a window's edges are that coarse. ``{}`` when the log has none."""
+    try:
+        text = open(log, errors="replace").read()
+    except (OSError, TypeError):
+        return {}
+    points = [(float(m.group(1)), {k: (float(ms), int(n)) for k, ms, n in STEP_TOTALS_PART.findall(m.group(2))})
+              for m in STEP_TOTALS_LINE.finditer(text)]
+    if not points:
+        return {}
+
+    def at(t):
+        got = [p for when, p in points if when <= t]
+        return got[-1] if got else {}
+
+    out = {}
+    for name, (t0, t1) in windows.items():
+        a, b = at(t0), at(t1)
+        out[name] = {k: dict(seconds=round((ms - a.get(k, (0.0, 0))[0]) / 1e3, 3), intervals=n - a.get(k, (0.0, 0))[1])
+                     for k, (ms, n) in b.items()}
+    return out
+
+
 def draft_timing(log, pattern=DRAFT_TIMING_LINE):
     """The draft preparation's host time per step that a server run with ``LUMOTREE_BENCH_DRAFT_TIMING=1``
     logged (:mod:`lumotree.sglang.draft_timing`), per batch bucket: the median of its lines' medians, the

@@ -429,6 +429,17 @@ def markdown(res) -> str:
                      if b in t.get("step", {}) and b in t.get("launch", {}) else "-" for b in buckets]
             out.append(f"| {n} | " + " | ".join(cells) + " |")
         out.append("")
+    totals = {n: s["step_totals"] for n, s in res.get("servers", {}).items() if s.get("step_totals")}
+    phases = sorted({w for t in totals.values() for w in t if w not in ("start-up", "warm-up")})
+    for w in phases:
+        out += [f"Scheduler time in the measured phase ({w}; --step-timing): seconds (intervals)", "",
+                "| server | decode | prefill | idle | other |", "|---|---|---|---|---|"]
+        for n, t in totals.items():
+            got = t.get(w, {})
+            cells = [f"{got[k]['seconds']:.2f} ({got[k]['intervals']})" if k in got else "-"
+                     for k in ("decode", "prefill", "idle", "other")]
+            out.append(f"| {n} | " + " | ".join(cells) + " |")
+        out.append("")
     return "\n".join(out)
 
 
@@ -516,7 +527,7 @@ def main():
     if args.repeats < 1:
         ap.error(f"--repeats must be at least 1 (got {args.repeats})")
     from sglang_server import (ADMISSION_TIMING_LINE, draft_timing, get, jit_cache_env, jit_compiles, log_health, post,
-                               sglang_server, step_timing)
+                               sglang_server, step_timing, step_totals)
 
     sessions = make_sessions(args.sessions, args.turns, args.seed)
     count = token_counter(args.model)
@@ -591,6 +602,8 @@ def main():
             res["servers"][name]["admission_timing"] = draft_timing(log, ADMISSION_TIMING_LINE)
         if args.step_timing:
             res["servers"][name]["step_timing"] = step_timing(log)
+            res["servers"][name]["step_totals"] = step_totals(
+                log, {k: (a, b if b is not None else time.time()) for k, (a, b) in windows.items()})
         if args.jit_log:
             res["servers"][name]["jit_compiles"] = jit_compiles(
                 log, {k: (a, b if b is not None else time.time()) for k, (a, b) in windows.items()})

@@ -458,6 +458,13 @@ def test_markdown_tables_relate_each_row_to_the_server_without_speculation_of_it
     assert "| none | - | 1.60 / 1.10 |" in lines and "| ngram | - | - |" in lines
     assert "step_timing" not in ab.markdown(dict(rows=res["rows"], servers={})) and "--step-timing" not in \
         ab.markdown(dict(rows=res["rows"], servers={}))
+    res["servers"]["none"]["step_totals"] = {"warm-up": {"decode": dict(seconds=9.0, intervals=9)},
+                                             "8 agents": {"decode": dict(seconds=2.5, intervals=1000),
+                                                          "prefill": dict(seconds=4.0, intervals=200)}}
+    lines = ab.markdown(res).splitlines()
+    assert "Scheduler time in the measured phase (8 agents; --step-timing): seconds (intervals)" in lines
+    assert "| none | 2.50 (1000) | 4.00 (200) | - | - |" in lines and "| ngram | - | - | - | - |" not in lines
+    assert not any("warm-up" in ln for ln in lines)
 
 
 def test_render_prints_a_run_of_a_file_of_runs_and_refuses_a_missing_one(tmp_path, monkeypatch, capsys):

@@ -104,7 +104,11 @@ def test_step_timing_hooks_time_decode_batches_only_and_the_log_reader_reads_eac
               for p in step_timing.PARTS}
     monkeypatch.setattr(step_timing, "TIMERS", timers)
     monkeypatch.setitem(step_timing._last, "start", None)
-    mode = lambda decode: SimpleNamespace(is_decode=lambda: decode)  # noqa: E731
+    monkeypatch.setattr(step_timing, "_interval", {"start": None, "kind": None, "idle": False})
+    monkeypatch.setattr(step_timing, "TOTALS", {k: [0.0, 0] for k in step_timing.KINDS})
+    monkeypatch.setattr(step_timing, "_wall", lambda: 0.0)  # no totals line in this test
+    monkeypatch.setattr(step_timing, "_logged", {"at": 0.0})
+    mode = lambda decode: SimpleNamespace(is_decode=lambda: decode, is_extend=lambda: not decode)  # noqa: E731
     dec = SimpleNamespace(forward_mode=mode(True), reqs=[0] * 3)
     pre = SimpleNamespace(forward_mode=mode(False), reqs=[0] * 5)
     calls = []
@@ -149,7 +153,7 @@ def test_step_timing_installs_only_when_asked(monkeypatch):
     monkeypatch.setenv(step_timing.ENV, "1")
     step_timing.install()
     assert [t.rsplit(".", 1)[1] for t, _ in got] == ["get_next_batch_to_run", "run_batch", "process_batch_result",
-                                                      "resolve_seq_lens_cpu"]
+                                                      "resolve_seq_lens_cpu", "on_idle"]
     assert all(k == "AROUND" for _, k in got)
     # the targets exist in SGLang 0.5.17, and its scheduler's next batch is a plan's batch_to_run
     import pkgutil
@@ -161,3 +165,49 @@ def test_step_timing_installs_only_when_asked(monkeypatch):
     for t, _ in got:
         owner, attr = t.rsplit(".", 1)
         assert callable(getattr(pkgutil.resolve_name(owner), attr))
+
+
+def test_step_totals_account_every_interval_to_the_batch_that_started_it_or_to_idle(monkeypatch, tmp_path):
+    from lumotree.sglang import step_timing
+
+    timers = {p: draft_timing.DraftTimer(every=1000, log=lambda *a: None, what=f"step-{p}") for p in step_timing.PARTS}
+    monkeypatch.setattr(step_timing, "TIMERS", timers)
+    monkeypatch.setattr(step_timing, "TOTALS", {k: [0.0, 0] for k in step_timing.KINDS})
+    monkeypatch.setattr(step_timing, "_interval", {"start": None, "kind": None, "idle": False})
+    monkeypatch.setattr(step_timing, "_last", {"start": None})
+    monkeypatch.setattr(step_timing, "_logged", {"at": 0.0})
+    now = [0.0]
+    monkeypatch.setattr(step_timing, "_clock", lambda: now[0])
+    wall = iter([100.0, 100.5, 101.0, 101.2, 102.5])
+    monkeypatch.setattr(step_timing, "_wall", lambda: next(wall))
+    lines = []
+    monkeypatch.setattr(step_timing.TIMERS["step"], "log", lambda fmt, *a: lines.append(fmt % a))
+    mode = lambda decode, extend: SimpleNamespace(is_decode=lambda: decode, is_extend=lambda: extend)  # noqa: E731
+    dec = SimpleNamespace(forward_mode=mode(True, False), reqs=[0] * 2)
+    pre = SimpleNamespace(forward_mode=mode(False, True), reqs=[0])
+    run = lambda self, b: None  # noqa: E731
+    for t, b in ((0.0, pre), (1.0, dec), (3.0, dec), (6.0, pre), (10.0, dec)):
+        # t 0: opens a prefill interval; 1: prefill 1 s, opens decode; 3: decode 2 s; (idle); 6: the decode interval
+        # went idle: idle 3 s; 10: prefill 4 s
+        now[0] = t
+        step_timing.run_batch(run, "s", b)
+        if t == 3.0:
+            step_timing.on_idle(lambda self: None, "s")
+    t = step_timing.TOTALS
+    assert t["prefill"] == [5000.0, 2] and t["decode"] == [2000.0, 1] and t["idle"] == [3000.0, 1]
+    assert t["other"] == [0.0, 0]
+    assert len(timers["step"].samples[2]) == 1  # the decode step interval: not the one that went idle
+    # logged at most once a second (wall 100, 101.0 and 102.5), cumulative
+    assert [ln.split(":")[0] for ln in lines] == ["LumoTree step totals at 100.000", "LumoTree step totals at 101.000",
+                                                  "LumoTree step totals at 102.500"]
+    assert lines[-1].endswith("decode 2000.0 ms 1, prefill 5000.0 ms 2, other 0.0 ms 0, idle 3000.0 ms 1")
+    log = tmp_path / "server.log"
+    log.write_text("".join(f"[2026-01-01 00:00:00] {ln}\n" for ln in lines))
+    ss = load_script("serving", "sglang_server")
+    got = ss.step_totals(str(log), {"all": (0, 200), "late": (101.5, 103), "early": (50, 60)})
+    assert got["all"]["prefill"] == dict(seconds=5.0, intervals=2) and got["all"]["idle"]["seconds"] == 3.0
+    # the window opens at the last totals before it (t 101.0: prefill 1 s, decode 2 s) and ends at the last in it
+    assert got["late"]["prefill"] == dict(seconds=4.0, intervals=1) and got["late"]["decode"]["seconds"] == 0.0
+    assert got["late"]["idle"] == dict(seconds=3.0, intervals=1)
+    assert got["early"] == {}
+    assert ss.step_totals(str(tmp_path / "missing.log"), {"all": (0, 1)}) == {}

@@ -16,6 +16,12 @@ Decode batches only (a prefill between two decode steps breaks the interval it f
 Per batch bucket (the next power of two) each part logs a line per ``REPORT_EVERY`` samples,
 ``LumoTree step-<part> timing: batch bucket B: median X ms, p95 Y ms over N steps, total Z ms``, which
 ``benchmark/serving/sglang_server.py: step_timing`` reads back from the server log.
+
+And where all of the scheduler's time goes: every interval from one ``run_batch`` start to the next is added to the
+kind of the batch that started it -- ``decode``, ``prefill`` (an extend batch) or ``other`` -- or to ``idle`` where the
+scheduler went idle inside it (SGLang's ``Scheduler.on_idle``: no batch to run). Cumulative totals are logged at most
+once a second with the wall clock, ``LumoTree step totals at T: decode X ms N, prefill ...``, so that a benchmark
+takes the difference over its own time windows (``sglang_server.py: step_totals``).
 """
 from __future__ import annotations
 
@@ -31,8 +37,15 @@ FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
 PARTS = ("step", "schedule", "launch", "lengths", "result")
 REPORT_EVERY = 128
 
+KINDS = ("decode", "prefill", "other", "idle")
+TOTALS_EVERY_S = 1.0
+
 TIMERS: Dict[str, DraftTimer] = {p: DraftTimer(every=REPORT_EVERY, what=f"step-{p}") for p in PARTS}
 _last = {"start": None}  # the last decode run_batch's start (None after any other batch)
+_interval = {"start": None, "kind": None, "idle": False}  # the interval the last run_batch started
+TOTALS: Dict[str, list] = {k: [0.0, 0] for k in KINDS}  # ms, intervals
+_logged = {"at": 0.0}
+_clock, _wall = time.perf_counter, time.time  # (tests set them)
 
 
 def enabled(env=os.environ) -> bool:
@@ -49,31 +62,60 @@ def _decode_size(batch) -> int:
 
 def _timed(part: str, original, self, batch, *args, **kwargs):
     bs = _decode_size(batch)
-    t0 = time.perf_counter()
+    t0 = _clock()
     out = original(self, batch, *args, **kwargs)
     if bs:
-        TIMERS[part].add(bs, time.perf_counter() - t0)
+        TIMERS[part].add(bs, _clock() - t0)
     return out
 
 
 def get_next_batch_to_run(original, self, *args, **kwargs):
-    t0 = time.perf_counter()
+    t0 = _clock()
     plan = original(self, *args, **kwargs)  # SGLang 0.5.17: a NextBatchPlan (its batch_to_run)
     bs = _decode_size(getattr(plan, "batch_to_run", None))
     if bs:
-        TIMERS["schedule"].add(bs, time.perf_counter() - t0)
+        TIMERS["schedule"].add(bs, _clock() - t0)
     return plan
+
+
+def _kind(batch) -> str:
+    mode = getattr(batch, "forward_mode", None)
+    if mode is not None and mode.is_decode():
+        return "decode"
+    return "prefill" if mode is not None and mode.is_extend() else "other"
+
+
+def _account(t0: float, batch, log=None) -> None:
+    """Close the interval the last ``run_batch`` started (at ``t0``, this one's start) and open this one's; log the
+    cumulative totals at most every :data:`TOTALS_EVERY_S` seconds."""
+    if _interval["start"] is not None:
+        got = TOTALS["idle" if _interval["idle"] else _interval["kind"]]
+        got[0] += (t0 - _interval["start"]) * 1e3
+        got[1] += 1
+    _interval.update(start=t0, kind=_kind(batch), idle=False)
+    now = _wall()
+    if now - _logged["at"] >= TOTALS_EVERY_S:
+        _logged["at"] = now
+        (log or TIMERS["step"].log)("LumoTree step totals at %.3f: %s", now,
+                                    ", ".join(f"{k} {TOTALS[k][0]:.1f} ms {TOTALS[k][1]}" for k in KINDS))
+
+
+def on_idle(original, self, *args, **kwargs):
+    _interval["idle"] = True
+    _last["start"] = None
+    return original(self, *args, **kwargs)
 
 
 def run_batch(original, self, batch, *args, **kwargs):
     bs = _decode_size(batch)
-    t0 = time.perf_counter()
+    t0 = _clock()
+    _account(t0, batch)
     if bs and _last["start"] is not None:
         TIMERS["step"].add(bs, t0 - _last["start"])
     _last["start"] = t0 if bs else None
     out = original(self, batch, *args, **kwargs)
     if bs:
-        TIMERS["launch"].add(bs, time.perf_counter() - t0)
+        TIMERS["launch"].add(bs, _clock() - t0)
     return out
 
 
@@ -95,3 +137,4 @@ def install() -> None:
     register_hook(f"{SCHEDULER}.run_batch", run_batch, "AROUND")
     register_hook(f"{SCHEDULER}.process_batch_result", process_batch_result, "AROUND")
     register_hook(f"{FUTURE_MAP}.resolve_seq_lens_cpu", resolve_seq_lens_cpu, "AROUND")
+    register_hook(f"{SCHEDULER}.on_idle", on_idle, "AROUND")

@@ -399,6 +399,7 @@ CONFIGS["lumotree-suffix-nodraft"] = CONFIGS["lumotree-suffix"] + [
 
 
 STEP_BUCKETS = ("1", "2", "4", "8", "16", "32", "64")
+STEP_PARTS = ("schedule", "lengths", "worker", "forward", "result")
 
 
 def markdown(res) -> str:
@@ -429,6 +430,15 @@ def markdown(res) -> str:
                      if b in t.get("step", {}) and b in t.get("launch", {}) else "-" for b in buckets]
             out.append(f"| {n} | " + " | ".join(cells) + " |")
         out.append("")
+        parts = [(n, p) for n, t in timed.items() for p in STEP_PARTS if t.get(p)]
+        if parts:
+            out += ["Their parts, median ms (schedule: get_next_batch_to_run; lengths: resolve_seq_lens_cpu; worker: "
+                    "LumoTree's speculative worker; forward: the target's forward launch; result: process_batch_result):",
+                    "", "| server: part | " + " | ".join(buckets) + " |", "|---|" + "---|" * len(buckets)]
+            for n, p in parts:
+                out.append(f"| {n}: {p} | " + " | ".join(f"{timed[n][p][b]['median_ms']:.2f}" if b in timed[n][p]
+                                                         else "-" for b in buckets) + " |")
+            out.append("")
     totals = {n: s["step_totals"] for n, s in res.get("servers", {}).items() if s.get("step_totals")}
     phases = sorted({w for t in totals.values() for w in t if w not in ("start-up", "warm-up")})
     for w in phases:

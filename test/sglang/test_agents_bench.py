@@ -456,6 +456,9 @@ def test_markdown_tables_relate_each_row_to_the_server_without_speculation_of_it
     assert lines.index("1 agent:") < lines.index("8 agents:")
     assert "| server | 1 | 8 |" in lines
     assert "| none | - | 1.60 / 1.10 |" in lines and "| ngram | - | - |" in lines
+    assert not any(ln.startswith("| none: ") for ln in lines)
+    res["servers"]["none"]["step_timing"]["forward"] = {"8": dict(median_ms=0.9)}
+    assert "| none: forward | - | 0.90 |" in ab.markdown(res).splitlines()
     assert "step_timing" not in ab.markdown(dict(rows=res["rows"], servers={})) and "--step-timing" not in \
         ab.markdown(dict(rows=res["rows"], servers={}))
     res["servers"]["none"]["step_totals"] = {"warm-up": {"decode": dict(seconds=9.0, intervals=9)},

@@ -147,13 +147,15 @@ def test_step_timing_installs_only_when_asked(monkeypatch):
 
     got = []
     monkeypatch.setattr(patches, "register_hook", lambda target, hook, kind: got.append((target, kind)))
+    monkeypatch.setattr(step_timing, "_on", False)  # restored after the test
     monkeypatch.delenv(step_timing.ENV, raising=False)
     step_timing.install()
     assert got == []
     monkeypatch.setenv(step_timing.ENV, "1")
     step_timing.install()
     assert [t.rsplit(".", 1)[1] for t, _ in got] == ["get_next_batch_to_run", "run_batch", "process_batch_result",
-                                                      "resolve_seq_lens_cpu", "on_idle"]
+                                                      "resolve_seq_lens_cpu", "on_idle", "forward_batch_generation"]
+    assert step_timing._on
     assert all(k == "AROUND" for _, k in got)
     # the targets exist in SGLang 0.5.17, and its scheduler's next batch is a plan's batch_to_run
     import pkgutil
@@ -211,3 +213,28 @@ def test_step_totals_account_every_interval_to_the_batch_that_started_it_or_to_i
     assert got["late"]["idle"] == dict(seconds=3.0, intervals=1)
     assert got["early"] == {}
     assert ss.step_totals(str(tmp_path / "missing.log"), {"all": (0, 1)}) == {}
+
+
+def test_forward_and_worker_parts_time_decode_steps_by_batch_or_forward_batch(monkeypatch):
+    from lumotree.sglang import step_timing
+
+    timers = {p: draft_timing.DraftTimer(every=1000, log=lambda *a: None, what=f"step-{p}") for p in step_timing.PARTS}
+    monkeypatch.setattr(step_timing, "TIMERS", timers)
+    mode = lambda decode: SimpleNamespace(is_decode=lambda: decode, is_extend=lambda: not decode)  # noqa: E731
+    dec = SimpleNamespace(forward_mode=mode(True), reqs=[0] * 5)
+    fb = SimpleNamespace(forward_mode=mode(True), batch_size=3)
+    seen = []
+    original = lambda self, batch, forward_batch=None, is_verify=False: seen.append((batch, forward_batch)) or "r"  # noqa
+    assert step_timing.forward_batch_generation(original, "w", dec) == "r"  # no speculation: its decode batch
+    assert step_timing.forward_batch_generation(original, "w", batch=None, forward_batch=fb, is_verify=True) == "r"
+    pre_fb = SimpleNamespace(forward_mode=mode(False), batch_size=9)
+    step_timing.forward_batch_generation(original, "w", None, pre_fb)  # a prefill's forward batch: not timed
+    assert seen == [(dec, None), (None, fb), (None, pre_fb)]
+    assert len(timers["forward"].samples[8]) == 1 and len(timers["forward"].samples[4]) == 1
+    assert not timers["forward"].samples[16]
+    # measure: a no-op unless installed
+    monkeypatch.setattr(step_timing, "_on", False)
+    assert step_timing.measure("worker", dec, lambda a, k=0: a + k, 1, k=2) == 3 and not timers["worker"].samples
+    monkeypatch.setattr(step_timing, "_on", True)
+    assert step_timing.measure("worker", dec, lambda a, k=0: a + k, 1, k=2) == 3
+    assert len(timers["worker"].samples[8]) == 1

@@ -11,7 +11,11 @@ Decode batches only (a prefill between two decode steps breaks the interval it f
 * ``launch``: ``Scheduler.run_batch`` (the worker's launch, and any wait inside it);
 * ``lengths``: SGLang's ``FutureMap.resolve_seq_lens_cpu`` inside it (a speculative V2 batch waits there for the
   previous step's published lengths);
-* ``result``: ``Scheduler.process_batch_result`` (waits for the previous step's results, then the host's share).
+* ``result``: ``Scheduler.process_batch_result`` (waits for the previous step's results, then the host's share);
+* ``worker``: LumoTree's speculative worker's ``forward_batch_generation`` inside ``run_batch`` (:func:`measure`;
+  without speculation the worker is the target's, ``forward``);
+* ``forward``: SGLang's ``TpModelWorker.forward_batch_generation``, the target's forward launch (a no-draft step's
+  decode forward, no speculation's decode step, with its sampling).
 
 Per batch bucket (the next power of two) each part logs a line per ``REPORT_EVERY`` samples,
 ``LumoTree step-<part> timing: batch bucket B: median X ms, p95 Y ms over N steps, total Z ms``, which
@@ -34,7 +38,8 @@ from lumotree.sglang.draft_timing import DraftTimer
 ENV = "LUMOTREE_BENCH_STEP_TIMING"
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
-PARTS = ("step", "schedule", "launch", "lengths", "result")
+TP_WORKER = "sglang.srt.managers.tp_worker.TpModelWorker"
+PARTS = ("step", "schedule", "launch", "lengths", "result", "worker", "forward")
 REPORT_EVERY = 128
 
 KINDS = ("decode", "prefill", "other", "idle")
@@ -46,6 +51,7 @@ _interval = {"start": None, "kind": None, "idle": False}  # the interval the las
 TOTALS: Dict[str, list] = {k: [0.0, 0] for k in KINDS}  # ms, intervals
 _logged = {"at": 0.0}
 _clock, _wall = time.perf_counter, time.time  # (tests set them)
+_on = False  # installed (measure times only then)
 
 
 def enabled(env=os.environ) -> bool:
@@ -119,6 +125,33 @@ def run_batch(original, self, batch, *args, **kwargs):
     return out
 
 
+def forward_batch_generation(original, self, batch=None, *args, **kwargs):
+    """The target's forward launch: keyed by the decode batch, or (a speculative worker's call) its forward batch."""
+    fb = kwargs.get("forward_batch", args[0] if args else None)
+    bs = _decode_size(batch)
+    if not bs and batch is None and fb is not None and getattr(fb, "forward_mode", None) is not None \
+            and fb.forward_mode.is_decode():
+        bs = int(fb.batch_size)
+    t0 = _clock()
+    out = original(self, batch, *args, **kwargs)
+    if bs:
+        TIMERS["forward"].add(bs, _clock() - t0)
+    return out
+
+
+def measure(part: str, batch, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)``, its wall time added to ``part`` for a decode ``batch`` when step timing is on (a
+    LumoTree worker's whole step: ``worker``)."""
+    if not _on:
+        return fn(*args, **kwargs)
+    bs = _decode_size(batch)
+    t0 = _clock()
+    out = fn(*args, **kwargs)
+    if bs:
+        TIMERS[part].add(bs, _clock() - t0)
+    return out
+
+
 def process_batch_result(original, self, batch, *args, **kwargs):
     return _timed("result", original, self, batch, *args, **kwargs)
 
@@ -129,7 +162,9 @@ def resolve_seq_lens_cpu(original, self, batch, *args, **kwargs):
 
 def install() -> None:
     """Register the hooks (when :data:`ENV` is ``1``)."""
-    if not enabled():
+    global _on
+    _on = enabled()
+    if not _on:
         return
     from lumotree.sglang.patches import register_hook
 
@@ -138,3 +173,4 @@ def install() -> None:
     register_hook(f"{SCHEDULER}.process_batch_result", process_batch_result, "AROUND")
     register_hook(f"{FUTURE_MAP}.resolve_seq_lens_cpu", resolve_seq_lens_cpu, "AROUND")
     register_hook(f"{SCHEDULER}.on_idle", on_idle, "AROUND")
+    register_hook(f"{TP_WORKER}.forward_batch_generation", forward_batch_generation, "AROUND")

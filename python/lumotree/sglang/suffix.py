@@ -587,7 +587,7 @@ def ngram_worker(make_corpus):
     chooses per decode step between its suffix tree and no draft (below)."""
     from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
-    from lumotree.sglang import adaptive, draft_timing
+    from lumotree.sglang import adaptive, draft_timing, step_timing
     from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.finish import forward_marked, keep_out_of_cache
     from lumotree.sglang.scheduling import overlap_consistent, publish_prefill_early
@@ -647,6 +647,9 @@ def ngram_worker(make_corpus):
             prepare_with_full_mask(prepare, batch, self.draft_token_num)
 
         def forward_batch_generation(self, batch, *args, **kwargs):
+            return step_timing.measure("worker", batch, self._forward_marked, batch, *args, **kwargs)
+
+        def _forward_marked(self, batch, *args, **kwargs):
             prefill = batch.forward_mode.is_extend()
             ledger = getattr(self, "_ledger", None) if batch.forward_mode.is_decode() else None
             rows = batch.req_pool_indices[:batch.seq_lens.shape[0]] if ledger is not None else None

@@ -31,7 +31,7 @@ import types
 
 import torch
 
-from lumotree.sglang import adaptive
+from lumotree.sglang import adaptive, step_timing
 from lumotree.sglang.scheduling import publish_prefill_early
 
 logger = logging.getLogger(__name__)
@@ -363,6 +363,9 @@ def worker_class():
                         "step from measured step times and acceptance", self.tree_policy.candidates)
 
         def forward_batch_generation(self, batch, *args, **kwargs):
+            return step_timing.measure("worker", batch, self._forward_marked, batch, *args, **kwargs)
+
+        def _forward_marked(self, batch, *args, **kwargs):
             decode = getattr(self, "tree_policy", None) is not None and batch.forward_mode.is_decode()
             rows = batch.req_pool_indices[:batch.seq_lens.shape[0]] if decode else None
             # where each request ends: the run clamp; the overlap scheduler's finished rows (lumotree.sglang.finish)

@@ -399,7 +399,7 @@ CONFIGS["lumotree-suffix-nodraft"] = CONFIGS["lumotree-suffix"] + [
 
 
 STEP_BUCKETS = ("1", "2", "4", "8", "16", "32", "64")
-STEP_PARTS = ("schedule", "lengths", "worker", "forward", "result")
+STEP_PARTS = ("schedule", "lengths", "worker", "nodraft", "drafted", "forward", "result")
 
 
 def markdown(res) -> str:
@@ -433,7 +433,8 @@ def markdown(res) -> str:
         parts = [(n, p) for n, t in timed.items() for p in STEP_PARTS if t.get(p)]
         if parts:
             out += ["Their parts, median ms (schedule: get_next_batch_to_run; lengths: resolve_seq_lens_cpu; worker: "
-                    "LumoTree's speculative worker; forward: the target's forward launch; result: process_batch_result):",
+                    "LumoTree's speculative worker, its nodraft and drafted steps apart; forward: the target's forward launch; "
+                    "result: process_batch_result):",
                     "", "| server: part | " + " | ".join(buckets) + " |", "|---|" + "---|" * len(buckets)]
             for n, p in parts:
                 out.append(f"| {n}: {p} | " + " | ".join(f"{timed[n][p][b]['median_ms']:.2f}" if b in timed[n][p]

@@ -14,6 +14,8 @@ Decode batches only (a prefill between two decode steps breaks the interval it f
 * ``result``: ``Scheduler.process_batch_result`` (waits for the previous step's results, then the host's share);
 * ``worker``: LumoTree's speculative worker's ``forward_batch_generation`` inside ``run_batch`` (:func:`measure`;
   without speculation the worker is the target's, ``forward``);
+* ``nodraft`` / ``drafted``: inside it, an adaptive LumoTree worker's no-draft step (its decode forward and what
+  follows it) or its drafted step (SGLang's speculative loop with LumoTree's verify), apart;
 * ``forward``: SGLang's ``TpModelWorker.forward_batch_generation``, the target's forward launch (a no-draft step's
   decode forward, no speculation's decode step, with its sampling).
 
@@ -39,7 +41,7 @@ ENV = "LUMOTREE_BENCH_STEP_TIMING"
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
 TP_WORKER = "sglang.srt.managers.tp_worker.TpModelWorker"
-PARTS = ("step", "schedule", "launch", "lengths", "result", "worker", "forward")
+PARTS = ("step", "schedule", "launch", "lengths", "result", "worker", "nodraft", "drafted", "forward")
 REPORT_EVERY = 128
 
 KINDS = ("decode", "prefill", "other", "idle")

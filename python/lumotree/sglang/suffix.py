@@ -672,9 +672,11 @@ def ngram_worker(make_corpus):
                     if ((steps == 0 or self.ngram_corpus_admitting(batch)) and self._decode_step is not None
                             and self._decode_step.serves_ngram(batch, self.draft_token_num)):
                         ledger.launched(bs, 0)
-                        return self._no_draft_decode(batch, kwargs.get("on_publish", args[0] if args else None))
+                        return step_timing.measure("nodraft", batch, self._no_draft_decode, batch,
+                                                   kwargs.get("on_publish", args[0] if args else None))
                     ledger.launched(bs, adaptive.SUFFIX_TREE)  # also where a no-draft step cannot decode the batch
-                    out = super(HostCorpusWorker, self).forward_batch_generation(batch, *args, **kwargs)
+                    out = step_timing.measure("drafted", batch, super(HostCorpusWorker, self).forward_batch_generation,
+                                              batch, *args, **kwargs)
                     ledger.note_undrafted(getattr(self.ngram_corpus, "undrafted", ()))
                     return out
                 elif batch.forward_mode.is_idle():

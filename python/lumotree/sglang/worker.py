@@ -388,7 +388,9 @@ def worker_class():
                 self._step_chosen = True  # SGLang's loop asks again: the choice stands
                 if self._decode_step is not None and self.speculative_num_steps == 0 and self._decode_step.serves(batch):
                     self._step_chosen = False
-                    return self._no_draft_decode(batch, kwargs.get("on_publish", args[0] if args else None))
+                    return step_timing.measure("nodraft", batch, self._no_draft_decode, batch,
+                                               kwargs.get("on_publish", args[0] if args else None))
+                return step_timing.measure("drafted", batch, super().forward_batch_generation, batch, *args, **kwargs)
             return super().forward_batch_generation(batch, *args, **kwargs)
 
         def _stub_skipped_draft_extend(self, batch, batch_output):

@@ -1,9 +1,10 @@
 """Benchmark-only: where a served decode step's wall time goes on the scheduler's thread, for any server.
 
 Registered only when ``LUMOTREE_BENCH_STEP_TIMING=1``; never part of a normal launch. The torch profiler with
-Python stacks slows the host threefold, so a served step that is host-bound shows the same cost with and without
-speculation under it; these are plain ``perf_counter`` readings through ``AROUND`` hooks on SGLang's scheduler
-(SGLang's ``HookRegistry``), the same for a server without speculation, SGLang's speculative ones and LumoTree's.
+Python stacks slows the host about threefold and hid a host-bound step's difference that plain timing shows (a
+no-draft step against no speculation's decode step, ``benchmark/results/profile_no_draft_h200.json``); these are
+plain ``perf_counter`` readings through ``AROUND`` hooks on SGLang's scheduler (SGLang's ``HookRegistry``), the same
+for a server without speculation, SGLang's speculative ones and LumoTree's.
 Decode batches only (a prefill between two decode steps breaks the interval it falls in):
 
 * ``step``: from one decode batch's ``Scheduler.run_batch`` start to the next one's (the served step, wall);

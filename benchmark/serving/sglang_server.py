@@ -217,7 +217,7 @@ STEP_TIMING_LINE = re.compile(r"LumoTree step-(\w+) timing: batch bucket (\d+): 
 
 def step_timing(log):
     """Where a server run with ``LUMOTREE_BENCH_STEP_TIMING=1`` spent its decode steps on the scheduler's thread
-    (:mod:`lumotree.sglang.step_timing`): per part (``step``, ``schedule``, ``launch``, ``lengths``, ``result``)
+    (:mod:`lumotree.sglang.step_timing`): per part (``step``, ``launch``, ``worker``, ... : that module's ``PARTS``)
     what :func:`draft_timing` reads per batch bucket. ``{}`` when the log has none."""
     try:
         text = open(log, errors="replace").read()
@@ -227,10 +227,7 @@ def step_timing(log):
     for m in STEP_TIMING_LINE.finditer(text):
         parts[m.group(1)][int(m.group(2))].append((float(m.group(3)), float(m.group(4)), int(m.group(5)),
                                                     float(m.group(6))))
-    return {part: {str(b): dict(median_ms=statistics.median(x[0] for x in got), p95_ms=max(x[1] for x in got),
-                                steps=sum(x[2] for x in got), total_ms=round(sum(x[3] for x in got), 1))
-                   for b, got in sorted(buckets.items())}
-            for part, buckets in sorted(parts.items())}
+    return {part: _per_bucket(buckets) for part, buckets in sorted(parts.items())}
 
 
 STEP_TOTALS_LINE = re.compile(r"LumoTree step totals at ([\d.]+): (.*)")
@@ -278,6 +275,12 @@ def draft_timing(log, pattern=DRAFT_TIMING_LINE):
     for m in pattern.finditer(text):
         total = float(m.group(5)) if m.group(5) is not None else None
         lines[int(m.group(1))].append((float(m.group(2)), float(m.group(3)), int(m.group(4)), total))
+    return _per_bucket(lines)
+
+
+def _per_bucket(lines):
+    """``{bucket: [(median, p95, steps, total or None), ...]}`` (a timer's logged lines) as per bucket the median of
+    the lines' medians, the largest p95, the steps they cover and (lines that all give it) their total ms."""
     out = {}
     for b, got in sorted(lines.items()):
         out[str(b)] = dict(median_ms=statistics.median(x[0] for x in got), p95_ms=max(x[1] for x in got),

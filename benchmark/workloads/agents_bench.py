@@ -406,7 +406,7 @@ def markdown(res) -> str:
     """The tables of a result (this script's ``--out``, or one run of ``benchmark/results/agents_h200.json``): per
     --agents level every row's tokens/s (x the server without speculation of the same --tag at that level), p50 / p95
     turn latency and accept length; then, where servers logged ``--step-timing``, their median ms per decode step and
-    per ``run_batch`` by batch bucket."""
+    per ``run_batch`` by batch bucket, the step's parts, and the scheduler's time by kind in each measured phase."""
     rows = res.get("rows", [])
     out = []
     for level in sorted({r["agents"] for r in rows}):
@@ -611,13 +611,12 @@ def main():
         if args.draft_timing:
             res["servers"][name]["draft_timing"] = draft_timing(log)
             res["servers"][name]["admission_timing"] = draft_timing(log, ADMISSION_TIMING_LINE)
+        closed = {k: (a, b if b is not None else time.time()) for k, (a, b) in windows.items()}
         if args.step_timing:
             res["servers"][name]["step_timing"] = step_timing(log)
-            res["servers"][name]["step_totals"] = step_totals(
-                log, {k: (a, b if b is not None else time.time()) for k, (a, b) in windows.items()})
+            res["servers"][name]["step_totals"] = step_totals(log, closed)
         if args.jit_log:
-            res["servers"][name]["jit_compiles"] = jit_compiles(
-                log, {k: (a, b if b is not None else time.time()) for k, (a, b) in windows.items()})
+            res["servers"][name]["jit_compiles"] = jit_compiles(log, closed)
         json.dump(res, open(args.out, "w"), indent=1)
         if args.replies_out:
             with gzip.open(args.replies_out, "wt") as f:

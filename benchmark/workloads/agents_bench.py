@@ -399,7 +399,11 @@ CONFIGS["lumotree-suffix-nodraft"] = CONFIGS["lumotree-suffix"] + [
 
 
 STEP_BUCKETS = ("1", "2", "4", "8", "16", "32", "64")
-STEP_PARTS = ("schedule", "lengths", "worker", "nodraft", "drafted", "forward", "result")
+STEP_PARTS = ("schedule", "lengths", "worker", "nodraft", "nd_prep", "nd_init", "nd_forward", "nd_sample", "nd_result",
+              "drafted", "verify", "commit", "forward", "result")
+# the scheduler's loop per interval: these follow one another (lengths, worker, forward, verify and commit are
+# inside launch); what is left is the loop's own time
+INTERVAL_PARTS = ("schedule", "input", "launch", "lengths", "worker", "forward", "verify", "commit", "result")
 
 
 def markdown(res) -> str:
@@ -433,8 +437,9 @@ def markdown(res) -> str:
         parts = [(n, p) for n, t in timed.items() for p in STEP_PARTS if t.get(p)]
         if parts:
             out += ["Their parts, median ms (schedule: get_next_batch_to_run; lengths: resolve_seq_lens_cpu; worker: "
-                    "LumoTree's speculative worker, its nodraft and drafted steps apart; forward: the target's forward launch; "
-                    "result: process_batch_result):",
+                    "LumoTree's speculative worker, its nodraft and drafted steps apart, nd_*: the no-draft step's "
+                    "sections; forward: the target's forward launch, verify: a TARGET_VERIFY one; commit: LumoTree's "
+                    "commit; result: process_batch_result):",
                     "", "| server: part | " + " | ".join(buckets) + " |", "|---|" + "---|" * len(buckets)]
             for n, p in parts:
                 out.append(f"| {n}: {p} | " + " | ".join(f"{timed[n][p][b]['median_ms']:.2f}" if b in timed[n][p]
@@ -451,6 +456,21 @@ def markdown(res) -> str:
                      for k in ("decode", "prefill", "idle", "other")]
             out.append(f"| {n} | " + " | ".join(cells) + " |")
         out.append("")
+        inside = [(n, k) for n, t in totals.items() for k in ("decode", "prefill")
+                  if any(f"{k}_{p}" in t.get(w, {}) for p in INTERVAL_PARTS)]
+        if inside:
+            out += [f"Inside those intervals ({w}), seconds (rest: the loop's own time, the interval less schedule, "
+                    "input, launch and result; lengths, worker, forward, verify and commit are inside launch):", "",
+                    "| server: kind | " + " | ".join(INTERVAL_PARTS) + " | rest |",
+                    "|---|" + "---|" * (len(INTERVAL_PARTS) + 1)]
+            for n, k in inside:
+                got = totals[n].get(w, {})
+                sec = {p: got.get(f"{k}_{p}", {}).get("seconds") for p in INTERVAL_PARTS}
+                whole = got.get(k, {}).get("seconds")
+                rest = (whole - sum(sec[p] or 0.0 for p in ("schedule", "input", "launch", "result"))
+                        if whole is not None else None)
+                out.append(f"| {n}: {k} | " + " | ".join(_num(sec[p]) for p in INTERVAL_PARTS) + f" | {_num(rest)} |")
+            out.append("")
     return "\n".join(out)
 
 

@@ -468,6 +468,15 @@ def test_markdown_tables_relate_each_row_to_the_server_without_speculation_of_it
     assert "Scheduler time in the measured phase (8 agents; --step-timing): seconds (intervals)" in lines
     assert "| none | 2.50 (1000) | 4.00 (200) | - | - |" in lines and "| ngram | - | - | - | - |" not in lines
     assert not any("warm-up" in ln for ln in lines)
+    assert not any(ln.startswith("Inside those intervals") for ln in lines)  # no parts logged: no table
+    res["servers"]["none"]["step_totals"]["8 agents"].update(
+        prefill_schedule=dict(seconds=0.5, intervals=200), prefill_launch=dict(seconds=2.0, intervals=200),
+        prefill_result=dict(seconds=1.0, intervals=150), prefill_input=dict(seconds=0.25, intervals=10),
+        prefill_forward=dict(seconds=1.5, intervals=200))
+    lines = ab.markdown(res).splitlines()
+    assert lines[lines.index("| server: kind | " + " | ".join(ab.INTERVAL_PARTS) + " | rest |") + 2] == \
+        "| none: prefill | 0.50 | 0.25 | 2.00 | - | - | 1.50 | - | - | 1.00 | 0.25 |"  # rest 4.0 - 3.75
+    assert not any(ln.startswith("| none: decode |") for ln in lines)
 
 
 def test_render_prints_a_run_of_a_file_of_runs_and_refuses_a_missing_one(tmp_path, monkeypatch, capsys):

@@ -104,7 +104,8 @@ def test_step_timing_hooks_time_decode_batches_only_and_the_log_reader_reads_eac
               for p in step_timing.PARTS}
     monkeypatch.setattr(step_timing, "TIMERS", timers)
     monkeypatch.setitem(step_timing._last, "start", None)
-    monkeypatch.setattr(step_timing, "_interval", {"start": None, "kind": None, "idle": False})
+    monkeypatch.setattr(step_timing, "_interval", {"start": None, "kind": None, "idle": False, "parts": {}})
+    monkeypatch.setattr(step_timing, "PART_TOTALS", {})
     monkeypatch.setattr(step_timing, "TOTALS", {k: [0.0, 0] for k in step_timing.KINDS})
     monkeypatch.setattr(step_timing, "_wall", lambda: 0.0)  # no totals line in this test
     monkeypatch.setattr(step_timing, "_logged", {"at": 0.0})
@@ -154,7 +155,8 @@ def test_step_timing_installs_only_when_asked(monkeypatch):
     monkeypatch.setenv(step_timing.ENV, "1")
     step_timing.install()
     assert [t.rsplit(".", 1)[1] for t, _ in got] == ["get_next_batch_to_run", "run_batch", "process_batch_result",
-                                                      "resolve_seq_lens_cpu", "on_idle", "forward_batch_generation"]
+                                                      "resolve_seq_lens_cpu", "on_idle", "process_input_requests",
+                                                      "forward_batch_generation"]
     assert step_timing._on
     assert all(k == "AROUND" for _, k in got)
     # the targets exist in SGLang 0.5.17, and its scheduler's next batch is a plan's batch_to_run
@@ -175,7 +177,8 @@ def test_step_totals_account_every_interval_to_the_batch_that_started_it_or_to_i
     timers = {p: draft_timing.DraftTimer(every=1000, log=lambda *a: None, what=f"step-{p}") for p in step_timing.PARTS}
     monkeypatch.setattr(step_timing, "TIMERS", timers)
     monkeypatch.setattr(step_timing, "TOTALS", {k: [0.0, 0] for k in step_timing.KINDS})
-    monkeypatch.setattr(step_timing, "_interval", {"start": None, "kind": None, "idle": False})
+    monkeypatch.setattr(step_timing, "_interval", {"start": None, "kind": None, "idle": False, "parts": {}})
+    monkeypatch.setattr(step_timing, "PART_TOTALS", {})
     monkeypatch.setattr(step_timing, "_last", {"start": None})
     monkeypatch.setattr(step_timing, "_logged", {"at": 0.0})
     now = [0.0]
@@ -187,22 +190,35 @@ def test_step_totals_account_every_interval_to_the_batch_that_started_it_or_to_i
     mode = lambda decode, extend: SimpleNamespace(is_decode=lambda: decode, is_extend=lambda: extend)  # noqa: E731
     dec = SimpleNamespace(forward_mode=mode(True, False), reqs=[0] * 2)
     pre = SimpleNamespace(forward_mode=mode(False, True), reqs=[0])
-    run = lambda self, b: None  # noqa: E731
+    def run(self, b):  # a launch of 0.25 s
+        now[0] += 0.25
+
+    def result(self, b):  # the previous batch's result: 0.5 s, charged to the interval it falls in
+        now[0] += 0.5
+
     for t, b in ((0.0, pre), (1.0, dec), (3.0, dec), (6.0, pre), (10.0, dec)):
         # t 0: opens a prefill interval; 1: prefill 1 s, opens decode; 3: decode 2 s; (idle); 6: the decode interval
         # went idle: idle 3 s; 10: prefill 4 s
         now[0] = t
         step_timing.run_batch(run, "s", b)
+        if t in (0.0, 6.0):
+            step_timing.process_batch_result(result, "s", dec)
         if t == 3.0:
             step_timing.on_idle(lambda self: None, "s")
     t = step_timing.TOTALS
     assert t["prefill"] == [5000.0, 2] and t["decode"] == [2000.0, 1] and t["idle"] == [3000.0, 1]
     assert t["other"] == [0.0, 0]
+    # the parts of an interval go where the interval went: the launch at t 3 to idle, the results to prefill
+    assert step_timing.PART_TOTALS == {"prefill_launch": [500.0, 2], "prefill_result": [1000.0, 2],
+                                       "decode_launch": [250.0, 1], "idle_launch": [250.0, 1]}
+    assert timers["result"].samples[2] == [500.0, 500.0] and timers["launch"].samples[2] == [250.0] * 3  # ms
     assert len(timers["step"].samples[2]) == 1  # the decode step interval: not the one that went idle
     # logged at most once a second (wall 100, 101.0 and 102.5), cumulative
     assert [ln.split(":")[0] for ln in lines] == ["LumoTree step totals at 100.000", "LumoTree step totals at 101.000",
                                                   "LumoTree step totals at 102.500"]
-    assert lines[-1].endswith("decode 2000.0 ms 1, prefill 5000.0 ms 2, other 0.0 ms 0, idle 3000.0 ms 1")
+    assert lines[-1].endswith("decode 2000.0 ms 1, prefill 5000.0 ms 2, other 0.0 ms 0, idle 3000.0 ms 1, "
+                              "decode_launch 250.0 ms 1, idle_launch 250.0 ms 1, prefill_launch 500.0 ms 2, "
+                              "prefill_result 1000.0 ms 2")
     log = tmp_path / "server.log"
     log.write_text("".join(f"[2026-01-01 00:00:00] {ln}\n" for ln in lines))
     ss = load_script("serving", "sglang_server")
@@ -211,6 +227,7 @@ def test_step_totals_account_every_interval_to_the_batch_that_started_it_or_to_i
     # the window opens at the last totals before it (t 101.0: prefill 1 s, decode 2 s) and ends at the last in it
     assert got["late"]["prefill"] == dict(seconds=4.0, intervals=1) and got["late"]["decode"]["seconds"] == 0.0
     assert got["late"]["idle"] == dict(seconds=3.0, intervals=1)
+    assert got["all"]["prefill_result"] == dict(seconds=1.0, intervals=2)
     assert got["early"] == {}
     assert ss.step_totals(str(tmp_path / "missing.log"), {"all": (0, 1)}) == {}
 
@@ -220,7 +237,8 @@ def test_forward_and_worker_parts_time_decode_steps_by_batch_or_forward_batch(mo
 
     timers = {p: draft_timing.DraftTimer(every=1000, log=lambda *a: None, what=f"step-{p}") for p in step_timing.PARTS}
     monkeypatch.setattr(step_timing, "TIMERS", timers)
-    mode = lambda decode: SimpleNamespace(is_decode=lambda: decode, is_extend=lambda: not decode)  # noqa: E731
+    mode = lambda decode: SimpleNamespace(is_decode=lambda: decode, is_extend=lambda: not decode,  # noqa: E731
+                                          is_target_verify=lambda: False)
     dec = SimpleNamespace(forward_mode=mode(True), reqs=[0] * 5)
     fb = SimpleNamespace(forward_mode=mode(True), batch_size=3)
     seen = []
@@ -238,3 +256,37 @@ def test_forward_and_worker_parts_time_decode_steps_by_batch_or_forward_batch(mo
     monkeypatch.setattr(step_timing, "_on", True)
     assert step_timing.measure("worker", dec, lambda a, k=0: a + k, 1, k=2) == 3
     assert len(timers["worker"].samples[8]) == 1
+
+
+def test_step_timing_laps_verify_forwards_and_sized_measures(monkeypatch):
+    from lumotree.sglang import step_timing
+
+    timers = {p: draft_timing.DraftTimer(every=1000, log=lambda *a: None, what=f"step-{p}") for p in step_timing.PARTS}
+    monkeypatch.setattr(step_timing, "TIMERS", timers)
+    monkeypatch.setattr(step_timing, "_interval", {"start": 0.0, "kind": "decode", "idle": False, "parts": {}})
+    now = [10.0]
+    monkeypatch.setattr(step_timing, "_clock", lambda: now[0])
+    mode = lambda **m: SimpleNamespace(**{k: (lambda v=m.get(k, False): v)  # noqa: E731
+                                          for k in ("is_decode", "is_extend", "is_target_verify")})
+    dec = SimpleNamespace(forward_mode=mode(is_decode=True), reqs=[0] * 4)
+    monkeypatch.setattr(step_timing, "_on", False)
+    assert step_timing.lap(None, None, 0.0) == 0.0 and step_timing.lap("nd_prep", dec, 0.0) == 0.0
+    assert step_timing.measure_size("commit", 4, lambda x: x + 1, 1) == 2
+    assert not timers["nd_prep"].samples and not timers["commit"].samples
+    monkeypatch.setattr(step_timing, "_on", True)
+    t = step_timing.lap(None, None, 0.0)
+    assert t == 10.0 and not any(tm.samples for tm in timers.values())
+    now[0] = 10.5
+    assert step_timing.lap("nd_prep", dec, t) == 10.5 and timers["nd_prep"].samples[4] == [500.0]
+
+    def slow(x):
+        now[0] += 0.25
+        return x
+
+    assert step_timing.measure_size("commit", 3, slow, "r") == "r" and timers["commit"].samples[4] == [250.0]
+    # the target's forward: a decode batch's is "forward", a TARGET_VERIFY forward batch's "verify", keyed by its size
+    verify_fb = SimpleNamespace(forward_mode=mode(is_target_verify=True), batch_size=2)
+    step_timing.forward_batch_generation(lambda self, b, *a, **k: slow(None), "w", None, forward_batch=verify_fb)
+    step_timing.forward_batch_generation(lambda self, b, *a, **k: slow(None), "w", dec)
+    assert timers["verify"].samples[2] == [250.0] and timers["forward"].samples[4] == [250.0]
+    assert step_timing._interval["parts"] == {"nd_prep": 0.5, "commit": 0.25, "verify": 0.25, "forward": 0.25}

@@ -49,6 +49,7 @@ from lumotree.sglang.crosscheck import CrossCheck
 from lumotree.sglang.exact import ExactAttention, exact_mode
 from lumotree.sglang.finish import FinishedRows
 from lumotree.sglang.scheduling import overlap_consistent
+from lumotree.sglang import step_timing
 from lumotree.sglang import verify_attention
 from lumotree.tree import ancestor_mask
 
@@ -396,4 +397,5 @@ class LumoTreeHybridBackend(HybridLinearAttnBackend):
         if not getattr(lin, "lumotree", False):
             return super().update_mamba_state_after_mtp_verify(
                 last_correct_step_indices, mamba_track_indices, mamba_steps_to_track, model, req_pool_indices)
-        lin.commit_after_verify(last_correct_step_indices, mamba_track_indices, mamba_steps_to_track)
+        step_timing.measure_size("commit", int(last_correct_step_indices.shape[0]), lin.commit_after_verify,
+                                 last_correct_step_indices, mamba_track_indices, mamba_steps_to_track)

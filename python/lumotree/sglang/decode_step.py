@@ -32,6 +32,8 @@ import time
 
 import torch
 
+from lumotree.sglang import step_timing
+
 logger = logging.getLogger(__name__)
 
 
@@ -183,6 +185,7 @@ class DecodeStep:
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+        t = step_timing.lap(None, None, 0.0)  # sections timed only in the benchmark
         bs = batch.seq_lens.shape[0]
         new_seq_lens = batch.seq_lens + 1
         if on_publish is not None:
@@ -195,14 +198,19 @@ class DecodeStep:
         dec.out_cache_loc = assign_extend_cache_locs_uniform_func(
             req_pool_indices=batch.req_pool_indices, req_to_token=self.model_runner.req_to_token_pool.req_to_token,
             start_offset=batch.seq_lens, batch_size=bs, draft_token_num=1, device=batch.device)
-        dec.seq_lens = batch.seq_lens + 1
+        dec.seq_lens = new_seq_lens
         dec.seq_lens_cpu = batch.seq_lens_cpu + 1 if batch.seq_lens_cpu is not None else None
         dec.seq_lens_sum = batch.seq_lens_sum + bs if batch.seq_lens_sum is not None else None
+        t = step_timing.lap("nd_prep", batch, t)
         with self._active():
             fb = forward_batch_class().init_new(dec, self.model_runner, return_hidden_states_before_norm=False)
+            t = step_timing.lap("nd_init", batch, t)
             out = self.target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True)
+            t = step_timing.lap("nd_forward", batch, t)
         self.steps += 1
-        return out, fb, self.model_runner.sample(out.logits_output, fb).to(torch.int32), new_seq_lens
+        predict = self.model_runner.sample(out.logits_output, fb).to(torch.int32)
+        step_timing.lap("nd_sample", batch, t)
+        return out, fb, predict, new_seq_lens
 
     @staticmethod
     def _result(batch, out, fb, next_token_ids, new_seq_lens, stride: int, next_draft_input):
@@ -225,8 +233,11 @@ class DecodeStep:
         from sglang.srt.speculative.eagle_info import EagleDraftInput
 
         out, fb, predict, seq = self._decode(batch, batch.spec_info.bonus_tokens, on_publish)
-        return self._result(batch, out, fb, predict, seq, 1,
-                            lambda lens, seq: EagleDraftInput(bonus_tokens=predict.clone()))
+        t = step_timing.lap(None, None, 0.0)
+        result = self._result(batch, out, fb, predict, seq, 1,
+                              lambda lens, seq: EagleDraftInput(bonus_tokens=predict.clone()))
+        step_timing.lap("nd_result", batch, t)
+        return result
 
     def run_ngram(self, batch, draft_token_num: int, on_publish=None):
         """One decode step of a batch of SGLang's NGRAM loop (:meth:`serves_ngram`), its result as the loop's:
@@ -240,11 +251,14 @@ class DecodeStep:
         last = (spec.accept_lens.to(torch.int64) - 1).clamp_min_(0)
         root = spec.accept_tokens.view(bs, n).gather(1, last[:, None]).squeeze(1)
         out, fb, predict, new_seq_lens = self._decode(batch, root, on_publish)
+        t = step_timing.lap(None, None, 0.0)
         accept_tokens = torch.zeros(bs, n, dtype=torch.int32, device=predict.device)
         accept_tokens[:, 0] = predict
         accept_tokens = accept_tokens.view(-1)
-        return self._result(batch, out, fb, accept_tokens, new_seq_lens, n, lambda lens, seq: NgramVerifyInput(
+        result = self._result(batch, out, fb, accept_tokens, new_seq_lens, n, lambda lens, seq: NgramVerifyInput(
             draft_token_num=n, new_seq_lens=seq, accept_tokens=accept_tokens, accept_lens=lens))
+        step_timing.lap("nd_result", batch, t)
+        return result
 
 
 @contextlib.contextmanager

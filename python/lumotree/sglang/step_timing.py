@@ -18,7 +18,13 @@ Decode batches only (a prefill between two decode steps breaks the interval it f
 * ``nodraft`` / ``drafted``: inside it, an adaptive LumoTree worker's no-draft step (its decode forward and what
   follows it) or its drafted step (SGLang's speculative loop with LumoTree's verify), apart;
 * ``forward``: SGLang's ``TpModelWorker.forward_batch_generation``, the target's forward launch (a no-draft step's
-  decode forward, no speculation's decode step, with its sampling).
+  decode forward, no speculation's decode step, with its sampling); ``verify``: the same call for a speculative
+  step's TARGET_VERIFY batch;
+* ``commit``: LumoTree's commit after a verify (:meth:`~lumotree.sglang.backend.LumoTreeGDNBackend.commit_after_verify`);
+* ``nd_prep`` / ``nd_init`` / ``nd_forward`` / ``nd_sample`` / ``nd_result``: a no-draft step's sections
+  (:class:`~lumotree.sglang.decode_step.DecodeStep`: its decode batch, SGLang's ``ForwardBatch.init_new``, the
+  forward launch, the sampler, the loop's result) -- :func:`lap`;
+* ``input``: ``Scheduler.process_input_requests`` (new requests, aborts).
 
 Per batch bucket (the next power of two) each part logs a line per ``REPORT_EVERY`` samples,
 ``LumoTree step-<part> timing: batch bucket B: median X ms, p95 Y ms over N steps, total Z ms``, which
@@ -26,9 +32,11 @@ Per batch bucket (the next power of two) each part logs a line per ``REPORT_EVER
 
 And where all of the scheduler's time goes: every interval from one ``run_batch`` start to the next is added to the
 kind of the batch that started it -- ``decode``, ``prefill`` (an extend batch) or ``other`` -- or to ``idle`` where the
-scheduler went idle inside it (SGLang's ``Scheduler.on_idle``: no batch to run). Cumulative totals are logged at most
-once a second with the wall clock, ``LumoTree step totals at T: decode X ms N, prefill ...``, so that a benchmark
-takes the difference over its own time windows (``sglang_server.py: step_totals``).
+scheduler went idle inside it (SGLang's ``Scheduler.on_idle``: no batch to run); and the parts above that fell inside
+an interval go to the same key, ``<kind>_<part>`` (ms and the intervals that had the part; any batch, not only decode),
+so that a prefill interval's time is split too. Cumulative totals are logged at most once a second with the wall
+clock, ``LumoTree step totals at T: decode X ms N, prefill ..., idle ...; decode_schedule X ms N, ...``, so that a
+benchmark takes the difference over its own time windows (``sglang_server.py: step_totals``).
 """
 from __future__ import annotations
 
@@ -42,7 +50,8 @@ ENV = "LUMOTREE_BENCH_STEP_TIMING"
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
 TP_WORKER = "sglang.srt.managers.tp_worker.TpModelWorker"
-PARTS = ("step", "schedule", "launch", "lengths", "result", "worker", "nodraft", "drafted", "forward")
+PARTS = ("step", "schedule", "launch", "lengths", "result", "worker", "nodraft", "drafted", "forward", "verify", "commit",
+         "nd_prep", "nd_init", "nd_forward", "nd_sample", "nd_result", "input")
 REPORT_EVERY = 128
 
 KINDS = ("decode", "prefill", "other", "idle")
@@ -50,8 +59,9 @@ TOTALS_EVERY_S = 1.0
 
 TIMERS: Dict[str, DraftTimer] = {p: DraftTimer(every=REPORT_EVERY, what=f"step-{p}") for p in PARTS}
 _last = {"start": None}  # the last decode run_batch's start (None after any other batch)
-_interval = {"start": None, "kind": None, "idle": False}  # the interval the last run_batch started
+_interval = {"start": None, "kind": None, "idle": False, "parts": {}}  # the interval the last run_batch started
 TOTALS: Dict[str, list] = {k: [0.0, 0] for k in KINDS}  # ms, intervals
+PART_TOTALS: Dict[str, list] = {}  # "<kind>_<part>": ms, intervals that had the part
 _logged = {"at": 0.0}
 _clock, _wall = time.perf_counter, time.time  # (tests set them)
 _on = False  # installed (measure times only then)
@@ -69,21 +79,43 @@ def _decode_size(batch) -> int:
     return len(batch.reqs)
 
 
+def _charge(part: str, seconds: float) -> None:
+    """Add ``seconds`` of ``part`` to the interval now open (closed into :data:`PART_TOTALS` by :func:`_account`)."""
+    if _interval["start"] is not None:
+        parts = _interval["parts"]
+        parts[part] = parts.get(part, 0.0) + seconds
+
+
+def _add(part: str, bs: int, seconds: float) -> None:
+    if bs:
+        TIMERS[part].add(bs, seconds)
+    _charge(part, seconds)
+
+
 def _timed(part: str, original, self, batch, *args, **kwargs):
     bs = _decode_size(batch)
     t0 = _clock()
     out = original(self, batch, *args, **kwargs)
-    if bs:
-        TIMERS[part].add(bs, _clock() - t0)
+    _add(part, bs, _clock() - t0)
     return out
+
+
+def lap(part: str, batch, t0: float) -> float:
+    """The time since ``t0`` (a :func:`lap`'s return, first ``lap(None, None, 0.0)``) added to ``part`` for
+    ``batch``; returns now. ``0.0`` and nothing timed unless step timing is on: a section of a step is then
+    ``t = lap("a", batch, t)`` with no cost worth naming."""
+    if not _on:
+        return 0.0
+    now = _clock()
+    if part is not None:
+        _add(part, _decode_size(batch), now - t0)
+    return now
 
 
 def get_next_batch_to_run(original, self, *args, **kwargs):
     t0 = _clock()
     plan = original(self, *args, **kwargs)  # SGLang 0.5.17: a NextBatchPlan (its batch_to_run)
-    bs = _decode_size(getattr(plan, "batch_to_run", None))
-    if bs:
-        TIMERS["schedule"].add(bs, _clock() - t0)
+    _add("schedule", _decode_size(getattr(plan, "batch_to_run", None)), _clock() - t0)
     return plan
 
 
@@ -98,15 +130,21 @@ def _account(t0: float, batch, log=None) -> None:
     """Close the interval the last ``run_batch`` started (at ``t0``, this one's start) and open this one's; log the
     cumulative totals at most every :data:`TOTALS_EVERY_S` seconds."""
     if _interval["start"] is not None:
-        got = TOTALS["idle" if _interval["idle"] else _interval["kind"]]
+        key = "idle" if _interval["idle"] else _interval["kind"]
+        got = TOTALS[key]
         got[0] += (t0 - _interval["start"]) * 1e3
         got[1] += 1
-    _interval.update(start=t0, kind=_kind(batch), idle=False)
+        for part, seconds in _interval["parts"].items():
+            got = PART_TOTALS.setdefault(f"{key}_{part}", [0.0, 0])
+            got[0] += seconds * 1e3
+            got[1] += 1
+    _interval.update(start=t0, kind=_kind(batch), idle=False, parts={})
     now = _wall()
     if now - _logged["at"] >= TOTALS_EVERY_S:
         _logged["at"] = now
+        parts = "".join(f", {k} {ms:.1f} ms {n}" for k, (ms, n) in sorted(PART_TOTALS.items()))
         (log or TIMERS["step"].log)("LumoTree step totals at %.3f: %s", now,
-                                    ", ".join(f"{k} {TOTALS[k][0]:.1f} ms {TOTALS[k][1]}" for k in KINDS))
+                                    ", ".join(f"{k} {TOTALS[k][0]:.1f} ms {TOTALS[k][1]}" for k in KINDS) + parts)
 
 
 def on_idle(original, self, *args, **kwargs):
@@ -123,22 +161,23 @@ def run_batch(original, self, batch, *args, **kwargs):
         TIMERS["step"].add(bs, t0 - _last["start"])
     _last["start"] = t0 if bs else None
     out = original(self, batch, *args, **kwargs)
-    if bs:
-        TIMERS["launch"].add(bs, _clock() - t0)
+    _add("launch", bs, _clock() - t0)
     return out
 
 
 def forward_batch_generation(original, self, batch=None, *args, **kwargs):
-    """The target's forward launch: keyed by the decode batch, or (a speculative worker's call) its forward batch."""
+    """The target's forward launch: keyed by the decode batch, or (a speculative worker's call) its forward batch;
+    a TARGET_VERIFY forward batch's is ``verify``."""
     fb = kwargs.get("forward_batch", args[0] if args else None)
-    bs = _decode_size(batch)
-    if not bs and batch is None and fb is not None and getattr(fb, "forward_mode", None) is not None \
-            and fb.forward_mode.is_decode():
+    bs, part = _decode_size(batch), "forward"
+    mode = getattr(fb, "forward_mode", None) if batch is None and fb is not None else None
+    if mode is not None and mode.is_decode():
         bs = int(fb.batch_size)
+    elif mode is not None and mode.is_target_verify():
+        bs, part = int(fb.batch_size), "verify"
     t0 = _clock()
     out = original(self, batch, *args, **kwargs)
-    if bs:
-        TIMERS["forward"].add(bs, _clock() - t0)
+    _add(part, bs, _clock() - t0)
     return out
 
 
@@ -147,11 +186,16 @@ def measure(part: str, batch, fn, *args, **kwargs):
     LumoTree worker's whole step: ``worker``)."""
     if not _on:
         return fn(*args, **kwargs)
-    bs = _decode_size(batch)
+    return measure_size(part, _decode_size(batch), fn, *args, **kwargs)
+
+
+def measure_size(part: str, bs: int, fn, *args, **kwargs):
+    """:func:`measure` where the caller knows the batch size (``bs``; 0: the interval's totals only)."""
+    if not _on:
+        return fn(*args, **kwargs)
     t0 = _clock()
     out = fn(*args, **kwargs)
-    if bs:
-        TIMERS[part].add(bs, _clock() - t0)
+    _add(part, bs, _clock() - t0)
     return out
 
 
@@ -161,6 +205,13 @@ def process_batch_result(original, self, batch, *args, **kwargs):
 
 def resolve_seq_lens_cpu(original, self, batch, *args, **kwargs):
     return _timed("lengths", original, self, batch, *args, **kwargs)
+
+
+def process_input_requests(original, self, *args, **kwargs):
+    t0 = _clock()
+    out = original(self, *args, **kwargs)
+    _charge("input", _clock() - t0)
+    return out
 
 
 def install() -> None:
@@ -176,4 +227,5 @@ def install() -> None:
     register_hook(f"{SCHEDULER}.process_batch_result", process_batch_result, "AROUND")
     register_hook(f"{FUTURE_MAP}.resolve_seq_lens_cpu", resolve_seq_lens_cpu, "AROUND")
     register_hook(f"{SCHEDULER}.on_idle", on_idle, "AROUND")
+    register_hook(f"{SCHEDULER}.process_input_requests", process_input_requests, "AROUND")
     register_hook(f"{TP_WORKER}.forward_batch_generation", forward_batch_generation, "AROUND")

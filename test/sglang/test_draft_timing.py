@@ -288,5 +288,9 @@ def test_step_timing_laps_verify_forwards_and_sized_measures(monkeypatch):
     verify_fb = SimpleNamespace(forward_mode=mode(is_target_verify=True), batch_size=2)
     step_timing.forward_batch_generation(lambda self, b, *a, **k: slow(None), "w", None, forward_batch=verify_fb)
     step_timing.forward_batch_generation(lambda self, b, *a, **k: slow(None), "w", dec)
+    verify_batch = SimpleNamespace(forward_mode=mode(is_target_verify=True), reqs=[0] * 8)
+    step_timing.forward_batch_generation(lambda self, b, *a, **k: None, "w", verify_batch, is_verify=True)
     assert timers["verify"].samples[2] == [250.0] and timers["forward"].samples[4] == [250.0]
+    assert timers["verify"].samples[8] == [0.0]
     assert step_timing._interval["parts"] == {"nd_prep": 0.5, "commit": 0.25, "verify": 0.25, "forward": 0.25}
+    assert not timers["forward"].samples[8]

@@ -170,11 +170,11 @@ def forward_batch_generation(original, self, batch=None, *args, **kwargs):
     a TARGET_VERIFY forward batch's is ``verify``."""
     fb = kwargs.get("forward_batch", args[0] if args else None)
     bs, part = _decode_size(batch), "forward"
-    mode = getattr(fb, "forward_mode", None) if batch is None and fb is not None else None
-    if mode is not None and mode.is_decode():
+    mode = getattr(fb if batch is None else batch, "forward_mode", None)
+    if batch is None and mode is not None and mode.is_decode():
         bs = int(fb.batch_size)
-    elif mode is not None and mode.is_target_verify():
-        bs, part = int(fb.batch_size), "verify"
+    elif mode is not None and mode.is_target_verify():  # SGLang's NGRAM loop passes its ScheduleBatch
+        bs, part = (int(fb.batch_size) if batch is None else len(batch.reqs)), "verify"
     t0 = _clock()
     out = original(self, batch, *args, **kwargs)
     _add(part, bs, _clock() - t0)

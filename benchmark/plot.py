@@ -71,14 +71,14 @@ def served():
 def agents():
     """Concurrent agents: tokens/s and p95 turn latency per server, one group per (run, concurrency), LUMOTREE_SUFFIX with
     its adaptive tree size: 1 and 8 agents from run "1-8-agents" (16 sessions; one drafter call per request per step),
-    32 agents from run "32-agents" (one drafter call per step for the batch, admissions in line) and from runs
-    "32-agents-staged-admissions" and "32-agents-step-timing" (the current code, two machines; the second with
-    LUMOTREE_SUFFIX pinned to its no-draft step beside the others)."""
+    32 agents from runs "32-agents-staged-admissions", "32-agents-step-timing" and "32-agents-step-parts" (the current
+    code, three machines; the last two with LUMOTREE_SUFFIX pinned to its no-draft step beside the others)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
-    groups = [("1-8-agents", 1, "1 agent\n(16 sessions)"), ("1-8-agents", 8, "8 agents\n(16 sessions)"),
-              ("32-agents", 32, "32 agents\n(admission in line)"),
-              ("32-agents-staged-admissions", 32, "32 agents\n(current code)"),
-              ("32-agents-step-timing", 32, "32 agents\n(current code,\nanother machine)")]
+    groups = [("1-8-agents", 1, "1 agent\n(16 sessions,\nearlier code)"),
+              ("1-8-agents", 8, "8 agents\n(16 sessions,\nearlier code)"),
+              ("32-agents-staged-admissions", 32, "32 agents\n(machine A)"),
+              ("32-agents-step-timing", 32, "32 agents\n(machine B)"),
+              ("32-agents-step-parts", 32, "32 agents\n(machine C)")]
     rows = [dict(r, agents=label) for name, level, label in groups if name in runs
             for r in runs[name]["rows"] if r["agents"] == level]
     configs = list(dict.fromkeys(r["config"] for r in rows))
@@ -102,14 +102,28 @@ def agents():
     fig.savefig(os.path.join(DOCS, "agents_h200.png"), dpi=110)
 
 
+# the stacked parts of a decode step (medians per bucket; they need not add up to the step's median exactly)
+NONE_PARTS = [("schedule", lambda t: t["schedule"]), ("forward: init + forward + sample", lambda t: t["forward"]),
+              ("run_batch's rest", lambda t: t["launch"] - t["forward"]), ("result", lambda t: t["result"]),
+              ("loop's rest", lambda t: t["step"] - t["launch"] - t["schedule"] - t["result"])]
+NODRAFT_PARTS = [("schedule", lambda t: t["schedule"]), ("lengths (SGLang's wait)", lambda t: t["lengths"]),
+                 ("worker's bookkeeping", lambda t: t["worker"] - t["nodraft"]), ("nd_prep", lambda t: t["nd_prep"]),
+                 ("nd_init", lambda t: t["nd_init"]), ("nd_forward", lambda t: t["nd_forward"]),
+                 ("nd_sample", lambda t: t["nd_sample"]), ("nd_result", lambda t: t["nd_result"]),
+                 ("run_batch's rest", lambda t: t["launch"] - t["worker"] - t["lengths"]),
+                 ("result", lambda t: t["result"]),
+                 ("loop's rest", lambda t: t["step"] - t["launch"] - t["schedule"] - t["result"])]
+
+
 def step_timing():
-    """Served decode steps at 32 agents (run "32-agents-step-timing"): each server's median wall time per decode step on
-    the scheduler's thread, per batch bucket, and the part of it in ``Scheduler.run_batch`` (the worker's launch)."""
+    """Served decode steps at 32 agents (run "32-agents-step-parts"): each server's median wall time per decode step on
+    the scheduler's thread per batch bucket, the part of it in ``Scheduler.run_batch`` (the worker's launch), and the
+    no-draft step's parts stacked beside no speculation's decode step."""
     run = next(r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]
-               if r["name"] == "32-agents-step-timing")
+               if r["name"] == "32-agents-step-parts")
     servers = [n for n in ("none", "ngram", "lumotree-suffix", "lumotree-suffix-nodraft") if n in run["servers"]]
     buckets = ["1", "2", "4", "8", "16", "32"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 3.6), sharey=True)
+    fig, axes = plt.subplots(1, 3, figsize=(17, 3.8), gridspec_kw=dict(width_ratios=[3, 3, 2.2]))
     w = 0.8 / len(servers)
     for ax, part, title in zip(axes, ("step", "launch"), ("decode step (run_batch to run_batch)",
                                                          "its Scheduler.run_batch (launch)")):
@@ -119,9 +133,29 @@ def step_timing():
             vals = [got[b]["median_ms"] if b in got else 0 for b in buckets]
             ax.bar(xs, vals, width=w, label=n)
         ax.set(xticks=range(len(buckets)), xticklabels=buckets, xlabel="batch bucket (running requests, next power of 2)",
-               title=title)
-    axes[0].set_ylabel("median ms")
+               title=title, ylabel="median ms")
     axes[0].legend(fontsize=7)
+    ax, labels, x = axes[2], [], 0
+    colors = {}
+    for b in ("1", "8", "32"):
+        for n, parts in (("none", NONE_PARTS), ("lumotree-suffix-nodraft", NODRAFT_PARTS)):
+            t = {p: v[b]["median_ms"] for p, v in run["servers"][n]["step_timing"].items() if b in v}
+            bottom = 0.0
+            for name, f in parts:
+                v = max(0.0, f(t))
+                c = colors.setdefault(name, plt.get_cmap("tab20")(len(colors) % 20))
+                ax.bar(x, v, bottom=bottom, color=c, label=name if name not in labels else None,
+                       hatch="//" if name == "loop's rest" else None)
+                labels.append(name)
+                bottom += v
+            ax.text(x, bottom, f"{t['step']:.2f}", ha="center", va="bottom", fontsize=7)
+            x += 1
+        x += 0.5
+    ticks = [i + 0.5 * (i // 2) for i in range(6)]
+    ax.set(xticks=ticks, xticklabels=["none\nb1", "no-draft\nb1", "none\nb8", "no-draft\nb8", "none\nb32",
+                                      "no-draft\nb32"], ylabel="median ms (stacked parts)",
+           title="no-draft step against no speculation's decode step")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.suptitle("32 SWE-agent-style sessions, tiny model, H200 (LUMOTREE_SUFFIX mixes drafted and no-draft steps)",
                  fontsize=9)
     fig.tight_layout()

@@ -198,7 +198,7 @@ class DecodeStep:
         dec.out_cache_loc = assign_extend_cache_locs_uniform_func(
             req_pool_indices=batch.req_pool_indices, req_to_token=self.model_runner.req_to_token_pool.req_to_token,
             start_offset=batch.seq_lens, batch_size=bs, draft_token_num=1, device=batch.device)
-        dec.seq_lens = new_seq_lens
+        dec.seq_lens = batch.seq_lens + 1
         dec.seq_lens_cpu = batch.seq_lens_cpu + 1 if batch.seq_lens_cpu is not None else None
         dec.seq_lens_sum = batch.seq_lens_sum + bs if batch.seq_lens_sum is not None else None
         t = step_timing.lap("nd_prep", batch, t)

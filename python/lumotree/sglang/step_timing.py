@@ -20,6 +20,10 @@ Decode batches only (a prefill between two decode steps breaks the interval it f
 * ``forward``: SGLang's ``TpModelWorker.forward_batch_generation``, the target's forward launch (a no-draft step's
   decode forward, no speculation's decode step, with its sampling); ``verify``: the same call for a speculative
   step's TARGET_VERIFY batch;
+* ``spec_prep`` / ``sample`` / ``kv_move``: inside SGLang's NGRAM loop (SGLang's NGRAM server and LUMOTREE_SUFFIX's
+  drafted step alike), its draft preparation (``NGRAMWorker._prepare_for_speculative_decoding``: the drafter and the
+  verify's tree inputs), its tree sampler (``eagle_sample``) and its move of the accepted tokens' KV
+  (``move_accept_tokens_to_target_kvcache``), keyed by the step's request count;
 * ``commit``: LumoTree's commit after a verify (:meth:`~lumotree.sglang.backend.LumoTreeGDNBackend.commit_after_verify`);
 * ``nd_prep`` / ``nd_init`` / ``nd_forward`` / ``nd_sample`` / ``nd_result``: a no-draft step's sections
   (:class:`~lumotree.sglang.decode_step.DecodeStep`: its decode batch, SGLang's ``ForwardBatch.init_new``, the
@@ -51,7 +55,12 @@ SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
 TP_WORKER = "sglang.srt.managers.tp_worker.TpModelWorker"
 PARTS = ("step", "schedule", "launch", "lengths", "result", "worker", "nodraft", "drafted", "forward", "verify", "commit",
-         "nd_prep", "nd_init", "nd_forward", "nd_sample", "nd_result", "input")
+         "nd_prep", "nd_init", "nd_forward", "nd_sample", "nd_result", "input", "spec_prep", "sample", "kv_move")
+NGRAM = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
+# SGLang's NGRAM loop's steps: (target, part, the position of its ScheduleBatch argument, self counted)
+LOOP_PARTS = ((f"{NGRAM}._prepare_for_speculative_decoding", "spec_prep", 1),
+              ("sglang.srt.speculative.eagle_utils.eagle_sample", "sample", 1),
+              ("sglang.srt.speculative.spec_utils.move_accept_tokens_to_target_kvcache", "kv_move", 0))
 REPORT_EVERY = 128
 
 KINDS = ("decode", "prefill", "other", "idle")
@@ -207,6 +216,19 @@ def resolve_seq_lens_cpu(original, self, batch, *args, **kwargs):
     return _timed("lengths", original, self, batch, *args, **kwargs)
 
 
+def loop_part(part: str, batch_at: int):
+    """An ``AROUND`` hook timing ``part`` of a speculative step whose ScheduleBatch is positional argument ``batch_at``
+    (in TARGET_VERIFY mode there, or about to be: keyed by its request count)."""
+    def hook(original, *args, **kwargs):
+        batch = args[batch_at] if len(args) > batch_at else None
+        t0 = _clock()
+        out = original(*args, **kwargs)
+        _add(part, len(getattr(batch, "reqs", None) or ()), _clock() - t0)
+        return out
+
+    return hook
+
+
 def process_input_requests(original, self, *args, **kwargs):
     t0 = _clock()
     out = original(self, *args, **kwargs)
@@ -229,3 +251,5 @@ def install() -> None:
     register_hook(f"{SCHEDULER}.on_idle", on_idle, "AROUND")
     register_hook(f"{SCHEDULER}.process_input_requests", process_input_requests, "AROUND")
     register_hook(f"{TP_WORKER}.forward_batch_generation", forward_batch_generation, "AROUND")
+    for target, part, batch_at in LOOP_PARTS:
+        register_hook(target, loop_part(part, batch_at), "AROUND")

@@ -285,14 +285,20 @@ def test_forward_and_worker_parts_time_decode_steps_by_batch_or_forward_batch(mo
     assert len(timers["worker"].samples[8]) == 1
 
 
-def test_step_timing_laps_verify_forwards_and_sized_measures(monkeypatch):
+def _open_decode_interval(monkeypatch, clock: float):
+    """Fresh step timers, a decode interval open and a settable clock (``now[0]``)."""
     from lumotree.sglang import step_timing
 
     timers = {p: draft_timing.DraftTimer(every=1000, log=lambda *a: None, what=f"step-{p}") for p in step_timing.PARTS}
     monkeypatch.setattr(step_timing, "TIMERS", timers)
     monkeypatch.setattr(step_timing, "_interval", {"start": 0.0, "kind": "decode", "idle": False, "parts": {}})
-    now = [10.0]
+    now = [clock]
     monkeypatch.setattr(step_timing, "_clock", lambda: now[0])
+    return step_timing, timers, now
+
+
+def test_step_timing_laps_verify_forwards_and_sized_measures(monkeypatch):
+    step_timing, timers, now = _open_decode_interval(monkeypatch, 10.0)
     mode = lambda **m: SimpleNamespace(**{k: (lambda v=m.get(k, False): v)  # noqa: E731
                                           for k in ("is_decode", "is_extend", "is_target_verify")})
     dec = SimpleNamespace(forward_mode=mode(is_decode=True), reqs=[0] * 4)
@@ -324,13 +330,7 @@ def test_step_timing_laps_verify_forwards_and_sized_measures(monkeypatch):
 
 
 def test_loop_parts_time_sglang_s_ngram_loop_by_its_batch(monkeypatch):
-    from lumotree.sglang import step_timing
-
-    timers = {p: draft_timing.DraftTimer(every=1000, log=lambda *a: None, what=f"step-{p}") for p in step_timing.PARTS}
-    monkeypatch.setattr(step_timing, "TIMERS", timers)
-    monkeypatch.setattr(step_timing, "_interval", {"start": 0.0, "kind": "decode", "idle": False, "parts": {}})
-    now = [0.0]
-    monkeypatch.setattr(step_timing, "_clock", lambda: now[0])
+    step_timing, timers, now = _open_decode_interval(monkeypatch, 0.0)
     batch = SimpleNamespace(reqs=[0] * 6)
 
     def original(*args, **kwargs):

@@ -74,8 +74,8 @@ def fresh_hook(hook_module):
     target = hook_module.TARGET
     saved = list(HookRegistry._hooks.get(target, []))
     try:
-        patches._installed.discard(target)
+        patches.forget(target)
         yield HookRegistry._hooks
     finally:
         HookRegistry._hooks[target] = saved
-        patches._installed.discard(target)
+        patches.forget(target)

@@ -155,7 +155,7 @@ def test_hook_registers_backend_classes():
     assert issubclass(backend.LumoTreeHybridBackend, HybridLinearAttnBackend)
     saved = {t: list(HookRegistry._hooks.get(t, [])) for t in gdn_backend_classes.TARGETS}
     try:
-        patches._installed.difference_update(gdn_backend_classes.TARGETS)
+        patches.forget(*gdn_backend_classes.TARGETS)
         gdn_backend_classes.install()
         for target, name in gdn_backend_classes.TARGETS.items():
             hooks = HookRegistry._hooks[target]
@@ -163,7 +163,7 @@ def test_hook_registers_backend_classes():
     finally:
         for t, h in saved.items():
             HookRegistry._hooks[t] = h
-        patches._installed.difference_update(gdn_backend_classes.TARGETS)
+        patches.forget(*gdn_backend_classes.TARGETS)
 
 
 def test_chain_parents():
@@ -267,13 +267,13 @@ def test_hook_registers_the_merged_verify_input(monkeypatch):
 
     saved = list(HookRegistry._hooks.get(hook.TARGET, []))
     try:
-        patches._installed.discard(hook.TARGET)
+        patches.forget(hook.TARGET)
         hook.install()
         last = HookRegistry._hooks[hook.TARGET][-1]
         assert last[0] == HookType.REPLACE and last[1].__name__ == "build_eagle_verify_input"
     finally:
         HookRegistry._hooks[hook.TARGET] = saved
-        patches._installed.discard(hook.TARGET)
+        patches.forget(hook.TARGET)
 
 
 APPLY_SCRIPT = r"""
@@ -461,3 +461,28 @@ def test_lumotree_is_adaptive_by_default_and_checks_the_adaptive_flags(tmp_path)
     assert lines[1] == "ok True False 6", lines[1]
     assert "--speculative-adaptive-config" in lines[2] and "candidate_steps [2] cannot be served" in lines[2], lines[2]
     assert lines[3] == "ok True False 6", lines[3]  # LUMOTREE_SUFFIX: adaptive too (its tree or no draft)
+
+
+def test_hooks_on_one_target_all_register_once_each():
+    """LumoTree's end-of-request clamp, the benchmark's acceptance oracle and its step timer all wrap SGLang's
+    ``eagle_sample``: each registers (the first did not drop the others), and a hook installed twice registers once."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from lumotree.sglang import patches, step_timing
+    from lumotree.sglang.patches import eagle_sample_end
+
+    target = eagle_sample_end.TARGET
+    timer = next(step_timing.loop_part(part, at) for t, part, at in step_timing.LOOP_PARTS if t == target)
+    saved = list(HookRegistry._hooks.get(target, []))
+    try:
+        patches.forget(target)
+        HookRegistry._hooks[target] = []
+        patches.register_hook(target, timer, "AROUND")  # the step timer first, as plugin.py installs it
+        eagle_sample_end.install()
+        eagle_sample_end.install()
+        patches.register_hook(target, timer, "AROUND")
+        got = [(kind, hook) for kind, hook, _ in HookRegistry._hooks[target]]
+        assert got == [(HookType.AROUND, timer), (HookType.AROUND, eagle_sample_end.eagle_sample_end)]
+    finally:
+        HookRegistry._hooks[target] = saved
+        patches.forget(target)

@@ -5,7 +5,8 @@ Python stacks slows the host about threefold and hid a host-bound step's differe
 no-draft step against no speculation's decode step, ``benchmark/results/profile_no_draft_h200.json``); these are
 plain ``perf_counter`` readings through ``AROUND`` hooks on SGLang's scheduler (SGLang's ``HookRegistry``), the same
 for a server without speculation, SGLang's speculative ones and LumoTree's.
-Decode batches only (a prefill between two decode steps breaks the interval it falls in):
+Per batch bucket, decode batches only (a prefill between two decode steps breaks the interval it falls in;
+``verify`` and SGLang's NGRAM loop's parts: the speculative step's requests):
 
 * ``step``: from one decode batch's ``Scheduler.run_batch`` start to the next one's (the served step, wall);
 * ``schedule``: ``Scheduler.get_next_batch_to_run`` (its preparation of the decode batch);
@@ -39,7 +40,7 @@ kind of the batch that started it -- ``decode``, ``prefill`` (an extend batch) o
 scheduler went idle inside it (SGLang's ``Scheduler.on_idle``: no batch to run); and the parts above that fell inside
 an interval go to the same key, ``<kind>_<part>`` (ms and the intervals that had the part; any batch, not only decode),
 so that a prefill interval's time is split too. Cumulative totals are logged at most once a second with the wall
-clock, ``LumoTree step totals at T: decode X ms N, prefill ..., idle ...; decode_schedule X ms N, ...``, so that a
+clock, ``LumoTree step totals at T: decode X ms N, prefill ..., idle ..., decode_schedule X ms N, ...``, so that a
 benchmark takes the difference over its own time windows (``sglang_server.py: step_totals``).
 """
 from __future__ import annotations

@@ -307,25 +307,6 @@ def test_merged_verify_input_hook_reaches_the_eagle_v2_worker():
     assert "RESULT our wrapper ran" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
 
 
-def test_suffix_tree_size_follows_the_batch_the_server_is_sized_for():
-    """LUMOTREE_SUFFIX without --speculative-num-draft-tokens sizes its draft tree from
-    --max-running-requests (large trees for small-batch servers); an explicit flag is kept."""
-    from types import SimpleNamespace
-
-    from lumotree.sglang.plugin import default_suffix_budget
-
-    def sized(running, tokens=None, env=None):
-        sa = SimpleNamespace(speculative_num_draft_tokens=tokens, max_running_requests=running)
-        default_suffix_budget(sa, env or {})
-        return sa.speculative_num_draft_tokens
-
-    assert [sized(r) for r in (1, 8, 16, 32, None, 64, 128, 512)] == [32, 32, 32, 16, 8, 8, 4, 4]
-    assert sized(8, tokens=6) == 6  # given: kept
-    assert sized(32, env={"LUMOTREE_SUFFIX_TOKENS_PER_STEP": "256"}) == 8
-    with pytest.raises(ValueError, match="LUMOTREE_SUFFIX_TOKENS_PER_STEP must be a positive integer"):
-        sized(32, env={"LUMOTREE_SUFFIX_TOKENS_PER_STEP": "lots"})
-
-
 def test_consistent_prefix_cache_keeps_overlap_with_the_no_buffer_cache(monkeypatch, caplog):
     """With the radix cache on, LumoTree servers take the no_buffer state cache (SGLang 0.5.17's
     extra_buffer path served speculative requests inconsistent cached states,

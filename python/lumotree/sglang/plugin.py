@@ -225,18 +225,18 @@ SUFFIX_MAX_NODES = 32
 
 
 def default_suffix_budget(server_args, env=os.environ) -> None:
-    """``LUMOTREE_SUFFIX`` without ``--speculative-num-draft-tokens``: the draft-tree size from the
-    batch the server is sized for, :func:`lumotree.drafters.suffix.adaptive_budget` of
-    ``--max-running-requests`` with ``LUMOTREE_SUFFIX_TOKENS_PER_STEP`` (default 512) verify tokens
-    per step, at most ``SUFFIX_MAX_NODES`` (32) -- large trees for small-batch servers, small ones
-    for large-batch servers (32 nodes at <= 16 requests, 8 at SGLang's NGRAM default of 48, 4 from
-    128 on). The cap: the suffix drafter's simulated gain from 32 to 64 nodes is ~3 % more tokens
-    per step (``agent_draft_acceptance_cpu.json``) while the served verify at 64 nodes costs 4-6x
-    that at 16 (``served_forms_h200.json``). Per server, not per step: the verify's CUDA graphs have
-    one tree size per server. An explicit flag is kept as given."""
+    """``LUMOTREE_SUFFIX`` without ``--speculative-num-draft-tokens``: draft-tree sizes per batch bucket
+    (:mod:`lumotree.sglang.suffix_sizes`), :func:`lumotree.drafters.suffix.adaptive_budget` of each bucket up to
+    ``--max-running-requests`` with ``LUMOTREE_SUFFIX_TOKENS_PER_STEP`` (default 512) verify tokens per step, at
+    most ``SUFFIX_MAX_NODES`` (32) -- 32 nodes for batches of up to 16 requests, 16 at 17-32, 8 at 33-64, 4 from 65
+    on. The server's ``--speculative-num-draft-tokens`` becomes the largest of them (SGLang's NGRAM loop, its
+    graphs and its KV allocation are for that one); the table is kept on ``server_args`` for the worker, which
+    builds a verify state for each smaller size. The cap: the suffix drafter's simulated gain from 32 to 64 nodes
+    is ~3 % more tokens per step (``agent_draft_acceptance_cpu.json``) while the served verify at 64 nodes costs
+    4-6x that at 16 (``served_forms_h200.json``). An explicit flag is kept as given: one size at every batch."""
     if server_args.speculative_num_draft_tokens is not None:
         return
-    from lumotree.drafters.suffix import adaptive_budget
+    from lumotree.sglang.suffix_sizes import SIZES_ATTR, bucket_sizes
 
     raw = env.get(SUFFIX_TOKENS_ENV, "512")
     try:
@@ -246,11 +246,11 @@ def default_suffix_budget(server_args, env=os.environ) -> None:
     if tokens < 1:
         raise ValueError(f"{SUFFIX_TOKENS_ENV} must be a positive integer (verify tokens per step), got {raw!r}")
     running = server_args.max_running_requests or NGRAM_DEFAULT_RUNNING
-    server_args.speculative_num_draft_tokens = adaptive_budget(running, tokens_per_step=tokens,
-                                                               max_nodes=SUFFIX_MAX_NODES, min_nodes=4)
-    logger.info("LUMOTREE_SUFFIX: %d draft nodes per request (%d verify tokens per step over up to %d running "
-                "requests; set --speculative-num-draft-tokens to override)",
-                server_args.speculative_num_draft_tokens, tokens, running)
+    sizes = bucket_sizes(running, tokens, max_nodes=SUFFIX_MAX_NODES, min_nodes=4)
+    server_args.speculative_num_draft_tokens = max(sizes.values())
+    setattr(server_args, SIZES_ATTR, sizes)
+    logger.info("LUMOTREE_SUFFIX: draft nodes per request by batch bucket %s (%d verify tokens per step over up to "
+                "%d running requests; set --speculative-num-draft-tokens for one size)", sizes, tokens, running)
 
 
 def _suffix_worker_factory(server_args):

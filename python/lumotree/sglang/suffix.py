@@ -538,6 +538,9 @@ def prepare_draft_tokens(worker, batch) -> Tuple[np.ndarray, np.ndarray]:
     whole prompt and ``max_trie_depth`` tokens -- at LUMOTREE_SUFFIX's depth of 4,096 and agent prompts of
     thousands of tokens, per request per step, on the scheduler's thread."""
     stride, depth, corpus = worker.draft_token_num, worker.max_trie_depth, worker.ngram_corpus
+    # the last step's tokens are in rows of the server's stride (lumotree.sglang.suffix_sizes), this step drafts
+    # ``stride`` nodes per request
+    prev_stride = getattr(batch.spec_info, "draft_token_num", None) or stride
     prev_ids, prev_lens = batch.spec_info.accept_tokens, batch.spec_info.accept_lens
     if not prev_ids.is_cpu:
         prev_ids, prev_lens = prev_ids.cpu(), prev_lens.cpu()
@@ -548,7 +551,7 @@ def prepare_draft_tokens(worker, batch) -> Tuple[np.ndarray, np.ndarray]:
     use_prev = worker.enable_overlap and not batch.grammar_needs_sync()
     req_ids, views, totals, full = [], [], [], []
     for i, req in enumerate(batch.reqs):
-        prev = worker.prev_token_ids[i * stride:i * stride + worker.prev_accept_lens[i]] if use_prev else []
+        prev = worker.prev_token_ids[i * prev_stride:i * prev_stride + worker.prev_accept_lens[i]] if use_prev else []
         prompt, out = req.origin_input_ids, req.output_ids
         total = len(prompt) + len(out) + len(prev)
         req_ids.append(req.rid)
@@ -587,7 +590,7 @@ def ngram_worker(make_corpus):
     chooses per decode step between its suffix tree and no draft (below)."""
     from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
-    from lumotree.sglang import adaptive, draft_timing, step_timing
+    from lumotree.sglang import adaptive, draft_timing, step_timing, suffix_sizes
     from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.finish import forward_marked, keep_out_of_cache
     from lumotree.sglang.scheduling import overlap_consistent, publish_prefill_early
@@ -612,6 +615,9 @@ def ngram_worker(make_corpus):
             self._overlap_consistent = overlap_consistent(server_args)
             self._one_pass_mask = (server_args.speculative_algorithm or "").upper() in ONE_PASS_MASK_ALGORITHMS
             self.tree_policy = self._ledger = self._decode_step = None
+            # per batch bucket the draft-tree size (lumotree.sglang.suffix_sizes); a VerifySize per smaller one
+            self._sizes = suffix_sizes.sizes_of(server_args) if adaptive.is_suffix(server_args) else None
+            self._verify_sizes = {}
             if (adaptive.is_suffix(server_args) and adaptive.adaptive_tree_size(server_args)
                     and one_token_decode(server_args)):
                 steps = adaptive.candidate_steps(server_args)
@@ -622,8 +628,6 @@ def ngram_worker(make_corpus):
 
         def init_cuda_graphs(self):
             super().init_cuda_graphs()
-            if self.tree_policy is None or 0 not in self.tree_policy.candidates:
-                return
             import sglang.srt.speculative.eagle_worker_v2 as ew
 
             from lumotree.sglang.decode_step import DecodeStep
@@ -632,6 +636,13 @@ def ngram_worker(make_corpus):
             mr = self._target_worker.model_runner
             cuda_graph_bs = (None if ew.check_cuda_graph_backend(ew.Phase.DECODE, ew.Backend.DISABLED)
                              else configured_graph_bs(mr.server_args, ew.get_exec().graph.cuda_graph_bs_decode))
+            if getattr(self, "_sizes", None):
+                for nodes in sorted(set(self._sizes.values()), reverse=True):
+                    if nodes < self.draft_token_num:
+                        self._verify_sizes[nodes] = suffix_sizes.VerifySize.build(
+                            self, nodes, suffix_sizes.graph_bs_for(self._sizes, nodes, cuda_graph_bs))
+            if self.tree_policy is None or 0 not in self.tree_policy.candidates:
+                return
             self._decode_step = DecodeStep.build_target(self._target_worker,
                                                         decode_step_graph_bs(self.server_args, cuda_graph_bs))
             logger.info("LUMOTREE_SUFFIX adaptive: candidates %s (0 = no draft, 1 = the %d-node suffix tree), chosen "
@@ -675,16 +686,42 @@ def ngram_worker(make_corpus):
                         return step_timing.measure("nodraft", batch, self._no_draft_decode, batch,
                                                    kwargs.get("on_publish", args[0] if args else None))
                     ledger.launched(bs, adaptive.SUFFIX_TREE)  # also where a no-draft step cannot decode the batch
-                    out = step_timing.measure("drafted", batch, super(HostCorpusWorker, self).forward_batch_generation,
-                                              batch, *args, **kwargs)
+                    out = step_timing.measure("drafted", batch, self._drafted, batch, *args, **kwargs)
                     ledger.note_undrafted(getattr(self.ngram_corpus, "undrafted", ()))
                     return out
                 elif batch.forward_mode.is_idle():
                     ledger.choose(0)
                 else:  # a prefill between two decode steps: the one before it has no step time of its own
                     ledger.clock.interrupt()
+            if batch.forward_mode.is_decode():
+                return self._drafted(batch, *args, **kwargs)
             args, kwargs = publish_prefill_early(batch, args, kwargs)  # its lengths are known: publish, then launch
             return super(HostCorpusWorker, self).forward_batch_generation(batch, *args, **kwargs)
+
+        def _drafted(self, batch, *args, **kwargs):
+            """A drafted step: SGLang's NGRAM verify at the tree size of the batch's bucket
+            (:mod:`lumotree.sglang.suffix_sizes`), its result at the server's stride."""
+            forward = super(HostCorpusWorker, self).forward_batch_generation
+            vs = self._verify_size(batch)
+            if vs is None:
+                return forward(batch, *args, **kwargs)
+            bs = batch.seq_lens.shape[0]
+            with vs.active(self):
+                out = forward(batch, *args, **kwargs)
+            return suffix_sizes.widen_result(out, bs, vs.nodes, self.draft_token_num)
+
+        def _verify_size(self, batch):
+            """The smaller tree's verify state a drafted step of ``batch`` takes, ``None`` for the server's tree:
+            plain batches only (:meth:`~lumotree.sglang.decode_step.DecodeStep._plain`; the others' logprobs,
+            grammars and penalties are SGLang's to lay out, at its one size)."""
+            sizes = getattr(self, "_verify_sizes", None)
+            if not sizes:
+                return None
+            from lumotree.sglang.decode_step import DecodeStep
+
+            nodes = suffix_sizes.size_for(self._sizes, batch.seq_lens.shape[0], self.draft_token_num)
+            vs = sizes.get(nodes)
+            return vs if vs is not None and DecodeStep._plain(batch) else None
 
         def ngram_corpus_admitting(self, batch) -> bool:
             """Whether every request of ``batch`` is still being admitted by the corpus (:meth:`SuffixCorpus.admitting`)."""

@@ -70,15 +70,14 @@ def served():
 
 def agents():
     """Concurrent agents: tokens/s and p95 turn latency per server, one group per (run, concurrency), LUMOTREE_SUFFIX with
-    its adaptive tree size: 1 and 8 agents from run "1-8-agents" (16 sessions; one drafter call per request per step),
-    32 agents from runs "32-agents-staged-admissions", "32-agents-step-timing" and "32-agents-step-parts" (the current
-    code, three machines; the last two with LUMOTREE_SUFFIX pinned to its no-draft step beside the others)."""
+    its tree size per batch bucket and its adaptive choice of no draft: 8 and 32 agents from run "8-32-agents" (the
+    user's mode, prefill graphs on), 8 agents from run "8-agents-sized-32" (another machine, no NGRAM), 1 agent from run
+    "1-8-agents" (earlier code, prefill graphs off)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
-    groups = [("1-8-agents", 1, "1 agent\n(16 sessions,\nearlier code)"),
-              ("1-8-agents", 8, "8 agents\n(16 sessions,\nearlier code)"),
-              ("32-agents-staged-admissions", 32, "32 agents\n(machine A)"),
-              ("32-agents-step-timing", 32, "32 agents\n(machine B)"),
-              ("32-agents-step-parts", 32, "32 agents\n(machine C)")]
+    groups = [("1-8-agents", 1, "1 agent\n(earlier code,\nno prefill graphs)"),
+              ("8-32-agents", 8, "8 agents\n(machine E)"),
+              ("8-agents-sized-32", 8, "8 agents\n(machine D)"),
+              ("8-32-agents", 32, "32 agents\n(machine E)")]
     rows = [dict(r, agents=label) for name, level, label in groups if name in runs
             for r in runs[name]["rows"] if r["agents"] == level]
     configs = list(dict.fromkeys(r["config"] for r in rows))

@@ -10,7 +10,7 @@ greedy verify would accept there. Serving: ``--agents`` closed-loop sessions, ea
 (``--prefill-ms``, its first token), then decode steps over the running requests; a drafted step advances each request
 by ``k + 1`` tokens, a no-draft step by 1. Step time (ms) at batch ``b``: ``none = --none-ms * (F + (1 - F) b / 32)``,
 ``tree = --tree-ms * (F + (1 - F) b / 32)`` with ``F = --fixed-share`` -- the defaults are what the served policy's
-device clock measured at batch bucket 32 (run ``32-agents``, H200: 2.2-3.3 ms without a draft, 5.7-8.9 ms with the
+device clock measured at batch bucket 32 (an earlier 32-agent run, H200: 2.2-3.3 ms without a draft, 5.7-8.9 ms with the
 16-node tree) and a prefill cost that brings the no-speculation replay to that run's 4,917 tokens/s. The policy gets
 each step's time and acceptance one step late (the overlap scheduler), as served.
 

@@ -1,7 +1,6 @@
 """LUMOTREE_SUFFIX's draft-tree size per batch bucket (lumotree.sglang.suffix_sizes): the table, the graphs a
 smaller size captures, the swap of the NGRAM worker's state around a drafted step, and the result laid out at the
 server's stride."""
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -113,15 +112,6 @@ def test_a_smaller_size_is_swapped_in_for_its_step_and_out_after():
     assert vs.steps == 1
 
 
-def _ngram_base(monkeypatch):
-    try:
-        from sglang.srt.speculative.ngram_worker import NGRAMWorker
-    except ImportError:
-        NGRAMWorker = type("NGRAMWorker", (), {"forward_batch_generation": lambda self, batch, *a, **k: None})
-        monkeypatch.setitem(sys.modules, "sglang.srt.speculative.ngram_worker", SimpleNamespace(NGRAMWorker=NGRAMWorker))
-    return NGRAMWorker
-
-
 def test_a_drafted_step_verifies_its_buckets_tree_and_answers_at_the_servers_stride(monkeypatch):
     """The worker's drafted step: a batch whose bucket takes a smaller tree runs SGLang's NGRAM forward with that
     size swapped in, and its result comes back at the server's stride; a batch of the server's size, or one that
@@ -129,7 +119,9 @@ def test_a_drafted_step_verifies_its_buckets_tree_and_answers_at_the_servers_str
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
     from sglang.srt.speculative.ngram_info import NgramVerifyInput
 
-    NGRAMWorker = _ngram_base(monkeypatch)
+    from test_finish import ngram_base  # its stand-in for SGLang's NGRAM worker where its C++ ops are not built
+
+    NGRAMWorker = ngram_base(monkeypatch)
     from lumotree.sglang.suffix import ngram_worker
 
     seen = []

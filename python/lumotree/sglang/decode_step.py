@@ -72,6 +72,16 @@ def capture_sizes(server_args, cuda_graph_bs):
         phase.bs = keep
 
 
+def new_attention_backend(model_runner):
+    """A new attention backend of ``model_runner`` (its own workspace), as SGLang builds one per runtime state, built
+    under whatever speculative config the caller has set; the runner's ``init_new_workspace`` as it was after."""
+    keep = model_runner.init_new_workspace
+    try:
+        return model_runner._get_attention_backend(init_new_workspace=True)
+    finally:
+        model_runner.init_new_workspace = keep
+
+
 @functools.cache
 def forward_batch_class():
     """SGLang's ``ForwardBatch`` whose decode M-RoPE positions (Qwen3.5 is an M-RoPE model) are built on
@@ -120,11 +130,7 @@ class DecodeStep:
         mr = target_worker.model_runner
         tic = time.perf_counter()
         with override if override is not None else one_token_spec(cuda_graph_bs):
-            keep = mr.init_new_workspace
-            try:
-                backend = mr._get_attention_backend(init_new_workspace=True)
-            finally:
-                mr.init_new_workspace = keep
+            backend = new_attention_backend(mr)
             runner = None
             if not ew.check_cuda_graph_backend(ew.Phase.DECODE, ew.Backend.DISABLED):
                 with _non_speculative(mr), capture_sizes(mr.server_args, cuda_graph_bs):

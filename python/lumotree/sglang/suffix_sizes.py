@@ -143,16 +143,12 @@ class VerifySize:
         ``cuda_graph_bs`` (``None``: without graphs)."""
         import sglang.srt.speculative.eagle_worker_v2 as ew
 
-        from lumotree.sglang.decode_step import capture_sizes
+        from lumotree.sglang.decode_step import capture_sizes, new_attention_backend
 
         mr = worker._target_worker.model_runner
         tic = time.perf_counter()
         with draft_tokens_spec(nodes):
-            keep = mr.init_new_workspace
-            try:
-                backend = mr._get_attention_backend(init_new_workspace=True)
-            finally:
-                mr.init_new_workspace = keep
+            backend = new_attention_backend(mr)
             runner = None
             if cuda_graph_bs and not ew.check_cuda_graph_backend(ew.Phase.DECODE, ew.Backend.DISABLED):
                 with capture_sizes(mr.server_args, cuda_graph_bs):

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import gzip
 import json
 import os
@@ -145,13 +146,19 @@ def collapse(messages, count_tokens, limit: int):
 
 
 def token_counter(model_dir):
-    """Prompt tokens of a message list: the checkpoint's tokenizer when there is one, else ~4 chars/token."""
+    """Prompt tokens of a message list: the checkpoint's tokenizer when there is one, else ~4 chars/token. Each
+    message's count is computed once (cached by its text; the same counts): a turn's history collapse counts the whole
+    prompt, once more per collapsed observation, and the tokenizer's ``encode`` does not run in parallel across
+    threads (two threads encoding: no faster than one, on this repository's CPU machine) -- with every agent thread
+    encoding its prompt of up to 6.6k tokens afresh at every turn (5-50 ms a turn on that machine), a round of 32
+    turns spent up to ~0.2 s on the client one turn after another, which the server may wait through."""
     path = os.path.join(model_dir or "", "tokenizer.json")
     if os.path.isfile(path):
         from tokenizers import Tokenizer
 
         tok = Tokenizer.from_file(path)
-        return lambda msgs: sum(len(tok.encode(m["content"]).ids) + 4 for m in msgs)
+        tokens = functools.lru_cache(maxsize=1 << 16)(lambda text: len(tok.encode(text).ids))
+        return lambda msgs: sum(tokens(m["content"]) + 4 for m in msgs)
     return lambda msgs: sum(len(m["content"]) // 4 + 4 for m in msgs)
 
 

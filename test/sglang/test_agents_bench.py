@@ -40,6 +40,30 @@ def test_collapse_replaces_the_oldest_observations_first():
     assert ab.collapse(msgs, count, limit=10 ** 6) == msgs
 
 
+def test_token_counts_are_the_tokenizers_and_computed_once_per_text(monkeypatch):
+    """The client counts each message's tokens once (cached by its text): the same counts as encoding every message
+    at every call, and the same collapsed histories."""
+    ab = load()
+    model = os.path.join(ROOT, "benchmark", "models", "tiny-hybrid")
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(os.path.join(model, "tokenizer.json"))
+    encode = Tokenizer.encode
+    fresh = lambda msgs: sum(len(encode(tok, m["content"]).ids) + 4 for m in msgs)  # noqa: E731
+    calls = []
+    monkeypatch.setattr(Tokenizer, "encode", lambda self, text, *a, **k: calls.append(text) or encode(self, text, *a, **k))
+    count = ab.token_counter(model)
+    for sess in ab.make_sessions(3, 8, seed=4):
+        mine = theirs = [dict(role="system", content=sess["system"]), dict(role="user", content=sess["task"])]
+        for obs in sess["observations"]:
+            mine, theirs = ab.collapse(mine, count, 1500), ab.collapse(theirs, fresh, 1500)
+            assert mine == theirs and count(mine) == fresh(theirs)
+            mine = mine + [dict(role="assistant", content="ok"), dict(role="user", content="OBSERVATION:\n" + obs)]
+            theirs = theirs + [dict(role="assistant", content="ok"), dict(role="user", content="OBSERVATION:\n" + obs)]
+    assert any(m["content"].startswith("Old environment output") for m in mine)  # the limit was reached
+    assert len(calls) == len(set(calls))  # no text encoded twice by the cached counter
+
+
 def test_closed_loop_with_concurrent_agents():
     ab = load()
     sessions = ab.make_sessions(6, 5, seed=0)

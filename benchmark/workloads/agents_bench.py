@@ -47,6 +47,7 @@ import functools
 import gzip
 import json
 import os
+import queue
 import random
 import statistics
 import sys
@@ -143,6 +144,14 @@ def collapse(messages, count_tokens, limit: int):
             msgs[i]["content"] = f"Old environment output: ({n} lines omitted)"
         i += 1
     return msgs
+
+
+def lane_memory(base, lanes: int):
+    """``base`` (the servers' flags) with ``--mem-fraction-static`` divided among ``lanes`` servers on one GPU."""
+    out = list(base)
+    i = out.index("--mem-fraction-static")
+    out[i + 1] = f"{float(out[i + 1]) / lanes:.3f}"
+    return out
 
 
 def token_counter(model_dir):
@@ -421,6 +430,8 @@ def markdown(res) -> str:
     per ``run_batch`` by batch bucket, the step's parts, and the scheduler's time by kind in each measured phase."""
     rows = res.get("rows", [])
     out = []
+    if res.get("lanes", 1) > 1:
+        out += [f"(--lanes {res['lanes']}: the servers shared one GPU, so the speeds below are not a server's alone)", ""]
     for level in sorted({r["agents"] for r in rows}):
         at = [r for r in rows if r["agents"] == level]
         out += [f"{level} agent{'s' if level != 1 else ''}:", "",
@@ -559,6 +570,11 @@ def main():
                          "them): the row is the run of median speed, every run's tokens/s in its 'repeats' "
                          "(one 12-19 s phase at 32 agents is not a stable measure); the parity compares the "
                          "first runs")
+    ap.add_argument("--lanes", type=int, default=1,
+                    help="serve this many configurations at once on the one GPU (each with its share of "
+                         "--mem-fraction-static and its own port): for runs whose replies, not speeds, are the "
+                         "measure -- the decode-exact mode's parity is independent of timing; the rows' speeds of "
+                         "such a run (its 'lanes' field) are not a server's alone")
     ap.add_argument("--resume", action="store_true",
                     help="keep the configurations an interrupted run of the same command finished (rows and server in "
                          "--out, replies in --replies-out) and run the rest: one command repeated across sittings")
@@ -566,6 +582,8 @@ def main():
     args = ap.parse_args()
     if args.repeats < 1:
         ap.error(f"--repeats must be at least 1 (got {args.repeats})")
+    if args.lanes < 1:
+        ap.error(f"--lanes must be at least 1 (got {args.lanes})")
     from sglang_server import (ADMISSION_TIMING_LINE, draft_timing, get, jit_cache_env, jit_compiles, log_health, post,
                                sglang_server, step_timing, step_totals)
 
@@ -588,32 +606,47 @@ def main():
     runs = {}
     done = resumed(res, runs, args) if args.resume else set()
     res["parity"] = compare(runs, reference="none" + args.tag)
-    for config in args.configs.split(","):
+    configs = args.configs.split(",")
+    levels = [int(a) for a in args.agents.split(",")]
+    lock = threading.RLock()  # res, runs and the files they are written to (--lanes: servers at once)
+
+    names = [c + args.tag for c in configs]
+
+    def save():
+        with lock:  # rows in the command's order of configurations and levels, whichever server finished first
+            res["rows"].sort(key=lambda r: (names.index(r["config"]) if r["config"] in names else len(names),
+                                            levels.index(r["agents"]) if r["agents"] in levels else len(levels)))
+            json.dump(res, open(args.out, "w"), indent=1)
+            if args.replies_out:
+                with gzip.open(args.replies_out, "wt") as f:
+                    json.dump(runs, f)
+
+    def serve(config, port, base):
         name = config + args.tag
-        if name in done:
-            print(f"{name}: kept from {args.out}", flush=True)
-            continue
         log = os.path.join(args.log_dir, f"agents-{name}.log")
         t0 = time.time()
         windows = {"start-up": (t0, None)}
         env_c = dict(env)
+        server = {}
         try:
             with jit_cache_env(args.jit_cache, env_c) as env_s, \
-                    sglang_server(args.model, CONFIGS[config], port=args.port, log=log, timeout=args.server_timeout,
+                    sglang_server(args.model, CONFIGS[config], port=port, log=log, timeout=args.server_timeout,
                                   base_args=base, env=env_s) as url:
-                res["servers"][name] = dict(ready_s=round(time.time() - t0, 1), args=CONFIGS[config] + base, env=env_c,
-                                            jit_cache=args.jit_cache)
+                server.update(ready_s=round(time.time() - t0, 1), args=CONFIGS[config] + base, env=env_c,
+                              jit_cache=args.jit_cache)
+                with lock:
+                    res["servers"][name] = server
                 windows["start-up"] = (t0, time.time())
                 if args.warmup_sessions > 0:
                     warm = make_sessions(args.warmup_sessions, args.turns, args.seed + 1000)
                     t1 = time.time()
-                    for agents in (int(a) for a in args.agents.split(",")):
+                    for agents in levels:
                         k = min(agents, len(warm))  # the level's batch sizes, every turn's prompt lengths
                         run_phase(url, warm[:k], k, args.max_tokens, count, args.collapse_tokens)
-                    res["servers"][name]["warmup_s"] = round(time.time() - t1, 1)
+                    server["warmup_s"] = round(time.time() - t1, 1)
                     windows["warm-up"] = (t1, time.time())
                     post(url + "/flush_cache", {})  # the measured phases start from an empty radix cache
-                for agents in (int(a) for a in args.agents.split(",")):
+                for agents in levels:
                     t2, phases = time.time(), []
                     for rep in range(args.repeats):
                         if rep:
@@ -625,31 +658,60 @@ def main():
                     acc = next((s.get("avg_spec_accept_length") for s in info.get("internal_states", [])
                                 if s.get("avg_spec_accept_length")), None)
                     row = repeated(name, agents, phases, acc)
-                    res["rows"].append(row)
                     turns = phases[0][0]  # the parity compares every server's first phase
-                    runs[f"{name}/{agents}"] = replies(turns)
-                    runs[f"{name}/{agents}" + DETAILS] = details(turns)
-                    res["parity"] = compare(runs, reference="none" + args.tag)
-                    print(json.dumps(row), flush=True)
-                    json.dump(res, open(args.out, "w"), indent=1)
+                    with lock:
+                        res["rows"].append(row)
+                        runs[f"{name}/{agents}"] = replies(turns)
+                        runs[f"{name}/{agents}" + DETAILS] = details(turns)
+                        res["parity"] = compare(runs, reference="none" + args.tag)
+                        print(json.dumps(row), flush=True)
+                        save()
                 if args.profile_dir:
-                    res["servers"][name]["profiles"] = profile_phases(url, args, name, count)
+                    server["profiles"] = profile_phases(url, args, name, count)
         except Exception as e:  # a server that fails is recorded, the others still run
-            res["servers"][name] = dict(error=repr(e)[:2000])
-        res["servers"].setdefault(name, {}).update(log_health(log))
+            server = dict(error=repr(e)[:2000])
+        server.update(log_health(log))
         if args.draft_timing:
-            res["servers"][name]["draft_timing"] = draft_timing(log)
-            res["servers"][name]["admission_timing"] = draft_timing(log, ADMISSION_TIMING_LINE)
+            server["draft_timing"] = draft_timing(log)
+            server["admission_timing"] = draft_timing(log, ADMISSION_TIMING_LINE)
         closed = {k: (a, b if b is not None else time.time()) for k, (a, b) in windows.items()}
         if args.step_timing:
-            res["servers"][name]["step_timing"] = step_timing(log)
-            res["servers"][name]["step_totals"] = step_totals(log, closed)
+            server["step_timing"] = step_timing(log)
+            server["step_totals"] = step_totals(log, closed)
         if args.jit_log:
-            res["servers"][name]["jit_compiles"] = jit_compiles(log, closed)
-        json.dump(res, open(args.out, "w"), indent=1)
-        if args.replies_out:
-            with gzip.open(args.replies_out, "wt") as f:
-                json.dump(runs, f)
+            server["jit_compiles"] = jit_compiles(log, closed)
+        with lock:
+            res["servers"][name] = server
+            save()
+
+    todo = []
+    for config in configs:
+        if config + args.tag in done:
+            print(f"{config + args.tag}: kept from {args.out}", flush=True)
+        else:
+            todo.append(config)
+    if args.lanes <= 1:
+        for config in todo:
+            serve(config, args.port, base)
+    else:
+        # the servers of a run share the GPU: each takes its share of the memory SGLang may use, and a port of its own
+        res["lanes"] = args.lanes
+        mem = [p for e in args.extra for p in e.split("=", 1)]
+        share = base if "--mem-fraction-static" in mem else lane_memory(base, args.lanes)
+        ports = queue.Queue()
+        for i in range(args.lanes):
+            ports.put(args.port + 10 * i)
+
+        def lane(config):
+            port = ports.get()
+            try:
+                serve(config, port, share)
+            finally:
+                ports.put(port)
+
+        with concurrent.futures.ThreadPoolExecutor(args.lanes) as pool:
+            for f in [pool.submit(lane, c) for c in todo]:
+                f.result()
     print(markdown(res), flush=True)
 
 

@@ -517,3 +517,62 @@ def test_render_prints_a_run_of_a_file_of_runs_and_refuses_a_missing_one(tmp_pat
     with pytest.raises(SystemExit):
         ab.main()
     assert "no run 'b'" in capsys.readouterr().err
+
+
+def test_lanes_serve_configurations_at_once_each_with_its_port_and_memory_share(tmp_path, monkeypatch):
+    """--lanes 2: two servers at a time on the GPU, each on its own port with half the memory fraction; the rows come
+    in the command's order and the parity against no speculation is the same as one server at a time."""
+    import contextlib
+    import json
+    import sys
+    import time
+
+    ab = load()
+    import sglang_server as ss
+
+    lock, live, peak, launched = threading.Lock(), {}, [0], []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, port=30000, base_args=(), env=None, **kw):
+        name = args[-1]
+        with lock:
+            assert port not in live.values(), "two live servers on one port"
+            live[name] = port
+            peak[0] = max(peak[0], len(live))
+            launched.append((name, port, list(base_args)))
+        time.sleep(0.05)
+        try:
+            yield f"http://x:{port}/{name}"
+        finally:
+            with lock:
+                del live[name]
+
+    def fake_post(url, payload, timeout=600):
+        if url.endswith("/flush_cache"):
+            return {}
+        server = url.split("/")[3]
+        n = sum(m["role"] == "assistant" for m in payload["messages"])
+        text = f"r{n}" if server == "none" or n < 2 else f"s{n}"  # the others part from no speculation at turn 2
+        time.sleep(0.002)
+        return dict(choices=[dict(message=dict(content=text))],
+                    usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=25)))
+
+    monkeypatch.setattr(ss, "sglang_server", fake_server)
+    monkeypatch.setattr(ss, "post", fake_post)
+    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
+    real = ab.CONFIGS
+    monkeypatch.setattr(ab, "CONFIGS", {k: v + ["--served-model-name", k] for k, v in real.items()})
+    out = tmp_path / "a.json"
+    monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs", "none,lumotree-suffix,ngram",
+                                      "--agents", "1,2", "--sessions", "3", "--turns", "4", "--lanes", "2",
+                                      "--warmup-sessions", "0", "--log-dir", str(tmp_path), "--out", str(out)])
+    ab.main()
+    res = json.load(open(out))
+    assert peak[0] == 2 and res["lanes"] == 2
+    assert {p for _, p, _ in launched} <= {30000, 30010}
+    assert all(b[b.index("--mem-fraction-static") + 1] == "0.250" for _, _, b in launched)
+    assert [(r["config"], r["agents"]) for r in res["rows"]] == [
+        ("none", 1), ("none", 2), ("lumotree-suffix", 1), ("lumotree-suffix", 2), ("ngram", 1), ("ngram", 2)]
+    assert res["parity"]["lumotree-suffix/1"]["identical_turns"] == res["parity"]["ngram/2"]["identical_turns"] == 6
+    assert set(res["servers"]) == {"none", "lumotree-suffix", "ngram"}
+    assert "--lanes 2" in ab.markdown(res)

@@ -412,6 +412,9 @@ CONFIGS["lumotree-sync"] = CONFIGS["lumotree"] + ["--disable-overlap-schedule"]
 # to set its per-step cost beside no speculation's on the same sessions (profiles)
 CONFIGS["lumotree-suffix-nodraft"] = CONFIGS["lumotree-suffix"] + [
     "--speculative-adaptive-config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_draft.json")]
+# LUMOTREE's MTP tree merged with suffix drafts (LUMOTREE_SUFFIX_MERGE=1: a fixed tree, the synchronous scheduler)
+CONFIGS["lumotree-merge"] = list(CONFIGS["lumotree"])
+CONFIG_ENV = {"lumotree-merge": {"LUMOTREE_SUFFIX_MERGE": "1"}}  # a configuration's own environment, beside --env
 
 
 STEP_BUCKETS = ("1", "2", "4", "8", "16", "32", "64")
@@ -626,7 +629,7 @@ def main():
         log = os.path.join(args.log_dir, f"agents-{name}.log")
         t0 = time.time()
         windows = {"start-up": (t0, None)}
-        env_c = dict(env)
+        env_c = dict(env, **CONFIG_ENV.get(config, {}))
         server = {}
         try:
             with jit_cache_env(args.jit_cache, env_c) as env_s, \

@@ -623,7 +623,8 @@ def ngram_worker(make_corpus):
                 steps = adaptive.candidate_steps(server_args)
                 if steps != [adaptive.SUFFIX_TREE]:
                     self.tree_policy = adaptive.TreeSizePolicy(
-                        steps, tree_name=f"{self.draft_token_num}-node suffix tree")
+                        steps, tree_name=("suffix tree (its bucket's size)" if self._sizes else
+                                          f"{self.draft_token_num}-node suffix tree"))
                     self._ledger = StepLedger(self.tree_policy, self._overlap_consistent, adaptive.SUFFIX_TREE)
 
         def init_cuda_graphs(self):
@@ -645,9 +646,9 @@ def ngram_worker(make_corpus):
                 return
             self._decode_step = DecodeStep.build_target(self._target_worker,
                                                         decode_step_graph_bs(self.server_args, cuda_graph_bs))
-            logger.info("LUMOTREE_SUFFIX adaptive: candidates %s (0 = no draft, 1 = the %d-node suffix tree), chosen "
+            logger.info("LUMOTREE_SUFFIX adaptive: candidates %s (0 = no draft, 1 = the suffix tree, %s), chosen "
                         "per decode step from measured step times and acceptance", self.tree_policy.candidates,
-                        self.draft_token_num)
+                        f"nodes by batch bucket {self._sizes}" if self._sizes else f"{self.draft_token_num} nodes")
 
         def _prepare_for_speculative_decoding(self, batch):
             prepare = super(HostCorpusWorker, self)._prepare_for_speculative_decoding

@@ -157,7 +157,8 @@ def test_step_timing_installs_only_when_asked(monkeypatch):
     assert [t.rsplit(".", 1)[1] for t, _ in got] == ["get_next_batch_to_run", "run_batch", "process_batch_result",
                                                       "resolve_seq_lens_cpu", "on_idle", "process_input_requests",
                                                       "forward_batch_generation", "_prepare_for_speculative_decoding",
-                                                      "eagle_sample", "move_accept_tokens_to_target_kvcache"]
+                                                      "eagle_sample", "commit_mamba_states_after_verify",
+                                                      "move_accept_tokens_to_target_kvcache"]
     assert step_timing._on
     assert all(k == "AROUND" for _, k in got)
     # the targets exist in SGLang 0.5.17, and its scheduler's next batch is a plan's batch_to_run
@@ -341,6 +342,9 @@ def test_loop_parts_time_sglang_s_ngram_loop_by_its_batch(monkeypatch):
     assert hooks["spec_prep"](original, "worker", batch) == (("worker", batch), {})
     assert hooks["sample"](original, "verify_input", batch, "logits", None) == (("verify_input", batch, "logits", None), {})
     assert hooks["kv_move"](original, batch, "index", k=1) == ((batch, "index"), {"k": 1})
+    assert hooks["state_commit"](original, "target_worker", batch, "lens", "index", 4) == (
+        ("target_worker", batch, "lens", "index", 4), {})
     hooks["kv_move"](original)  # no batch: the interval's total only
-    assert {p: timers[p].samples[8] for p in hooks} == {"spec_prep": [1.0], "sample": [1.0], "kv_move": [1.0]}
+    assert {p: timers[p].samples[8] for p in hooks} == {"spec_prep": [1.0], "sample": [1.0], "state_commit": [1.0],
+                                                        "kv_move": [1.0]}
     assert step_timing._interval["parts"]["kv_move"] == 0.002

@@ -21,10 +21,12 @@ Per batch bucket, decode batches only (a prefill between two decode steps breaks
 * ``forward``: SGLang's ``TpModelWorker.forward_batch_generation``, the target's forward launch (a no-draft step's
   decode forward, no speculation's decode step, with its sampling); ``verify``: the same call for a speculative
   step's TARGET_VERIFY batch;
-* ``spec_prep`` / ``sample`` / ``kv_move``: inside SGLang's NGRAM loop (SGLang's NGRAM server and LUMOTREE_SUFFIX's
-  drafted step alike), its draft preparation (``NGRAMWorker._prepare_for_speculative_decoding``: the drafter and the
-  verify's tree inputs), its tree sampler (``eagle_sample``) and its move of the accepted tokens' KV
-  (``move_accept_tokens_to_target_kvcache``), keyed by the step's request count;
+* ``spec_prep`` / ``sample`` / ``state_commit`` / ``kv_move``: inside SGLang's NGRAM loop (SGLang's NGRAM server and
+  LUMOTREE_SUFFIX's drafted step alike), its draft preparation (``NGRAMWorker._prepare_for_speculative_decoding``: the
+  drafter and the verify's tree inputs), its tree sampler (``eagle_sample``), its state commit
+  (``commit_mamba_states_after_verify``: the step indices it derives and the backend's commit -- LumoTree's ``commit``
+  below inside it -- or SGLang's own) and its move of the accepted tokens' KV (``move_accept_tokens_to_target_kvcache``),
+  keyed by the step's request count;
 * ``commit``: LumoTree's commit after a verify (:meth:`~lumotree.sglang.backend.LumoTreeGDNBackend.commit_after_verify`);
 * ``nd_prep`` / ``nd_init`` / ``nd_forward`` / ``nd_sample`` / ``nd_result``: a no-draft step's sections
   (:class:`~lumotree.sglang.decode_step.DecodeStep`: its decode batch, SGLang's ``ForwardBatch.init_new``, the
@@ -56,11 +58,13 @@ SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
 TP_WORKER = "sglang.srt.managers.tp_worker.TpModelWorker"
 PARTS = ("step", "schedule", "launch", "lengths", "result", "worker", "nodraft", "drafted", "forward", "verify", "commit",
-         "nd_prep", "nd_init", "nd_forward", "nd_sample", "nd_result", "input", "spec_prep", "sample", "kv_move")
+         "nd_prep", "nd_init", "nd_forward", "nd_sample", "nd_result", "input", "spec_prep", "sample", "state_commit",
+         "kv_move")
 NGRAM = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
 # SGLang's NGRAM loop's steps: (target, part, the position of its ScheduleBatch argument, self counted)
 LOOP_PARTS = ((f"{NGRAM}._prepare_for_speculative_decoding", "spec_prep", 1),
               ("sglang.srt.speculative.eagle_utils.eagle_sample", "sample", 1),
+              ("sglang.srt.speculative.spec_utils.commit_mamba_states_after_verify", "state_commit", 1),
               ("sglang.srt.speculative.spec_utils.move_accept_tokens_to_target_kvcache", "kv_move", 0))
 REPORT_EVERY = 128
 

@@ -25,7 +25,7 @@ def test_bucket_sizes_follow_the_verify_token_budget():
 def test_size_for_a_batch_is_its_buckets():
     sizes = bucket_sizes(48, 512, 32, 4)
     assert [size_for(sizes, b, 32) for b in (1, 16, 17, 32, 33, 48)] == [32, 32, 16, 16, 8, 8]
-    assert size_for(sizes, 100, 32) == 32  # beyond the table: the server's size (never larger)
+    assert size_for(sizes, 100, 32) == 8  # beyond the table (more requests than the server was sized for): its last
     assert size_for(None, 40, 16) == 16
 
 

@@ -60,11 +60,12 @@ def bucket_sizes(max_running: int, tokens_per_step: int, max_nodes: int, min_nod
 
 
 def size_for(sizes: Optional[Dict[int, int]], batch: int, largest: int) -> int:
-    """The draft nodes of a step of ``batch`` requests: its bucket's size (``largest`` beyond the table or
-    without one)."""
+    """The draft nodes of a step of ``batch`` requests: its bucket's size (beyond the table, its largest bucket's;
+    ``largest`` without one)."""
     if not sizes:
         return largest
-    return min(largest, sizes.get(bucket(batch), largest))
+    b = min(bucket(batch), max(sizes))
+    return min(largest, sizes.get(b, largest))
 
 
 def sizes_of(server_args) -> Optional[Dict[int, int]]:

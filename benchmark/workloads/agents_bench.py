@@ -226,6 +226,7 @@ def run_phase(url, sessions, agents: int, max_tokens: int, count_tokens, limit: 
                     return
                 s = todo.pop(0)
             msgs = [dict(role="system", content=s["system"]), dict(role="user", content=s["task"])]
+            replied = None  # when the last reply came: what the agent's own work takes until the next send
             for obs in s["observations"]:
                 msgs = collapse(msgs, count_tokens, limit)
                 turn = sum(m["role"] == "assistant" for m in msgs)
@@ -234,8 +235,10 @@ def run_phase(url, sessions, agents: int, max_tokens: int, count_tokens, limit: 
                     interrupted = aborted_turn(url, msgs, max_tokens, f"agents-{s['id']}-{turn}-abort", abort_after_s,
                                                send=send, abort=abort)
                 t0 = time.perf_counter()
+                client = None if replied is None or interrupted is not None else t0 - replied
                 r = send(url, msgs, max_tokens)
-                dt = time.perf_counter() - t0
+                replied = time.perf_counter()
+                dt = replied - t0
                 usage = r.get("usage") or {}
                 details = usage.get("prompt_tokens_details") or {}
                 reply = r["choices"][0]["message"]["content"] or ""
@@ -244,7 +247,7 @@ def run_phase(url, sessions, agents: int, max_tokens: int, count_tokens, limit: 
                                       completion_tokens=usage.get("completion_tokens", 0),
                                       prompt_tokens=usage.get("prompt_tokens", 0),
                                       cached_tokens=details.get("cached_tokens", 0) or 0, reply=reply,
-                                      aborted=interrupted))
+                                      aborted=interrupted, client_s=client))
                 msgs += [dict(role="assistant", content=reply), dict(role="user", content="OBSERVATION:\n" + obs)]
 
     t0 = time.perf_counter()
@@ -318,7 +321,18 @@ def summarize(config, agents, turns, wall, accept_length=None):
                 cached_fraction=sum(t["cached_tokens"] for t in turns) / prompt if prompt else None,
                 prompt_tokens_max=max((t["prompt_tokens"] for t in turns), default=0),
                 aborted_turns=sum(t.get("aborted") is not None for t in turns),
-                aborts_mid_run=sum(bool(t.get("aborted")) for t in turns))
+                aborts_mid_run=sum(bool(t.get("aborted")) for t in turns),
+                **client_gap(turns))
+
+
+def client_gap(turns) -> dict:
+    """The client's own time between a turn's reply and the same session's next send (its history, the collapse's
+    token counts, building the request: time the server may wait), median and p95 in ms, where measured."""
+    gaps = sorted(t["client_s"] for t in turns if t.get("client_s") is not None)
+    if not gaps:
+        return {}
+    return dict(client_ms_p50=round(1e3 * statistics.median(gaps), 3),
+                client_ms_p95=round(1e3 * gaps[int(0.95 * (len(gaps) - 1))], 3))
 
 
 def repeated(config, agents, phases, accept_length=None):
@@ -446,6 +460,10 @@ def markdown(res) -> str:
             out.append(f"| {r['config']} | {_num(tps, '.0f')}{rel} | {_num(r.get('latency_p50'))} / "
                        f"{_num(r.get('latency_p95'))} | {_num(r.get('accept_length'))} |")
         out.append("")
+        gaps = [r for r in at if r.get("client_ms_p50") is not None]
+        if gaps:  # the agents' own time between a reply and their next send (the server may wait through it)
+            out += ["Client time between a reply and the next send, p50 / p95 ms: " + "; ".join(
+                f"{r['config']} {r['client_ms_p50']:.1f} / {r['client_ms_p95']:.1f}" for r in gaps), ""]
     timed = {n: s["step_timing"] for n, s in res.get("servers", {}).items() if s.get("step_timing")}
     if timed:
         buckets = [b for b in STEP_BUCKETS if any(b in t.get("step", {}) for t in timed.values())]

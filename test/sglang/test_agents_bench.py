@@ -581,3 +581,28 @@ def test_lanes_serve_configurations_at_once_each_with_its_port_and_memory_share(
     assert res["servers"]["lumotree-merge"]["env"] == {"LUMOTREE_SUFFIX_MERGE": "1"}
     assert all("LUMOTREE_SUFFIX_MERGE" not in res["servers"][n]["env"] for n in ("none", "lumotree-suffix", "ngram"))
     assert "--lanes 2" in ab.markdown(res)
+
+
+def test_the_clients_own_time_between_a_reply_and_the_next_send_is_measured():
+    """Each turn after a session's first records the agent's own time from the last reply to this send (its history
+    collapse's token counts, the request built); the row gives its median and p95 in ms."""
+    import time
+
+    ab = load()
+    sessions = ab.make_sessions(2, 4, seed=0)
+
+    def slow_count(msgs):
+        time.sleep(0.02)  # the client's work before each send
+        return 0
+
+    def send(url, msgs, max_tokens):
+        return dict(choices=[dict(message=dict(content="ok"))],
+                    usage=dict(completion_tokens=1, prompt_tokens=10, prompt_tokens_details=dict(cached_tokens=0)))
+
+    turns, wall = ab.run_phase("http://x", sessions, 2, 8, slow_count, limit=10 ** 6, send=send)
+    firsts = [t for t in turns if t["turn"] == 0]
+    assert all(t["client_s"] is None for t in firsts)
+    assert all(t["client_s"] >= 0.02 for t in turns if t["turn"] > 0)
+    row = ab.summarize("cfg", 2, turns, wall)
+    assert 20.0 <= row["client_ms_p50"] <= row["client_ms_p95"]
+    assert "Client time between a reply and the next send" in ab.markdown(dict(rows=[row]))

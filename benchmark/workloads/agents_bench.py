@@ -448,7 +448,8 @@ def markdown(res) -> str:
     rows = res.get("rows", [])
     out = []
     if res.get("lanes", 1) > 1:
-        out += [f"(--lanes {res['lanes']}: the servers shared one GPU, so the speeds below are not a server's alone)", ""]
+        out += [f"(--lanes {res['lanes']}: the servers shared one GPU, so the speeds below are not a server's "
+                "alone)", ""]
     for level in sorted({r["agents"] for r in rows}):
         at = [r for r in rows if r["agents"] == level]
         out += [f"{level} agent{'s' if level != 1 else ''}:", "",
@@ -478,9 +479,10 @@ def markdown(res) -> str:
         if parts:
             out += ["Their parts, median ms (schedule: get_next_batch_to_run; lengths: resolve_seq_lens_cpu; worker: "
                     "LumoTree's speculative worker, its nodraft and drafted steps apart, nd_*: the no-draft step's "
-                    "sections; spec_prep / sample / state_commit / kv_move: SGLang's NGRAM loop's draft preparation, tree "
-                    "sampler, state commit (LumoTree's commit inside it) and KV move; forward: the target's forward launch, verify: a TARGET_VERIFY one; commit: LumoTree's "
-                    "commit; result: process_batch_result):",
+                    "sections; spec_prep / sample / state_commit / kv_move: SGLang's NGRAM loop's draft "
+                    "preparation, tree sampler, state commit (LumoTree's commit inside it) and KV move; forward: the "
+                    "target's forward launch, verify: a TARGET_VERIFY one; commit: LumoTree's commit; result: "
+                    "process_batch_result):",
                     "", "| server: part | " + " | ".join(buckets) + " |", "|---|" + "---|" * len(buckets)]
             for n, p in parts:
                 out.append(f"| {n}: {p} | " + " | ".join(f"{timed[n][p][b]['median_ms']:.2f}" if b in timed[n][p]

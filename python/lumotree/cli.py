@@ -187,7 +187,7 @@ def serve(args, rest) -> int:
         exact = ["--enable-deterministic-inference"]
         if not _names_attention_backend(rest):
             exact += ["--attention-backend", "triton"]
-    if args.suffix:  # model-free suffix drafting; the tree size follows the running batch (lumotree.sglang.suffix_sizes)
+    if args.suffix:  # model-free suffix drafting; its tree size follows the running batch (sglang/suffix_sizes.py)
         tree = ["--speculative-algorithm", "LUMOTREE_SUFFIX"]
     else:
         tree = ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", str(args.steps),

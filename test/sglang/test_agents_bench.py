@@ -51,7 +51,8 @@ def test_token_counts_are_the_tokenizers_and_computed_once_per_text(monkeypatch)
     encode = Tokenizer.encode
     fresh = lambda msgs: sum(len(encode(tok, m["content"]).ids) + 4 for m in msgs)  # noqa: E731
     calls = []
-    monkeypatch.setattr(Tokenizer, "encode", lambda self, text, *a, **k: calls.append(text) or encode(self, text, *a, **k))
+    monkeypatch.setattr(Tokenizer, "encode",
+                        lambda self, text, *a, **k: calls.append(text) or encode(self, text, *a, **k))
     count = ab.token_counter(model)
     for sess in ab.make_sessions(3, 8, seed=4):
         mine = theirs = [dict(role="system", content=sess["system"]), dict(role="user", content=sess["task"])]

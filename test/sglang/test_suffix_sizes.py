@@ -108,7 +108,8 @@ def test_a_smaller_size_is_swapped_in_for_its_step_and_out_after():
         with VerifySize(2, "small-backend", None, views).active(w):
             assert mr.decode_cuda_graph_runner == "server-graphs"  # no graphs of its own: the server's runner
             raise RuntimeError("verify failed")
-    assert w.draft_token_num == 8 and mr.attn_backend == "server-backend" and w.positions_batch == "server-positions_batch"
+    assert w.draft_token_num == 8 and mr.attn_backend == "server-backend"
+    assert w.positions_batch == "server-positions_batch"
     assert vs.steps == 1
 
 

@@ -25,8 +25,8 @@ Per batch bucket, decode batches only (a prefill between two decode steps breaks
   LUMOTREE_SUFFIX's drafted step alike), its draft preparation (``NGRAMWorker._prepare_for_speculative_decoding``: the
   drafter and the verify's tree inputs), its tree sampler (``eagle_sample``), its state commit
   (``commit_mamba_states_after_verify``: the step indices it derives and the backend's commit -- LumoTree's ``commit``
-  below inside it -- or SGLang's own) and its move of the accepted tokens' KV (``move_accept_tokens_to_target_kvcache``),
-  keyed by the step's request count;
+  below inside it -- or SGLang's own) and its move of the accepted tokens' KV
+  (``move_accept_tokens_to_target_kvcache``), keyed by the step's request count;
 * ``commit``: LumoTree's commit after a verify (:meth:`~lumotree.sglang.backend.LumoTreeGDNBackend.commit_after_verify`);
 * ``nd_prep`` / ``nd_init`` / ``nd_forward`` / ``nd_sample`` / ``nd_result``: a no-draft step's sections
   (:class:`~lumotree.sglang.decode_step.DecodeStep`: its decode batch, SGLang's ``ForwardBatch.init_new``, the

@@ -106,7 +106,7 @@ def test_a_smaller_size_is_swapped_in_for_its_step_and_out_after():
     assert all(getattr(w, k) == f"server-{k}" for k in suffix_sizes._VIEWS)
     with pytest.raises(RuntimeError):  # restored when the step fails too
         with VerifySize(2, "small-backend", None, views).active(w):
-            assert mr.decode_cuda_graph_runner == "server-graphs"  # no graphs of its own: the server's runner
+            assert mr.decode_cuda_graph_runner is None  # no graphs of its own: eager, not the server's 8-node graphs
             raise RuntimeError("verify failed")
     assert w.draft_token_num == 8 and mr.attn_backend == "server-backend"
     assert w.positions_batch == "server-positions_batch"

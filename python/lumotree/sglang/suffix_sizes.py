@@ -174,9 +174,8 @@ class VerifySize:
         worker.draft_token_num = self.nodes
         for k, v in self.views.items():
             setattr(worker, k, v)
-        mr.attn_backend = self.attn_backend
-        if self.graph_runner is not None:
-            mr.decode_cuda_graph_runner = self.graph_runner
+        # no graphs of its own (graphs off, or no captured size in its buckets): eager, never another size's graphs
+        mr.attn_backend, mr.decode_cuda_graph_runner = self.attn_backend, self.graph_runner
         if keep_n is not None:
             corpus.n = self.nodes
         self.steps += 1

@@ -592,6 +592,7 @@ def ngram_worker(make_corpus):
 
     from lumotree.sglang import adaptive, draft_timing, step_timing, suffix_sizes
     from lumotree.sglang.backend import one_token_decode
+    from lumotree.sglang.decode_step import DecodeStep
     from lumotree.sglang.finish import forward_marked, keep_out_of_cache
     from lumotree.sglang.scheduling import overlap_consistent, publish_prefill_early
     from lumotree.sglang.worker import StepLedger
@@ -631,7 +632,6 @@ def ngram_worker(make_corpus):
             super().init_cuda_graphs()
             import sglang.srt.speculative.eagle_worker_v2 as ew
 
-            from lumotree.sglang.decode_step import DecodeStep
             from lumotree.sglang.worker import configured_graph_bs, decode_step_graph_bs
 
             mr = self._target_worker.model_runner
@@ -718,8 +718,6 @@ def ngram_worker(make_corpus):
             sizes = getattr(self, "_verify_sizes", None)
             if not sizes:
                 return None
-            from lumotree.sglang.decode_step import DecodeStep
-
             nodes = suffix_sizes.size_for(self._sizes, batch.seq_lens.shape[0], self.draft_token_num)
             vs = sizes.get(nodes)
             return vs if vs is not None and DecodeStep._plain(batch) else None

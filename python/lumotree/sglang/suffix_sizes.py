@@ -199,10 +199,7 @@ def widen_result(result, bs: int, nodes: int, stride: int):
         return result
     from sglang.srt.speculative.ngram_info import NgramVerifyInput
 
-    tokens = result.next_token_ids
-    wide = torch.zeros((bs, stride), dtype=tokens.dtype, device=tokens.device)
-    wide[:, :nodes] = tokens.view(bs, nodes)
-    wide = wide.view(-1)
+    wide = torch.nn.functional.pad(result.next_token_ids.view(bs, nodes), (0, stride - nodes)).view(-1)
     result.next_token_ids = wide
     result.speculative_num_draft_tokens = stride
     nxt = result.next_draft_input

@@ -146,6 +146,105 @@ def collapse(messages, count_tokens, limit: int):
     return msgs
 
 
+def conversation(session, count_tokens, limit: int):
+    """A session's turns as the agent sends them: yields each turn's messages (the history collapsed to ``limit``
+    tokens) and takes the turn's reply (``send``) to build the next one -- :func:`run_phase`'s loop, and
+    :func:`messages_at` replaying it."""
+    msgs = [dict(role="system", content=session["system"]), dict(role="user", content=session["task"])]
+    for obs in session["observations"]:
+        msgs = collapse(msgs, count_tokens, limit)
+        reply = yield msgs
+        msgs = msgs + [dict(role="assistant", content=reply), dict(role="user", content="OBSERVATION:\n" + obs)]
+
+
+def _send(talk, reply):
+    """The conversation's next turn's messages after ``reply``; ``None`` after its last turn."""
+    try:
+        return talk.send(reply)
+    except StopIteration:
+        return None
+
+
+def messages_at(session, earlier_replies, count_tokens, limit: int):
+    """The messages turn ``len(earlier_replies)`` of ``session`` sent, its earlier turns having replied
+    ``earlier_replies`` (the loop is closed: the prompt of a turn is built from the replies before it)."""
+    talk = conversation(session, count_tokens, limit)
+    msgs = next(talk)
+    for reply in earlier_replies:
+        msgs = _send(talk, reply)
+        if msgs is None:
+            raise ValueError(f"session {session['id']} has {len(session['observations'])} turns, "
+                             f"not {len(earlier_replies) + 1}")
+    return msgs
+
+
+def first_token_margin(url, messages, reply: str, max_tokens: int, send=None) -> dict:
+    """Where a speculative server's ``reply`` first parts from the reference server's greedy reply to the same
+    ``messages``, and by how much the reference's choice won there: the turn is asked again of the reference server
+    (``url``) with its top-2 log-probabilities per token (OpenAI ``logprobs``/``top_logprobs``), and its tokens are
+    walked until their text is no longer a prefix of ``reply``. Returns ``token_index`` (``None``: the regenerated
+    reply never parts from ``reply``), ``margin`` (top-1 minus top-2 log-probability there, nats), the two tokens,
+    ``took_second`` (``reply`` continues with the reference's second choice) and ``regenerated`` (the regenerated
+    reply's text: a reference that does not reproduce its own reply shows here)."""
+    if send is None:
+        from sglang_server import post
+
+        def send(body):
+            return post(url + "/v1/chat/completions", body, timeout=600)
+    r = send(dict(model="default", messages=messages, max_tokens=max_tokens, temperature=0, logprobs=True,
+                  top_logprobs=2))
+    choice = r["choices"][0]
+    content = ((choice.get("logprobs") or {}).get("content")) or []
+    text = ""
+    for i, item in enumerate(content):
+        tok = item["token"]
+        if not reply.startswith(text + tok):
+            top = sorted(item.get("top_logprobs") or [], key=lambda t: -t["logprob"])
+            alt = next((t for t in top if t["token"] != tok), None)
+            rest = reply[len(text):]
+            return dict(token_index=i, token=tok, second=alt and alt["token"],
+                        margin=(item["logprob"] - alt["logprob"]) if alt else None,
+                        took_second=bool(alt and alt["token"] and rest.startswith(alt["token"])),
+                        regenerated=choice["message"]["content"])
+        text += tok
+    return dict(token_index=None, margin=None, regenerated=choice["message"]["content"])
+
+
+def margins(url, sessions, runs, parity, count_tokens, limit: int, max_tokens: int, per_key: int = 32,
+            send=None) -> dict:
+    """Per phase of ``parity`` with a difference (``"config/agents"``): at the first differing turn of each session
+    that differs (at most ``per_key`` sessions), :func:`first_token_margin` of the reference server (``url``) against
+    the configuration's reply, that turn's prompt rebuilt from the reference's earlier replies (equal to the
+    configuration's: it is the first difference). Returns ``{key: dict(sessions=[...], summary)}``."""
+    by_id = {str(s["id"]): s for s in sessions}
+    out = {}
+    for key, p in parity.items():
+        if not p.get("sessions_with_difference"):
+            continue
+        rep, ref = runs.get(key, {}), runs.get(p["reference"], {})
+        found = []
+        for sid in sorted(ref, key=int):
+            a, b = rep.get(sid, []), ref[sid]
+            turn = next((t for t, (x, y) in enumerate(zip(a, b)) if x != y), None)
+            if turn is None or sid not in by_id or len(found) >= per_key:
+                continue
+            msgs = messages_at(by_id[sid], b[:turn], count_tokens, limit)
+            try:
+                m = first_token_margin(url, msgs, a[turn], max_tokens, send=send)
+            except Exception as e:  # recorded: the other sessions still get theirs
+                m = dict(error=repr(e)[:500])
+            m.update(session=int(sid), turn=turn, reference_reproduced=m.get("regenerated") == b[turn])
+            m.pop("regenerated", None)
+            found.append(m)
+        got = sorted(m["margin"] for m in found if m.get("margin") is not None)
+        out[key] = dict(sessions=found, summary=dict(
+            measured=len(got), margin_min=got[0] if got else None,
+            margin_median=statistics.median(got) if got else None, margin_max=got[-1] if got else None,
+            took_second=sum(bool(m.get("took_second")) for m in found),
+            reference_reproduced=sum(bool(m.get("reference_reproduced")) for m in found)))
+    return out
+
+
 def lane_memory(base, lanes: int):
     """``base`` (the servers' flags) with ``--mem-fraction-static`` divided among ``lanes`` servers on one GPU."""
     out = list(base)
@@ -225,10 +324,10 @@ def run_phase(url, sessions, agents: int, max_tokens: int, count_tokens, limit: 
                 if not todo:
                     return
                 s = todo.pop(0)
-            msgs = [dict(role="system", content=s["system"]), dict(role="user", content=s["task"])]
+            talk = conversation(s, count_tokens, limit)
+            msgs = next(talk, None)
             replied = None  # when the last reply came: what the agent's own work takes until the next send
-            for obs in s["observations"]:
-                msgs = collapse(msgs, count_tokens, limit)
+            while msgs is not None:
                 turn = sum(m["role"] == "assistant" for m in msgs)
                 interrupted = None
                 if abort_every > 0 and (int(s["id"]) + turn) % abort_every == abort_every - 1:
@@ -248,7 +347,7 @@ def run_phase(url, sessions, agents: int, max_tokens: int, count_tokens, limit: 
                                       prompt_tokens=usage.get("prompt_tokens", 0),
                                       cached_tokens=details.get("cached_tokens", 0) or 0, reply=reply,
                                       aborted=interrupted, client_s=client))
-                msgs += [dict(role="assistant", content=reply), dict(role="user", content="OBSERVATION:\n" + obs)]
+                msgs = _send(talk, reply)
 
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(agents) as pool:
@@ -415,6 +514,9 @@ CONFIGS = {
     # its best configuration for a workload is a peer, not only its 8-token one
     "ngram16": ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "16"],
     "ngram32": ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "32"],
+    # SGLang's MTP chain (the model's own NEXTN head, 3 steps): the peer of the fast mode's parity report
+    "nextn": ["--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
+              "--speculative-num-draft-tokens", "4"],
     "lumotree-suffix": ["--speculative-algorithm", "LUMOTREE_SUFFIX"],
     "lumotree": ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
                  "--speculative-num-draft-tokens", "6"],
@@ -465,6 +567,23 @@ def markdown(res) -> str:
         if gaps:  # the agents' own time between a reply and their next send (the server may wait through it)
             out += ["Client time between a reply and the next send, p50 / p95 ms: " + "; ".join(
                 f"{r['config']} {r['client_ms_p50']:.1f} / {r['client_ms_p95']:.1f}" for r in gaps), ""]
+    parity = res.get("parity") or {}
+    if parity:  # each phase's replies against the no-speculation server's same phase
+        got = res.get("margins") or {}
+        out += ["Replies against the no-speculation server's (turns identical; sessions with a difference; the first "
+                "differing session/turn; where --margins ran: the reference's top-1 minus top-2 log-probability "
+                "where each differing session's reply first parts from its own, min / median, and how many took its "
+                "second choice there):", "",
+                "| phase | identical turns | sessions differing | first difference | margin min / median (nats) | "
+                "took 2nd |", "|---|---|---|---|---|---|"]
+        for key, p in parity.items():
+            m = (got.get(key) or {}).get("summary") or {}
+            first = p.get("first_difference")
+            where = "-" if first is None else f"{first[0]}/{first[1]}"
+            second = f"{m['took_second']} of {m['measured']}" if m else "-"
+            out.append(f"| {key} | {p['identical_turns']} / {p['turns']} | {p['sessions_with_difference']} | {where} | "
+                       f"{_num(m.get('margin_min'), '.3f')} / {_num(m.get('margin_median'), '.3f')} | {second} |")
+        out.append("")
     timed = {n: s["step_timing"] for n, s in res.get("servers", {}).items() if s.get("step_timing")}
     if timed:
         buckets = [b for b in STEP_BUCKETS if any(b in t.get("step", {}) for t in timed.values())]
@@ -598,6 +717,11 @@ def main():
                          "--mem-fraction-static and its own port): for runs whose replies, not speeds, are the "
                          "measure -- the decode-exact mode's parity is independent of timing; the rows' speeds of "
                          "such a run (its 'lanes' field) are not a server's alone")
+    ap.add_argument("--margins", type=int, default=0, metavar="N",
+                    help="N > 0: after every other server has run, the no-speculation server (kept up for it) answers "
+                         "the first differing turn of up to N sessions per differing phase again with its top-2 "
+                         "log-probabilities: the margin its choice won by where each reply first parts from its own "
+                         "('margins' in --out)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the configurations an interrupted run of the same command finished (rows and server in "
                          "--out, replies in --replies-out) and run the rest: one command repeated across sittings")
@@ -632,8 +756,18 @@ def main():
     configs = args.configs.split(",")
     levels = [int(a) for a in args.agents.split(",")]
     lock = threading.RLock()  # res, runs and the files they are written to (--lanes: servers at once)
+    reference = "none" + args.tag
+    if args.margins > 0:
+        if "none" not in configs:
+            ap.error("--margins needs the no-speculation server among --configs (it answers the margin queries)")
+        if reference in done:
+            ap.error(f"--margins: {reference} was kept from an earlier run (--resume); its server must run now")
+        configs = [c for c in configs if c != "none"] + ["none"]  # it serves last and waits for the others
+    finished = {c + args.tag: threading.Event() for c in configs}
+    for name in done:
+        finished[name].set()
 
-    names = [c + args.tag for c in configs]
+    names = [c + args.tag for c in args.configs.split(",")]  # the rows' order: the command's
 
     def save():
         with lock:  # rows in the command's order of configurations and levels, whichever server finished first
@@ -691,8 +825,20 @@ def main():
                         save()
                 if args.profile_dir:
                     server["profiles"] = profile_phases(url, args, name, count)
+                if args.margins > 0 and name == reference:
+                    for other, ev in finished.items():  # every other server's replies are in
+                        if other != name:
+                            ev.wait()
+                    with lock:
+                        parity, snapshot = dict(res["parity"]), dict(runs)
+                    got = margins(url, sessions, snapshot, parity, count, args.collapse_tokens, args.max_tokens,
+                                  per_key=args.margins)
+                    with lock:
+                        res["margins"] = got
         except Exception as e:  # a server that fails is recorded, the others still run
             server = dict(error=repr(e)[:2000])
+        finally:
+            finished[name].set()
         server.update(log_health(log))
         if args.draft_timing:
             server["draft_timing"] = draft_timing(log)

@@ -607,3 +607,113 @@ def test_the_clients_own_time_between_a_reply_and_the_next_send_is_measured():
     row = ab.summarize("cfg", 2, turns, wall)
     assert 20.0 <= row["client_ms_p50"] <= row["client_ms_p95"]
     assert "Client time between a reply and the next send" in ab.markdown(dict(rows=[row]))
+
+
+def test_messages_at_rebuilds_the_prompt_each_turn_sent_from_the_replies_before_it():
+    """The margin queries ask a turn again: its prompt, rebuilt from the earlier replies through the same collapse,
+    is the one the closed loop sent."""
+    ab = load()
+    sessions = ab.make_sessions(3, 6, seed=1)
+    seen, lock = {}, threading.Lock()
+
+    def send(url, msgs, max_tokens):
+        n = sum(m["role"] == "assistant" for m in msgs)
+        with lock:
+            seen[(msgs[1]["content"], n)] = [dict(m) for m in msgs]
+        return dict(choices=[dict(message=dict(content=f"reply {n} {len(msgs)}"))], usage={})
+
+    count = lambda msgs: sum(len(m["content"]) // 4 for m in msgs)  # noqa: E731
+    turns, _ = ab.run_phase("http://x", sessions, 2, 8, count, limit=1500, send=send)
+    rep = ab.replies(turns)
+    collapsed = 0
+    for s in sessions:
+        for t in range(6):
+            msgs = ab.messages_at(s, rep[str(s["id"])][:t], count, 1500)
+            assert msgs == seen[(s["task"], t)]
+            collapsed += any(m["content"].startswith("Old environment output") for m in msgs)
+    assert collapsed > 0  # the limit collapsed some histories: the rebuild follows the collapse too
+    with pytest.raises(ValueError, match="6 turns"):
+        ab.messages_at(sessions[0], ["x"] * 6, count, 1500)
+
+
+def _logprob_reply(tokens, seconds):
+    """A chat answer with per-token top-2 log-probabilities: ``tokens`` chosen, ``seconds`` the runner-up each."""
+    content = [dict(token=t, logprob=-0.1 * (i + 1), top_logprobs=[dict(token=t, logprob=-0.1 * (i + 1)),
+                                                                   dict(token=u, logprob=-0.1 * (i + 1) - 0.05 * i)])
+               for i, (t, u) in enumerate(zip(tokens, seconds))]
+    return dict(choices=[dict(message=dict(content="".join(tokens)), logprobs=dict(content=content))])
+
+
+def test_first_token_margin_is_the_reference_s_top_two_gap_where_the_reply_parts():
+    ab = load()
+    asked = []
+
+    def send(body):
+        asked.append(body)
+        return _logprob_reply(["def", " f", "(x", "):"], ["class", " g", "(y", ")"])
+
+    m = ab.first_token_margin("http://ref", [dict(role="user", content="q")], "def f(y): pass", 16, send=send)
+    assert asked[0]["logprobs"] is True and asked[0]["top_logprobs"] == 2 and asked[0]["temperature"] == 0
+    assert m["token_index"] == 2 and m["token"] == "(x" and m["second"] == "(y" and m["took_second"]
+    assert m["margin"] == pytest.approx(0.1)  # -0.3 against -0.3 - 0.1
+    m = ab.first_token_margin("http://ref", [], "def f(z", 16, send=send)
+    assert m["token_index"] == 2 and not m["took_second"]
+    m = ab.first_token_margin("http://ref", [], "def f(x): and more", 16, send=send)
+    assert m["token_index"] is None and m["margin"] is None  # the regenerated reply never parts from it
+
+
+def test_margins_serve_the_reference_last_and_ask_it_at_each_differing_session_s_first_difference(
+        tmp_path, monkeypatch):
+    """--margins: the no-speculation server runs after the others (here with two lanes, the others first) and, kept
+    up, answers the first differing turn of each differing session; the result and its table carry the margins."""
+    import contextlib
+    import json
+    import sys
+
+    ab = load()
+    import sglang_server as ss
+
+    order, asked = [], []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, port=30000, base_args=(), env=None, **kw):
+        order.append(args[-1])
+        yield f"http://x:{port}/{args[-1]}"
+
+    def fake_post(url, payload, timeout=600):
+        if url.endswith("/flush_cache"):
+            return {}
+        server = url.split("/")[3]
+        n = sum(m["role"] == "assistant" for m in payload["messages"])
+        if payload.get("logprobs"):
+            asked.append((server, n))
+            return _logprob_reply(["s", "y"], ["r", f"{n}"])  # parts from the speculative "s2" at its 2nd token
+        text = f"r{n}" if server == "none" or n < 2 else f"s{n}"  # the speculative ones part at turn 2
+        return dict(choices=[dict(message=dict(content=text))],
+                    usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=25)))
+
+    monkeypatch.setattr(ss, "sglang_server", fake_server)
+    monkeypatch.setattr(ss, "post", fake_post)
+    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
+    real = ab.CONFIGS
+    monkeypatch.setattr(ab, "CONFIGS", {k: v + ["--served-model-name", k] for k, v in real.items()})
+    out = tmp_path / "a.json"
+    argv = ["agents_bench.py", "--model", str(tmp_path), "--configs", "none,lumotree-suffix,lumotree", "--agents", "1",
+            "--sessions", "3", "--turns", "4", "--lanes", "2", "--margins", "2", "--warmup-sessions", "0",
+            "--log-dir", str(tmp_path), "--out", str(out)]
+    monkeypatch.setattr(sys, "argv", argv)
+    ab.main()
+    res = json.load(open(out))
+    assert order[-1] == "none"
+    assert [r["config"] for r in res["rows"]] == ["none", "lumotree-suffix", "lumotree"]  # the command's order
+    assert sorted(asked) == [("none", 2)] * 4  # 2 sessions per differing phase, their turn 2, the reference alone
+    for key in ("lumotree-suffix/1", "lumotree/1"):
+        m = res["margins"][key]
+        assert [s["session"] for s in m["sessions"]] == [0, 1] and all(s["turn"] == 2 for s in m["sessions"])
+        assert all(s["token_index"] == 1 and s["took_second"] and s["token"] == "y" for s in m["sessions"])
+        assert m["summary"]["measured"] == 2 and m["summary"]["margin_min"] == pytest.approx(0.05)
+    assert "2 of 2" in ab.markdown(res)
+    # the reference kept from an earlier run cannot answer: refused at once
+    monkeypatch.setattr(sys, "argv", argv + ["--resume"])
+    with pytest.raises(SystemExit):
+        ab.main()

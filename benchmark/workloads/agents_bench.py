@@ -245,12 +245,37 @@ def margins(url, sessions, runs, parity, count_tokens, limit: int, max_tokens: i
     return out
 
 
-def lane_memory(base, lanes: int):
-    """``base`` (the servers' flags) with ``--mem-fraction-static`` divided among ``lanes`` servers on one GPU."""
+LANE_TOKENS = 1_000_000  # a lane server's KV pool, tokens (--max-total-tokens)
+LANE_STATES = 4096  # its hybrid state pool, requests and cached prefixes (--max-mamba-cache-size)
+
+
+def lane_memory(base, lanes: int, tokens: int = LANE_TOKENS, states: int = LANE_STATES):
+    """``base`` (the servers' flags) for one of ``lanes`` servers sharing a GPU: fixed pools instead of a share of
+    ``--mem-fraction-static``. SGLang sizes its pools from the memory free when the server measures it, less a slack
+    of ``1 - fraction`` times what was free before its model loaded: servers starting at once each see the others'
+    pools appear inside that window, and on the H200 one of four lanes with an eighth each failed its start (its
+    state pool came out at -46,110 requests). Here each lane's pools are capped (KV ``tokens``, hybrid state
+    ``states``: the workload's few thousand requests and cached prefixes) and the fraction only has to leave them
+    positive."""
     out = list(base)
     i = out.index("--mem-fraction-static")
-    out[i + 1] = f"{float(out[i + 1]) / lanes:.3f}"
-    return out
+    out[i + 1] = "0.85"
+    return out + ["--max-total-tokens", str(tokens), "--max-mamba-cache-size", str(states)]
+
+
+CONTEXT_SLACK = 192  # the chat template's tokens and the client's approximate count against the server's
+
+
+def context_room(model_dir, collapse_tokens: int, max_tokens: int):
+    """Tokens to spare in the checkpoint's context (``max_position_embeddings``) for a prompt collapsed at
+    ``collapse_tokens`` (as the client counts it; the server's count runs up to :data:`CONTEXT_SLACK` higher) plus
+    ``max_tokens`` new ones; ``None`` without a config to read."""
+    path = os.path.join(model_dir or "", "config.json")
+    if not os.path.isfile(path):
+        return None
+    cfg = json.load(open(path))
+    ctx = cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get("max_position_embeddings")
+    return None if ctx is None else ctx - collapse_tokens - CONTEXT_SLACK - max_tokens
 
 
 def token_counter(model_dir):
@@ -731,6 +756,10 @@ def main():
         ap.error(f"--repeats must be at least 1 (got {args.repeats})")
     if args.lanes < 1:
         ap.error(f"--lanes must be at least 1 (got {args.lanes})")
+    room = context_room(args.model, args.collapse_tokens, args.max_tokens)
+    if room is not None and room < 0:
+        ap.error(f"--collapse-tokens {args.collapse_tokens} + --max-tokens {args.max_tokens} (+{CONTEXT_SLACK} for the "
+                 f"chat template) exceed the model's context by {-room} tokens: lower --collapse-tokens")
     from sglang_server import (ADMISSION_TIMING_LINE, draft_timing, get, jit_cache_env, jit_compiles, log_health, post,
                                sglang_server, step_timing, step_totals)
 

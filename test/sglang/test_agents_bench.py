@@ -572,7 +572,10 @@ def test_lanes_serve_configurations_at_once_each_with_its_port_and_memory_share(
     res = json.load(open(out))
     assert peak[0] == 2 and res["lanes"] == 2
     assert {p for _, p, _ in launched} <= {30000, 30010}
-    assert all(b[b.index("--mem-fraction-static") + 1] == "0.250" for _, _, b in launched)
+    # fixed pools per lane (SGLang's fraction is of the memory free at each start: concurrent starts race)
+    assert all(b[b.index("--mem-fraction-static") + 1] == "0.85" and b[b.index("--max-total-tokens") + 1] ==
+               str(ab.LANE_TOKENS) and b[b.index("--max-mamba-cache-size") + 1] == str(ab.LANE_STATES)
+               for _, _, b in launched)
     assert [(r["config"], r["agents"]) for r in res["rows"]] == [
         ("none", 1), ("none", 2), ("lumotree-suffix", 1), ("lumotree-suffix", 2), ("ngram", 1), ("ngram", 2),
         ("lumotree-merge", 1), ("lumotree-merge", 2)]
@@ -717,3 +720,19 @@ def test_margins_serve_the_reference_last_and_ask_it_at_each_differing_session_s
     monkeypatch.setattr(sys, "argv", argv + ["--resume"])
     with pytest.raises(SystemExit):
         ab.main()
+
+
+def test_a_collapse_limit_the_model_s_context_cannot_hold_is_refused(tmp_path, monkeypatch):
+    """Prompts collapsed at --collapse-tokens plus --max-tokens new ones must fit the checkpoint's context: else every
+    long turn is an HTTP 400 (the tiny model's 8,192 tokens against a limit of 8,000 and 128 new tokens)."""
+    import json
+    import sys
+
+    ab = load()
+    (tmp_path / "config.json").write_text(json.dumps(dict(max_position_embeddings=8192)))
+    monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--collapse-tokens", "8000",
+                                      "--out", str(tmp_path / "a.json")])
+    with pytest.raises(SystemExit):
+        ab.main()
+    assert ab.context_room(str(tmp_path), 7800, 128) > 0 > ab.context_room(str(tmp_path), 8000, 128)
+    assert ab.context_room(str(tmp_path / "none"), 10 ** 6, 128) is None  # no config: nothing to check

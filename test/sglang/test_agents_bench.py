@@ -17,6 +17,20 @@ def load():
     return mod
 
 
+def serve_fakes(monkeypatch, ab, server, post):
+    """Every server of an ``ab.main()`` run is ``server`` and every request goes to ``post`` (fake OpenAI endpoints);
+    each configuration's flags end with its name (``--served-model-name``), so a fake server knows which it is."""
+    import json
+
+    import sglang_server as ss
+
+    monkeypatch.setattr(ss, "sglang_server", server)
+    monkeypatch.setattr(ss, "post", post)
+    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
+    real = ab.CONFIGS
+    monkeypatch.setattr(ab, "CONFIGS", {k: v + ["--served-model-name", k] for k, v in real.items()})
+
+
 def test_sessions_are_deterministic_and_varied():
     ab = load()
     a, b = ab.make_sessions(8, 10, seed=1), ab.make_sessions(8, 10, seed=1)
@@ -303,7 +317,6 @@ def test_resume_keeps_the_finished_configurations_and_runs_the_rest(tmp_path, mo
     import sys
 
     ab = load()
-    import sglang_server as ss
 
     launched, fail = [], {"ngram"}
 
@@ -321,11 +334,7 @@ def test_resume_keeps_the_finished_configurations_and_runs_the_rest(tmp_path, mo
         return dict(choices=[dict(message=dict(content=f"{launched[-1]}-{len(payload['messages'])}"))],
                     usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=0)))
 
-    monkeypatch.setattr(ss, "sglang_server", fake_server)
-    monkeypatch.setattr(ss, "post", fake_post)
-    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
-    real = ab.CONFIGS
-    monkeypatch.setattr(ab, "CONFIGS", {k: v + ["--served-model-name", k] for k, v in real.items()})
+    serve_fakes(monkeypatch, ab, fake_server, fake_post)
     out, rep = tmp_path / "a.json", tmp_path / "r.json.gz"
     argv = ["agents_bench.py", "--model", str(tmp_path), "--configs", "none,ngram", "--agents", "1,2", "--sessions", "2",
             "--turns", "2", "--warmup-sessions", "0", "--out", str(out), "--replies-out", str(rep), "--resume"]
@@ -529,7 +538,6 @@ def test_lanes_serve_configurations_at_once_each_with_its_port_and_memory_share(
     import time
 
     ab = load()
-    import sglang_server as ss
 
     lock, live, peak, launched = threading.Lock(), {}, [0], []
 
@@ -558,11 +566,7 @@ def test_lanes_serve_configurations_at_once_each_with_its_port_and_memory_share(
         return dict(choices=[dict(message=dict(content=text))],
                     usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=25)))
 
-    monkeypatch.setattr(ss, "sglang_server", fake_server)
-    monkeypatch.setattr(ss, "post", fake_post)
-    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
-    real = ab.CONFIGS
-    monkeypatch.setattr(ab, "CONFIGS", {k: v + ["--served-model-name", k] for k, v in real.items()})
+    serve_fakes(monkeypatch, ab, fake_server, fake_post)
     out = tmp_path / "a.json"
     monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs",
                                       "none,lumotree-suffix,ngram,lumotree-merge",
@@ -674,7 +678,6 @@ def test_margins_serve_the_reference_last_and_ask_it_at_each_differing_session_s
     import sys
 
     ab = load()
-    import sglang_server as ss
 
     order, asked = [], []
 
@@ -695,11 +698,7 @@ def test_margins_serve_the_reference_last_and_ask_it_at_each_differing_session_s
         return dict(choices=[dict(message=dict(content=text))],
                     usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=25)))
 
-    monkeypatch.setattr(ss, "sglang_server", fake_server)
-    monkeypatch.setattr(ss, "post", fake_post)
-    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
-    real = ab.CONFIGS
-    monkeypatch.setattr(ab, "CONFIGS", {k: v + ["--served-model-name", k] for k, v in real.items()})
+    serve_fakes(monkeypatch, ab, fake_server, fake_post)
     out = tmp_path / "a.json"
     argv = ["agents_bench.py", "--model", str(tmp_path), "--configs", "none,lumotree-suffix,lumotree", "--agents", "1",
             "--sessions", "3", "--turns", "4", "--lanes", "2", "--margins", "2", "--warmup-sessions", "0",

@@ -37,7 +37,10 @@ Losslessness on the same traffic: every reply is kept (``--replies-out``, gzip J
 configuration's phase is compared with the no-speculation server's same phase (:func:`compare`:
 turns whose reply is identical, sessions with a difference, the first differing turn). With
 ``--extra=--enable-deterministic-inference --extra=--attention-backend=triton --tag=-exact`` every
-server runs in the decode-exact mode, where LumoTree's replies must equal no speculation's.
+server runs in the decode-exact mode, where LumoTree's replies must equal no speculation's. ``--margins N`` reads
+how close each difference was: the no-speculation server, served last and kept up until the others are done, answers
+the first differing turn of up to N differing sessions per server again with its top-2 log-probabilities, and the
+margin is its top-1 minus top-2 where the other reply parts from its answer (:func:`margins`).
 """
 from __future__ import annotations
 
@@ -249,8 +252,8 @@ LANE_TOKENS = 1_000_000  # a lane server's KV pool, tokens (--max-total-tokens)
 LANE_STATES = 4096  # its hybrid state pool, requests and cached prefixes (--max-mamba-cache-size)
 
 
-def lane_memory(base, lanes: int, tokens: int = LANE_TOKENS, states: int = LANE_STATES):
-    """``base`` (the servers' flags) for one of ``lanes`` servers sharing a GPU: fixed pools instead of a share of
+def lane_memory(base, tokens: int = LANE_TOKENS, states: int = LANE_STATES):
+    """``base`` (the servers' flags) for one of several servers sharing a GPU (``--lanes``): fixed pools instead of a share of
     ``--mem-fraction-static``. SGLang sizes its pools from the memory free when the server measures it, less a slack
     of ``1 - fraction`` times what was free before its model loaded: servers starting at once each see the others'
     pools appear inside that window, and on the H200 one of four lanes with an eighth each failed its start (its
@@ -738,8 +741,8 @@ def main():
                          "(one 12-19 s phase at 32 agents is not a stable measure); the parity compares the "
                          "first runs")
     ap.add_argument("--lanes", type=int, default=1,
-                    help="serve this many configurations at once on the one GPU (each with its share of "
-                         "--mem-fraction-static and its own port): for runs whose replies, not speeds, are the "
+                    help="serve this many configurations at once on the one GPU (each with fixed KV and state pools, "
+                         "lane_memory, and its own port): for runs whose replies, not speeds, are the "
                          "measure -- the decode-exact mode's parity is independent of timing; the rows' speeds of "
                          "such a run (its 'lanes' field) are not a server's alone")
     ap.add_argument("--margins", type=int, default=0, metavar="N",
@@ -895,7 +898,7 @@ def main():
         # the servers of a run share the GPU: each takes its share of the memory SGLang may use, and a port of its own
         res["lanes"] = args.lanes
         mem = [p for e in args.extra for p in e.split("=", 1)]
-        share = base if "--mem-fraction-static" in mem else lane_memory(base, args.lanes)
+        share = base if "--mem-fraction-static" in mem else lane_memory(base)
         ports = queue.Queue()
         for i in range(args.lanes):
             ports.put(args.port + 10 * i)

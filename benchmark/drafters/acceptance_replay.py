@@ -73,8 +73,13 @@ class SuffixReplay:
         self.drafter.start(rid, list(prompt[-self.window:]))
 
     def draft(self, rid, context):
+        tokens, parents, _ = self.draft_scored(rid)
+        return tokens, parents
+
+    def draft_scored(self, rid):
+        """The draft with its nodes' path probabilities under the drafter's counts (``scores[0]``, the root: 1)."""
         d = self.drafter.draft(rid, self.n)
-        return list(d.tokens), list(d.parents)
+        return list(d.tokens), list(d.parents), list(d.scores)
 
     def step(self, rid, tokens):
         self.drafter.append(rid, list(tokens))

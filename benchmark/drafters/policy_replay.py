@@ -1,23 +1,26 @@
 """LUMOTREE_SUFFIX's per-step choice (suffix tree or no draft) replayed on the CPU against the agent benchmark's served
 token streams, with a step-time model: what the adaptive tree size (``lumotree.sglang.adaptive.TreeSizePolicy``) makes
-of acceptance that swings between turn phases, against a fixed tree, no speculation and a per-step oracle.
+of acceptance that swings between turn phases, against a fixed tree, no speculation, a per-step oracle and a gate on
+the drafter's own expected acceptance (``score``).
 
 Acceptance: every turn of ``benchmark/workloads/agents_bench.py``'s sessions is rebuilt as the server saw it (the
 reference server's replies as the continuation, as ``acceptance_replay.py`` does) and LumoTree's C++ suffix drafter
 with the server's settings drafts a ``--nodes`` tree at *every* position of every turn (sessions in the benchmark's
 order, ``--agents`` at a time, outputs handed to the global cache as they finish): ``k[turn][pos]``, the drafts a
-greedy verify would accept there. Serving: ``--agents`` closed-loop sessions, each turn admitted with a prefill
-(``--prefill-ms``, its first token), then decode steps over the running requests; a drafted step advances each request
-by ``k + 1`` tokens, a no-draft step by 1. Step time (ms) at batch ``b``: ``none = --none-ms * (F + (1 - F) b / 32)``,
-``tree = --tree-ms * (F + (1 - F) b / 32)`` with ``F = --fixed-share`` -- the defaults are what the served policy's
-device clock measured at batch bucket 32 (an earlier 32-agent run, H200: 2.2-3.3 ms without a draft, 5.7-8.9 ms with the
-16-node tree) and a prefill cost that brings the no-speculation replay to that run's 4,917 tokens/s. The policy gets
-each step's time and acceptance one step late (the overlap scheduler), as served.
+greedy verify would accept there, and the drafter's expectation of it (the sum of its nodes' path probabilities).
+Serving: ``--agents`` closed-loop sessions, each turn admitted with a prefill (``--prefill-ms``, its first token), then
+decode steps over the running requests; a drafted step advances each request by ``k + 1`` tokens, a no-draft step by 1.
+Step time (ms) at batch ``b``: ``none = --none-ms * (F + (1 - F) b / 32)``, ``tree = --tree-ms * (F + (1 - F) b / 32)``
+with ``F = --fixed-share``. The policy and the score gate get each step's time and acceptance one step late (the
+overlap scheduler), as served. Rows: tokens/s and the turns' p50 / p95 latency (send to last token).
 
-    python3 benchmark/drafters/policy_replay.py --replies benchmark/results/agents32_replies_h200.json.gz \\
-        --reference none/32 --out benchmark/results/policy_replay_cpu.json
+    python3 benchmark/drafters/policy_replay.py --replies benchmark/results/agents_1_32_replies_h200.json.gz \
+        --reference none/1 --agents 1 --nodes 32 --none-ms 1.19 --tree-ms 2.91 --fixed-share 1.0 --prefill-ms 25 \
+        --variants '[{}, {"EMA": 0.05}]' --out /tmp/r1.json
 
-A model, not a measurement of a server: it shows whether the choice can follow the swings, not what a server gains.
+(the step times: run ``1-32-agents`` of ``agents_h200.json``, batch 1; ``benchmark/results/policy_replay_cpu.json``
+has the 1-, 8- and 32-agent runs and their commands). A model, not a measurement of a server: it shows whether the
+choice can follow the swings, not what a server gains.
 """
 import argparse
 import json
@@ -32,7 +35,9 @@ sys.path.insert(0, HERE)
 
 
 def acceptance_table(per_session, nodes: int, agents: int):
-    """``{(session, turn): [k at output position 1, 2, ...]}``: drafts accepted if a tree were drafted there. The
+    """``{(session, turn): [k at output position 1, 2, ...]}``: drafts accepted if a tree were drafted there, and the
+    same positions' *expected* accepted drafts by the drafter's own counts (the sum of its nodes' path probabilities:
+    a node is on the accepted path with its path's probability). The
     sessions run ``agents`` at a time in rounds of one turn each (closed-loop agents started together stay close to
     step), so a turn's drafts see the outputs of earlier rounds in the global cache, not those of its own round's
     other turns -- a sequential replay let each turn draft from its round's earlier outputs, which the tiny model's
@@ -40,7 +45,7 @@ def acceptance_table(per_session, nodes: int, agents: int):
     from acceptance_replay import SuffixReplay, accepted
 
     d = SuffixReplay(nodes)
-    table = {}
+    table, expected = {}, {}
     for g in range(0, len(per_session), agents):
         group = list(range(g, min(g + agents, len(per_session))))
         for t in range(max(len(per_session[s]) for s in group)):
@@ -52,23 +57,28 @@ def acceptance_table(per_session, nodes: int, agents: int):
                 rid = f"{s}-{t}"
                 d.start(rid, prompt)
                 d.step(rid, output[:1])
-                ks = []
+                ks, es = [], []
                 for pos in range(1, len(output)):
-                    toks, parents = d.draft(rid, None)
+                    toks, parents, scores = d.draft_scored(rid)
                     ks.append(accepted(toks, parents, output[pos:]))
+                    es.append(sum(scores[1:]))
                     d.step(rid, output[pos:pos + 1])
-                table[(s, t)] = ks
+                table[(s, t)], expected[(s, t)] = ks, es
                 done.append((rid, output))
             for rid, output in done:  # the round's outputs reach the global cache as its turns end
                 d.finish(rid, output)
-    return table
+    return table, expected
 
 
-def serve(table, per_session, agents: int, mode: str, args, finishing: bool = False, **policy_kw):
-    """Tokens per second of one closed-loop serving of every session (``mode``: none, tree, policy, oracle). The
-    policy's acceptance sample of a drafted step: each row's accepted drafts as the server reports them (a run cut
-    at the request's end accepts what was left of it), the rows that finished in the step left out unless
-    ``finishing`` (how LumoTree's workers counted them before)."""
+def serve(table, per_session, agents: int, mode: str, args, finishing: bool = False, expected=None, **policy_kw):
+    """Tokens per second and turn latencies of one closed-loop serving of every session (``mode``: none, tree,
+    policy, oracle, score). The policy's acceptance sample of a drafted step: each row's accepted drafts as the server
+    reports them (a run cut at the request's end accepts what was left of it), the rows that finished in the step left
+    out unless ``finishing`` (how LumoTree's workers counted them before). ``score``: each step drafts where the
+    drafter's own expectation (``expected``, :func:`acceptance_table`) scaled by its calibration so far (accepted over
+    expected drafts of the drafted steps, decayed by :data:`CALIBRATION_DECAY` every step, drafted or not, with
+    :data:`CALIBRATION_PRIOR` expected drafts counted as accepted; one step late as served) says
+    the tree pays at the model's step times -- what the oracle decides with the true acceptance."""
     from lumotree.sglang import adaptive
 
     policy = None
@@ -85,14 +95,16 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
     try:
         sessions = list(range(len(per_session)))
         queue = sessions[agents:]
-        running = {}  # session -> [turn, pos, output length]
-        clock_ms, tokens, steps, drafted, pending = 0.0, 0, 0, 0, []
+        running = {}  # session -> [turn, pos, output length, when the turn was sent]
+        clock_ms, tokens, steps, drafted, pending, latencies = 0.0, 0, 0, 0, [], []
+        calib = [0.0, 0.0]  # decayed accepted and expected drafts of drafted steps (score)
 
         def admit(s, turn):
             nonlocal clock_ms, tokens
+            sent = clock_ms
             clock_ms += args.prefill_ms
             tokens += 1  # the prefill's token
-            running[s] = [turn, 1, len(per_session[s][turn][1])]
+            running[s] = [turn, 1, len(per_session[s][turn][1]), sent]
 
         for s in sessions[:agents]:
             admit(s, 0)
@@ -106,6 +118,13 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
                 tree = True
             elif mode == "oracle":
                 tree = (sum(ks) + len(ks)) / step_ms(b, True) > len(ks) / step_ms(b, False)
+            elif mode == "score":
+                for late in pending:
+                    late()
+                pending = []
+                es = [expected[(s, st[0])][st[1] - 1] for s, st in rows]
+                c = (calib[0] + CALIBRATION_PRIOR) / (calib[1] + CALIBRATION_PRIOR)
+                tree = (c * sum(es) + len(es)) / step_ms(b, True) > len(es) / step_ms(b, False)
             else:
                 for late in pending:  # the previous step's results arrive now (overlap)
                     late()
@@ -125,8 +144,12 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
             if policy is not None:
                 pending.append(lambda b=b, tree=tree, t=t, got=got: (
                     policy.observe_time(b, int(tree), t / 1e3), policy.observe_accept(int(tree), got)))
+            if mode == "score":  # the past fades every step, so a drafter that missed is tried again
+                pending.append(lambda got=got if tree else [], es=es if tree else []: calib.__setitem__(slice(None), [
+                    CALIBRATION_DECAY * calib[0] + sum(got), CALIBRATION_DECAY * calib[1] + sum(es[:len(got)])]))
             for s in [s for s, st in running.items() if st[1] >= st[2]]:
-                turn = running.pop(s)[0]
+                turn, _, _, sent = running.pop(s)
+                latencies.append(clock_ms - sent)
                 if turn + 1 < len(per_session[s]):
                     admit(s, turn + 1)
                 elif queue:
@@ -134,11 +157,26 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
         return dict(mode=mode, **({"policy": policy_kw} if policy_kw else {}),
                     **({"finishing_rows_counted": finishing} if mode == "policy" else {}), tokens=tokens, steps=steps,
                     drafted_steps=drafted, seconds=round(clock_ms / 1e3, 3),
-                    tokens_per_s=round(tokens / (clock_ms / 1e3), 1))
+                    tokens_per_s=round(tokens / (clock_ms / 1e3), 1), **turn_latency(latencies))
     finally:
         if policy is not None:
             for k, v in saved.items():
                 setattr(adaptive, k, v)
+
+
+CALIBRATION_DECAY = 0.95  # score: the weight of the calibration's past per step
+CALIBRATION_PRIOR = 4.0  # score: expected drafts it starts from as if accepted (one step's miss does not zero it)
+
+
+def turn_latency(ms) -> dict:
+    """Median and 95th percentile of the turns' latencies (ms, from the send to the last token), as agents_bench
+    reports them."""
+    if not ms:
+        return {}
+    ms = sorted(ms)
+    mid = len(ms) // 2
+    med = ms[mid] if len(ms) % 2 else (ms[mid - 1] + ms[mid]) / 2
+    return dict(latency_p50_ms=round(med, 1), latency_p95_ms=round(ms[int(0.95 * (len(ms) - 1))], 1))
 
 
 def main(argv=None):
@@ -164,8 +202,9 @@ def main(argv=None):
 
     per_session = served_turns(args)
     t0 = time.perf_counter()
-    table = acceptance_table(per_session, args.nodes, args.agents)
-    rows = [serve(table, per_session, args.agents, m, args) for m in ("none", "tree", "oracle")]
+    table, expected = acceptance_table(per_session, args.nodes, args.agents)
+    rows = [serve(table, per_session, args.agents, m, args, expected=expected)
+            for m in ("none", "tree", "oracle", "score")]
     rows += [serve(table, per_session, args.agents, "policy", args, finishing=f, **kw)
              for kw in json.loads(args.variants) for f in (True, False)]
     base = rows[0]["tokens_per_s"]

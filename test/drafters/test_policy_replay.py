@@ -41,3 +41,27 @@ def test_the_policy_follows_acceptance_that_changes_between_turns():
     per_session, table = workload(lambda t: 10 if t % 2 == 0 else 0, turns=8, length=256)
     r = {m: pr.serve(table, per_session, 4, m, args()) for m in ("none", "tree", "policy")}
     assert r["policy"]["tokens_per_s"] > max(r["none"]["tokens_per_s"], r["tree"]["tokens_per_s"])
+
+
+def test_the_score_gate_drafts_where_the_drafter_expects_acceptance():
+    """score: each step drafts where the drafter's own expected acceptance (calibrated online) pays at the model's
+    step times; with expectations that follow the turns' acceptance it serves what the oracle serves, and every mode
+    reports its turns' latencies."""
+    pr = pytest.importorskip("policy_replay")
+    per_session, table = workload(lambda t: 10 if t % 2 == 0 else 0, turns=8, length=256)
+    expected = {key: [float(k) for k in ks] for key, ks in table.items()}
+    r = {m: pr.serve(table, per_session, 4, m, args(), expected=expected) for m in ("none", "oracle", "score", "policy")}
+    assert r["score"]["tokens"] == r["none"]["tokens"]
+    assert r["score"]["tokens_per_s"] >= 0.98 * r["oracle"]["tokens_per_s"] > r["policy"]["tokens_per_s"]
+    assert r["score"]["drafted_steps"] < r["score"]["steps"]  # the missing turns are served without a draft
+    assert all(0 < m["latency_p50_ms"] <= m["latency_p95_ms"] for m in r.values())
+    # a drafter that over-promises is scaled down by what it delivered: the missing turns still go undrafted
+    inflated = {key: [k + 20.0 if k == 0 else k for k in ks] for key, ks in expected.items()}
+    s = pr.serve(table, per_session, 4, "score", args(), expected=inflated)
+    assert s["tokens_per_s"] > r["none"]["tokens_per_s"] and s["drafted_steps"] > r["score"]["drafted_steps"]
+
+
+def test_turn_latency_is_the_median_and_95th_percentile():
+    pr = pytest.importorskip("policy_replay")
+    assert pr.turn_latency([]) == {}
+    assert pr.turn_latency([4.0, 1.0, 3.0, 2.0]) == dict(latency_p50_ms=2.5, latency_p95_ms=3.0)

@@ -23,6 +23,7 @@ has the 1-, 8- and 32-agent runs and their commands). A model, not a measurement
 choice can follow the swings, not what a server gains.
 """
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -82,11 +83,12 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
     from lumotree.sglang import adaptive
 
     policy = None
-    if mode == "policy":
-        saved = {k: getattr(adaptive, k) for k in policy_kw}
-        for k, v in policy_kw.items():
-            setattr(adaptive, k, v)
-        policy = adaptive.TreeSizePolicy([0, 1])
+    if mode == "policy":  # the served LUMOTREE_SUFFIX policy; lower-case keys: its settings, upper-case: the module's
+        own = {k: v for k, v in policy_kw.items() if k in adaptive.POLICY_KEYS}
+        saved = {k: getattr(adaptive, k) for k in policy_kw if k not in own}
+        for k in saved:
+            setattr(adaptive, k, policy_kw[k])
+        policy = adaptive.TreeSizePolicy([0, 1], settings=dataclasses.replace(adaptive.SUFFIX_SETTINGS, **own))
 
     def step_ms(b, tree):
         scale = args.fixed_share + (1 - args.fixed_share) * b / 32
@@ -195,7 +197,9 @@ def main(argv=None):
     ap.add_argument("--fixed-share", type=float, default=0.3, help="share of a step's time independent of the batch")
     ap.add_argument("--prefill-ms", type=float, default=14.0, help="host + device time of a turn's prefill")
     ap.add_argument("--variants", default='[{}]',
-                    help="JSON list of TreeSizePolicy module settings to replay (one row each)")
+                    help="JSON list of policy settings to replay, one row each: the served LUMOTREE_SUFFIX policy's "
+                         "(adaptive.SUFFIX_SETTINGS) with lower-case keys (ema, probe_every, probe_max, probe_budget) "
+                         "replaced, module constants (GAP_SAMPLES, ...) with upper-case ones")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     from acceptance_replay import served_turns

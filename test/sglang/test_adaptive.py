@@ -760,3 +760,55 @@ def test_graph_sizes_start_from_the_list_sglangs_runners_read():
     assert configured_graph_bs(args, [1, 3, 8]) == [1, 3, 8]  # --cuda-graph-bs: the user's list
     config.decode.bs = []
     assert configured_graph_bs(args, None) is None
+
+
+def test_policy_settings_per_algorithm_and_from_the_config(tmp_path):
+    """LUMOTREE keeps the module's averaging and probing; LUMOTREE_SUFFIX's follows its swinging acceptance more slowly
+    and probes more often (adaptive.SUFFIX_SETTINGS); --speculative-adaptive-config may set either, within range,
+    and a key LumoTree does not read fails naming the flag."""
+    mtp = SimpleNamespace(speculative_algorithm="LUMOTREE", speculative_num_steps=3, speculative_adaptive_config=None)
+    suf = SimpleNamespace(speculative_algorithm="LUMOTREE_SUFFIX", speculative_num_steps=0,
+                          speculative_adaptive_config=None)
+    assert adaptive.policy_settings(mtp) == adaptive.PolicySettings.current()
+    assert adaptive.policy_settings(mtp).ema == adaptive.EMA and adaptive.policy_settings(mtp).probe_every == 128
+    assert adaptive.policy_settings(suf) == adaptive.SUFFIX_SETTINGS
+    assert adaptive.SUFFIX_SETTINGS.ema < adaptive.EMA and adaptive.SUFFIX_SETTINGS.probe_every < adaptive.PROBE_EVERY
+    cfg = tmp_path / "a.json"
+    cfg.write_text(json.dumps({"candidate_steps": [0, 1], "ema": 0.2, "probe_every": 128, "probe_max": 1024,
+                               "probe_budget": adaptive.PROBE_BUDGET}))
+    suf.speculative_adaptive_config = str(cfg)
+    assert adaptive.policy_settings(suf) == adaptive.PolicySettings.current()  # the earlier settings, pinned
+    assert adaptive.candidate_steps(suf) == [0, 1]
+    for bad in ({"ema": 0}, {"ema": 1.5}, {"probe_every": 0}, {"probe_every": 64, "probe_max": 32},
+                {"probe_budget": 1.0}, {"probe_every": 2.5}, {"ema": True}):
+        cfg.write_text(json.dumps(dict(candidate_steps=[0, 1], **bad)))
+        with pytest.raises(ValueError, match="--speculative-adaptive-config .*ema in"):
+            adaptive.policy_settings(suf)
+    cfg.write_text(json.dumps({"candidate_steps": [0, 1], "probe_evry": 16}))
+    with pytest.raises(ValueError, match=r"--speculative-adaptive-config .*unknown keys \['probe_evry'\]"):
+        adaptive.policy_settings(suf)
+
+
+def test_a_policy_probes_and_averages_by_its_settings():
+    """The settings reach the decisions: the first probe after a switch to no draft comes ``probe_every`` steps later
+    (where the probe's cost allows), and a drafted step's acceptance moves the average by ``ema``."""
+    def first_probe(settings):
+        p = TreeSizePolicy([0, 1], settings=settings)
+        seen = []
+        for i in range(400):
+            c = p.choose(1)
+            seen.append(c)
+            p.observe_time(1, c, 0.003 if c else 0.001)  # the tree costs 3x a decode step
+            p.observe_accept(c, [0])  # and accepts nothing: no draft pays
+        after = seen.index(0, seen.index(0) + 8)  # serving no draft by then
+        return next(i for i in range(after, len(seen)) if seen[i] == 1) - after
+
+    fast = adaptive.PolicySettings(ema=0.2, probe_every=16, probe_max=256, probe_budget=0.5)
+    slow = adaptive.PolicySettings(ema=0.2, probe_every=128, probe_max=1024, probe_budget=0.5)
+    assert 8 <= first_probe(fast) <= 24 and first_probe(slow) >= 100
+    for ema in (0.05, 0.5):
+        p = TreeSizePolicy([0, 1], settings=adaptive.PolicySettings(ema=ema, probe_every=16, probe_max=256,
+                                                                    probe_budget=0.05))
+        p.observe_accept(1, [10])
+        p.observe_accept(1, [0])
+        assert p.accept == pytest.approx(10 * (1 - ema))

@@ -136,8 +136,36 @@ def bucket(batch: int) -> int:
     return 1 << max(0, int(batch) - 1).bit_length()
 
 
-def _ema(old: Optional[float], new: float) -> float:
-    return new if old is None else (1 - EMA) * old + EMA * new
+def _ema(old: Optional[float], new: float, weight: float) -> float:
+    return new if old is None else (1 - weight) * old + weight * new
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicySettings:
+    """How fast a :class:`TreeSizePolicy` follows acceptance and how often it probes: the weight of a new sample in
+    the acceptance average (``EMA``) and the probe interval's start, cap and cost budget (``PROBE_EVERY``,
+    ``PROBE_MAX``, ``PROBE_BUDGET``). :meth:`current`: the module's values (LUMOTREE's MTP tree);
+    :data:`SUFFIX_SETTINGS`: LUMOTREE_SUFFIX's."""
+    ema: float
+    probe_every: int
+    probe_max: int
+    probe_budget: float
+
+    @classmethod
+    def current(cls) -> "PolicySettings":
+        return cls(ema=EMA, probe_every=PROBE_EVERY, probe_max=PROBE_MAX, probe_budget=PROBE_BUDGET)
+
+
+# LUMOTREE_SUFFIX's policy: a suffix draft's acceptance swings within a turn (a request accepts 20 drafts a step, then
+# none while it writes something new, then 20 again), and at one agent a fifth of the average per drafted step
+# turned the tree off after a few misses until the next probe 128 steps later -- most of a turn. On the CPU model of
+# a served 1-agent run (benchmark/drafters/policy_replay.py; benchmark/results/policy_replay_cpu.json: the module's
+# settings 2.12x no speculation there, the served run 2.29x) a slower average and probes every 16-256 steps with
+# up to 5 % of the time for probes made 2.83x at 1 agent (a fixed tree: 2.82x), 1.97x at 8 (1.86x), 1.34x at 32
+# (1.24x); chosen in a sweep of 24 settings (EMA 0.05-0.1, first probe after 16-64 steps, cap 128-256, budget
+# 2-5 %), the best of them at every level within 0.5 %
+SUFFIX_SETTINGS = PolicySettings(ema=0.05, probe_every=16, probe_max=256, probe_budget=0.05)
+POLICY_KEYS = ("ema", "probe_every", "probe_max", "probe_budget")  # what --speculative-adaptive-config may set
 
 
 @dataclasses.dataclass
@@ -148,7 +176,7 @@ class _Bucket:
     since_probe: int = 0
     run: Optional[int] = None  # the candidate an exploration or probe run serves
     run_left: int = 0  # steps of that run still to serve
-    probe_every: int = PROBE_EVERY  # the current interval between probe runs
+    probe_every: int = PROBE_EVERY  # the current interval between probe runs (the policy's settings set it)
     probed: bool = False  # a probe run ended and its outcome is not yet taken
     settle: int = 0  # decisions after a tree probe that keep the choice while its last acceptance is on the way
     medians: Dict[int, float] = dataclasses.field(default_factory=dict)  # step_time's, until the next sample
@@ -161,10 +189,13 @@ class TreeSizePolicy:
         candidates (Sequence[int]): draft steps the server can serve (``0`` = no draft).
         prior_accept (float): accepted drafts per request assumed before any drafted step.
         tree_name (str): how the log names a drafting candidate (``format``-ed with it).
+        settings (PolicySettings): its averaging and probing (default: the module's, :meth:`PolicySettings.current`).
     """
 
-    def __init__(self, candidates: Sequence[int], prior_accept: Optional[float] = None, tree_name: str = "{}-step tree"):
+    def __init__(self, candidates: Sequence[int], prior_accept: Optional[float] = None, tree_name: str = "{}-step tree",
+                 settings: Optional[PolicySettings] = None):
         self.tree_name = tree_name  # a drafting candidate in the log (LUMOTREE_SUFFIX: its one tree)
+        self.settings = settings if settings is not None else PolicySettings.current()
         cands = sorted(set(int(c) for c in candidates))
         if not cands or cands[0] < 0:
             raise ValueError(f"candidate draft steps must be non-negative integers, got {list(candidates)}")
@@ -188,7 +219,7 @@ class TreeSizePolicy:
         b = bucket(batch)
         if b not in self.buckets:
             self.buckets[b] = _Bucket({c: collections.deque(maxlen=WINDOW) for c in self.candidates},
-                                      {c: 0 for c in self.candidates})
+                                      {c: 0 for c in self.candidates}, probe_every=self.settings.probe_every)
         return self.buckets[b]
 
     def observe_time(self, batch: int, steps: int, seconds: float) -> None:
@@ -210,7 +241,7 @@ class TreeSizePolicy:
             return
         a = sum(accepted_drafts) / len(accepted_drafts)
         if self._gap is None:
-            self.accept = _ema(self.accept, a)
+            self.accept = _ema(self.accept, a, self.settings.ema)
             return
         old, total, rows, n = self._gap
         total, rows, n = total + sum(accepted_drafts), rows + len(accepted_drafts), n + 1
@@ -274,7 +305,7 @@ class TreeSizePolicy:
         if st.chosen is not None and st.chosen != best and rates[best] < (1 + MARGIN) * rates[st.chosen]:
             best = st.chosen  # hysteresis
         if st.probed and best == st.chosen:  # the decision right after a probe run left the choice
-            st.probe_every = min(2 * st.probe_every, PROBE_MAX)
+            st.probe_every = min(2 * st.probe_every, self.settings.probe_max)
         if best != st.chosen or st.probed:  # changes, and what each probe measured (probes are rare: logged too)
             logger.info("LumoTree adaptive: batch bucket %d -> %s (%s; accept %.2f)%s", bucket(batch),
                         "no draft" if best == 0 else self.tree_name.format(best),
@@ -282,10 +313,10 @@ class TreeSizePolicy:
                         self.accept or 0.0, " after a probe" if st.probed else "")
         st.probed = False
         if best != st.chosen:  # the interval restarts: a first probe PROBE_EVERY steps after the change
-            st.probe_every, st.since_probe = PROBE_EVERY, 0
+            st.probe_every, st.since_probe = self.settings.probe_every, 0
             st.chosen = best
         if best > 0 and 0 in st.samples and st.samples[0] >= MIN_SAMPLES:
-            st.probe_every = PROBE_MAX  # a drafting choice measures its acceptance itself (module docstring)
+            st.probe_every = self.settings.probe_max  # a drafting choice measures its acceptance itself (module docstring)
         st.since_probe += 1
         if st.since_probe >= st.probe_every and st.since_probe >= self._probe_floor(batch, best):
             st.since_probe = 0
@@ -309,7 +340,7 @@ class TreeSizePolicy:
         t_other, t_best = self.step_time(batch, other), self.step_time(batch, best)
         r_other, r_best = self.rate(batch, other), self.rate(batch, best)
         loss = probe_run(batch, other) * t_other * (1.0 - r_other / r_best)
-        return 0 if loss <= 0 else math.ceil(loss / (PROBE_BUDGET * t_best))
+        return 0 if loss <= 0 else math.ceil(loss / (self.settings.probe_budget * t_best))
 
     @staticmethod
     def _start_run(st: _Bucket, steps: int, length: Optional[int] = None) -> int:
@@ -346,6 +377,43 @@ def is_suffix(server_args) -> bool:
     return str(getattr(server_args, "speculative_algorithm", None) or "").upper() == "LUMOTREE_SUFFIX"
 
 
+def _config(server_args):
+    """``(path, JSON)`` of ``--speculative-adaptive-config``; ``(None, None)`` without one. Raises ``ValueError``
+    naming the flag for a file that is not JSON."""
+    path = getattr(server_args, "speculative_adaptive_config", None)
+    if not path:
+        return None, None
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"--speculative-adaptive-config {path}: cannot read it as JSON ({e})") from None
+    return path, cfg
+
+
+def policy_settings(server_args) -> PolicySettings:
+    """The adaptive policy's settings for a server: LUMOTREE_SUFFIX's (:data:`SUFFIX_SETTINGS`) or the module's
+    (LUMOTREE), with those ``--speculative-adaptive-config`` sets (``ema`` in (0, 1], ``probe_every`` and
+    ``probe_max`` whole steps, ``probe_every <= probe_max``, ``probe_budget`` in (0, 1)). Raises ``ValueError``
+    naming the flag for a value out of range or a key neither this nor :func:`candidate_steps` reads."""
+    base = SUFFIX_SETTINGS if is_suffix(server_args) else PolicySettings.current()
+    path, cfg = _config(server_args)
+    unknown = sorted(set(cfg) - {"candidate_steps", *POLICY_KEYS}) if isinstance(cfg, dict) else []
+    if unknown:  # a misspelt setting would otherwise be ignored
+        raise ValueError(f"--speculative-adaptive-config {path}: unknown keys {unknown} (LumoTree reads "
+                         f"candidate_steps and the policy's {', '.join(POLICY_KEYS)})")
+    if not isinstance(cfg, dict) or not any(k in cfg for k in POLICY_KEYS):
+        return base
+    got = dataclasses.replace(base, **{k: cfg[k] for k in POLICY_KEYS if k in cfg})
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (got.probe_every, got.probe_max))
+    nums = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (got.ema, got.probe_budget))
+    if not (ints and nums and 0 < got.ema <= 1 and 1 <= got.probe_every <= got.probe_max
+            and 0 < got.probe_budget < 1):
+        raise ValueError(f"--speculative-adaptive-config {path}: ema in (0, 1], probe_every <= probe_max whole steps "
+                         f">= 1, probe_budget in (0, 1); got {dataclasses.asdict(got)}")
+    return got
+
+
 def candidate_steps(server_args) -> List[int]:
     """The candidates a LUMOTREE server may serve: ``[0, --speculative-num-steps]`` in draft steps (0 = no draft);
     a LUMOTREE_SUFFIX server's ``[0, 1]``, 1 its suffix tree of ``--speculative-num-draft-tokens`` nodes. Or
@@ -354,14 +422,9 @@ def candidate_steps(server_args) -> List[int]:
     suffix = is_suffix(server_args)
     steps = SUFFIX_TREE if suffix else int(server_args.speculative_num_steps or 0)
     full = [0, steps] if steps > 0 else [0]
-    path = getattr(server_args, "speculative_adaptive_config", None)
-    if not path:
+    path, cfg = _config(server_args)
+    if cfg is None:
         return full
-    try:
-        with open(path) as f:
-            cfg = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"--speculative-adaptive-config {path}: cannot read it as JSON ({e})") from None
     what = (f"a LUMOTREE_SUFFIX server reads {{\"candidate_steps\": [...]}} from {full} (0: no draft, "
             f"{SUFFIX_TREE}: its suffix tree)" if suffix else
             f'a LUMOTREE server reads {{"candidate_steps": [...]}} with draft steps from {full}')

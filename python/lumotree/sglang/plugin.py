@@ -206,11 +206,11 @@ def _spec_class():
 
             _handle_eagle_family(server_args)
             configure_server_args(server_args)
-            from lumotree.sglang.adaptive import adaptive_tree_size, candidate_steps
+            from lumotree.sglang.adaptive import adaptive_tree_size, candidate_steps, policy_settings
 
-            if adaptive_tree_size(server_args):
-                logger.info("LumoTree: adaptive tree size over %s draft steps (0 = no draft)",
-                            candidate_steps(server_args))  # a bad --speculative-adaptive-config fails here
+            if adaptive_tree_size(server_args):  # a bad --speculative-adaptive-config fails here
+                logger.info("LumoTree: adaptive tree size over %s draft steps (0 = no draft), %s",
+                            candidate_steps(server_args), policy_settings(server_args))
 
     return LumoTreeSpecAlgo
 
@@ -288,11 +288,11 @@ def _suffix_spec_class(lumotree_backend: bool = True, size_tree: bool = True):
             if lumotree_backend:
                 configure_server_args(server_args)
             if size_tree:
-                from lumotree.sglang.adaptive import adaptive_tree_size, candidate_steps
+                from lumotree.sglang.adaptive import adaptive_tree_size, candidate_steps, policy_settings
 
                 if adaptive_tree_size(server_args):  # a bad --speculative-adaptive-config fails here
-                    logger.info("LUMOTREE_SUFFIX: adaptive, %s per decode step (0 = no draft, 1 = the suffix tree)",
-                                candidate_steps(server_args))
+                    logger.info("LUMOTREE_SUFFIX: adaptive, %s per decode step (0 = no draft, 1 = the suffix tree), %s",
+                                candidate_steps(server_args), policy_settings(server_args))
 
     return LumoTreeSuffixSpecAlgo
 

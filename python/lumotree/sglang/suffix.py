@@ -625,7 +625,8 @@ def ngram_worker(make_corpus):
                 if steps != [adaptive.SUFFIX_TREE]:
                     self.tree_policy = adaptive.TreeSizePolicy(
                         steps, tree_name=("suffix tree (its bucket's size)" if self._sizes else
-                                          f"{self.draft_token_num}-node suffix tree"))
+                                          f"{self.draft_token_num}-node suffix tree"),
+                        settings=adaptive.policy_settings(server_args))
                     self._ledger = StepLedger(self.tree_policy, self._overlap_consistent, adaptive.SUFFIX_TREE)
 
         def init_cuda_graphs(self):

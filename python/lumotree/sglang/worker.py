@@ -303,7 +303,8 @@ def worker_class():
             steps = (adaptive.candidate_steps(server_args) if adaptive.adaptive_tree_size(server_args)
                      else [self.speculative_num_steps])
             # one candidate that is the configured tree: a fixed tree, no policy ([0] pins the no-draft step)
-            self.tree_policy = adaptive.TreeSizePolicy(steps) if steps != [self.speculative_num_steps] else None
+            self.tree_policy = (adaptive.TreeSizePolicy(steps, settings=adaptive.policy_settings(server_args))
+                                if steps != [self.speculative_num_steps] else None)
             self._tree_states = {}
             self._ledger = StepLedger(self.tree_policy, overlap_consistent(server_args), self.speculative_num_steps)
             self._decode_step = None  # the no-draft step as a decode forward (built with the CUDA graphs)

@@ -40,6 +40,8 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   and 32, H200). They come from the nearest bucket, the larger on a tie; from a smaller one the tree's
   time is the further off (a step's time grows with the batch, the tree's faster than no draft's),
   which leans the estimate towards a tree until the bucket's own samples are in;
+* (the averaging weight above and the probe intervals below are LUMOTREE's, the module's constants;
+  LUMOTREE_SUFFIX's policy averages more slowly and probes more often, :data:`SUFFIX_SETTINGS`)
 * a bucket serves the candidate of most tokens per second, switching only past a ``MARGIN``
   (hysteresis), and now and then serves the other candidate for one run (a **probe**) so that both
   estimates stay current: after ``PROBE_EVERY`` steps at first, the interval doubling each time a

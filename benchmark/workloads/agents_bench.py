@@ -556,6 +556,10 @@ CONFIGS["lumotree-sync"] = CONFIGS["lumotree"] + ["--disable-overlap-schedule"]
 # to set its per-step cost beside no speculation's on the same sessions (profiles)
 CONFIGS["lumotree-suffix-nodraft"] = CONFIGS["lumotree-suffix"] + [
     "--speculative-adaptive-config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_draft.json")]
+# LUMOTREE_SUFFIX with the averaging and probing of LUMOTREE's policy (its own before adaptive.SUFFIX_SETTINGS): the
+# comparison that chose SUFFIX_SETTINGS on a CPU model, served
+CONFIGS["lumotree-suffix-mtp-policy"] = CONFIGS["lumotree-suffix"] + [
+    "--speculative-adaptive-config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "mtp_policy.json")]
 # LUMOTREE's MTP tree merged with suffix drafts (LUMOTREE_SUFFIX_MERGE=1: a fixed tree, the synchronous scheduler)
 CONFIGS["lumotree-merge"] = list(CONFIGS["lumotree"])
 CONFIG_ENV = {"lumotree-merge": {"LUMOTREE_SUFFIX_MERGE": "1"}}  # a configuration's own environment, beside --env

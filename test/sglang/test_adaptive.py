@@ -812,3 +812,15 @@ def test_a_policy_probes_and_averages_by_its_settings():
         p.observe_accept(1, [10])
         p.observe_accept(1, [0])
         assert p.accept == pytest.approx(10 * (1 - ema))
+
+
+def test_the_benchmark_s_mtp_policy_config_pins_lumotree_s_settings():
+    """agents_bench's lumotree-suffix-mtp-policy serves LUMOTREE_SUFFIX with LUMOTREE's averaging and probing (the
+    comparison behind adaptive.SUFFIX_SETTINGS): its file must stay equal to the module's settings."""
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "workloads", "mtp_policy.json")
+    sa = SimpleNamespace(speculative_algorithm="LUMOTREE_SUFFIX", speculative_num_steps=0,
+                         speculative_adaptive_config=path)
+    assert adaptive.policy_settings(sa) == adaptive.PolicySettings.current() != adaptive.SUFFIX_SETTINGS
+    assert adaptive.candidate_steps(sa) == [0, 1]

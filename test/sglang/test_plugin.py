@@ -249,7 +249,7 @@ def test_suffix_merge_flag_validation():
     out = subprocess.run([sys.executable, "-c", MERGE_SCRIPT, CKPT], capture_output=True, text=True, timeout=600,
                          cwd=ROOT)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert len(lines) == 5, out.stdout[-2000:] + out.stderr[-4000:]
+    assert len(lines) == 6, out.stdout[-2000:] + out.stderr[-4000:]
     # with the radix cache on the plugin turns overlap off itself for the merged tree: no flag needed
     assert "runs its GDN kernels on CUDA" in lines[0]
     assert "runs its GDN kernels on CUDA" in lines[1]  # a valid merged configuration reaches the device check
@@ -416,8 +416,11 @@ base = ["--model-path", sys.argv[1], "--device", "cuda", "--attention-backend", 
         "--speculative-num-draft-tokens", "6"]  # parsing only: nothing touches a GPU
 bad = sys.argv[2] + "/bad.json"
 json.dump({"candidate_steps": [0, 2]}, open(bad, "w"))
+bad_policy = sys.argv[2] + "/bad_policy.json"
+json.dump({"candidate_steps": [0, 1], "ema": 2}, open(bad_policy, "w"))
 for extra in ([], ["--speculative-adaptive"], ["--speculative-adaptive-config", bad],
-              ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive"], ["--tp-size", "2"]):
+              ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive"], ["--tp-size", "2"],
+              ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive-config", bad_policy]):
     try:
         sa = prepare_server_args(base + extra)
         print("RESULT ok", adaptive_tree_size(sa), sa.speculative_adaptive, sa.speculative_num_draft_tokens)
@@ -429,19 +432,21 @@ for extra in ([], ["--speculative-adaptive"], ["--speculative-adaptive-config", 
 def test_lumotree_is_adaptive_by_default_and_checks_the_adaptive_flags(tmp_path):
     """A LUMOTREE server chooses its tree size per step by default; ``--speculative-adaptive`` is
     accepted, on LUMOTREE_SUFFIX too (and SGLang's chain-only controller kept off, so its draft-token sizing does
-    not apply to the tree); a config naming a tree it cannot serve fails at parsing; with
+    not apply to the tree); a config naming a tree it cannot serve, or a policy setting out of range, fails at parsing; with
     more than one GPU per model the tree is fixed (ranks must not choose differently)."""
     if not os.path.isfile(os.path.join(CKPT, "config.json")):
         pytest.skip("tiny checkpoint not in this checkout")
     out = subprocess.run([sys.executable, "-c", ADAPTIVE_SCRIPT, CKPT, str(tmp_path)], capture_output=True,
                          text=True, timeout=600, cwd=ROOT)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert len(lines) == 5, out.stdout[-2000:] + out.stderr[-4000:]
+    assert len(lines) == 6, out.stdout[-2000:] + out.stderr[-4000:]
     assert lines[0] == "ok True False 6", lines[0]
     assert lines[4] == "ok False False 6", lines[4]  # --tp-size 2: the configured tree on every step
     assert lines[1] == "ok True False 6", lines[1]
     assert "--speculative-adaptive-config" in lines[2] and "candidate_steps [2] cannot be served" in lines[2], lines[2]
     assert lines[3] == "ok True False 6", lines[3]  # LUMOTREE_SUFFIX: adaptive too (its tree or no draft)
+    # a policy setting out of range fails at parsing too, naming the flag
+    assert "--speculative-adaptive-config" in lines[5] and "ema in (0, 1]" in lines[5], lines[5]
 
 
 def test_hooks_on_one_target_all_register_once_each():

@@ -253,8 +253,8 @@ LANE_STATES = 4096  # its hybrid state pool, requests and cached prefixes (--max
 
 
 def lane_memory(base, tokens: int = LANE_TOKENS, states: int = LANE_STATES):
-    """``base`` (the servers' flags) for one of several servers sharing a GPU (``--lanes``): fixed pools instead of a share of
-    ``--mem-fraction-static``. SGLang sizes its pools from the memory free when the server measures it, less a slack
+    """``base`` (the servers' flags) for one of several servers sharing a GPU (``--lanes``): fixed pools instead of a
+    share of ``--mem-fraction-static``. SGLang sizes its pools from the memory free when the server measures it, less a slack
     of ``1 - fraction`` times what was free before its model loaded: servers starting at once each see the others'
     pools appear inside that window, and on the H200 one of four lanes with an eighth each failed its start (its
     state pool came out at -46,110 requests). Here each lane's pools are capped (KV ``tokens``, hybrid state

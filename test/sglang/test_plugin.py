@@ -432,7 +432,8 @@ for extra in ([], ["--speculative-adaptive"], ["--speculative-adaptive-config", 
 def test_lumotree_is_adaptive_by_default_and_checks_the_adaptive_flags(tmp_path):
     """A LUMOTREE server chooses its tree size per step by default; ``--speculative-adaptive`` is
     accepted, on LUMOTREE_SUFFIX too (and SGLang's chain-only controller kept off, so its draft-token sizing does
-    not apply to the tree); a config naming a tree it cannot serve, or a policy setting out of range, fails at parsing; with
+    not apply to the tree); a config naming a tree it cannot serve, or a policy setting out of range, fails at
+    parsing; with
     more than one GPU per model the tree is fixed (ranks must not choose differently)."""
     if not os.path.isfile(os.path.join(CKPT, "config.json")):
         pytest.skip("tiny checkpoint not in this checkout")

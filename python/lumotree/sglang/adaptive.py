@@ -318,7 +318,8 @@ class TreeSizePolicy:
             st.probe_every, st.since_probe = self.settings.probe_every, 0
             st.chosen = best
         if best > 0 and 0 in st.samples and st.samples[0] >= MIN_SAMPLES:
-            st.probe_every = self.settings.probe_max  # a drafting choice measures its acceptance itself (module docstring)
+            # a drafting choice measures its acceptance itself (module docstring)
+            st.probe_every = self.settings.probe_max
         st.since_probe += 1
         if st.since_probe >= st.probe_every and st.since_probe >= self._probe_floor(batch, best):
             st.since_probe = 0

@@ -164,7 +164,7 @@ class PolicySettings:
 # a served 1-agent run (benchmark/drafters/policy_replay.py; benchmark/results/policy_replay_cpu.json: the module's
 # settings 2.12x no speculation there, the served run 2.29x) a slower average and probes every 16-256 steps with
 # up to 5 % of the time for probes made 2.83x at 1 agent (a fixed tree: 2.82x), 1.97x at 8 (1.86x), 1.34x at 32
-# (1.24x); chosen in a sweep of 24 settings (EMA 0.05-0.1, first probe after 16-64 steps, cap 128-256, budget
+# (1.23x); chosen in a sweep of 24 settings (EMA 0.05-0.1, first probe after 16-64 steps, cap 128-256, budget
 # 2-5 %), the best of them at every level within 0.5 %
 SUFFIX_SETTINGS = PolicySettings(ema=0.05, probe_every=16, probe_max=256, probe_budget=0.05)
 POLICY_KEYS = ("ema", "probe_every", "probe_max", "probe_budget")  # what --speculative-adaptive-config may set

@@ -249,7 +249,7 @@ def test_suffix_merge_flag_validation():
     out = subprocess.run([sys.executable, "-c", MERGE_SCRIPT, CKPT], capture_output=True, text=True, timeout=600,
                          cwd=ROOT)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert len(lines) == 6, out.stdout[-2000:] + out.stderr[-4000:]
+    assert len(lines) == 5, out.stdout[-2000:] + out.stderr[-4000:]
     # with the radix cache on the plugin turns overlap off itself for the merged tree: no flag needed
     assert "runs its GDN kernels on CUDA" in lines[0]
     assert "runs its GDN kernels on CUDA" in lines[1]  # a valid merged configuration reaches the device check
@@ -433,8 +433,7 @@ def test_lumotree_is_adaptive_by_default_and_checks_the_adaptive_flags(tmp_path)
     """A LUMOTREE server chooses its tree size per step by default; ``--speculative-adaptive`` is
     accepted, on LUMOTREE_SUFFIX too (and SGLang's chain-only controller kept off, so its draft-token sizing does
     not apply to the tree); a config naming a tree it cannot serve, or a policy setting out of range, fails at
-    parsing; with
-    more than one GPU per model the tree is fixed (ranks must not choose differently)."""
+    parsing; with more than one GPU per model the tree is fixed (ranks must not choose differently)."""
     if not os.path.isfile(os.path.join(CKPT, "config.json")):
         pytest.skip("tiny checkpoint not in this checkout")
     out = subprocess.run([sys.executable, "-c", ADAPTIVE_SCRIPT, CKPT, str(tmp_path)], capture_output=True,

@@ -12,7 +12,8 @@ Serving: ``--agents`` closed-loop sessions, each turn admitted with a prefill (`
 decode steps over the running requests; a drafted step advances each request by ``k + 1`` tokens, a no-draft step by 1.
 Step time (ms) at batch ``b``: ``none = --none-ms * (F + (1 - F) b / 32)``, ``tree = --tree-ms * (F + (1 - F) b / 32)``
 with ``F = --fixed-share``. The policy and the score gate get each step's time and acceptance one step late (the
-overlap scheduler), as served. Rows: tokens/s and the turns' p50 / p95 latency (send to last token).
+overlap scheduler), as served. Rows: tokens/s and the turns' p50 / p95 latency (send to last token); the policy rows
+again with every draft rejected (``drafts``: what its probes cost where speculation cannot pay).
 
     python3 benchmark/drafters/policy_replay.py --replies benchmark/results/agents_1_32_replies_h200.json.gz \
         --reference none/1 --agents 1 --nodes 32 --none-ms 1.19 --tree-ms 2.91 --fixed-share 1.0 --prefill-ms 25 \
@@ -211,6 +212,10 @@ def main(argv=None):
             for m in ("none", "tree", "oracle", "score")]
     rows += [serve(table, per_session, args.agents, "policy", args, finishing=f, **kw)
              for kw in json.loads(args.variants) for f in (True, False)]
+    # the same turns where no draft is ever accepted: what the policy's probes cost where speculation cannot pay
+    missed = {key: [0] * len(ks) for key, ks in table.items()}
+    rows += [dict(serve(missed, per_session, args.agents, "policy", args, **kw), drafts="never accepted")
+             for kw in json.loads(args.variants)]
     base = rows[0]["tokens_per_s"]
     for r in rows:
         r["x_none"] = round(r["tokens_per_s"] / base, 3)

@@ -25,6 +25,7 @@ choice can follow the swings, not what a server gains.
 """
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import sys
@@ -102,6 +103,10 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
         clock_ms, tokens, steps, drafted, pending, latencies = 0.0, 0, 0, 0, [], []
         calib = [0.0, 0.0]  # decayed accepted and expected drafts of drafted steps (score)
 
+        def calibrate(got, es):
+            calib[0] = CALIBRATION_DECAY * calib[0] + sum(got)
+            calib[1] = CALIBRATION_DECAY * calib[1] + sum(es[:len(got)])
+
         def admit(s, turn):
             nonlocal clock_ms, tokens
             sent = clock_ms
@@ -148,8 +153,7 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
                 pending.append(lambda b=b, tree=tree, t=t, got=got: (
                     policy.observe_time(b, int(tree), t / 1e3), policy.observe_accept(int(tree), got)))
             if mode == "score":  # the past fades every step, so a drafter that missed is tried again
-                pending.append(lambda got=got if tree else [], es=es if tree else []: calib.__setitem__(slice(None), [
-                    CALIBRATION_DECAY * calib[0] + sum(got), CALIBRATION_DECAY * calib[1] + sum(es[:len(got)])]))
+                pending.append(functools.partial(calibrate, got if tree else [], es if tree else []))
             for s in [s for s, st in running.items() if st[1] >= st[2]]:
                 turn, _, _, sent = running.pop(s)
                 latencies.append(clock_ms - sent)

@@ -710,7 +710,8 @@ def main():
     ap.add_argument("--draft-timing", action="store_true",
                     help="every server times its model-free draft preparation per step (LUMOTREE_BENCH_DRAFT_TIMING=1, "
                          "benchmark only; NGRAM and LUMOTREE_SUFFIX): per batch bucket in the result's servers; "
-                         "LUMOTREE_SUFFIX's prefill admissions likewise (admission_timing)")
+                         "LUMOTREE_SUFFIX's prefill admissions likewise (admission_timing); the wait for the last "
+                         "step's GPU work each preparation begins with apart (draft_wait)")
     ap.add_argument("--jit-log", action="store_true",
                     help="every server logs each Triton compile (LUMOTREE_BENCH_JIT_LOG=1, benchmark only): per "
                          "window (start-up, warm-up, each measured phase) the count, time and kernels in the "
@@ -767,8 +768,8 @@ def main():
     if room is not None and room < 0:
         ap.error(f"--collapse-tokens {args.collapse_tokens} + --max-tokens {args.max_tokens} (+{CONTEXT_SLACK} for the "
                  f"chat template) exceed the model's context by {-room} tokens: lower --collapse-tokens")
-    from sglang_server import (ADMISSION_TIMING_LINE, draft_timing, get, jit_cache_env, jit_compiles, log_health, post,
-                               sglang_server, step_timing, step_totals)
+    from sglang_server import (ADMISSION_TIMING_LINE, DRAFT_WAIT_TIMING_LINE, draft_timing, get, jit_cache_env,
+                               jit_compiles, log_health, post, sglang_server, step_timing, step_totals)
 
     sessions = make_sessions(args.sessions, args.turns, args.seed)
     count = token_counter(args.model)
@@ -879,6 +880,7 @@ def main():
         if args.draft_timing:
             server["draft_timing"] = draft_timing(log)
             server["admission_timing"] = draft_timing(log, ADMISSION_TIMING_LINE)
+            server["draft_wait"] = draft_timing(log, DRAFT_WAIT_TIMING_LINE)
         closed = {k: (a, b if b is not None else time.time()) for k, (a, b) in windows.items()}
         if args.step_timing:
             server["step_timing"] = step_timing(log)

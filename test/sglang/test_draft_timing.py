@@ -348,3 +348,51 @@ def test_loop_parts_time_sglang_s_ngram_loop_by_its_batch(monkeypatch):
     assert {p: timers[p].samples[8] for p in hooks} == {"spec_prep": [1.0], "sample": [1.0], "state_commit": [1.0],
                                                         "kv_move": [1.0]}
     assert step_timing._interval["parts"]["kv_move"] == 0.002
+
+
+def test_measure_times_the_wait_for_the_last_step_apart_from_the_drafting(monkeypatch, tmp_path):
+    waits, drafts = draft_timing.DraftTimer(every=1000), draft_timing.DraftTimer(every=1000)
+    monkeypatch.setattr(draft_timing, "WAIT", waits)
+    monkeypatch.setattr(draft_timing, "TIMER", drafts)
+    monkeypatch.setattr(draft_timing, "_on", True)
+    now = [0.0]
+    monkeypatch.setattr(draft_timing.time, "perf_counter", lambda: now[0])
+    synced = []
+
+    class Stream:
+        def synchronize(self):
+            synced.append(1)
+            now[0] += 0.004  # the last step's GPU work: 4 ms
+
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: Stream())
+
+    def draft(worker, batch):
+        now[0] += 0.001  # the host's drafting: 1 ms
+        return "drafts"
+
+    on_gpu = SimpleNamespace(reqs=[0] * 3, spec_info=SimpleNamespace(accept_tokens=SimpleNamespace(is_cuda=True,
+                                                                                                  device="cuda:0")))
+    assert draft_timing.measure(draft, "w", on_gpu) == "drafts"
+    assert synced == [1] and waits.samples[4] == [4.0] and drafts.samples[4] == [1.0]
+    # the tokens on the host (no GPU step behind them) or no speculative input: nothing to wait for, nothing logged apart
+    on_host = SimpleNamespace(reqs=[0] * 3, spec_info=SimpleNamespace(accept_tokens=torch.zeros(2)))
+    draft_timing.measure(draft, "w", on_host)
+    draft_timing.measure(draft, "w", SimpleNamespace(reqs=[0] * 3))
+    assert synced == [1] and waits.samples[4] == [4.0] and drafts.samples[4] == [1.0, 1.0, 1.0]
+    # an admission (its own timer) never waits
+    adm = draft_timing.DraftTimer(every=1000)
+    draft_timing.measure(draft, "w", on_gpu, timer=adm)
+    assert synced == [1] and adm.samples[4] == [1.0]
+    # the server log's wait lines are read apart from the draft lines
+    lines = []
+    w = draft_timing.DraftTimer(every=1, log=lambda fmt, *a: lines.append(fmt % a), what="draft-wait")
+    d = draft_timing.DraftTimer(every=1, log=lambda fmt, *a: lines.append(fmt % a))
+    w.add(32, 0.004)
+    d.add(32, 0.001)
+    log = tmp_path / "server.log"
+    log.write_text("".join(ln + "\n" for ln in lines))
+    ss = load_script("serving", "sglang_server")
+    assert ss.draft_timing(str(log), ss.DRAFT_WAIT_TIMING_LINE) == {"32": dict(median_ms=4.0, p95_ms=4.0, steps=1,
+                                                                              total_ms=4.0)}
+    assert ss.draft_timing(str(log)) == {"32": dict(median_ms=1.0, p95_ms=1.0, steps=1, total_ms=1.0)}

@@ -20,6 +20,11 @@ LUMOTREE_SUFFIX also admits each prefill batch's prompts into its drafter right 
 per bucket of the batch's request count (``LumoTree admission timing: ...``, the same form, "batches" for "steps");
 the indexing they leave running in the background is waited for, where it is still running, inside the next drafted
 step's preparation, which :data:`TIMER` times.
+
+Both workers begin a drafted step's preparation by copying the last step's accepted tokens to the host, which waits
+for that step's GPU work: time on the scheduler's thread, but the GPU's, not the drafter's. :func:`measure` waits for
+it first (the current stream, which that copy waits on) and times the wait apart (:data:`WAIT`, ``LumoTree draft-wait
+timing: ...``), so that :data:`TIMER` holds the host work alone.
 """
 from __future__ import annotations
 
@@ -62,15 +67,34 @@ class DraftTimer:
 
 
 TIMER = DraftTimer()
+WAIT = DraftTimer(what="draft-wait")
 ADMISSIONS = DraftTimer(every=16, what="admission", unit="batches")
 _on = enabled()
 
 
+def wait_for_last_step(batch) -> bool:
+    """Wait for what a drafted step's preparation waits for first: the last step's accepted tokens, where they are on
+    a GPU (its current stream, which their copy to the host waits on). Whether there was anything to wait for."""
+    tokens = getattr(getattr(batch, "spec_info", None), "accept_tokens", None)
+    if tokens is None or not getattr(tokens, "is_cuda", False):
+        return False
+    import torch
+
+    torch.cuda.current_stream(tokens.device).synchronize()
+    return True
+
+
 def measure(fn, worker, batch, *args, timer=None, **kwargs):
-    """``fn(worker, batch, ...)``, its wall time added to ``timer`` (default :data:`TIMER`) when timing is on."""
+    """``fn(worker, batch, ...)``, its wall time added to ``timer`` when timing is on; by default (``timer=None``) a
+    draft preparation's: the wait for the last step (:func:`wait_for_last_step`) to :data:`WAIT`, the rest to
+    :data:`TIMER`."""
     if not _on:
         return fn(worker, batch, *args, **kwargs)
     t0 = time.perf_counter()
+    if timer is None and wait_for_last_step(batch):
+        t1 = time.perf_counter()
+        WAIT.add(len(batch.reqs), t1 - t0)
+        t0 = t1
     out = fn(worker, batch, *args, **kwargs)
     (timer or TIMER).add(len(batch.reqs), time.perf_counter() - t0)
     return out

@@ -574,6 +574,27 @@ INTERVAL_PARTS = ("schedule", "input", "launch", "lengths", "worker", "forward",
                   "result")
 
 
+def machine() -> str:
+    """Which machine the servers of this invocation run on: the GPUs' UUIDs (``nvidia-smi``), else the kernel's boot
+    id. A ``--resume`` that continues on another machine then shows in the result (:func:`markdown` sets no ratio
+    between servers of different machines)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+        uuids = [u.strip() for u in out.stdout.splitlines() if u.strip()]
+        if out.returncode == 0 and uuids:
+            return ",".join(uuids)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return "boot " + f.read().strip()
+    except OSError:
+        return "unknown"
+
+
 def markdown(res) -> str:
     """The tables of a result (this script's ``--out``, or one run of ``benchmark/results/agents_h200.json``): per
     --agents level every row's tokens/s (x the server without speculation of the same --tag at that level), p50 / p95
@@ -584,6 +605,12 @@ def markdown(res) -> str:
     if res.get("lanes", 1) > 1:
         out += [f"(--lanes {res['lanes']}: the servers shared one GPU, so the speeds below are not a server's "
                 "alone)", ""]
+    where = {n: s["machine"] for n, s in res.get("servers", {}).items() if s.get("machine")}
+    machines = sorted(set(where.values()), key=list(where.values()).index)
+    if len(machines) > 1:
+        out += [f"(the servers ran on {len(machines)} machines -- " + "; ".join(
+            f"{i + 1}: " + ", ".join(n for n, m in where.items() if m == machine) for i, machine in enumerate(machines))
+            + " -- so no ratio is given between servers of different machines)", ""]
     for level in sorted({r["agents"] for r in rows}):
         at = [r for r in rows if r["agents"] == level]
         out += [f"{level} agent{'s' if level != 1 else ''}:", "",
@@ -591,7 +618,10 @@ def markdown(res) -> str:
         for r in at:
             ref = next((x for x in at if x["config"] == "none" + _tag(r["config"])), None)
             tps, ref_tps = r.get("tokens_per_s"), (ref or {}).get("tokens_per_s")
-            rel = f" ({tps / ref_tps:.2f}x)" if tps and ref_tps and ref is not r else ""
+            apart = ref is not None and where.get(r["config"]) != where.get(ref["config"])
+            rel = ""
+            if tps and ref_tps and ref is not r:
+                rel = " (other machine)" if apart else f" ({tps / ref_tps:.2f}x)"
             out.append(f"| {r['config']} | {_num(tps, '.0f')}{rel} | {_num(r.get('latency_p50'))} / "
                        f"{_num(r.get('latency_p95'))} | {_num(r.get('accept_length'))} |")
         out.append("")
@@ -815,6 +845,8 @@ def main():
                 with gzip.open(args.replies_out, "wt") as f:
                     json.dump(runs, f)
 
+    here = machine()  # recorded per server: a --resume on another machine shows
+
     def serve(config, port, base):
         name = config + args.tag
         log = os.path.join(args.log_dir, f"agents-{name}.log")
@@ -827,7 +859,7 @@ def main():
                     sglang_server(args.model, CONFIGS[config], port=port, log=log, timeout=args.server_timeout,
                                   base_args=base, env=env_s) as url:
                 server.update(ready_s=round(time.time() - t0, 1), args=CONFIGS[config] + base, env=env_c,
-                              jit_cache=args.jit_cache)
+                              jit_cache=args.jit_cache, machine=here)
                 with lock:
                     res["servers"][name] = server
                 windows["start-up"] = (t0, time.time())

@@ -475,6 +475,36 @@ def _row(config, agents, tps, acc=None):
     return dict(config=config, agents=agents, tokens_per_s=tps, latency_p50=0.5, latency_p95=1.0, accept_length=acc)
 
 
+def test_markdown_gives_no_ratio_between_servers_of_different_machines(monkeypatch):
+    ab = load()
+    rows = [_row("none", 1, 500.0), _row("lumotree-suffix", 1, 1200.0, 8.0), _row("ngram", 1, 900.0, 5.0)]
+    one = dict(rows=rows, servers={n: dict(machine="GPU-a") for n in ("none", "lumotree-suffix", "ngram")})
+    lines = ab.markdown(one).splitlines()
+    assert "| lumotree-suffix | 1200 (2.40x) | 0.50 / 1.00 | 8.00 |" in lines
+    assert not any("machines" in ln for ln in lines)
+    two = dict(rows=rows, servers=dict(one["servers"], ngram=dict(machine="GPU-b")))  # a --resume on a fresh machine
+    lines = ab.markdown(two).splitlines()
+    assert lines[0] == ("(the servers ran on 2 machines -- 1: none, lumotree-suffix; 2: ngram -- so no ratio is given "
+                        "between servers of different machines)")
+    assert "| ngram | 900 (other machine) | 0.50 / 1.00 | 5.00 |" in lines
+    assert "| lumotree-suffix | 1200 (2.40x) | 0.50 / 1.00 | 8.00 |" in lines
+    # servers recorded before machines were: as before
+    plain = ab.markdown(dict(rows=rows, servers={})).splitlines()
+    assert plain[5] == "| lumotree-suffix | 1200 (2.40x) | 0.50 / 1.00 | 8.00 |"
+    # where the machine comes from: the GPUs' UUIDs, else the boot id
+    import subprocess
+
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, "GPU-1\nGPU-2\n", ""))
+    assert ab.machine() == "GPU-1,GPU-2"
+
+    def no_smi(*a, **k):
+        raise FileNotFoundError("nvidia-smi")
+
+    monkeypatch.setattr(subprocess, "run", no_smi)
+    got = ab.machine()
+    assert got.startswith("boot ") or got == "unknown"
+
+
 def test_markdown_tables_relate_each_row_to_the_server_without_speculation_of_its_tag_and_level():
     ab = load()
     res = dict(rows=[_row("none", 8, 2000.0), _row("lumotree-suffix", 8, 3000.0, 7.0), _row("none-exact", 8, 1000.0),

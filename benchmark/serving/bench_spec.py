@@ -62,8 +62,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from parity import memory_report  # noqa: E402
-from sglang_server import (accept_stats, jit_cache_env, generate, log_health, post, sglang_server,  # noqa: E402
-                           stop_profile)
+from sglang_server import (accept_stats, jit_cache_env, generate, log_health, machine, machines_note,  # noqa: E402
+                           post, sglang_server, stop_profile)
 
 SHAPES = {  # Qwen3.5-27B's per-layer shapes, fewer layers (dummy weights)
     "qwen3.5-27b-8l": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=8, num_attention_heads=24,
@@ -401,6 +401,7 @@ def main():
         env.update(config_env(name))
         srv["env"] = env
         srv["jit_cache"] = args.jit_cache
+        srv["machine"] = machine()
         try:
             with jit_cache_env(args.jit_cache, env) as env_s, \
                     sglang_server(model, CONFIGS[name] + extra, port=args.port, log=log, timeout=args.server_timeout,
@@ -560,8 +561,9 @@ def label(config, scheduler):
 
 
 def table(rows, memory=None):
-    """Markdown table; ``memory``: the servers' entries, for the speculative-memory column."""
-    out = ["| config | batch | accept_p | new tokens | tokens/s (client) | ms per step (client) | decode tokens/s (server log, best) | "
+    """Markdown table; ``memory``: the servers' entries, for the speculative-memory column and, where they ran on more
+    than one machine (a ``--resume`` on another), a line saying which ran where."""
+    out = machines_note(memory, "so rows of different machines are not a comparison") + ["| config | batch | accept_p | new tokens | tokens/s (client) | ms per step (client) | decode tokens/s (server log, best) | "
            "median | accept length | spec. memory |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         acc = f"{r['accept_length']:.2f}" if r["accept_length"] else "–"

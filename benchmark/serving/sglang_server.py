@@ -206,6 +206,39 @@ def log_health(log):
                 verify_attention=va[0] if va else None)
 
 
+def machine() -> str:
+    """Which machine a benchmark's servers run on: the GPUs' UUIDs (``nvidia-smi``), else the kernel's boot id. Recorded
+    per server by ``agents_bench.py`` and ``bench_spec.py``, so that a ``--resume`` that continued on another machine
+    shows in the result (their tables draw no comparison across machines)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+        uuids = [u.strip() for u in out.stdout.splitlines() if u.strip()]
+        if out.returncode == 0 and uuids:
+            return ",".join(uuids)
+    except (OSError, subprocess.SubprocessError):
+        pass
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return "boot " + f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def machines_note(servers, consequence: str) -> list:
+    """Where a result's servers (``{name: entry}``, entries with :func:`machine`'s ``machine``) ran on more than one
+    machine: a line naming which ran where, then ``consequence``, and an empty line; else ``[]``."""
+    where = {n: s["machine"] for n, s in (servers or {}).items() if s.get("machine")}
+    machines = sorted(set(where.values()), key=list(where.values()).index)
+    if len(machines) < 2:
+        return []
+    return [f"(the servers ran on {len(machines)} machines -- " + "; ".join(
+        f"{i + 1}: " + ", ".join(n for n, m in where.items() if m == one) for i, one in enumerate(machines))
+        + f" -- {consequence})", ""]
+
+
 DRAFT_TIMING_LINE = re.compile(r"LumoTree draft timing: batch bucket (\d+): median ([\d.]+) ms, p95 ([\d.]+) ms "
                                r"over (\d+) steps(?:, total ([\d.]+) ms)?")
 DRAFT_WAIT_TIMING_LINE = re.compile(r"LumoTree draft-wait timing: batch bucket (\d+): median ([\d.]+) ms, p95 ([\d.]+) "

@@ -574,27 +574,6 @@ INTERVAL_PARTS = ("schedule", "input", "launch", "lengths", "worker", "forward",
                   "result")
 
 
-def machine() -> str:
-    """Which machine the servers of this invocation run on: the GPUs' UUIDs (``nvidia-smi``), else the kernel's boot
-    id. A ``--resume`` that continues on another machine then shows in the result (:func:`markdown` sets no ratio
-    between servers of different machines)."""
-    import subprocess
-
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader"], capture_output=True,
-                             text=True, timeout=30)
-        uuids = [u.strip() for u in out.stdout.splitlines() if u.strip()]
-        if out.returncode == 0 and uuids:
-            return ",".join(uuids)
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return "boot " + f.read().strip()
-    except OSError:
-        return "unknown"
-
-
 def markdown(res) -> str:
     """The tables of a result (this script's ``--out``, or one run of ``benchmark/results/agents_h200.json``): per
     --agents level every row's tokens/s (x the server without speculation of the same --tag at that level), p50 / p95
@@ -605,12 +584,10 @@ def markdown(res) -> str:
     if res.get("lanes", 1) > 1:
         out += [f"(--lanes {res['lanes']}: the servers shared one GPU, so the speeds below are not a server's "
                 "alone)", ""]
-    where = {n: s["machine"] for n, s in res.get("servers", {}).items() if s.get("machine")}
-    machines = sorted(set(where.values()), key=list(where.values()).index)
-    if len(machines) > 1:
-        out += [f"(the servers ran on {len(machines)} machines -- " + "; ".join(
-            f"{i + 1}: " + ", ".join(n for n, m in where.items() if m == machine) for i, machine in enumerate(machines))
-            + " -- so no ratio is given between servers of different machines)", ""]
+    from sglang_server import machines_note
+
+    out += machines_note(res.get("servers"), "so no ratio is given between servers of different machines")
+    where = {n: s.get("machine") for n, s in res.get("servers", {}).items()}
     for level in sorted({r["agents"] for r in rows}):
         at = [r for r in rows if r["agents"] == level]
         out += [f"{level} agent{'s' if level != 1 else ''}:", "",
@@ -799,7 +776,7 @@ def main():
         ap.error(f"--collapse-tokens {args.collapse_tokens} + --max-tokens {args.max_tokens} (+{CONTEXT_SLACK} for the "
                  f"chat template) exceed the model's context by {-room} tokens: lower --collapse-tokens")
     from sglang_server import (ADMISSION_TIMING_LINE, DRAFT_WAIT_TIMING_LINE, draft_timing, get, jit_cache_env,
-                               jit_compiles, log_health, post, sglang_server, step_timing, step_totals)
+                               jit_compiles, log_health, machine, post, sglang_server, step_timing, step_totals)
 
     sessions = make_sessions(args.sessions, args.turns, args.seed)
     count = token_counter(args.model)
@@ -845,7 +822,7 @@ def main():
                 with gzip.open(args.replies_out, "wt") as f:
                     json.dump(runs, f)
 
-    here = machine()  # recorded per server: a --resume on another machine shows
+    here = machine()  # recorded per server: a --resume on another machine shows (markdown)
 
     def serve(config, port, base):
         name = config + args.tag

@@ -491,17 +491,19 @@ def test_markdown_gives_no_ratio_between_servers_of_different_machines(monkeypat
     # servers recorded before machines were: as before
     plain = ab.markdown(dict(rows=rows, servers={})).splitlines()
     assert plain[5] == "| lumotree-suffix | 1200 (2.40x) | 0.50 / 1.00 | 8.00 |"
-    # where the machine comes from: the GPUs' UUIDs, else the boot id
+    # where the machine comes from (sglang_server.machine): the GPUs' UUIDs, else the boot id
     import subprocess
 
+    import sglang_server as ss
+
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, "GPU-1\nGPU-2\n", ""))
-    assert ab.machine() == "GPU-1,GPU-2"
+    assert ss.machine() == "GPU-1,GPU-2"
 
     def no_smi(*a, **k):
         raise FileNotFoundError("nvidia-smi")
 
     monkeypatch.setattr(subprocess, "run", no_smi)
-    got = ab.machine()
+    got = ss.machine()
     assert got.startswith("boot ") or got == "unknown"
 
 

@@ -298,6 +298,14 @@ def test_bench_spec_reads_the_servers_decode_throughput_and_merges_lanes(tmp_pat
     assert [r["command"] for r in res2["rows"]] == ["cmd0", "cmd1", "cmd0"]
     t = bs.table(res["rows"], memory=res["servers"])
     assert "| lumotree-topk2 | 8 | – | 128 | 101 | 5.00 | 1000 | – | 1.00 | 1 MiB |" in t and "| 10 MiB |" in t
+    assert "machines" not in t
+    # servers recorded on two machines (a --resume that continued on another): the table says which ran where
+    res["servers"]["nextn-topk2"]["machine"], res["servers"]["lumotree-topk2"]["machine"] = "GPU-a", "GPU-b"
+    t = bs.table(res["rows"], memory=res["servers"]).splitlines()
+    assert t[0] == ("(the servers ran on 2 machines -- 1: nextn-topk2; 2: lumotree-topk2 -- so rows of different "
+                    "machines are not a comparison)") and t[1] == "" and t[2].startswith("| config | batch |")
+    res["servers"]["lumotree-topk2"]["machine"] = "GPU-a"
+    assert "machines" not in bs.table(res["rows"], memory=res["servers"])
 
 
 def test_tagged_runs_are_compared_with_the_reference_of_the_same_tag():

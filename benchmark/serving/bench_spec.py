@@ -363,7 +363,8 @@ def main():
     ap.add_argument("--resume", action="store_true",
                     help="--out holds an earlier, interrupted run of the same command (its --configs may differ): "
                          "keep its configurations that finished (a server and every row) and are named again, run the "
-                         "others (so that one command can be spread over calls shorter than the whole table)")
+                         "others (so that one command can be spread over calls shorter than the whole table); "
+                         "those of another machine run again")
     args = ap.parse_args()
     if args.merge:
         res = merge(args.merge, args.out)
@@ -470,19 +471,21 @@ def phases_of(name, args):
 
 def resumed(res, args, batches) -> set:
     """``--resume``: the configurations of ``args.out`` (an earlier run of the same command) that finished --
-    their server without an error and a row for every batch and phase -- copied into ``res``; the rows of
-    the others are dropped (they run again). Another command's file is refused."""
-    from sglang_server import earlier_run
+    their server without an error and a row for every batch and phase, on this machine
+    (:func:`sglang_server.kept_on`) -- copied into ``res``; the rows of the others are dropped (they run again).
+    Another command's file is refused."""
+    from sglang_server import earlier_run, kept_on
 
     old = earlier_run(args.out, res["command"])
     if old is None:
         return set()
-    done = set()
+    done, here = set(), machine()
     for name in args.configs.split(","):
         srv = old.get("servers", {}).get(label(name, args.scheduler))
         rows = [r for r in old.get("rows", []) if r.get("config") == name]
         want = {(b, p) for b in batches for p in phases_of(name, args)}
-        if srv is not None and "error" not in srv and {(r["batch"], r["accept_p"]) for r in rows} >= want:
+        if (srv is not None and "error" not in srv and {(r["batch"], r["accept_p"]) for r in rows} >= want
+                and kept_on(srv, name, here)):
             done.add(name)
             res["rows"] += rows
             res["servers"][label(name, args.scheduler)] = srv

@@ -163,22 +163,24 @@ def sglang_server(model, extra_args=(), port=30000, log=None, timeout=300, base_
 
 
 def without_configs(command: str) -> str:
-    """``command`` without its ``--configs`` list (``--configs X`` or ``--configs=X``)."""
+    """``command`` without its ``--configs`` list (``--configs X`` or ``--configs=X``) and ``--resume-across-machines``
+    (what a resumed run keeps, not what it runs)."""
     words, out, skip = command.split(), [], False
     for w in words:
         if skip:
             skip = False
         elif w == "--configs":
             skip = True
-        elif not w.startswith("--configs="):
+        elif not w.startswith("--configs=") and w != "--resume-across-machines":
             out.append(w)
     return " ".join(out)
 
 
 def earlier_run(out, command):
     """``--resume``: the result file ``out`` of an earlier run of the same ``command``, or ``None`` when there is
-    none. The command may differ in its ``--configs`` list alone (a table grown by configurations: the callers keep
-    the finished ones it still names); a file another command made is refused (``SystemExit``)."""
+    none. The command may differ in its ``--configs`` list (and ``--resume-across-machines``) alone (a table grown
+    by configurations: the callers keep the finished ones it still names); a file another command made is refused
+    (``SystemExit``)."""
     if not os.path.exists(out):
         return None
     old = json.load(open(out))
@@ -237,6 +239,19 @@ def machines_note(servers, consequence: str) -> list:
     return [f"(the servers ran on {len(machines)} machines -- " + "; ".join(
         f"{i + 1}: " + ", ".join(n for n, m in where.items() if m == one) for i, one in enumerate(machines))
         + f" -- {consequence})", ""]
+
+
+def kept_on(srv, name: str, here: str, across: bool = False) -> bool:
+    """``--resume``: whether an earlier run's server entry ``srv`` (a finished configuration ``name``) is kept beside
+    the servers this invocation starts on machine ``here`` (:func:`machine`). A server recorded on another machine
+    runs again -- a table's ratios are one machine's -- unless ``across`` (``--resume-across-machines``: runs whose
+    replies, not speeds, are compared); one recorded before machines were is kept."""
+    there = srv.get("machine")
+    if across or there is None or there == here:
+        return True
+    print(f"--resume: {name} ran on another machine ({there}, this is {here}): it runs again here "
+          "(--resume-across-machines keeps it)", file=sys.stderr, flush=True)
+    return False
 
 
 DRAFT_TIMING_LINE = re.compile(r"LumoTree draft timing: batch bucket (\d+): median ([\d.]+) ms, p95 ([\d.]+) ms "

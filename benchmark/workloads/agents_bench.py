@@ -386,13 +386,15 @@ def run_phase(url, sessions, agents: int, max_tokens: int, count_tokens, limit: 
 
 def resumed(res, runs, args) -> set:
     """``--resume``: the configurations an earlier run of the same command finished -- a server without an error,
-    a row for every ``--agents`` level and (with ``--replies-out``) its replies -- copied into ``res`` and ``runs``.
-    Another command's file is refused."""
-    from sglang_server import earlier_run
+    a row for every ``--agents`` level and (with ``--replies-out``) its replies, on this machine unless
+    ``--resume-across-machines`` (:func:`sglang_server.kept_on`) -- copied into ``res`` and ``runs``. Another
+    command's file is refused."""
+    from sglang_server import earlier_run, kept_on, machine
 
     old = earlier_run(args.out, res["command"])
     if old is None:
         return set()
+    here = machine()
     old_replies = {}
     if args.replies_out and os.path.exists(args.replies_out):
         with gzip.open(args.replies_out, "rt") as f:
@@ -405,7 +407,8 @@ def resumed(res, runs, args) -> set:
         rows = [r for r in old.get("rows", []) if r.get("config") == name]
         keys = [f"{name}/{a}" for a in levels]
         if (srv is not None and "error" not in srv and {r["agents"] for r in rows} >= set(levels)
-                and (not args.replies_out or all(k in old_replies for k in keys))):
+                and (not args.replies_out or all(k in old_replies for k in keys))
+                and kept_on(srv, name, here, args.resume_across_machines)):
             done.add(name)
             res["rows"] += rows
             res["servers"][name] = srv
@@ -764,7 +767,11 @@ def main():
                          "('margins' in --out)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the configurations an interrupted run of the same command finished (rows and server in "
-                         "--out, replies in --replies-out) and run the rest: one command repeated across sittings")
+                         "--out, replies in --replies-out) and run the rest: one command repeated across sittings; "
+                         "those of another machine run again")
+    ap.add_argument("--resume-across-machines", action="store_true",
+                    help="--resume keeps finished configurations of another machine too (for runs whose replies, not "
+                         "speeds, are compared, as the decode-exact ones)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     if args.repeats < 1:

@@ -335,6 +335,10 @@ def test_resume_keeps_the_finished_configurations_and_runs_the_rest(tmp_path, mo
                     usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=0)))
 
     serve_fakes(monkeypatch, ab, fake_server, fake_post)
+    import sglang_server as ss
+
+    here = ["GPU-a"]
+    monkeypatch.setattr(ss, "machine", lambda: here[0])
     out, rep = tmp_path / "a.json", tmp_path / "r.json.gz"
     argv = ["agents_bench.py", "--model", str(tmp_path), "--configs", "none,ngram", "--agents", "1,2", "--sessions", "2",
             "--turns", "2", "--warmup-sessions", "0", "--out", str(out), "--replies-out", str(rep), "--resume"]
@@ -349,6 +353,16 @@ def test_resume_keeps_the_finished_configurations_and_runs_the_rest(tmp_path, mo
     assert [(r["config"], r["agents"]) for r in res["rows"]] == [("none", 1), ("none", 2), ("ngram", 1), ("ngram", 2)]
     assert res["rows"][:2] == first["rows"] and "error" not in res["servers"]["ngram"]
     assert res["parity"]["ngram/2"]["turns"] == 4  # against the kept no-speculation replies
+    assert {s["machine"] for s in res["servers"].values()} == {"GPU-a"}
+    here[0] = "GPU-b"  # the same command on another machine: nothing is kept, both run again there
+    ab.main()
+    assert launched == ["none", "ngram", "ngram", "none", "ngram"]
+    assert {s["machine"] for s in json.load(open(out))["servers"].values()} == {"GPU-b"}
+    here[0] = "GPU-c"  # unless the run compares replies, not speeds: the same command with the flag keeps them
+    monkeypatch.setattr(sys, "argv", argv + ["--resume-across-machines"])
+    ab.main()
+    assert launched == ["none", "ngram", "ngram", "none", "ngram"]
+    assert {s["machine"] for s in json.load(open(out))["servers"].values()} == {"GPU-b"}
     monkeypatch.setattr(sys, "argv", argv[:-1] + ["--agents", "1", "--resume"])
     with pytest.raises(SystemExit, match="another command"):
         ab.main()

@@ -901,6 +901,8 @@ def test_bench_spec_resume_keeps_finished_configurations_and_runs_the_rest(tmp_p
     bs = load("bench_spec")
     calls = []
     fake_bench_endpoints(monkeypatch, bs, lambda batch, n, key: calls.append(len(batch)), lambda payload: None)
+    here = ["GPU-a"]
+    monkeypatch.setattr(bs, "machine", lambda: here[0])
     out = tmp_path / "b.json"
     argv = ["bench_spec.py", "--model", "m", "--configs", "none,lumotree-chain", "--batches", "1,2", "--output-len",
             "4", "--prefill-samples", "1", "--out", str(out), "--log-dir", str(tmp_path), "--resume"]
@@ -924,6 +926,13 @@ def test_bench_spec_resume_keeps_finished_configurations_and_runs_the_rest(tmp_p
     calls.clear()
     bs.main()  # everything finished: nothing runs
     assert calls == [] and json.load(open(out))["rows"] == again["rows"]
+    assert {s["machine"] for s in again["servers"].values()} == {"GPU-a"}
+    here[0] = "GPU-b"  # the same command on another machine: both servers run again there
+    bs.main()
+    assert calls == [1, 1, 1, 1, 2, 2, 2] * 2
+    again = json.load(open(out))
+    assert {s["machine"] for s in again["servers"].values()} == {"GPU-b"}
+    calls.clear()
     # the table grows by a configuration: the same command with a longer --configs list runs only the new one
     grown = [w if w != "none,lumotree-chain" else "none,lumotree-chain,nextn-chain" for w in argv]
     monkeypatch.setattr(sys, "argv", grown)

@@ -34,14 +34,16 @@ def test_timer_logs_a_line_per_bucket_every_n_steps_and_the_log_reader_reads_the
     assert ss.draft_timing(str(log)) == {"8": dict(median_ms=1.0, p95_ms=2.0, steps=64)}
 
 
-def test_admission_timer_lines_are_read_apart_from_the_draft_lines(tmp_path):
+def test_admission_and_wait_timer_lines_are_read_apart_from_the_draft_lines(tmp_path):
     lines = []
     adm = draft_timing.DraftTimer(every=2, log=lambda fmt, *a: lines.append(fmt % a), what="admission", unit="batches")
     drafts = draft_timing.DraftTimer(every=2, log=lambda fmt, *a: lines.append(fmt % a))
+    waits = draft_timing.DraftTimer(every=1, log=lambda fmt, *a: lines.append(fmt % a), what="draft-wait")
     adm.add(3, 5e-3)
     adm.add(4, 7e-3)
     drafts.add(2, 1e-3)
     drafts.add(2, 1e-3)
+    waits.add(32, 4e-3)
     assert lines[0] == "LumoTree admission timing: batch bucket 4: median 7.000 ms, p95 7.000 ms over 2 batches, total 12.0 ms"
     log = tmp_path / "server.log"
     log.write_text("".join(ln + "\n" for ln in lines))
@@ -49,6 +51,8 @@ def test_admission_timer_lines_are_read_apart_from_the_draft_lines(tmp_path):
     assert ss.draft_timing(str(log), ss.ADMISSION_TIMING_LINE) == {"4": dict(median_ms=7.0, p95_ms=7.0, steps=2,
                                                                             total_ms=12.0)}
     assert ss.draft_timing(str(log)) == {"2": dict(median_ms=1.0, p95_ms=1.0, steps=2, total_ms=2.0)}
+    assert ss.draft_timing(str(log), ss.DRAFT_WAIT_TIMING_LINE) == {"32": dict(median_ms=4.0, p95_ms=4.0, steps=1,
+                                                                              total_ms=4.0)}
 
 
 def test_measure_times_only_when_on(monkeypatch):
@@ -350,7 +354,7 @@ def test_loop_parts_time_sglang_s_ngram_loop_by_its_batch(monkeypatch):
     assert step_timing._interval["parts"]["kv_move"] == 0.002
 
 
-def test_measure_times_the_wait_for_the_last_step_apart_from_the_drafting(monkeypatch, tmp_path):
+def test_measure_times_the_wait_for_the_last_step_apart_from_the_drafting(monkeypatch):
     waits, drafts = draft_timing.DraftTimer(every=1000), draft_timing.DraftTimer(every=1000)
     monkeypatch.setattr(draft_timing, "WAIT", waits)
     monkeypatch.setattr(draft_timing, "TIMER", drafts)
@@ -384,15 +388,3 @@ def test_measure_times_the_wait_for_the_last_step_apart_from_the_drafting(monkey
     adm = draft_timing.DraftTimer(every=1000)
     draft_timing.measure(draft, "w", on_gpu, timer=adm)
     assert synced == [1] and adm.samples[4] == [1.0]
-    # the server log's wait lines are read apart from the draft lines
-    lines = []
-    w = draft_timing.DraftTimer(every=1, log=lambda fmt, *a: lines.append(fmt % a), what="draft-wait")
-    d = draft_timing.DraftTimer(every=1, log=lambda fmt, *a: lines.append(fmt % a))
-    w.add(32, 0.004)
-    d.add(32, 0.001)
-    log = tmp_path / "server.log"
-    log.write_text("".join(ln + "\n" for ln in lines))
-    ss = load_script("serving", "sglang_server")
-    assert ss.draft_timing(str(log), ss.DRAFT_WAIT_TIMING_LINE) == {"32": dict(median_ms=4.0, p95_ms=4.0, steps=1,
-                                                                              total_ms=4.0)}
-    assert ss.draft_timing(str(log)) == {"32": dict(median_ms=1.0, p95_ms=1.0, steps=1, total_ms=1.0)}

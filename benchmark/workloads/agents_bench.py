@@ -598,7 +598,8 @@ def markdown(res) -> str:
         for r in at:
             ref = next((x for x in at if x["config"] == "none" + _tag(r["config"])), None)
             tps, ref_tps = r.get("tokens_per_s"), (ref or {}).get("tokens_per_s")
-            apart = ref is not None and where.get(r["config"]) != where.get(ref["config"])
+            mine, theirs = where.get(r["config"]), where.get((ref or {}).get("config"))
+            apart = mine is not None and theirs is not None and mine != theirs
             rel = ""
             if tps and ref_tps and ref is not r:
                 rel = " (other machine)" if apart else f" ({tps / ref_tps:.2f}x)"

@@ -25,9 +25,16 @@ turns, prompt_tokens_max}``: completion tokens per second of wall time; per-turn
 ``--enable-cache-report``); ``accept_length``: the server's average since start-up, read after the
 phase (``/get_server_info``; phases run in the order of ``--agents``).
 
-``--repeats R``: each measured phase runs R times per server, the radix cache flushed between them; the row is the
-run of median speed (``repeats``: every run's tokens/s): at 32 agents one 12-19 s phase of SGLang's NGRAM server took
-11.5 s in one run and 19.3 s in another (same flags, two machines, no compile in either).
+Every measured phase serves sessions no server has served before (:func:`phase_seed`: the first phase ``--seed``,
+each later level and repeat its own; ``session_seeds`` in ``--out``). A drafter keeps what it has seen across
+requests -- LUMOTREE_SUFFIX's global cache and finished turns' tries, SGLang's NGRAM corpus -- and the radix cache flush
+between phases does not clear it, while the greedy tiny model answers the same sessions with the same replies: replayed
+on the CPU (32 agents, 16-node trees), a second pass over the same sessions accepted 12.2 tokens a step against a
+fresh pass's 8.0 (NGRAM: 6.6 against 5.3).
+
+``--repeats R``: each measured phase runs R times per server (fresh sessions each, the radix cache flushed between
+them); the row is the run of median speed (``repeats``: every run's tokens/s): at 32 agents one 12-19 s phase of
+SGLang's NGRAM server took 11.5 s in one run and 19.3 s in another (same flags, two machines, no compile in either).
 
 ``--abort-every K``: every K-th turn is first sent and aborted mid-way (a user interrupting it), then
 sent again, so that aborted requests' states meet the radix cache (``aborted_turns``; ``aborts_mid_run``:
@@ -118,6 +125,17 @@ def observation(rng, kind, lines, rel, func):
     frames = [f'  File "{rel}", line {rng.randint(1, len(lines))}, in {func}\n    {lines[rng.randrange(len(lines))].strip()}'
               for _ in range(rng.randint(2, 5))]
     return "Traceback (most recent call last):\n" + "\n".join(frames) + f"\nValueError: empty input to {func}()"
+
+
+MAX_REPEATS = 10
+
+
+def phase_seed(seed: int, level_index: int, rep: int) -> int:
+    """The session seed of the ``rep``-th run of the ``level_index``-th ``--agents`` level: ``seed`` for the first
+    phase, another for every later one (warm-up sessions take ``seed + 1000``, profiled ones ``seed + 2000``)."""
+    if not 0 <= rep < MAX_REPEATS:
+        raise ValueError(f"repeat {rep} outside 0..{MAX_REPEATS - 1}")
+    return seed + MAX_REPEATS * level_index + rep
 
 
 def make_sessions(n: int, turns: int, seed: int = 0):
@@ -393,6 +411,10 @@ def resumed(res, runs, args) -> set:
 
     old = earlier_run(args.out, res["command"])
     if old is None:
+        return set()
+    if old.get("session_seeds") != res.get("session_seeds"):  # an earlier version served other sessions
+        print(f"--resume: {args.out} served other sessions (session_seeds {old.get('session_seeds')}): not kept",
+              file=sys.stderr)
         return set()
     here = machine()
     old_replies = {}
@@ -775,8 +797,8 @@ def main():
                          "speeds, are compared, as the decode-exact ones)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    if args.repeats < 1:
-        ap.error(f"--repeats must be at least 1 (got {args.repeats})")
+    if not 1 <= args.repeats <= MAX_REPEATS:
+        ap.error(f"--repeats must be 1 to {MAX_REPEATS} (got {args.repeats})")
     if args.lanes < 1:
         ap.error(f"--lanes must be at least 1 (got {args.lanes})")
     room = context_room(args.model, args.collapse_tokens, args.max_tokens)
@@ -786,7 +808,6 @@ def main():
     from sglang_server import (ADMISSION_TIMING_LINE, DRAFT_WAIT_TIMING_LINE, draft_timing, get, jit_cache_env,
                                jit_compiles, log_health, machine, post, sglang_server, step_timing, step_totals)
 
-    sessions = make_sessions(args.sessions, args.turns, args.seed)
     count = token_counter(args.model)
     base = ([] if args.prefill_graphs else ["--disable-piecewise-cuda-graph"]) + [
         "--enable-cache-report", "--mem-fraction-static", "0.5",
@@ -801,12 +822,16 @@ def main():
         env["LUMOTREE_BENCH_JIT_LOG"] = "1"
     if args.step_timing:
         env["LUMOTREE_BENCH_STEP_TIMING"] = "1"
-    res = dict(command="python3 " + " ".join(sys.argv), rows=[], servers={})
+    levels = [int(a) for a in args.agents.split(",")]
+    seeds = {a: [phase_seed(args.seed, i, r) for r in range(args.repeats)] for i, a in enumerate(levels)}
+    # every phase's sessions, fresh to every server (phase_seed); the parity and the margins use each level's first
+    phase_sessions = {s: make_sessions(args.sessions, args.turns, s) for ss in seeds.values() for s in ss}
+    res = dict(command="python3 " + " ".join(sys.argv), rows=[], servers={},
+               session_seeds={str(a): ss for a, ss in seeds.items()})
     runs = {}
     done = resumed(res, runs, args) if args.resume else set()
     res["parity"] = compare(runs, reference="none" + args.tag)
     configs = args.configs.split(",")
-    levels = [int(a) for a in args.agents.split(",")]
     lock = threading.RLock()  # res, runs and the files they are written to (--lanes: servers at once)
     reference = "none" + args.tag
     if args.margins > 0:
@@ -862,7 +887,8 @@ def main():
                     for rep in range(args.repeats):
                         if rep:
                             post(url + "/flush_cache", {})  # the same phase again, from an empty radix cache
-                        phases.append(run_phase(url, sessions, agents, args.max_tokens, count, args.collapse_tokens,
+                        phases.append(run_phase(url, phase_sessions[seeds[agents][rep]], agents, args.max_tokens,
+                                                count, args.collapse_tokens,
                                                 abort_every=args.abort_every, abort_after_s=args.abort_after))
                     windows[f"{agents} agents"] = (t2, time.time())
                     info = json.loads(get(url + "/get_server_info"))
@@ -885,8 +911,11 @@ def main():
                             ev.wait()
                     with lock:
                         parity, snapshot = dict(res["parity"]), dict(runs)
-                    got = margins(url, sessions, snapshot, parity, count, args.collapse_tokens, args.max_tokens,
-                                  per_key=args.margins)
+                    got = {}
+                    for a in levels:  # each level's parity against the sessions its first phase served
+                        got.update(margins(url, phase_sessions[seeds[a][0]], snapshot,
+                                           {k: p for k, p in parity.items() if k.endswith(f"/{a}")}, count,
+                                           args.collapse_tokens, args.max_tokens, per_key=args.margins))
                     with lock:
                         res["margins"] = got
         except Exception as e:  # a server that fails is recorded, the others still run

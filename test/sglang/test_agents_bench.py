@@ -485,6 +485,56 @@ def test_repeats_run_each_phase_again_from_a_flushed_cache_and_report_the_median
         ab.main()
 
 
+def test_every_phase_serves_sessions_no_server_has_served_before(tmp_path, monkeypatch):
+    """A drafter's corpus outlives the radix-cache flush and the greedy model repeats its replies: a phase that
+    replayed earlier sessions would draft from memory. Each level and repeat gets its own sessions, the same for
+    every server; the first phase keeps --seed's."""
+    import contextlib
+    import json
+    import sys
+
+    ab = load()
+    import sglang_server as ss
+
+    served = []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, base_args=(), env=None, **kw):
+        yield "http://x"
+
+    def fake_run_phase(url, sessions, agents, *a, **kw):
+        served.append((agents, [s["task"] for s in sessions]))
+        return [dict(session=0, turn=0, latency=0.1, prompt_tokens=50, cached_tokens=25, completion_tokens=30,
+                     reply="r")], 1.0
+
+    monkeypatch.setattr(ss, "sglang_server", fake_server)
+    monkeypatch.setattr(ss, "post", lambda url, payload, timeout=600: {})
+    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
+    monkeypatch.setattr(ab, "run_phase", fake_run_phase)
+    monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs", "none,lumotree-suffix",
+                                      "--agents", "1,4", "--sessions", "4", "--turns", "2", "--warmup-sessions", "0",
+                                      "--repeats", "2", "--seed", "7", "--out", str(tmp_path / "a.json"), "--resume"])
+    ab.main()
+    assert [a for a, _ in served] == [1, 1, 4, 4] * 2
+    first, second = served[:4], served[4:]
+    assert first == second  # the same phases for both servers
+    tasks = [tuple(t) for _, t in first]
+    assert len(set(tasks)) == 4  # no phase replays another's sessions
+    assert list(tasks[0]) == [s["task"] for s in ab.make_sessions(4, 2, 7)]  # the first phase: --seed's
+    res = json.load(open(tmp_path / "a.json"))
+    assert res["session_seeds"] == {"1": [7, 8], "4": [17, 18]}
+    assert [list(t) for t in tasks[2:]] == [[s["task"] for s in ab.make_sessions(4, 2, x)] for x in (17, 18)]
+    # a file written before (without these seeds) is not resumed: its later phases replayed the first's sessions
+    del res["session_seeds"]
+    json.dump(res, open(tmp_path / "a.json", "w"))
+    served.clear()
+    ab.main()
+    assert len(served) == 8
+    served.clear()
+    ab.main()  # the file of now is resumed
+    assert served == []
+
+
 def _row(config, agents, tps, acc=None):
     return dict(config=config, agents=agents, tokens_per_s=tps, latency_p50=0.5, latency_p95=1.0, accept_length=acc)
 

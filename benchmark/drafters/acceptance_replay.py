@@ -15,6 +15,12 @@ outputs part from the reference's, and by the server's own accounting (its avera
 * NGRAM: SGLang's corpus at its defaults (BFS, 18-token windows inserted each step, as its worker does).
 
 Turns run ``--agents`` sessions at a time, turn by turn (finished outputs reach the global caches in that order).
+``--concurrent``: as a server steps them instead (:func:`concurrent_replay`: ``--agents`` closed-loop agents, every
+running request drafting once per decode step, outputs reaching the global caches as their turns finish); at 32
+agents the turn-by-turn order overstates acceptance, since each turn there drafts from the turns before it that a
+server runs at the same time (16-node trees on the 32-agent streams of run ``32-agents-first``: 8.0 tokens per step
+turn by turn, 5.2 per request step stepped together, the served log's windows as the latter). ``--seed``: the
+level's session seed (``session_seeds`` of the agent benchmark's result).
 
     python3 benchmark/drafters/acceptance_replay.py --replies /tmp/b/replies.json.gz --reference none/8 \\
         --nodes 8,16,32 --out benchmark/results/acceptance_replay_cpu.json
@@ -138,6 +144,68 @@ def replay(drafter, per_session, agents: int):
     return steps, tokens
 
 
+def concurrent_replay(drafter, per_session, agents: int, admission_steps: int = 0, window: int = 40):
+    """The turns as a server steps them: ``agents`` closed-loop agents, each working through its sessions one turn
+    after another (a session's next turn is prefilled the step after its last finished; a free agent takes the next
+    session), every running request drafting once per decode step. A finished turn's output reaches the drafter's
+    global cache at the end of its step, so concurrent turns do not see each other's outputs -- unlike
+    :func:`replay`, where each turn runs to its end before the next drafts. A request drafts nothing (its bonus token
+    alone) in its first ``admission_steps`` decode steps: its prompt still indexing, as LUMOTREE_SUFFIX's
+    background admissions leave it. Returns ``dict(steps, request_steps, tokens, windows)``: decode steps, request
+    steps (tokens per request step is the servers' accept length) and, per ``window`` decode steps, the accept length
+    of the requests stepped in them (SGLang's decode log line every 40 steps)."""
+    queue = list(range(len(per_session)))[::-1]
+    running = {}  # agent -> [rid, session, turn, context, output, pos, undrafted steps left]
+    free = list(range(agents))[::-1]
+    steps = request_steps = tokens = 0
+    win, windows = [0, 0], []
+
+    def admit(agent, sess, turn):
+        prompt, output = per_session[sess][turn]
+        rid = f"{sess}-{turn}"
+        drafter.start(rid, prompt)
+        drafter.step(rid, output[:1])  # the prefill's token
+        running[agent] = [rid, sess, turn, list(prompt) + output[:1], output, 1, admission_steps]
+
+    while queue or running:
+        while free and queue:
+            admit(free.pop(), queue.pop(), 0)
+        done = []
+        for agent in sorted(running):
+            r = running[agent]
+            rid, _, _, context, output, pos, wait = r
+            if pos >= len(output):  # a one-token reply: done at its prefill
+                done.append(agent)
+                continue
+            if wait > 0:
+                k, r[6] = 0, wait - 1
+            else:
+                toks, parents = drafter.draft(rid, context)
+                k = accepted(toks, parents, output[pos:])
+            new = output[pos:pos + k + 1]
+            context += new
+            r[5] = pos + len(new)
+            drafter.step(rid, new)
+            request_steps += 1
+            tokens += len(new)
+            win[0] += 1
+            win[1] += len(new)
+            if r[5] >= len(output):
+                done.append(agent)
+        steps += 1
+        if steps % window == 0:
+            windows.append(round(win[1] / max(1, win[0]), 2))
+            win = [0, 0]
+        for agent in done:
+            rid, sess, turn, _, output, _, _ = running.pop(agent)
+            drafter.finish(rid, output)
+            if turn + 1 < len(per_session[sess]):
+                admit(agent, sess, turn + 1)
+            else:
+                free.append(agent)
+    return dict(steps=steps, request_steps=request_steps, tokens=tokens, windows=windows)
+
+
 def served_turns(args):
     """Per session, per turn ``(prompt ids, output ids)`` with the reference server's replies (``args``: replies,
     reference, sessions, turns, seed, collapse_tokens, max_tokens as this script's flags)."""
@@ -180,6 +248,9 @@ def main(argv=None):
                     help="JSON: LumoTree drafter settings other than the server's (repeatable: rows for each; "
                          "default: the server's)")
     ap.add_argument("--session-range", default=None, help="LO:HI, replay only these sessions (e.g. a held-out half)")
+    ap.add_argument("--concurrent", action="store_true", help="step the agents' requests together (concurrent_replay)")
+    ap.add_argument("--admission-steps", type=int, default=0,
+                    help="--concurrent: decode steps a new request drafts nothing (its admission indexing)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     per_session = served_turns(args)
@@ -193,13 +264,18 @@ def main(argv=None):
     for name, n, kw in runs:
         make = NgramReplay if kw is None else (lambda n, kw=kw: SuffixReplay(n, **kw))
         t0 = time.perf_counter()
-        steps, tokens = replay(make(n), per_session, args.agents)
+        if args.concurrent:
+            got = concurrent_replay(make(n), per_session, args.agents, args.admission_steps)
+            steps, tokens = got["request_steps"], got["tokens"]
+            extra = dict(decode_steps=got["steps"], windows=got["windows"])
+        else:
+            (steps, tokens), extra = replay(make(n), per_session, args.agents), {}
         row = dict(drafter=name, nodes=n, **(dict(drafter_kw=kw) if kw else {}), steps=steps, tokens=tokens,
-                   tokens_per_step=round(tokens / steps, 3), seconds=round(time.perf_counter() - t0, 1))
+                   tokens_per_step=round(tokens / steps, 3), **extra, seconds=round(time.perf_counter() - t0, 1))
         rows.append(row)
         print(json.dumps(row), flush=True)
     return write_result(__file__, argv, args.out, reference=args.reference, turns=sum(len(t) for t in per_session),
-                        rows=rows)
+                        order="concurrent" if args.concurrent else "turn by turn", rows=rows)
 
 
 if __name__ == "__main__":

@@ -25,16 +25,17 @@ turns, prompt_tokens_max}``: completion tokens per second of wall time; per-turn
 ``--enable-cache-report``); ``accept_length``: the server's average since start-up, read after the
 phase (``/get_server_info``; phases run in the order of ``--agents``).
 
-Every measured phase serves sessions no server has served before (:func:`phase_seed`: the first phase ``--seed``,
-each later level and repeat its own; ``session_seeds`` in ``--out``). A drafter keeps what it has seen across
-requests -- LUMOTREE_SUFFIX's global cache and finished turns' tries, SGLang's NGRAM corpus -- and the radix cache flush
-between phases does not clear it, while the greedy tiny model answers the same sessions with the same replies: replayed
-on the CPU (32 agents, 16-node trees), a second pass over the same sessions accepted 12.2 tokens a step against a
-fresh pass's 8.0 (NGRAM: 6.6 against 5.3).
+Every ``--agents`` level serves sessions of its own (:func:`phase_seed`: the first level ``--seed``, each later one
+another; ``session_seeds`` in ``--out``) from a flushed server: ``/flush_cache`` empties the radix cache and also
+the drafters' corpora (SGLang's NGRAM worker resets its corpus there, LUMOTREE_SUFFIX's worker inherits that), and
+the greedy tiny model answers the same sessions with the same replies, so a level that followed another on the same
+sessions without a flush drafted from memory: replayed on the CPU as served (32 agents stepping together, 16-node
+trees, ``benchmark/drafters/acceptance_replay.py --concurrent``), a second pass over the same sessions drafted 12.3
+tokens per request step against a fresh pass's 5.2 (SGLang's NGRAM corpus 6.6 against 4.0).
 
-``--repeats R``: each measured phase runs R times per server (fresh sessions each, the radix cache flushed between
-them); the row is the run of median speed (``repeats``: every run's tokens/s): at 32 agents one 12-19 s phase of
-SGLang's NGRAM server took 11.5 s in one run and 19.3 s in another (same flags, two machines, no compile in either).
+``--repeats R``: each measured phase runs R times per server on the same sessions, the server flushed before each;
+the row is the run of median speed (``repeats``: every run's tokens/s): at 32 agents one 12-19 s phase of SGLang's
+NGRAM server took 11.5 s in one run and 19.3 s in another (same flags, two machines, no compile in either).
 
 ``--abort-every K``: every K-th turn is first sent and aborted mid-way (a user interrupting it), then
 sent again, so that aborted requests' states meet the radix cache (``aborted_turns``; ``aborts_mid_run``:
@@ -127,15 +128,10 @@ def observation(rng, kind, lines, rel, func):
     return "Traceback (most recent call last):\n" + "\n".join(frames) + f"\nValueError: empty input to {func}()"
 
 
-MAX_REPEATS = 10
-
-
-def phase_seed(seed: int, level_index: int, rep: int) -> int:
-    """The session seed of the ``rep``-th run of the ``level_index``-th ``--agents`` level: ``seed`` for the first
-    phase, another for every later one (warm-up sessions take ``seed + 1000``, profiled ones ``seed + 2000``)."""
-    if not 0 <= rep < MAX_REPEATS:
-        raise ValueError(f"repeat {rep} outside 0..{MAX_REPEATS - 1}")
-    return seed + MAX_REPEATS * level_index + rep
+def phase_seed(seed: int, level_index: int) -> int:
+    """The session seed of the ``level_index``-th ``--agents`` level: ``seed`` for the first, another for every later
+    one (warm-up sessions take ``seed + 1000``, profiled ones ``seed + 2000``)."""
+    return seed + level_index
 
 
 def make_sessions(n: int, turns: int, seed: int = 0):
@@ -797,8 +793,8 @@ def main():
                          "speeds, are compared, as the decode-exact ones)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    if not 1 <= args.repeats <= MAX_REPEATS:
-        ap.error(f"--repeats must be 1 to {MAX_REPEATS} (got {args.repeats})")
+    if args.repeats < 1:
+        ap.error(f"--repeats must be at least 1 (got {args.repeats})")
     if args.lanes < 1:
         ap.error(f"--lanes must be at least 1 (got {args.lanes})")
     room = context_room(args.model, args.collapse_tokens, args.max_tokens)
@@ -823,11 +819,10 @@ def main():
     if args.step_timing:
         env["LUMOTREE_BENCH_STEP_TIMING"] = "1"
     levels = [int(a) for a in args.agents.split(",")]
-    seeds = {a: [phase_seed(args.seed, i, r) for r in range(args.repeats)] for i, a in enumerate(levels)}
-    # every phase's sessions, fresh to every server (phase_seed); the parity and the margins use each level's first
-    phase_sessions = {s: make_sessions(args.sessions, args.turns, s) for ss in seeds.values() for s in ss}
+    seeds = {a: phase_seed(args.seed, i) for i, a in enumerate(levels)}
+    level_sessions = {a: make_sessions(args.sessions, args.turns, sd) for a, sd in seeds.items()}  # (phase_seed)
     res = dict(command="python3 " + " ".join(sys.argv), rows=[], servers={},
-               session_seeds={str(a): ss for a, ss in seeds.items()})
+               session_seeds={str(a): sd for a, sd in seeds.items()})
     runs = {}
     done = resumed(res, runs, args) if args.resume else set()
     res["parity"] = compare(runs, reference="none" + args.tag)
@@ -882,12 +877,12 @@ def main():
                     server["warmup_s"] = round(time.time() - t1, 1)
                     windows["warm-up"] = (t1, time.time())
                     post(url + "/flush_cache", {})  # the measured phases start from an empty radix cache
-                for agents in levels:
+                for li, agents in enumerate(levels):
                     t2, phases = time.time(), []
                     for rep in range(args.repeats):
-                        if rep:
-                            post(url + "/flush_cache", {})  # the same phase again, from an empty radix cache
-                        phases.append(run_phase(url, phase_sessions[seeds[agents][rep]], agents, args.max_tokens,
+                        if rep or li:  # every phase from an empty radix cache and empty drafter corpora
+                            post(url + "/flush_cache", {})
+                        phases.append(run_phase(url, level_sessions[agents], agents, args.max_tokens,
                                                 count, args.collapse_tokens,
                                                 abort_every=args.abort_every, abort_after_s=args.abort_after))
                     windows[f"{agents} agents"] = (t2, time.time())
@@ -913,7 +908,7 @@ def main():
                         parity, snapshot = dict(res["parity"]), dict(runs)
                     got = {}
                     for a in levels:  # each level's parity against the sessions its first phase served
-                        got.update(margins(url, phase_sessions[seeds[a][0]], snapshot,
+                        got.update(margins(url, level_sessions[a], snapshot,
                                            {k: p for k, p in parity.items() if k.endswith(f"/{a}")}, count,
                                            args.collapse_tokens, args.max_tokens, per_key=args.margins))
                     with lock:

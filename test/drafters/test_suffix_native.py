@@ -466,6 +466,29 @@ def test_acceptance_replay_replays_recorded_replies(tmp_path):
     assert sixteen["tokens"] == one["tokens"] and sixteen["tokens_per_step"] > 2.0
 
 
+def test_concurrent_replay_steps_the_agents_requests_together():
+    """Requests running at once do not draft from each other's outputs (only finished turns reach the global cache),
+    every output token is stepped exactly once, and a request still admitting drafts nothing."""
+    mod = _acceptance_replay()
+    reply = [5, 6, 7, 8, 9, 10, 11, 12] * 4
+    per_session = [[([1, 2, 3, 4], list(reply)), ([1, 2, 3, 4, 0] + reply, list(reply))] for _ in range(2)]
+    serial = mod.replay(mod.SuffixReplay(16), per_session, 2)
+    together = mod.concurrent_replay(mod.SuffixReplay(16), per_session, 2)
+    one_agent = mod.concurrent_replay(mod.SuffixReplay(16), per_session, 1)
+    for got in (together, one_agent):
+        assert got["tokens"] == serial[1] == 4 * (len(reply) - 1)  # every token after the prefill's, once
+    # turn by turn, session 1's first turn drafts from session 0's finished reply; stepped together it cannot
+    assert together["request_steps"] > serial[0]
+    # one agent runs every turn after the one before it: as the turn-by-turn replay
+    assert one_agent["request_steps"] == one_agent["steps"] == serial[0]
+    assert together["steps"] < together["request_steps"]  # two requests per decode step while both run
+    late = mod.concurrent_replay(mod.SuffixReplay(16), per_session, 2, admission_steps=3)
+    assert late["tokens"] == together["tokens"] and late["request_steps"] > together["request_steps"]
+    none = mod.concurrent_replay(mod.SuffixReplay(1), per_session, 2)  # the root alone: one token per request step
+    assert none["request_steps"] == none["tokens"]
+    assert len(mod.concurrent_replay(mod.SuffixReplay(1), per_session, 2, window=4)["windows"]) == none["steps"] // 4
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_native_global_window_evictions_and_compactions_draft_as_the_reference(seed):
     """A global window that fills many times over (each finish removing the oldest outputs, compactions when most

@@ -199,8 +199,10 @@ def test_main_runs_every_configuration_and_phase_with_the_flags_given(tmp_path, 
     assert len({env["TRITON_CACHE_DIR"] for _, _, env in launched}) == 3
     assert {s["jit_cache"] for s in res["servers"].values()} == {"fresh"}
     assert [("--disable-overlap-schedule" in a) for a, _, _ in launched] == [False, False, True]
-    # each server warmed up on other sessions (not in the rows: 12 measured turns per phase), then flushed
-    assert flushed == ["none", "lumotree", "lumotree-sync"] and all("warmup_s" in s for s in res["servers"].values())
+    # each server warmed up on other sessions (not in the rows: 12 measured turns per phase), then flushed, and
+    # flushed again before its second level
+    assert flushed == ["none", "none", "lumotree", "lumotree", "lumotree-sync", "lumotree-sync"]
+    assert all("warmup_s" in s for s in res["servers"].values())
     assert res["parity"]["lumotree-exact/1"]["identical_turns"] == 6  # turns 0-1 of 3 sessions
     assert res["parity"]["lumotree-exact/2"]["first_difference"] == [0, 2]  # (session, turn), through JSON
     phases = {"none-exact/1", "none-exact/2", "lumotree-exact/1", "lumotree-exact/2", "lumotree-sync-exact/1",
@@ -485,10 +487,11 @@ def test_repeats_run_each_phase_again_from_a_flushed_cache_and_report_the_median
         ab.main()
 
 
-def test_every_phase_serves_sessions_no_server_has_served_before(tmp_path, monkeypatch):
-    """A drafter's corpus outlives the radix-cache flush and the greedy model repeats its replies: a phase that
-    replayed earlier sessions would draft from memory. Each level and repeat gets its own sessions, the same for
-    every server; the first phase keeps --seed's."""
+def test_each_level_serves_sessions_of_its_own_from_a_flushed_server(tmp_path, monkeypatch):
+    """A drafter's corpus lives until /flush_cache and the greedy model repeats its replies: a level that replayed an
+    earlier level's sessions without a flush would draft from memory. Each level gets its own sessions (the same for
+    every server; the first level --seed's) and every measured phase starts from a flush; repeats serve their level's
+    sessions again."""
     import contextlib
     import json
     import sys
@@ -496,43 +499,46 @@ def test_every_phase_serves_sessions_no_server_has_served_before(tmp_path, monke
     ab = load()
     import sglang_server as ss
 
-    served = []
+    events = []
 
     @contextlib.contextmanager
     def fake_server(model, args, base_args=(), env=None, **kw):
         yield "http://x"
 
+    def fake_post(url, payload, timeout=600):
+        if url.endswith("/flush_cache"):
+            events.append("flush")
+        return {}
+
     def fake_run_phase(url, sessions, agents, *a, **kw):
-        served.append((agents, [s["task"] for s in sessions]))
+        events.append((agents, tuple(s["task"] for s in sessions)))
         return [dict(session=0, turn=0, latency=0.1, prompt_tokens=50, cached_tokens=25, completion_tokens=30,
                      reply="r")], 1.0
 
     monkeypatch.setattr(ss, "sglang_server", fake_server)
-    monkeypatch.setattr(ss, "post", lambda url, payload, timeout=600: {})
+    monkeypatch.setattr(ss, "post", fake_post)
     monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
     monkeypatch.setattr(ab, "run_phase", fake_run_phase)
     monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs", "none,lumotree-suffix",
                                       "--agents", "1,4", "--sessions", "4", "--turns", "2", "--warmup-sessions", "0",
                                       "--repeats", "2", "--seed", "7", "--out", str(tmp_path / "a.json"), "--resume"])
     ab.main()
-    assert [a for a, _ in served] == [1, 1, 4, 4] * 2
-    first, second = served[:4], served[4:]
-    assert first == second  # the same phases for both servers
-    tasks = [tuple(t) for _, t in first]
-    assert len(set(tasks)) == 4  # no phase replays another's sessions
-    assert list(tasks[0]) == [s["task"] for s in ab.make_sessions(4, 2, 7)]  # the first phase: --seed's
+    first = [ab.make_sessions(4, 2, 7), ab.make_sessions(4, 2, 8)]
+    t1, t4 = (tuple(s["task"] for s in ss_) for ss_ in first)
+    assert t1 != t4
+    per_server = [(1, t1), "flush", (1, t1), "flush", (4, t4), "flush", (4, t4)]
+    assert events == per_server * 2  # the same phases for both servers, each after a flush but the server's first
     res = json.load(open(tmp_path / "a.json"))
-    assert res["session_seeds"] == {"1": [7, 8], "4": [17, 18]}
-    assert [list(t) for t in tasks[2:]] == [[s["task"] for s in ab.make_sessions(4, 2, x)] for x in (17, 18)]
-    # a file written before (without these seeds) is not resumed: its later phases replayed the first's sessions
+    assert res["session_seeds"] == {"1": 7, "4": 8}
+    # a file written before (without these seeds) is not resumed: its later levels replayed the first's sessions
     del res["session_seeds"]
     json.dump(res, open(tmp_path / "a.json", "w"))
-    served.clear()
+    events.clear()
     ab.main()
-    assert len(served) == 8
-    served.clear()
+    assert events == per_server * 2
+    events.clear()
     ab.main()  # the file of now is resumed
-    assert served == []
+    assert events == []
 
 
 def _row(config, agents, tps, acc=None):

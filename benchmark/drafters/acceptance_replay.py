@@ -249,6 +249,9 @@ def main(argv=None):
                          "default: the server's)")
     ap.add_argument("--session-range", default=None, help="LO:HI, replay only these sessions (e.g. a held-out half)")
     ap.add_argument("--concurrent", action="store_true", help="step the agents' requests together (concurrent_replay)")
+    ap.add_argument("--passes", type=int, default=1,
+                    help="replay the streams this many times through the same drafter (a row per pass: what a drafter "
+                         "that kept its corpus drafts on sessions it has seen)")
     ap.add_argument("--admission-steps", type=int, default=0,
                     help="--concurrent: decode steps a new request drafts nothing (its admission indexing)")
     ap.add_argument("--out", default=None)
@@ -261,19 +264,24 @@ def main(argv=None):
     rows = []
     runs = [("lumotree-suffix", int(n), kw) for kw in settings for n in args.nodes.split(",") if n] + \
         [("ngram", int(n), None) for n in args.ngram_nodes.split(",") if n]
+    if args.passes < 1:
+        ap.error(f"--passes must be at least 1 (got {args.passes})")
     for name, n, kw in runs:
         make = NgramReplay if kw is None else (lambda n, kw=kw: SuffixReplay(n, **kw))
-        t0 = time.perf_counter()
-        if args.concurrent:
-            got = concurrent_replay(make(n), per_session, args.agents, args.admission_steps)
-            steps, tokens = got["request_steps"], got["tokens"]
-            extra = dict(decode_steps=got["steps"], windows=got["windows"])
-        else:
-            (steps, tokens), extra = replay(make(n), per_session, args.agents), {}
-        row = dict(drafter=name, nodes=n, **(dict(drafter_kw=kw) if kw else {}), steps=steps, tokens=tokens,
-                   tokens_per_step=round(tokens / steps, 3), **extra, seconds=round(time.perf_counter() - t0, 1))
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        drafter = make(n)
+        for p in range(args.passes):
+            t0 = time.perf_counter()
+            if args.concurrent:
+                got = concurrent_replay(drafter, per_session, args.agents, args.admission_steps)
+                steps, tokens = got["request_steps"], got["tokens"]
+                extra = dict(decode_steps=got["steps"], windows=got["windows"])
+            else:
+                (steps, tokens), extra = replay(drafter, per_session, args.agents), {}
+            row = dict(drafter=name, nodes=n, **(dict(drafter_kw=kw) if kw else {}),
+                       **(dict(replay_pass=p + 1) if args.passes > 1 else {}), steps=steps, tokens=tokens,
+                       tokens_per_step=round(tokens / steps, 3), **extra, seconds=round(time.perf_counter() - t0, 1))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return write_result(__file__, argv, args.out, reference=args.reference, turns=sum(len(t) for t in per_session),
                         order="concurrent" if args.concurrent else "turn by turn", rows=rows)
 

@@ -14,8 +14,8 @@ then edit the middle of a cached prefix. ``--agents K`` runs K agents at once, e
 its share of the sessions; the radix cache is on (every server with its flags alone). Each server first
 serves other sessions at every ``--agents`` level K, K of them at once (at most ``--warmup-sessions``), so
 that the just-in-time compiles the batch sizes and prompt lengths of the measured phases meet land there
-(timed as ``warmup_s``; ``--jit-log`` counts what still compiles inside each phase), then its radix cache
-is flushed. A run longer than one sitting:
+(timed as ``warmup_s``; ``--jit-log`` counts what still compiles inside each phase); every measured phase starts
+from ``/flush_cache`` (the radix cache and the drafters' corpora emptied). A run longer than one sitting:
 ``--resume`` keeps the configurations an interrupted run of the same command finished, so the one command is
 repeated until every server has run (``--replies-out`` keeps the replies the parity needs).
 

@@ -477,7 +477,7 @@ def test_concurrent_replay_steps_the_agents_requests_together():
     one_agent = mod.concurrent_replay(mod.SuffixReplay(16), per_session, 1)
     for got in (together, one_agent):
         assert got["tokens"] == serial[1] == 4 * (len(reply) - 1)  # every token after the prefill's, once
-    # turn by turn, session 1's first turn drafts from session 0's finished reply; stepped together it cannot
+    # turn by turn, the second session's first turn drafts from the first's finished reply; stepped together not
     assert together["request_steps"] > serial[0]
     # one agent runs every turn after the one before it: as the turn-by-turn replay
     assert one_agent["request_steps"] == one_agent["steps"] == serial[0]

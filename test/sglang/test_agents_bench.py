@@ -441,15 +441,13 @@ def test_warm_up_runs_each_level_at_its_concurrency(tmp_path, monkeypatch):
     assert measured == [(8, 1), (8, 3), (8, 8)]
 
 
-def test_repeats_run_each_phase_again_from_a_flushed_cache_and_report_the_median_run(tmp_path, monkeypatch):
+def _fake_servers(monkeypatch, ab, events, run_phase):
+    """Every server a fake whose /flush_cache appends "flush" to ``events`` (a chat request: "turn"), and
+    ``run_phase`` in place of the script's."""
     import contextlib
     import json
-    import sys
 
-    ab = load()
     import sglang_server as ss
-
-    events = []
 
     @contextlib.contextmanager
     def fake_server(model, args, base_args=(), env=None, **kw):
@@ -463,6 +461,19 @@ def test_repeats_run_each_phase_again_from_a_flushed_cache_and_report_the_median
         return dict(choices=[dict(message=dict(content="r"))],
                     usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=25)))
 
+    monkeypatch.setattr(ss, "sglang_server", fake_server)
+    monkeypatch.setattr(ss, "post", fake_post)
+    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
+    monkeypatch.setattr(ab, "run_phase", run_phase)
+    return fake_post
+
+
+def test_repeats_run_each_phase_again_from_a_flushed_cache_and_report_the_median_run(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    ab = load()
+    events = []
     walls = iter([5.0, 1.0, 3.0])  # the three runs' wall times: 3 s is the median run
 
     def fake_run_phase(url, sessions, agents, *a, **kw):
@@ -471,10 +482,7 @@ def test_repeats_run_each_phase_again_from_a_flushed_cache_and_report_the_median
         fake_post(url + "/v1/chat/completions", dict(messages=[]))
         return turns, next(walls)
 
-    monkeypatch.setattr(ss, "sglang_server", fake_server)
-    monkeypatch.setattr(ss, "post", fake_post)
-    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
-    monkeypatch.setattr(ab, "run_phase", fake_run_phase)
+    fake_post = _fake_servers(monkeypatch, ab, events, fake_run_phase)
     monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs", "none", "--agents", "1",
                                       "--sessions", "1", "--turns", "1", "--warmup-sessions", "0", "--repeats", "3",
                                       "--out", str(tmp_path / "a.json")])
@@ -492,33 +500,18 @@ def test_each_level_serves_sessions_of_its_own_from_a_flushed_server(tmp_path, m
     earlier level's sessions without a flush would draft from memory. Each level gets its own sessions (the same for
     every server; the first level --seed's) and every measured phase starts from a flush; repeats serve their level's
     sessions again."""
-    import contextlib
     import json
     import sys
 
     ab = load()
-    import sglang_server as ss
-
     events = []
-
-    @contextlib.contextmanager
-    def fake_server(model, args, base_args=(), env=None, **kw):
-        yield "http://x"
-
-    def fake_post(url, payload, timeout=600):
-        if url.endswith("/flush_cache"):
-            events.append("flush")
-        return {}
 
     def fake_run_phase(url, sessions, agents, *a, **kw):
         events.append((agents, tuple(s["task"] for s in sessions)))
         return [dict(session=0, turn=0, latency=0.1, prompt_tokens=50, cached_tokens=25, completion_tokens=30,
                      reply="r")], 1.0
 
-    monkeypatch.setattr(ss, "sglang_server", fake_server)
-    monkeypatch.setattr(ss, "post", fake_post)
-    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(dict(internal_states=[{}])).encode())
-    monkeypatch.setattr(ab, "run_phase", fake_run_phase)
+    _fake_servers(monkeypatch, ab, events, fake_run_phase)
     monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs", "none,lumotree-suffix",
                                       "--agents", "1,4", "--sessions", "4", "--turns", "2", "--warmup-sessions", "0",
                                       "--repeats", "2", "--seed", "7", "--out", str(tmp_path / "a.json"), "--resume"])

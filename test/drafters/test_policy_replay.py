@@ -65,3 +65,18 @@ def test_turn_latency_is_the_median_and_95th_percentile():
     pr = pytest.importorskip("policy_replay")
     assert pr.turn_latency([]) == {}
     assert pr.turn_latency([4.0, 1.0, 3.0, 2.0]) == dict(latency_p50_ms=2.5, latency_p95_ms=3.0)
+
+
+def test_a_speculative_server_s_own_prefill_time_costs_every_mode_but_no_speculation():
+    """--prefill-ms-speculative: each turn's prefill takes that long on the speculative modes' server; no speculation
+    keeps --prefill-ms. Drafts never accepted: a fixed tree's serving is the same steps, each turn's prefill longer."""
+    pr = pytest.importorskip("policy_replay")
+    per_session, table = workload(lambda t: 0)
+    base, slow = args(), args()
+    slow.prefill_ms_speculative = base.prefill_ms + 4.0
+    turns = 8 * 6
+    for mode in ("none", "tree"):
+        a, b = pr.serve(table, per_session, 4, mode, base), pr.serve(table, per_session, 4, mode, slow)
+        assert a["steps"] == b["steps"] and a["tokens"] == b["tokens"]
+        extra = 0.0 if mode == "none" else 4.0 * turns / 1e3
+        assert b["seconds"] == pytest.approx(a["seconds"] + extra, abs=2e-3)

@@ -22,8 +22,9 @@ repeated until every server has run (``--replies-out`` keeps the replies the par
 Rows ``{config, agents, tokens_per_s, accept_length, latency_p50, latency_p95, cached_fraction,
 turns, prompt_tokens_max}``: completion tokens per second of wall time; per-turn latency (s);
 ``cached_fraction`` = cached / prompt tokens (SGLang's ``usage.prompt_tokens_details``, with
-``--enable-cache-report``); ``accept_length``: the server's average since start-up, read after the
-phase (``/get_server_info``; phases run in the order of ``--agents``).
+``--enable-cache-report``); ``accept_length``: the server's average over the run (``/get_server_info`` read after
+it; the flush before every run resets SGLang's counters; with ``--repeats``, the median run's). Phases run in the
+order of ``--agents``.
 
 Every ``--agents`` level serves sessions of its own (:func:`phase_seed`: the first level ``--seed``, each later one
 another; ``session_seeds`` in ``--out``) from a flushed server: ``/flush_cache`` empties the radix cache and also
@@ -483,10 +484,12 @@ def client_gap(turns) -> dict:
                 client_ms_p95=round(1e3 * gaps[int(0.95 * (len(gaps) - 1))], 3))
 
 
-def repeated(config, agents, phases, accept_length=None):
-    """The row of ``--repeats`` runs of one phase (``phases``: ``[(turns, wall)]``): the run of median speed (the
-    lower median for an even count), with every run's tokens/s in ``repeats`` when there is more than one."""
-    rows = [summarize(config, agents, turns, wall, accept_length) for turns, wall in phases]
+def repeated(config, agents, phases, accept_lengths=None):
+    """The row of ``--repeats`` runs of one phase (``phases``: ``[(turns, wall)]``, ``accept_lengths``: each run's):
+    the run of median speed (the lower median for an even count), with every run's tokens/s in ``repeats`` when there
+    is more than one."""
+    accept_lengths = accept_lengths or [None] * len(phases)
+    rows = [summarize(config, agents, turns, wall, acc) for (turns, wall), acc in zip(phases, accept_lengths)]
     if len(rows) == 1:
         return rows[0]
     row = sorted(rows, key=lambda r: r["tokens_per_s"])[(len(rows) - 1) // 2]
@@ -878,18 +881,19 @@ def main():
                     windows["warm-up"] = (t1, time.time())
                     post(url + "/flush_cache", {})  # the measured phases start from an empty radix cache
                 for li, agents in enumerate(levels):
-                    t2, phases = time.time(), []
+                    t2, phases, accepts = time.time(), [], []
                     for rep in range(args.repeats):
                         if rep or li:  # every phase from an empty radix cache and empty drafter corpora
                             post(url + "/flush_cache", {})
                         phases.append(run_phase(url, level_sessions[agents], agents, args.max_tokens,
                                                 count, args.collapse_tokens,
                                                 abort_every=args.abort_every, abort_after_s=args.abort_after))
+                        # the run's own (the flush reset SGLang's counters)
+                        info = json.loads(get(url + "/get_server_info"))
+                        accepts.append(next((s.get("avg_spec_accept_length") for s in info.get("internal_states", [])
+                                             if s.get("avg_spec_accept_length")), None))
                     windows[f"{agents} agents"] = (t2, time.time())
-                    info = json.loads(get(url + "/get_server_info"))
-                    acc = next((s.get("avg_spec_accept_length") for s in info.get("internal_states", [])
-                                if s.get("avg_spec_accept_length")), None)
-                    row = repeated(name, agents, phases, acc)
+                    row = repeated(name, agents, phases, accepts)
                     turns = phases[0][0]  # the parity compares every server's first phase
                     with lock:
                         res["rows"].append(row)

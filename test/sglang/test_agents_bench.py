@@ -483,6 +483,11 @@ def test_repeats_run_each_phase_again_from_a_flushed_cache_and_report_the_median
         return turns, next(walls)
 
     fake_post = _fake_servers(monkeypatch, ab, events, fake_run_phase)
+    import sglang_server as ss
+
+    accepts = iter([2.0, 3.0, 4.0])  # the server's average read after each run (each run's own: flushed before it)
+    monkeypatch.setattr(ss, "get", lambda url, timeout=5: json.dumps(
+        dict(internal_states=[dict(avg_spec_accept_length=next(accepts))])).encode())
     monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs", "none", "--agents", "1",
                                       "--sessions", "1", "--turns", "1", "--warmup-sessions", "0", "--repeats", "3",
                                       "--out", str(tmp_path / "a.json")])
@@ -490,6 +495,7 @@ def test_repeats_run_each_phase_again_from_a_flushed_cache_and_report_the_median
     assert events == ["turn", "flush", "turn", "flush", "turn"]
     (row,) = json.load(open(tmp_path / "a.json"))["rows"]
     assert row["repeats"] == [6.0, 30.0, 10.0] and row["tokens_per_s"] == 10.0 and row["seconds"] == 3.0
+    assert row["accept_length"] == 4.0  # the median run's
     monkeypatch.setattr(sys, "argv", sys.argv[:-3] + ["0", "--out", str(tmp_path / "b.json")])
     with pytest.raises(SystemExit):
         ab.main()

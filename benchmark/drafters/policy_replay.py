@@ -102,6 +102,8 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
         running = {}  # session -> [turn, pos, output length, when the turn was sent]
         clock_ms, tokens, steps, drafted, pending, latencies = 0.0, 0, 0, 0, [], []
         calib = [0.0, 0.0]  # decayed accepted and expected drafts of drafted steps (score)
+        spec_prefill_ms = getattr(args, "prefill_ms_speculative", None)
+        prefill_ms = args.prefill_ms if mode == "none" or spec_prefill_ms is None else spec_prefill_ms
 
         def calibrate(got, es):
             calib[0] = CALIBRATION_DECAY * calib[0] + sum(got)
@@ -110,8 +112,7 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
         def admit(s, turn):
             nonlocal clock_ms, tokens
             sent = clock_ms
-            spec = getattr(args, "prefill_ms_speculative", None)
-            clock_ms += args.prefill_ms if mode == "none" or spec is None else spec
+            clock_ms += prefill_ms
             tokens += 1  # the prefill's token
             running[s] = [turn, 1, len(per_session[s][turn][1]), sent]
 

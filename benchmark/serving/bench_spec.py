@@ -566,8 +566,10 @@ def label(config, scheduler):
 def table(rows, memory=None):
     """Markdown table; ``memory``: the servers' entries, for the speculative-memory column and, where they ran on more
     than one machine (a ``--resume`` on another), a line saying which ran where."""
-    out = machines_note(memory, "so rows of different machines are not a comparison") + ["| config | batch | accept_p | new tokens | tokens/s (client) | ms per step (client) | decode tokens/s (server log, best) | "
-           "median | accept length | spec. memory |", "|---|---|---|---|---|---|---|---|---|---|"]
+    out = machines_note(memory, "so rows of different machines are not a comparison") + [
+        "| config | batch | accept_p | new tokens | tokens/s (client) | ms per step (client) | "
+        "decode tokens/s (server log, best) | median | accept length | spec. memory |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         acc = f"{r['accept_length']:.2f}" if r["accept_length"] else "–"
         dec = f"{r['logged_decode_tokens_per_s']:.0f}" if r.get("logged_decode_tokens_per_s") else "–"

@@ -612,6 +612,12 @@ def test_markdown_tables_relate_each_row_to_the_server_without_speculation_of_it
     assert lines[lines.index("| server: kind | " + " | ".join(ab.INTERVAL_PARTS) + " | rest |") + 2] == \
         "| none: prefill | 0.50 | 0.25 | 2.00 | - | - | 1.50 | - | - | - | - | 1.00 | 0.25 |"  # rest 4.0 - 3.75
     assert not any(ln.startswith("| none: decode |") for ln in lines)
+    assert not any(ln.startswith("Sections inside") for ln in lines)  # no section logged: no table
+    res["servers"]["none"]["step_totals"]["8 agents"].update(prefill_model=dict(seconds=1.25, intervals=200),
+                                                            decode_event_sync=dict(seconds=0.5, intervals=90))
+    lines = ab.markdown(res).splitlines()
+    assert "| server: kind | model | event_sync |" in lines
+    assert "| none: decode | - | 0.50 |" in lines and "| none: prefill | 1.25 | - |" in lines
 
 
 def test_render_prints_a_run_of_a_file_of_runs_and_refuses_a_missing_one(tmp_path, monkeypatch, capsys):

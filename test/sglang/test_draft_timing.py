@@ -146,6 +146,22 @@ def test_step_timing_hooks_time_decode_batches_only_and_the_log_reader_reads_eac
     assert ss.step_timing(str(tmp_path / "missing.log")) == {}
 
 
+def test_a_section_is_charged_to_the_interval_it_falls_in_even_when_it_raises(monkeypatch):
+    from lumotree.sglang import step_timing
+
+    ticks = iter([10.0, 10.25, 11.0, 11.5])
+    monkeypatch.setattr(step_timing, "_clock", lambda: next(ticks))
+    monkeypatch.setattr(step_timing, "_interval", {"start": 9.0, "kind": "prefill", "idle": False, "parts": {}})
+    hook = step_timing.section("model")
+    assert hook(lambda a, b=0: a + b, 1, b=2) == 3
+    with pytest.raises(ValueError):
+        hook(lambda: (_ for _ in ()).throw(ValueError("x")))
+    assert step_timing._interval["parts"] == {"model": pytest.approx(0.75)}
+    monkeypatch.setattr(step_timing, "_interval", {"start": None, "kind": None, "idle": False, "parts": {}})
+    monkeypatch.setattr(step_timing, "_clock", lambda: 0.0)
+    assert hook(lambda: "x") == "x" and step_timing._interval["parts"] == {}  # no interval open: nothing charged
+
+
 def test_step_timing_installs_only_when_asked(monkeypatch):
     from lumotree.sglang import step_timing
     from lumotree.sglang import patches
@@ -162,7 +178,8 @@ def test_step_timing_installs_only_when_asked(monkeypatch):
                                                       "resolve_seq_lens_cpu", "on_idle", "process_input_requests",
                                                       "forward_batch_generation", "_prepare_for_speculative_decoding",
                                                       "eagle_sample", "commit_mamba_states_after_verify",
-                                                      "move_accept_tokens_to_target_kvcache"]
+                                                      "move_accept_tokens_to_target_kvcache"] + [
+        t.rsplit(".", 1)[1] for t, _ in step_timing.SECTIONS]
     assert step_timing._on
     assert all(k == "AROUND" for _, k in got)
     # the targets exist in SGLang 0.5.17, and its scheduler's next batch is a plan's batch_to_run

@@ -66,6 +66,25 @@ LOOP_PARTS = ((f"{NGRAM}._prepare_for_speculative_decoding", "spec_prep", 1),
               ("sglang.srt.speculative.eagle_utils.eagle_sample", "sample", 1),
               ("sglang.srt.speculative.spec_utils.commit_mamba_states_after_verify", "state_commit", 1),
               ("sglang.srt.speculative.spec_utils.move_accept_tokens_to_target_kvcache", "kv_move", 0))
+# sections charged to the interval they fall in only (``<kind>_<part>`` totals, any batch): what a prefill or a decode
+# interval spends inside the target's forward, the scheduler's preparation and its result processing, for any server
+MR = "sglang.srt.model_executor.model_runner.ModelRunner"
+SECTIONS = (("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", "fb_init"),
+            (f"{MR}._forward_raw", "model"),
+            (f"{MR}._maybe_execute_deferred_mamba_cow_and_clear", "mamba_cow"),
+            (f"{MR}.sample", "sampling"),
+            ("sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend", "prep_extend"),
+            (f"{SCHEDULER}.get_new_batch_prefill", "new_prefill"),
+            ("sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
+             ".process_batch_result_prefill", "result_prefill"),
+            ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.match_prefix", "tree_match"),
+            ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.cache_unfinished_req", "tree_unfinished"),
+            ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache.cache_finished_req", "tree_finished"),
+            ("torch.cuda.streams.Event.synchronize", "event_sync"),
+            # LumoTree's speculative workers' own prefill work (lumotree.sglang.finish, lumotree.sglang.suffix)
+            ("lumotree.sglang.finish.admit_batch", "lt_fin_admit"),
+            ("lumotree.sglang.finish.FinishedRows.mark_step", "lt_mark"),
+            ("lumotree.sglang.suffix.admit_prefilled", "lt_admit"))
 REPORT_EVERY = 128
 
 KINDS = ("decode", "prefill", "other", "idle")
@@ -234,6 +253,18 @@ def loop_part(part: str, batch_at: int):
     return hook
 
 
+def section(part: str):
+    """An ``AROUND`` hook charging its target's wall time to ``part`` of the interval now open (:data:`SECTIONS`)."""
+    def hook(original, *args, **kwargs):
+        t0 = _clock()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _charge(part, _clock() - t0)
+
+    return hook
+
+
 def process_input_requests(original, self, *args, **kwargs):
     t0 = _clock()
     out = original(self, *args, **kwargs)
@@ -258,3 +289,5 @@ def install() -> None:
     register_hook(f"{TP_WORKER}.forward_batch_generation", forward_batch_generation, "AROUND")
     for target, part, batch_at in LOOP_PARTS:
         register_hook(target, loop_part(part, batch_at), "AROUND")
+    for target, part in SECTIONS:
+        register_hook(target, section(part), "AROUND")

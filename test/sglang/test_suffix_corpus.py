@@ -431,6 +431,7 @@ def test_drafting_ahead_drafts_what_the_step_would_draft(seed, moving):
             w.ngram_corpus.erase_match_state(left)
         left = done
         if drafted and k + 1 < len(events):  # this step's results: what the next batch splices on
+            assert not ahead.ngram_corpus.admitting([r.rid for r in batch.reqs])  # (the worker asks before each step)
             nxt = events[k + 1][1]
             row = {r.rid: i for i, r in enumerate(nxt.reqs)}
             toks = nxt.spec_info.accept_tokens.view(-1, stride)
@@ -439,6 +440,7 @@ def test_drafting_ahead_drafts_what_the_step_would_draft(seed, moving):
             lens = torch.tensor([int(nxt.spec_info.accept_lens[j]) if j is not None else 2 for j in rows])
             skip = torch.tensor([j is None for j in rows])
             ahead.ngram_corpus.draft_ahead([r.rid for r in batch.reqs], tokens, lens, stride, stride, skip)
+            ahead.ngram_corpus.admitting([r.rid for r in nxt.reqs])  # waits for the drafts ahead, keeps them
     st = ahead.ngram_corpus.stats
     assert st["ahead_used"] > (0.3 if moving else 0.8) * st["ahead_rows"] > 0  # (moving: 40 % of rows move a step)
 

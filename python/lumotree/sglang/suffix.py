@@ -309,6 +309,7 @@ class SuffixCorpus(HostCorpus):
         self.undrafted: List[int] = []  # rows of the last batch_get that drafted nothing: their admission was indexing
         # the next step's drafts, drafted in the background after a drafted step's launch (draft_ahead)
         self._ahead: Optional[concurrent.futures.Future] = None
+        self._ahead_result: Optional[dict] = None
         self._ahead_executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self.stats.update(ahead_rows=0, ahead_used=0)
         self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
@@ -425,14 +426,18 @@ class SuffixCorpus(HostCorpus):
         return dict(n=n, rows=rows, tokens=np.asarray(tokens).reshape(len(rids), n),
                     mask=np.asarray(mask).reshape(len(rids), n, n))
 
-    def _join_ahead(self):
-        """Wait for the background job of :meth:`draft_ahead` (an error it met is raised here); its result."""
+    def _join_ahead(self) -> None:
+        """Wait for the background job of :meth:`draft_ahead` (an error it met is raised here); its result is kept
+        for :meth:`take_ahead` (every other call of the corpus waits here first)."""
         future, self._ahead = self._ahead, None
-        return None if future is None else future.result()
+        if future is not None:
+            self._ahead_result = future.result()
 
     def take_ahead(self):
         """The drafts :meth:`draft_ahead` made for the next step (``None``: none), waited for; taken once."""
-        return self._join_ahead()
+        self._join_ahead()
+        got, self._ahead_result = self._ahead_result, None
+        return got
 
     def window(self, rid, total_len: int, depth: int) -> int:
         self._join_ahead()
@@ -447,7 +452,7 @@ class SuffixCorpus(HostCorpus):
         super().erase_match_state(req_ids)
 
     def reset(self) -> None:
-        self._join_ahead()
+        self.take_ahead()
         super().reset()
 
     def _reset(self) -> None:

@@ -264,49 +264,6 @@ def test_acceptance_leaves_out_rows_that_finished_before_or_in_the_step(monkeypa
     assert w.tree_policy.accept == 5.0  # rows 1 and 6 only
 
 
-def test_a_drafted_step_drafts_the_next_one_ahead_leaving_out_rows_finished_before_it(monkeypatch):
-    """After a drafted step's launch the corpus drafts the next step in the background (``draft_ahead``): the step's
-    requests, its accepted tokens in SGLang's layout, its tree size, and -- under the overlap scheduler's consistent
-    cache -- which rows had finished before the step (their tokens are not theirs). Not after a no-draft step, nor
-    for a batch with a grammar (its views are synced, not spliced)."""
-    from lumotree.sglang import finish
-    from lumotree.sglang.finish import FinishedRows
-
-    pool = SimpleNamespace(req_to_token=torch.zeros(8, 4, dtype=torch.int32))
-    fin = FinishedRows.of(pool)
-    fin.done[2] = True  # finished by the step before
-
-    def forward_marked(consistent, batch, forward):
-        out = forward()
-        fin.done[5] = True  # this step's run reached the request's end: its tokens are its own
-        return out
-
-    monkeypatch.setattr(finish, "forward_marked", forward_marked)
-    w = worker(monkeypatch, [0, 1])
-    result = SimpleNamespace(next_draft_input=SimpleNamespace(accept_tokens=torch.arange(16)),
-                             accept_lens=torch.tensor([1, 2, 3, 4]), speculative_num_draft_tokens=N)
-    monkeypatch.setattr(ngram_base(monkeypatch, []), "forward_batch_generation", lambda self, b, on_publish=None: result,
-                        raising=False)
-    calls = []
-    w.ngram_corpus.draft_ahead = lambda *a: calls.append(a)
-    w.ngram_corpus.admitting = lambda rids: False
-    w._overlap_consistent = True
-
-    def step(choice, grammar=False):
-        monkeypatch.setattr(w.tree_policy, "choose", lambda bs: choice)
-        b = batch(["a", "b", "c", "d"])
-        b.req_pool_indices, b.req_to_token_pool, b.has_grammar = torch.tensor([1, 2, 5, 6]), pool, grammar
-        w.forward_batch_generation(b)
-
-    step(1)
-    (rids, tokens, lens, stride, nodes, skip), = calls
-    assert rids == ["a", "b", "c", "d"] and tokens is result.next_draft_input.accept_tokens and lens is result.accept_lens
-    assert (stride, nodes) == (N, N) and skip.tolist() == [False, True, False, False]
-    step(0)  # a no-draft step
-    step(1, grammar=True)
-    assert len(calls) == 1
-
-
 def test_the_served_choice_is_summarised_in_the_log(monkeypatch, caplog):
     """Every ``LOG_EVERY`` decode steps one line: how many drafted, the mean acceptance of the drafted steps'
     samples, the policy's step times -- what a served run's choice was, for comparison with a replay."""

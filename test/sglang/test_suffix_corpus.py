@@ -196,7 +196,7 @@ class _Req:
         self.rid, self.origin_input_ids, self.output_ids = rid, list(prompt), []
 
 
-def _views(seed, depth, longest=None, kinds=("lag", "lag", "lag", "dup", "shrink")):
+def _views(seed, depth, longest=None):
     """A random server's views of a few requests over time, as SGLang's NGRAM worker sees them: the
     overlap scheduler's output_ids lag one round behind (the round's accepted tokens come spliced from
     spec_info), or already hold them (then they arrive twice), or the batch is synced (no splice);
@@ -220,7 +220,7 @@ def _views(seed, depth, longest=None, kinds=("lag", "lag", "lag", "dup", "shrink
             yield "prefill", SimpleNamespace(reqs=new)
         acc, sync = [], rng.random() < 0.2
         for r in reqs:
-            kind = rng.choice(kinds)
+            kind = rng.choice(["lag", "lag", "lag", "dup", "shrink"])
             if kind == "shrink" and true[r.rid]:
                 del true[r.rid][len(true[r.rid]) - rng.randrange(1, 4):]
             n = rng.randrange(1, stride + 1)
@@ -382,82 +382,3 @@ def test_served_drafts_continue_a_match_24_levels_deep():
     assert max(depth) == 24
     chain = [t for t, k in sorted(zip(d.tokens, depth), key=lambda x: x[1]) if k > 0]
     assert chain == block[10:34]  # the block's continuation after the context's last token
-
-
-@pytest.mark.parametrize("seed,moving", [(s, False) for s in range(6)] + [(s, True) for s in range(6)])
-def test_drafting_ahead_drafts_what_the_step_would_draft(seed, moving):
-    """A drafted step's results appended and the next step drafted in the background (``draft_ahead``, right after
-    the step's launch): the next step's preparation takes those drafts for the requests whose context is the one
-    drafted ahead (same length, same last token) and prepares the others as always. Step by step the drafts and the
-    contexts equal those of a worker that drafts every step in line -- with requests leaving (their rows skipped:
-    under the overlap scheduler their tokens are not theirs), joining and synced batches -- and most rows are taken from the background. With views that move (``moving``: duplicated splices,
-    retractions) and no-draft steps, both follow the server's view -- the same contexts and roots; the trees may
-    differ: a trie keeps the counts of tokens rewound, and the two appended and rewound differently; a request that
-    leaves after a no-draft step hands the global cache its output with the last drafted step's tokens (drafted
-    ahead), where the in-line worker never saw them."""
-    import copy
-    import random
-    from types import SimpleNamespace
-
-    from lumotree.sglang.suffix import prepare_draft_tokens
-
-    depth, stride = 40, 4
-
-    def worker():
-        return SimpleNamespace(draft_token_num=stride, max_trie_depth=depth, enable_overlap=True,
-                               ngram_corpus=SuffixCorpus(stride))
-
-    plain, ahead = worker(), worker()
-    rng = random.Random(seed)
-    kinds = ("lag", "lag", "lag", "dup", "shrink") if moving else ("lag",)
-    events = []  # each step's batch as it was then (the views reuse their request objects), to look one step ahead
-    for kind, batch, *done in _views(seed, depth, kinds=kinds):
-        if kind == "decode":
-            reqs = [copy.copy(r) for r in batch.reqs]
-            for r in reqs:
-                r.output_ids = list(r.output_ids)
-            events.append(("decode", SimpleNamespace(**{**vars(batch), "reqs": reqs}), done[0]))
-    left = []  # as SGLang's NGRAM worker: the requests that left the batch leave the corpus after the step's drafts
-    for k, (_, batch, done) in enumerate(events):
-        drafted = not moving or rng.random() < 0.85  # else a no-draft step: nothing prepared nor drafted ahead after it
-        if drafted:
-            a, b = prepare_draft_tokens(plain, batch), prepare_draft_tokens(ahead, batch)
-            assert a[0].reshape(-1, stride)[:, 0].tolist() == b[0].reshape(-1, stride)[:, 0].tolist()  # the roots
-            assert moving or (a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist())
-            for i, r in enumerate(batch.reqs):
-                TreeDescriptor.from_parents(torch.tensor([parents_from_mask(b[1].reshape(-1, stride, stride)[i])]))
-                assert ahead.ngram_corpus.drafter.context(r.rid) == plain.ngram_corpus.drafter.context(r.rid)
-        for w in (plain, ahead):
-            w.ngram_corpus.erase_match_state(left)
-        left = done
-        if drafted and k + 1 < len(events):  # this step's results: what the next batch splices on
-            assert not ahead.ngram_corpus.admitting([r.rid for r in batch.reqs])  # (the worker asks before each step)
-            nxt = events[k + 1][1]
-            row = {r.rid: i for i, r in enumerate(nxt.reqs)}
-            toks = nxt.spec_info.accept_tokens.view(-1, stride)
-            rows = [row.get(r.rid) for r in batch.reqs]
-            tokens = torch.stack([toks[j] if j is not None else torch.full((stride,), 5) for j in rows]).reshape(-1)
-            lens = torch.tensor([int(nxt.spec_info.accept_lens[j]) if j is not None else 2 for j in rows])
-            skip = torch.tensor([j is None for j in rows])
-            ahead.ngram_corpus.draft_ahead([r.rid for r in batch.reqs], tokens, lens, stride, stride, skip)
-            ahead.ngram_corpus.admitting([r.rid for r in nxt.reqs])  # waits for the drafts ahead, keeps them
-    st = ahead.ngram_corpus.stats
-    assert st["ahead_used"] > (0.3 if moving else 0.8) * st["ahead_rows"] > 0  # (moving: 40 % of rows move a step)
-
-
-def test_drafts_ahead_of_another_tree_size_are_not_taken():
-    from types import SimpleNamespace
-
-    from lumotree.sglang.suffix import prepare_draft_tokens
-
-    corpus = SuffixCorpus(4)
-    w = SimpleNamespace(draft_token_num=4, max_trie_depth=40, enable_overlap=True, ngram_corpus=corpus)
-    req = _Req("a", [1, 2, 3, 1, 2, 3, 1, 2])
-    spec = SimpleNamespace(accept_tokens=torch.tensor([3, 0, 0, 0]), accept_lens=torch.tensor([1]))
-    prepare_draft_tokens(w, SimpleNamespace(reqs=[req], spec_info=spec, grammar_needs_sync=lambda: False))
-    req.output_ids = [3]
-    corpus.draft_ahead(["a"], torch.tensor([1, 2, 0, 0]), torch.tensor([2]), 4, 2)  # drafted for 2 nodes
-    spec = SimpleNamespace(accept_tokens=torch.tensor([1, 2, 0, 0]), accept_lens=torch.tensor([2]))
-    drafts, _ = prepare_draft_tokens(w, SimpleNamespace(reqs=[req], spec_info=spec, grammar_needs_sync=lambda: False))
-    assert corpus.stats["ahead_rows"] == 1 and corpus.stats["ahead_used"] == 0
-    assert drafts[0] == 2 and corpus.drafter.context("a") == [1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2]

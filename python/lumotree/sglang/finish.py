@@ -47,7 +47,6 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-import numpy as np
 import torch
 
 from lumotree import ops
@@ -115,25 +114,23 @@ class FinishedRows:
         n = len(reqs)
         if n == 0:
             return
-        # one host table -- stop ids, the KV length, ruled -- and one copy (a prefill interval's host time counts)
-        table = np.full((n, MAX_STOP_IDS + 2), -1, dtype=np.int64)
-        table[:, MAX_STOP_IDS:] = 0
+        stop = torch.full((n, MAX_STOP_IDS), -1, dtype=torch.int64)
+        max_len = torch.zeros(n, dtype=torch.int64)
+        ruled = torch.zeros(n, dtype=torch.bool)
         for i, req in enumerate(reqs):
             ids = ruled_stop_ids(req)
             if ids is None:
                 continue
-            table[i, :len(ids)] = sorted(ids)
-            table[i, MAX_STOP_IDS] = len(req.origin_input_ids) + int(req.sampling_params.max_new_tokens) - 1
-            table[i, MAX_STOP_IDS + 1] = 1
+            stop[i, :len(ids)] = torch.tensor(sorted(ids), dtype=torch.int64)
+            max_len[i] = len(req.origin_input_ids) + int(req.sampling_params.max_new_tokens) - 1
+            ruled[i] = True
         dev = self.done.device
-        host = torch.from_numpy(table)
-        if dev.type == "cuda":  # pinned, so that the copy is asynchronous: no wait for the step in flight
-            host = host.pin_memory()
-        got = host.to(dev, non_blocking=True)
+        if dev.type == "cuda":  # pinned, so that the copies are asynchronous: no wait for the step in flight
+            stop, max_len, ruled = stop.pin_memory(), max_len.pin_memory(), ruled.pin_memory()
         idx = req_pool_indices[:n].to(device=dev, dtype=torch.long)
-        self.stop[idx] = got[:, :MAX_STOP_IDS]
-        self.max_len[idx] = got[:, MAX_STOP_IDS]
-        self.ruled[idx] = got[:, MAX_STOP_IDS + 1].bool()
+        self.stop[idx] = stop.to(dev, non_blocking=True)
+        self.max_len[idx] = max_len.to(dev, non_blocking=True)
+        self.ruled[idx] = ruled.to(dev, non_blocking=True)
         self.done[idx] = False
 
     # ------------------------------------------------------------------ device: after a decode step

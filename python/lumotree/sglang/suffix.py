@@ -172,10 +172,6 @@ class HostCorpus:
         for rid, tokens, total_len in items:
             self.admit(rid, tokens, total_len)
 
-    def tail(self, rid, m: int) -> List[int]:
-        """The last ``m`` (at most :attr:`TAIL`) tokens of request ``rid``'s context as the corpus holds it."""
-        return self._tail.get(rid, [])[-m:]
-
     def window(self, rid, total_len: int, depth: int) -> int:
         """How many of request ``rid``'s last tokens (its context ends at ``total_len``) :meth:`batch_get`
         needs, at most ``depth``: all ``depth`` at first sight, else the tokens from the start of the
@@ -234,18 +230,14 @@ class HostCorpus:
         return [self._draft(rid, root) for rid, root in zip(req_ids, roots)]
 
     def batch_get(self, req_ids: List[str], batch_tokens: List[List[int]],
-                  total_lens: List[int], full=None, batch_ids=None) -> Tuple[np.ndarray, np.ndarray]:
+                  total_lens: List[int], full=None) -> Tuple[np.ndarray, np.ndarray]:
         """SGLang's call: each request's last tokens and context length; ``full`` (LumoTree's worker, which
-        hands over only :meth:`window` tokens): per request, its last ``max_trie_depth`` tokens on demand;
-        ``batch_ids``: the step's requests where ``req_ids`` are some of them (the others drafted ahead)."""
+        hands over only :meth:`window` tokens): per request, its last ``max_trie_depth`` tokens on demand."""
         if self._undecoded:  # admitted with a prefill: decoding now, or gone without a decode step
-            gone = set(self._undecoded).difference(req_ids if batch_ids is None else batch_ids)
+            gone = set(self._undecoded).difference(req_ids)
             self._undecoded.clear()
             if gone:
                 self.erase_match_state(list(gone))
-        if not req_ids:
-            self.undrafted = []
-            return np.empty(0, dtype=np.int64), np.empty(0, dtype=bool)
         roots = [self._observe(rid, ctx, total, full[i] if full is not None else None)
                  for i, (rid, ctx, total) in enumerate(zip(req_ids, batch_tokens, total_lens))]
         tokens, mask = self._draft_arrays(req_ids, roots)
@@ -307,11 +299,6 @@ class SuffixCorpus(HostCorpus):
         self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._finishes: List[Tuple[object, List[int]]] = []  # admitting requests that left before their commit
         self.undrafted: List[int] = []  # rows of the last batch_get that drafted nothing: their admission was indexing
-        # the next step's drafts, drafted in the background after a drafted step's launch (draft_ahead)
-        self._ahead: Optional[concurrent.futures.Future] = None
-        self._ahead_result: Optional[dict] = None
-        self._ahead_executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
-        self.stats.update(ahead_rows=0, ahead_used=0)
         self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
         self._pending: Dict[object, List[int]] = {}  # a step's appends, handed over with its drafts
         self._starts: Optional[List[Tuple[object, List[int]]]] = None  # a prefill batch's admissions (admit_batch)
@@ -338,7 +325,6 @@ class SuffixCorpus(HostCorpus):
 
     def wait_admissions(self) -> None:
         """Wait for every admission :meth:`admit_batch` left indexing and commit it (an error one met is raised here)."""
-        self._join_ahead()
         self._settle(block=True)
 
     def _wait_for(self, rid) -> None:
@@ -367,94 +353,6 @@ class SuffixCorpus(HostCorpus):
                     self._finish(rid, output)
             self._log_starts(len(rids))
 
-    # ------------------------------------------------------------------ drafting ahead
-    def draft_ahead(self, req_ids: Sequence[object], accept_tokens, accept_lens, stride: int, n: int,
-                    skip=None) -> None:
-        """Right after a drafted step's launch: in the background, once the step's accepted tokens are on the host,
-        append them to each request's context and draft its next step (``n`` nodes), so that the next step's
-        preparation (:meth:`take_ahead`) finds its drafts made while the scheduler's thread processed the previous
-        step's results and scheduled the next batch -- the drafter's calls release the GIL.
-
-        ``accept_tokens`` ``[len(req_ids) * stride]`` and ``accept_lens`` ``[len(req_ids)]`` (device tensors: copied
-        into pinned host memory on the current stream, an event recorded after them) are the step's results in
-        SGLang's layout (each row's accepted tokens first); ``skip`` ``[len(req_ids)]`` (bool) rows left out: requests
-        that had finished before the step (under the overlap scheduler a step still holds the requests the previous
-        step finished; their tokens are not theirs). Also left out: requests the corpus does not hold or whose
-        admission is still indexing. One job at a time; every other call of the corpus waits for it first."""
-        self._join_ahead()
-        if not self._native() or not len(req_ids):
-            return
-        import torch
-
-        cuda = accept_tokens.is_cuda
-        host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda) for t in (accept_tokens, accept_lens)]
-        for h, t in zip(host, (accept_tokens, accept_lens)):
-            h.copy_(t, non_blocking=cuda)
-        if skip is not None:
-            skip_host = torch.empty(skip.shape, dtype=torch.bool, pin_memory=cuda)
-            skip_host.copy_(skip, non_blocking=cuda)
-            host.append(skip_host)
-        event = None
-        if cuda:
-            event = torch.cuda.Event()
-            event.record()
-        if self._ahead_executor is None:
-            self._ahead_executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lumotree-ahead")
-        self._ahead = self._ahead_executor.submit(self._run_ahead, list(req_ids), host, event, int(stride), int(n))
-
-    def _run_ahead(self, req_ids, host, event, stride: int, n: int):
-        """The background job of :meth:`draft_ahead`: ``{"n", "rows": {rid: (row, total)}, "tokens", "mask"}``."""
-        if event is not None:
-            event.synchronize()  # (without the GIL)
-        toks, lens = host[0].tolist(), host[1].tolist()
-        skip = host[2].tolist() if len(host) > 2 else None
-        rids, roots, rows = [], [], {}
-        for i, rid in enumerate(req_ids):
-            k = int(lens[i])
-            seen = self._seen.get(rid)
-            if k <= 0 or seen is None or (skip is not None and skip[i]) or rid in self._admitting:
-                continue
-            new = toks[i * stride:i * stride + k]
-            total = seen + k
-            roots.append(self._observe(rid, self._tail[rid] + new, total))
-            rows[rid] = (len(rids), total)
-            rids.append(rid)
-        self.stats["ahead_rows"] += len(rids)
-        if not rids:
-            return None
-        tokens, mask = self._draft_arrays(rids, roots, n)
-        return dict(n=n, rows=rows, tokens=np.asarray(tokens).reshape(len(rids), n),
-                    mask=np.asarray(mask).reshape(len(rids), n, n))
-
-    def _join_ahead(self) -> None:
-        """Wait for the background job of :meth:`draft_ahead` (an error it met is raised here); its result is kept
-        for :meth:`take_ahead` (every other call of the corpus waits here first)."""
-        future, self._ahead = self._ahead, None
-        if future is not None:
-            self._ahead_result = future.result()
-
-    def take_ahead(self):
-        """The drafts :meth:`draft_ahead` made for the next step (``None``: none), waited for; taken once."""
-        self._join_ahead()
-        got, self._ahead_result = self._ahead_result, None
-        return got
-
-    def window(self, rid, total_len: int, depth: int) -> int:
-        self._join_ahead()
-        return super().window(rid, total_len, depth)
-
-    def batch_get(self, *args, **kwargs):
-        self._join_ahead()
-        return super().batch_get(*args, **kwargs)
-
-    def erase_match_state(self, req_ids) -> None:
-        self._join_ahead()
-        super().erase_match_state(req_ids)
-
-    def reset(self) -> None:
-        self.take_ahead()
-        super().reset()
-
     def _reset(self) -> None:
         self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
         self._pending.clear()
@@ -473,7 +371,6 @@ class SuffixCorpus(HostCorpus):
         could not be adopted (its history collapsed) ~14 ms on one thread --, and a drafted step that waited for it
         held the GPU idle: with every drafter call waiting for the background, LUMOTREE_SUFFIX's draft preparation at
         32 agents took 13 ms at its 95th percentile (1.6 ms median; H200 machine)."""
-        self._join_ahead()
         self._starts = []
         try:
             super().admit_batch(items)
@@ -496,7 +393,6 @@ class SuffixCorpus(HostCorpus):
     def admitting(self, req_ids) -> bool:
         """Whether every one of ``req_ids`` (any iterable, read only while admissions are indexing) is still being
         admitted: a drafted step would draft nothing for any of them."""
-        self._join_ahead()
         if not self._admitting:
             return False
         self._settle(block=False)
@@ -536,9 +432,8 @@ class SuffixCorpus(HostCorpus):
         st = self._drafter.stats
         if st["starts"] // self.LOG_EVERY > (st["starts"] - n) // self.LOG_EVERY:
             logger.info("LumoTree suffix drafter: %d admissions, %d continued a finished turn's trie, %.0f prompt "
-                        "tokens indexed per admission; %d rows drafted ahead, %d of them taken", st["starts"],
-                        st["adopted"], st["indexed_tokens"] / max(1, st["starts"]), self.stats["ahead_rows"],
-                        self.stats["ahead_used"])
+                        "tokens indexed per admission", st["starts"], st["adopted"],
+                        st["indexed_tokens"] / max(1, st["starts"]))
 
     def _flush(self, rid) -> None:
         if self._starts:  # every other call sees the deferred admissions started
@@ -591,7 +486,7 @@ class SuffixCorpus(HostCorpus):
             self._wait_for(rid)
         return self.drafter.step_batch(req_ids, self._step_appends(req_ids), self.n)
 
-    def _draft_arrays(self, req_ids, roots, n: Optional[int] = None):
+    def _draft_arrays(self, req_ids, roots):
         """The step's appends, drafts and SGLang's layout in one C++ call (``step_layout``: the requests spread
         over the drafter's threads); the Python drafter through :func:`batch_tree_arrays`. A request whose admission
         is still indexing drafts nothing this step (its root and padding, as :func:`batch_tree_arrays` lays out a
@@ -600,11 +495,10 @@ class SuffixCorpus(HostCorpus):
         self.undrafted = []
         if not hasattr(drafter, "step_layout"):
             return super()._draft_arrays(req_ids, roots)
-        n = self.n if n is None else n
         skip = [i for i, rid in enumerate(req_ids) if rid in self._admitting]
         if not skip:
-            return drafter.step_layout(req_ids, self._step_appends(req_ids), n)
-        b, skipped = len(req_ids), set(skip)
+            return drafter.step_layout(req_ids, self._step_appends(req_ids), self.n)
+        n, b, skipped = self.n, len(req_ids), set(skip)
         ready = [i for i in range(b) if i not in skipped]
         tokens = np.empty((b, n), dtype=np.int64)
         mask = np.zeros((b, n, n), dtype=bool)
@@ -636,9 +530,6 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_wait_all_admissions)
 
 
-AHEAD_CHECK = 16  # a request's last tokens that must be those drafted ahead for its drafts to be taken
-
-
 def prepare_draft_tokens(worker, batch) -> Tuple[np.ndarray, np.ndarray]:
     """SGLang's ``NGRAMWorker._prepare_draft_tokens`` for a :class:`HostCorpus`: the same views of each
     request (its prompt + output, the last round's accepted tokens spliced on in overlap mode, the same
@@ -658,51 +549,18 @@ def prepare_draft_tokens(worker, batch) -> Tuple[np.ndarray, np.ndarray]:
     assert len(batch.reqs) == len(worker.prev_accept_lens)
     # overlap mode processes results one iteration behind: the last round's accepted tokens are spliced on
     use_prev = worker.enable_overlap and not batch.grammar_needs_sync()
-    take = getattr(corpus, "take_ahead", None)
-    ahead = take() if take is not None else None  # this step's drafts made in the background (draft_ahead)
-    if ahead is not None and ahead["n"] != stride:
-        ahead = None
-    req_ids, views, totals, full, rows, reused = [], [], [], [], [], []
+    req_ids, views, totals, full = [], [], [], []
     for i, req in enumerate(batch.reqs):
         prev = worker.prev_token_ids[i * prev_stride:i * prev_stride + worker.prev_accept_lens[i]] if use_prev else []
         prompt, out = req.origin_input_ids, req.output_ids
         total = len(prompt) + len(out) + len(prev)
-        got = ahead["rows"].get(req.rid) if ahead is not None else None
-        # drafted ahead for this context: the same length, the same last AHEAD_CHECK tokens (the root last)
-        if (got is not None and got[1] == total
-                and last_tokens(prompt, out, prev, AHEAD_CHECK) == corpus.tail(req.rid, AHEAD_CHECK)):
-            reused.append((i, got[0]))
-            continue
         req_ids.append(req.rid)
-        rows.append(i)
         views.append(last_tokens(prompt, out, prev, corpus.window(req.rid, total, depth)))
         totals.append(total)
         full.append(lambda prompt=prompt, out=out, prev=prev: last_tokens(prompt, out, prev, depth))
-    if not reused:
-        drafts, mask = corpus.batch_get(req_ids, views, totals, full)
-    else:
-        drafts, mask = _merge_ahead(corpus, batch, ahead, reused, rows, (req_ids, views, totals, full), stride)
+    drafts, mask = corpus.batch_get(req_ids, views, totals, full)
     assert len(drafts) == len(batch.reqs) * stride, f"{len(drafts)=}, {len(batch.reqs)=}, {stride=}"
     return drafts, mask
-
-
-def _merge_ahead(corpus, batch, ahead, reused, rows, rest, stride: int) -> Tuple[np.ndarray, np.ndarray]:
-    """A step's drafts where the rows ``reused`` (``(row, row of ahead)``) were drafted ahead: the other ``rows``
-    drafted now (``rest``: their ids, views, lengths and full views), both laid out in SGLang's order."""
-    bs = len(batch.reqs)
-    drafts = np.empty((bs, stride), dtype=np.int64)
-    mask = np.zeros((bs, stride, stride), dtype=bool)
-    d, m = corpus.batch_get(*rest, batch_ids=[req.rid for req in batch.reqs])
-    undrafted = [rows[j] for j in corpus.undrafted]
-    if rows:
-        drafts[rows] = np.asarray(d).reshape(len(rows), stride)
-        mask[rows] = np.asarray(m).reshape(len(rows), stride, stride)
-    dst, src = [i for i, _ in reused], [j for _, j in reused]
-    drafts[dst] = ahead["tokens"][src]
-    mask[dst] = ahead["mask"][src]
-    corpus.undrafted = undrafted
-    corpus.stats["ahead_used"] += len(reused)
-    return drafts.reshape(-1), mask.reshape(-1)
 
 
 def admit_prefilled(worker, batch) -> None:
@@ -735,7 +593,7 @@ def ngram_worker(make_corpus):
     from lumotree.sglang import adaptive, draft_timing, step_timing, suffix_sizes
     from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.decode_step import DecodeStep
-    from lumotree.sglang.finish import FinishedRows, forward_marked, keep_out_of_cache
+    from lumotree.sglang.finish import forward_marked, keep_out_of_cache
     from lumotree.sglang.scheduling import overlap_consistent, publish_prefill_early
     from lumotree.sglang.worker import StepLedger
 
@@ -805,25 +663,16 @@ def ngram_worker(make_corpus):
             return step_timing.measure("worker", batch, self._forward_marked, batch, *args, **kwargs)
 
         def _forward_marked(self, batch, *args, **kwargs):
-            prefill, decode = batch.forward_mode.is_extend(), batch.forward_mode.is_decode()
-            consistent = getattr(self, "_overlap_consistent", False)
-            ledger = getattr(self, "_ledger", None) if decode else None
-            ahead = (decode and hasattr(getattr(self, "ngram_corpus", None), "draft_ahead")
-                     and not getattr(batch, "has_grammar", False))
-            rows = batch.req_pool_indices[:batch.seq_lens.shape[0]] if ledger is not None or ahead else None
-            if ahead:  # the rows finished before this step (overlap scheduler): their tokens are not theirs
-                rids = [req.rid for req in batch.reqs]
-                before = FinishedRows.of(batch.req_to_token_pool).done[rows.long()] if consistent else None
-            self._drafted_nodes = None
+            prefill = batch.forward_mode.is_extend()
+            ledger = getattr(self, "_ledger", None) if batch.forward_mode.is_decode() else None
+            rows = batch.req_pool_indices[:batch.seq_lens.shape[0]] if ledger is not None else None
             # where each request ends: the run clamp; the overlap scheduler's finished rows (lumotree.sglang.finish)
-            out = forward_marked(consistent, batch, lambda: self._forward(batch, *args, **kwargs))
+            out = forward_marked(getattr(self, "_overlap_consistent", False), batch,
+                                 lambda: self._forward(batch, *args, **kwargs))
             if prefill:  # launched: index the new prompts while the GPU computes (timed only in the benchmark)
                 draft_timing.measure(admit_prefilled, self, batch, timer=draft_timing.ADMISSIONS)
             if ledger is not None:  # the step's finished rows are marked now: its acceptance leaves them out
                 ledger.note_live_rows(batch.req_to_token_pool, rows)
-            if ahead and self._drafted_nodes is not None:  # a drafted step: draft the next one in the background
-                self.ngram_corpus.draft_ahead(rids, out.next_draft_input.accept_tokens, out.accept_lens,
-                                              out.speculative_num_draft_tokens, self._drafted_nodes, before)
             return out
 
         def _forward(self, batch, *args, **kwargs):
@@ -856,7 +705,6 @@ def ngram_worker(make_corpus):
             (:mod:`lumotree.sglang.suffix_sizes`), its result at the server's stride."""
             forward = super(HostCorpusWorker, self).forward_batch_generation
             vs = self._verify_size(batch)
-            self._drafted_nodes = getattr(self, "draft_token_num", None) if vs is None else vs.nodes
             if vs is None:
                 return forward(batch, *args, **kwargs)
             bs = batch.seq_lens.shape[0]

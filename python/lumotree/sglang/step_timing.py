@@ -43,7 +43,10 @@ scheduler went idle inside it (SGLang's ``Scheduler.on_idle``: no batch to run);
 an interval go to the same key, ``<kind>_<part>`` (ms and the intervals that had the part; any batch, not only decode),
 so that a prefill interval's time is split too. Cumulative totals are logged at most once a second with the wall
 clock, ``LumoTree step totals at T: decode X ms N, prefill ..., idle ..., decode_schedule X ms N, ...``, so that a
-benchmark takes the difference over its own time windows (``sglang_server.py: step_totals``).
+benchmark takes the difference over its own time windows (``sglang_server.py: step_totals``). The :data:`SECTIONS`
+(the target's forward split into its batch's init, the model and the sampler; the scheduler's prefill preparation and
+result processing; the radix tree's calls; CUDA event waits; LumoTree's prefill work) are charged to those totals only,
+so that an interval of any kind is split further, the same way for every server.
 """
 from __future__ import annotations
 

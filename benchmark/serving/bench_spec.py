@@ -62,8 +62,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from parity import memory_report  # noqa: E402
-from sglang_server import (accept_stats, jit_cache_env, generate, log_health, machine, machines_note,  # noqa: E402
-                           post, sglang_server, stop_profile)
+from sglang_server import (accept_stats, jit_cache_env, generate, host_speed, log_health, machine,  # noqa: E402
+                           machines_note, post, sglang_server, stop_profile)
 
 SHAPES = {  # Qwen3.5-27B's per-layer shapes, fewer layers (dummy weights)
     "qwen3.5-27b-8l": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=8, num_attention_heads=24,
@@ -408,6 +408,7 @@ def main():
                     sglang_server(model, CONFIGS[name] + extra, port=args.port, log=log, timeout=args.server_timeout,
                                   base_args=base, env=env_s) as url:
                 srv["ready_s"] = round(time.time() - t0, 1)
+                srv["host"] = host_speed()  # the server up and idle (sglang_server.host_speed)
                 key = "text" if args.model else "input_ids"
                 generate(url, [prompts[0]] if not args.model else ["def f(x):"], 16, key=key)  # warm-up
                 for bs in batches:

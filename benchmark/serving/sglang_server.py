@@ -229,6 +229,34 @@ def machine() -> str:
         return "unknown"
 
 
+def host_speed(repeats: int = 5) -> dict:
+    """How fast this machine's host runs the work a host-bound server does, in ms (median of ``repeats``): ``python``,
+    a fixed pure-Python loop; ``torch``, 2,000 small CPU tensor ops (the dispatch overhead a scheduler pays per launch).
+    Recorded per server beside :func:`machine`: machines of one pool served the same tiny-model benchmark up to 1.8x
+    apart, and the probe says how far two runs' machines differ before their figures are set side by side."""
+    import torch
+
+    def python():
+        return sum(i * i % 7 for i in range(200_000))
+
+    a, b = torch.ones(8), torch.ones(8)
+
+    def ops():
+        for _ in range(1000):
+            torch.add(a, b, out=a)
+            torch.mul(a, 0.5, out=a)
+
+    out = {}
+    for key, fn in (("python", python), ("torch", ops)):
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+        out[f"{key}_ms"] = round(statistics.median(times), 2)
+    return out
+
+
 def machines_note(servers, consequence: str) -> list:
     """Where a result's servers (``{name: entry}``, entries with :func:`machine`'s ``machine``) ran on more than one
     machine: a line naming which ran where, then ``consequence``, and an empty line; else ``[]``."""

@@ -615,6 +615,10 @@ def markdown(res) -> str:
     from sglang_server import machines_note
 
     out += machines_note(res.get("servers"), "so no ratio is given between servers of different machines")
+    host = {n: s["host"] for n, s in res.get("servers", {}).items() if s.get("host")}
+    if host:  # sglang_server.host_speed: how fast the machine's host ran when each server had started
+        out += ["Host probe with each server up and idle, ms (a Python loop / 2,000 small torch CPU ops): " + "; ".join(
+            f"{n} {h['python_ms']:.1f} / {h['torch_ms']:.1f}" for n, h in host.items()), ""]
     where = {n: s.get("machine") for n, s in res.get("servers", {}).items()}
     for level in sorted({r["agents"] for r in rows}):
         at = [r for r in rows if r["agents"] == level]
@@ -822,8 +826,9 @@ def main():
     if room is not None and room < 0:
         ap.error(f"--collapse-tokens {args.collapse_tokens} + --max-tokens {args.max_tokens} (+{CONTEXT_SLACK} for the "
                  f"chat template) exceed the model's context by {-room} tokens: lower --collapse-tokens")
-    from sglang_server import (ADMISSION_TIMING_LINE, DRAFT_WAIT_TIMING_LINE, draft_timing, get, jit_cache_env,
-                               jit_compiles, log_health, machine, post, sglang_server, step_timing, step_totals)
+    from sglang_server import (ADMISSION_TIMING_LINE, DRAFT_WAIT_TIMING_LINE, draft_timing, get, host_speed,
+                               jit_cache_env, jit_compiles, log_health, machine, post, sglang_server, step_timing,
+                               step_totals)
 
     count = token_counter(args.model)
     base = ([] if args.prefill_graphs else ["--disable-piecewise-cuda-graph"]) + [
@@ -885,7 +890,7 @@ def main():
                     sglang_server(args.model, CONFIGS[config], port=port, log=log, timeout=args.server_timeout,
                                   base_args=base, env=env_s) as url:
                 server.update(ready_s=round(time.time() - t0, 1), args=CONFIGS[config] + base, env=env_c,
-                              jit_cache=args.jit_cache, machine=here)
+                              jit_cache=args.jit_cache, machine=here, host=host_speed())  # the server idle
                 with lock:
                     res["servers"][name] = server
                 windows["start-up"] = (t0, time.time())

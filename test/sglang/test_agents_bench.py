@@ -557,6 +557,11 @@ def test_markdown_gives_no_ratio_between_servers_of_different_machines(monkeypat
                         "between servers of different machines)")
     assert "| ngram | 900 (other machine) | 0.50 / 1.00 | 5.00 |" in lines
     assert "| lumotree-suffix | 1200 (2.40x) | 0.50 / 1.00 | 8.00 |" in lines
+    # the host probe each server recorded (sglang_server.host_speed): one line
+    probed = dict(rows=rows, servers={n: dict(machine="GPU-a", host=dict(python_ms=20.0 + i, torch_ms=5.0))
+                                      for i, n in enumerate(("none", "ngram"))})
+    assert ("Host probe with each server up and idle, ms (a Python loop / 2,000 small torch CPU ops): none 20.0 / 5.0; "
+            "ngram 21.0 / 5.0") in ab.markdown(probed).splitlines()
     # servers recorded before machines were: as before
     plain = ab.markdown(dict(rows=rows, servers={})).splitlines()
     assert plain[5] == "| lumotree-suffix | 1200 (2.40x) | 0.50 / 1.00 | 8.00 |"
@@ -571,6 +576,8 @@ def test_markdown_gives_no_ratio_between_servers_of_different_machines(monkeypat
     def no_smi(*a, **k):
         raise FileNotFoundError("nvidia-smi")
 
+    got = ss.host_speed(repeats=1)
+    assert set(got) == {"python_ms", "torch_ms"} and all(v > 0 for v in got.values())
     monkeypatch.setattr(subprocess, "run", no_smi)
     got = ss.machine()
     assert got.startswith("boot ") or got == "unknown"

@@ -164,8 +164,44 @@ def step_timing():
     fig.savefig(os.path.join(DOCS, "step_timing_h200.png"), dpi=110)
 
 
+# where a 32-agent phase's scheduler time goes, per server: the decode intervals, then the prefill intervals split
+PREFILL_PARTS = [("prefill: the target's forward", lambda t: t["prefill_forward"]),
+                 ("prefill: run_batch beyond it (the speculative worker's own)",
+                  lambda t: t["prefill_launch"] - t["prefill_forward"]),
+                 ("prefill: scheduling", lambda t: t["prefill_schedule"]),
+                 ("prefill: result processing", lambda t: t["prefill_result"]),
+                 ("prefill: the loop's rest", lambda t: t["prefill"] - t["prefill_launch"] - t["prefill_schedule"]
+                  - t["prefill_result"])]
+
+
+def intervals():
+    """32 agents (run "32-agents-sections"): each server's scheduler time over the phase's three repeats, its decode
+    intervals and its prefill intervals split by the step timer's parts: the target's forward, the rest of
+    ``run_batch`` (a speculative worker's own prefill work), scheduling, result processing, the loop's rest."""
+    run = next(r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]
+               if r["name"] == "32-agents-sections")
+    servers = [n for n in ("none", "ngram", "lumotree-suffix") if n in run["servers"]]
+    totals = {n: {k: v["seconds"] for k, v in run["servers"][n]["step_totals"]["32 agents"].items()} for n in servers}
+    fig, ax = plt.subplots(figsize=(12, 3.2))
+    parts = [("decode intervals", lambda t: t["decode"])] + PREFILL_PARTS
+    left = [0.0] * len(servers)
+    for name, fn in parts:
+        vals = [max(0.0, fn(totals[n])) for n in servers]
+        ax.barh(range(len(servers)), vals, left=left, label=name)
+        left = [a + v for a, v in zip(left, vals)]
+    for i, tot in enumerate(left):
+        ax.text(tot, i, f" {tot:.1f} s", va="center", fontsize=8)
+    ax.set(yticks=range(len(servers)), yticklabels=servers,
+           xlabel="scheduler seconds in decode and prefill intervals, three 32-agent phases",
+           xlim=(0, 1.15 * max(left)), title="32 agents: where the scheduler's time goes (one H200)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(os.path.join(DOCS, "agents32_intervals_h200.png"), dpi=110)
+
+
 if __name__ == "__main__":
     select()
     served()
     agents()
     step_timing()
+    intervals()

@@ -74,8 +74,9 @@ def agents():
     first phase its servers served: 1 agent from run "1-32-agents" (the client that counts each message's tokens once),
     8 agents from run "8-32-agents" (the client of the time re-encoded each prompt every turn) and from run
     "8-agents-sized-32" (another machine, no NGRAM), 32 agents from run "32-agents-sections" (its median run of three,
-    on a machine that served no speculation 1.8x as fast as run "32-agents-first"'s). The 32-agent phases of runs "1-32-agents" and "8-32-agents" followed their first level on the same sessions
-    without a flush (their drafters held its replies)."""
+    on a machine that served no speculation 1.8x as fast as run "32-agents-first"'s). The 32-agent phases of runs
+    "1-32-agents" and "8-32-agents" followed their first level on the same sessions without a flush (their drafters
+    held its replies)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
     groups = [("1-32-agents", 1, "1 agent"),
               ("8-32-agents", 8, "8 agents\n(older client)"),

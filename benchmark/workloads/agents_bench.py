@@ -596,10 +596,6 @@ STEP_PARTS = ("schedule", "lengths", "worker", "nodraft", "nd_prep", "nd_init", 
 # inside launch); what is left is the loop's own time
 INTERVAL_PARTS = ("schedule", "input", "launch", "lengths", "worker", "forward", "spec_prep", "verify", "sample", "commit",
                   "result")
-# sections inside them (lumotree.sglang.step_timing.SECTIONS): the target's forward (fb_init, model, mamba_cow,
-# sampling), the scheduler's prefill preparation and result, the radix tree, event waits, LumoTree's prefill work
-SECTION_PARTS = ("fb_init", "model", "mamba_cow", "sampling", "new_prefill", "prep_extend", "tree_match",
-                 "result_prefill", "tree_unfinished", "tree_finished", "event_sync", "lt_fin_admit", "lt_mark", "lt_admit")
 
 
 def markdown(res) -> str:
@@ -705,7 +701,9 @@ def markdown(res) -> str:
                         if whole is not None else None)
                 out.append(f"| {n}: {k} | " + " | ".join(_num(sec[p]) for p in INTERVAL_PARTS) + f" | {_num(rest)} |")
             out.append("")
-        cols = [p for p in SECTION_PARTS if any(f"{k}_{p}" in t.get(w, {}) for t in totals.values()
+        from lumotree.sglang.step_timing import SECTIONS  # the sections inside those intervals, in its order
+
+        cols = [p for _, p in SECTIONS if any(f"{k}_{p}" in t.get(w, {}) for t in totals.values()
                                                 for k in ("decode", "prefill"))]
         if cols:
             out += [f"Sections inside those intervals ({w}), seconds (nested: model and sampling inside forward, "

@@ -69,19 +69,15 @@ def served():
 
 
 def agents():
-    """Concurrent agents: tokens/s and p95 turn latency per server, one group per (run, concurrency), LUMOTREE_SUFFIX with
-    its tree size per batch bucket and its adaptive choice of no draft, the user's mode (prefill graphs on), each the
-    first phase its servers served: 1 agent from run "1-32-agents" (the client that counts each message's tokens once),
-    8 agents from run "8-32-agents" (the client of the time re-encoded each prompt every turn) and from run
-    "8-agents-sized-32" (another machine, no NGRAM), 32 agents from run "32-agents-sections" (its median run of three,
-    on a machine that served no speculation 1.8x as fast as run "32-agents-first"'s). The 32-agent phases of runs
-    "1-32-agents" and "8-32-agents" followed their first level on the same sessions without a flush (their drafters
-    held its replies)."""
+    """Concurrent agents: tokens/s and p95 turn latency per server, one group per (run, concurrency), LUMOTREE_SUFFIX
+    with its tree size per batch bucket and its adaptive choice of no draft, the user's mode (prefill graphs on), each
+    level the first phase its servers served on sessions of its own after a flush: 1 and 8 agents from run
+    "1-8-agents" (16 sessions per level, one machine), 32 agents from run "32-agents-sections" (32 sessions, its median
+    run of three, on another machine). Ratios compare within a group, not across groups (machines of the pool differ up to 1.8x)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
-    groups = [("1-32-agents", 1, "1 agent"),
-              ("8-32-agents", 8, "8 agents\n(older client)"),
-              ("8-agents-sized-32", 8, "8 agents\n(older client,\nanother machine)"),
-              ("32-agents-sections", 32, "32 agents\n(median of 3 runs,\na faster machine)")]
+    groups = [("1-8-agents", 1, "1 agent"),
+              ("1-8-agents", 8, "8 agents"),
+              ("32-agents-sections", 32, "32 agents\n(median of 3 runs,\nanother machine)")]
     rows = [dict(r, agents=label) for name, level, label in groups if name in runs
             for r in runs[name]["rows"] if r["agents"] == level]
     configs = list(dict.fromkeys(r["config"] for r in rows))

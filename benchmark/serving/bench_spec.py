@@ -392,8 +392,8 @@ def main():
             print(f"{name}: kept from {args.out}", flush=True)
             continue
         log = os.path.join(args.log_dir, f"bench-{name}.log")
+        srv = dict(args=CONFIGS[name], host=host_speed())  # before the server starts (sglang_server.host_speed)
         t0 = time.time()
-        srv = dict(args=CONFIGS[name])
         oracle = name.endswith("-oracle")
         if oracle and args.oracle_p is None:
             raise SystemExit(f"{name} needs --oracle-p")
@@ -408,7 +408,6 @@ def main():
                     sglang_server(model, CONFIGS[name] + extra, port=args.port, log=log, timeout=args.server_timeout,
                                   base_args=base, env=env_s) as url:
                 srv["ready_s"] = round(time.time() - t0, 1)
-                srv["host"] = host_speed()  # the server up and idle (sglang_server.host_speed)
                 key = "text" if args.model else "input_ids"
                 generate(url, [prompts[0]] if not args.model else ["def f(x):"], 16, key=key)  # warm-up
                 for bs in batches:

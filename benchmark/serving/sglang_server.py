@@ -232,8 +232,11 @@ def machine() -> str:
 def host_speed(repeats: int = 5) -> dict:
     """How fast this machine's host runs the work a host-bound server does, in ms (median of ``repeats``): ``python``,
     a fixed pure-Python loop; ``torch``, 2,000 small CPU tensor ops (the dispatch overhead a scheduler pays per launch).
-    Recorded per server beside :func:`machine`: machines of one pool served the same tiny-model benchmark up to 1.8x
-    apart, and the probe says how far two runs' machines differ before their figures are set side by side."""
+    Recorded per server beside :func:`machine`, taken before the server starts: machines of one pool served the same
+    tiny-model benchmark up to 1.8x apart, and the probe says how far two runs' machines differ before their figures are
+    set side by side. Not with a server up: on one H200 host (16 cores) the probe's loop took 11 to 21 ms from one probe
+    to the next with a server up, and the server's scheduler thread, the only one of its threads using the CPU, was
+    sampled (/proc) at 16 to 100 % of a core while the server had no request."""
     import torch
 
     def python():

@@ -612,8 +612,8 @@ def markdown(res) -> str:
 
     out += machines_note(res.get("servers"), "so no ratio is given between servers of different machines")
     host = {n: s["host"] for n, s in res.get("servers", {}).items() if s.get("host")}
-    if host:  # sglang_server.host_speed: how fast the machine's host ran when each server had started
-        out += ["Host probe with each server up and idle, ms (a Python loop / 2,000 small torch CPU ops): " + "; ".join(
+    if host:  # sglang_server.host_speed: how fast the machine's host ran before each server started
+        out += ["Host probe before each server started, ms (a Python loop / 2,000 small torch CPU ops): " + "; ".join(
             f"{n} {h['python_ms']:.1f} / {h['torch_ms']:.1f}" for n, h in host.items()), ""]
     where = {n: s.get("machine") for n, s in res.get("servers", {}).items()}
     for level in sorted({r["agents"] for r in rows}):
@@ -879,6 +879,7 @@ def main():
     def serve(config, port, base):
         name = config + args.tag
         log = os.path.join(args.log_dir, f"agents-{name}.log")
+        host = host_speed()  # before the server starts (sglang_server.host_speed: an idle server's loop skews it)
         t0 = time.time()
         windows = {"start-up": (t0, None)}
         env_c = dict(env, **CONFIG_ENV.get(config, {}))
@@ -888,7 +889,7 @@ def main():
                     sglang_server(args.model, CONFIGS[config], port=port, log=log, timeout=args.server_timeout,
                                   base_args=base, env=env_s) as url:
                 server.update(ready_s=round(time.time() - t0, 1), args=CONFIGS[config] + base, env=env_c,
-                              jit_cache=args.jit_cache, machine=here, host=host_speed())  # the server idle
+                              jit_cache=args.jit_cache, machine=here, host=host)
                 with lock:
                     res["servers"][name] = server
                 windows["start-up"] = (t0, time.time())

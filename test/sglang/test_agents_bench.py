@@ -560,7 +560,7 @@ def test_markdown_gives_no_ratio_between_servers_of_different_machines(monkeypat
     # the host probe each server recorded (sglang_server.host_speed): one line
     probed = dict(rows=rows, servers={n: dict(machine="GPU-a", host=dict(python_ms=20.0 + i, torch_ms=5.0))
                                       for i, n in enumerate(("none", "ngram"))})
-    assert ("Host probe with each server up and idle, ms (a Python loop / 2,000 small torch CPU ops): none 20.0 / 5.0; "
+    assert ("Host probe before each server started, ms (a Python loop / 2,000 small torch CPU ops): none 20.0 / 5.0; "
             "ngram 21.0 / 5.0") in ab.markdown(probed).splitlines()
     # servers recorded before machines were: as before
     plain = ab.markdown(dict(rows=rows, servers={})).splitlines()

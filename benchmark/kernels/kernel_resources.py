@@ -114,18 +114,6 @@ def main():
         rows.append(dict(kernel="all-layer replay commit (per layer)" + (", track rows" if track else ""),
                          BV=16, warps=4, **r))
         print(json.dumps(rows[-1]), flush=True)
-    from lumotree.drafters import tree_merge_triton as tm
-
-    merge_types = dict(m_tok="*i64", m_nt="*i64", m_ns="*i64", keep_mtp="*i64", s_tok="*i64", s_par="*i64",
-                       s_sc="*fp32", s_num="*i64", seq_lens="*i64", o_tok="*i64", o_pos="*i64", o_nt="*i64",
-                       o_ns="*i64", mask="*i1", B="i32")
-    TYPES.update(merge_types)
-    for N, M in ((6, 4), (8, 8), (16, 8), (64, 32)):  # the merged MTP + suffix tree (one program per request)
-        consts = dict(N=N, M=M, BU=triton.next_power_of_2(N + M), BN=triton.next_power_of_2(N), BB=64, MASK_MODE=0,
-                      WRITE_MASK=True)
-        r = resources(tm.tree_merge_layout_fwd_kernel, consts, 4, BATCH)
-        rows.append(dict(kernel="tree merge + layout", nodes=N, suffix_width=M, warps=4, **r))
-        print(json.dumps(rows[-1]), flush=True)
     from lumotree.ops.tree_attention import triton as ta
 
     TYPES.update(k_buffer="*bf16", v_buffer="*bf16", kv_indptr="*i32", kv_indices="*i64", anc="*i8", o_part="*fp32",

@@ -584,9 +584,6 @@ CONFIGS["lumotree-suffix-nodraft"] = CONFIGS["lumotree-suffix"] + [
 # comparison that chose SUFFIX_SETTINGS on a CPU model, served
 CONFIGS["lumotree-suffix-mtp-policy"] = CONFIGS["lumotree-suffix"] + [
     "--speculative-adaptive-config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "mtp_policy.json")]
-# LUMOTREE's MTP tree merged with suffix drafts (LUMOTREE_SUFFIX_MERGE=1: a fixed tree, the synchronous scheduler)
-CONFIGS["lumotree-merge"] = list(CONFIGS["lumotree"])
-CONFIG_ENV = {"lumotree-merge": {"LUMOTREE_SUFFIX_MERGE": "1"}}  # a configuration's own environment, beside --env
 
 
 STEP_BUCKETS = ("1", "2", "4", "8", "16", "32", "64")
@@ -882,7 +879,7 @@ def main():
         host = host_speed()  # before the server starts (sglang_server.host_speed: an idle server's loop skews it)
         t0 = time.time()
         windows = {"start-up": (t0, None)}
-        env_c = dict(env, **CONFIG_ENV.get(config, {}))
+        env_c = dict(env)
         server = {}
         try:
             with jit_cache_env(args.jit_cache, env_c) as env_s, \

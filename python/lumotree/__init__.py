@@ -21,10 +21,6 @@ Environment variables:
                          ``LUMOTREE_SGLANG_CHECK_REPORT=FILE`` / ``LUMOTREE_SGLANG_CHECK_DUMP=DIR``
                          write the report / the failing inputs. LUMOTREE_SUFFIX servers then also
                          verify full attention with LumoTree's kernel (checked against SGLang's).
-    LUMOTREE_SUFFIX_MERGE  ``1``: a LUMOTREE server merges each request's suffix draft into the MTP
-                         draft tree (needs the synchronous scheduler: chosen by LumoTree with the radix
-                         cache, else ``--disable-overlap-schedule``).
-    LUMOTREE_SUFFIX_MERGE_SLOTS  draft nodes reserved for suffix branches (default half the tree).
     LUMOTREE_SUFFIX_TOKENS_PER_STEP  verify tokens per step a LUMOTREE_SUFFIX server sizes its draft
                          tree for when ``--speculative-num-draft-tokens`` is not given (default 512:
                          tree = 512 / --max-running-requests nodes, a power of two in [4, 32]).

@@ -683,7 +683,7 @@ def test_lanes_serve_configurations_at_once_each_with_its_port_and_memory_share(
     serve_fakes(monkeypatch, ab, fake_server, fake_post)
     out = tmp_path / "a.json"
     monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs",
-                                      "none,lumotree-suffix,ngram,lumotree-merge",
+                                      "none,lumotree-suffix,ngram,lumotree",
                                       "--agents", "1,2", "--sessions", "3", "--turns", "4", "--lanes", "2",
                                       "--warmup-sessions", "0", "--log-dir", str(tmp_path), "--out", str(out)])
     ab.main()
@@ -696,12 +696,9 @@ def test_lanes_serve_configurations_at_once_each_with_its_port_and_memory_share(
                for _, _, b in launched)
     assert [(r["config"], r["agents"]) for r in res["rows"]] == [
         ("none", 1), ("none", 2), ("lumotree-suffix", 1), ("lumotree-suffix", 2), ("ngram", 1), ("ngram", 2),
-        ("lumotree-merge", 1), ("lumotree-merge", 2)]
+        ("lumotree", 1), ("lumotree", 2)]
     assert res["parity"]["lumotree-suffix/1"]["identical_turns"] == res["parity"]["ngram/2"]["identical_turns"] == 6
-    assert set(res["servers"]) == {"none", "lumotree-suffix", "ngram", "lumotree-merge"}
-    # the merged tree: LUMOTREE's flags with its own environment, the others without it
-    assert res["servers"]["lumotree-merge"]["env"] == {"LUMOTREE_SUFFIX_MERGE": "1"}
-    assert all("LUMOTREE_SUFFIX_MERGE" not in res["servers"][n]["env"] for n in ("none", "lumotree-suffix", "ngram"))
+    assert set(res["servers"]) == {"none", "lumotree-suffix", "ngram", "lumotree"}
     assert "--lanes 2" in ab.markdown(res)
 
 

@@ -220,21 +220,19 @@ def test_oracle_algorithms_only_with_the_benchmark_variable(p):
         assert lines == ["RESULT LUMOTREE_ORACLE absent", "RESULT NGRAM_ORACLE absent"]
 
 
-MERGE_SCRIPT = r"""
+REMOVED_ENV_SCRIPT = r"""
 import os, sys
 from sglang.srt.plugins import load_plugins
 load_plugins()
 from sglang.srt.server_args import prepare_server_args
-base = ["--model-path", sys.argv[1], "--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3",
-        "--speculative-eagle-topk", "2", "--speculative-num-draft-tokens", "6", "--device", "cpu"]
-os.environ["LUMOTREE_SUFFIX_MERGE"] = "1"
-for slots, extra, overlap in ((None, [], None), (None, ["--disable-overlap-schedule"], None),
-                              ("6", ["--disable-overlap-schedule"], None),
-                              (None, ["--disable-overlap-schedule", "--speculative-algorithm", "LUMOTREE_SUFFIX"], None),
-                              (None, ["--disable-radix-cache"], None)):
-    os.environ.pop("LUMOTREE_SUFFIX_MERGE_SLOTS", None)
-    if slots:
-        os.environ["LUMOTREE_SUFFIX_MERGE_SLOTS"] = slots
+base = ["--model-path", sys.argv[1], "--speculative-num-draft-tokens", "6", "--device", "cpu"]
+mtp = ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2"]
+for env, extra in ((None, mtp), ("LUMOTREE_SUFFIX_MERGE", mtp), ("LUMOTREE_SUFFIX_MERGE_SLOTS", mtp),
+                   ("LUMOTREE_SUFFIX_MERGE", ["--speculative-algorithm", "LUMOTREE_SUFFIX"])):
+    for name in ("LUMOTREE_SUFFIX_MERGE", "LUMOTREE_SUFFIX_MERGE_SLOTS"):
+        os.environ.pop(name, None)
+    if env:
+        os.environ[env] = "1"
     try:
         prepare_server_args(base + extra)
         print("RESULT ok")
@@ -243,79 +241,29 @@ for slots, extra, overlap in ((None, [], None), (None, ["--disable-overlap-sched
 """
 
 
-def test_suffix_merge_flag_validation():
+def test_the_removed_merged_tree_s_variables_fail_at_start_up_naming_themselves():
+    """The merged MTP + suffix tree served slower than LUMOTREE_SUFFIX alone and was removed: a server started
+    with its environment variables says so (naming the variable and what to serve) instead of ignoring them."""
     if not os.path.isfile(os.path.join(CKPT, "config.json")):
         pytest.skip("tiny checkpoint not in this checkout")
-    out = subprocess.run([sys.executable, "-c", MERGE_SCRIPT, CKPT], capture_output=True, text=True, timeout=600,
-                         cwd=ROOT)
+    out = subprocess.run([sys.executable, "-c", REMOVED_ENV_SCRIPT, CKPT], capture_output=True, text=True,
+                         timeout=600, cwd=ROOT)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert len(lines) == 5, out.stdout[-2000:] + out.stderr[-4000:]
-    # with the radix cache on the plugin turns overlap off itself for the merged tree: no flag needed
-    assert "runs its GDN kernels on CUDA" in lines[0]
-    assert "runs its GDN kernels on CUDA" in lines[1]  # a valid merged configuration reaches the device check
-    assert "LUMOTREE_SUFFIX_MERGE_SLOTS must be an integer in [1, 5]" in lines[2]
-    assert "has no MTP tree" in lines[3]
-    # overlap kept (no radix cache): the merge needs the flag
-    assert "needs --disable-overlap-schedule" in lines[4]
-
-
-def test_hook_registers_the_merged_verify_input(monkeypatch):
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    from lumotree.sglang import patches
-    from lumotree.sglang.patches import eagle_verify_input as hook
-
-    saved = list(HookRegistry._hooks.get(hook.TARGET, []))
-    try:
-        patches.forget(hook.TARGET)
-        hook.install()
-        last = HookRegistry._hooks[hook.TARGET][-1]
-        assert last[0] == HookType.REPLACE and last[1].__name__ == "build_eagle_verify_input"
-    finally:
-        HookRegistry._hooks[hook.TARGET] = saved
-        patches.forget(hook.TARGET)
-
-
-APPLY_SCRIPT = r"""
-from sglang.srt.plugins.hook_registry import HookRegistry
-from lumotree.sglang.patches import eagle_verify_input as hook
-hook.install()
-HookRegistry.apply_hooks()
-import sglang.srt.speculative.eagle_worker_v2 as w
-calls = []
-class Mode:
-    def is_idle(self):
-        calls.append(1)
-        if len(calls) > 1:
-            raise RuntimeError("our wrapper ran")
-        return True
-class Batch:
-    forward_mode = Mode()
-try:
-    w.build_eagle_verify_input(Batch(), None, None, None, None, None, target_worker=None, topk=2, num_steps=3,
-                               num_draft_tokens=6, tree_mask_mode=0, device="cpu")
-    print("RESULT not hooked")
-except RuntimeError as e:
-    print("RESULT", e)
-"""
-
-
-def test_merged_verify_input_hook_reaches_the_eagle_v2_worker():
-    """Applied as SGLang applies plugin hooks, the wrapper is what EAGLE V2's draft() calls (its
-    module global), around SGLang's own builder (which runs first: the idle check is asked twice)."""
-    out = subprocess.run([sys.executable, "-c", APPLY_SCRIPT], capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert "RESULT our wrapper ran" in out.stdout, out.stdout[-2000:] + out.stderr[-3000:]
+    assert len(lines) == 4, out.stdout[-2000:] + out.stderr[-4000:]
+    assert "runs its GDN kernels on CUDA" in lines[0]  # without them the arguments reach the device check
+    assert lines[1].startswith("ValueError LUMOTREE_SUFFIX_MERGE is set: the merged MTP + suffix draft tree was "
+                               "removed") and "--speculative-algorithm LUMOTREE_SUFFIX" in lines[1], lines[1]
+    assert lines[2].startswith("ValueError LUMOTREE_SUFFIX_MERGE_SLOTS is set"), lines[2]
+    assert lines[3].startswith("ValueError LUMOTREE_SUFFIX_MERGE is set"), lines[3]
 
 
 def test_consistent_prefix_cache_keeps_overlap_with_the_no_buffer_cache(monkeypatch, caplog):
     """With the radix cache on, LumoTree servers take the no_buffer state cache (SGLang 0.5.17's
     extra_buffer path served speculative requests inconsistent cached states,
     benchmark/results/cache_consistency_h200.json) and keep the overlap scheduler, except where the
-    finished-row skip does not apply (merged tree, mixed chunk, deterministic inference): there the
-    synchronous one. Page size > 1 keeps SGLang's own, with a warning."""
+    finished-row skip does not apply (mixed chunk, deterministic inference): there the synchronous one.
+    Page size > 1 keeps SGLang's own, with a warning."""
     from lumotree.sglang.plugin import consistent_prefix_cache
-
-    monkeypatch.delenv("LUMOTREE_SUFFIX_MERGE", raising=False)
 
     def args(**kw):
         base = dict(disable_radix_cache=False, disable_overlap_schedule=False, page_size=None,
@@ -331,12 +279,6 @@ def test_consistent_prefix_cache_keeps_overlap_with_the_no_buffer_cache(monkeypa
         sa = args(**kw)
         assert consistent_prefix_cache(sa)
         assert sa.disable_overlap_schedule and sa.mamba_radix_cache_strategy == "no_buffer"
-    monkeypatch.setenv("LUMOTREE_SUFFIX_MERGE", "1")
-    sa = args()
-    assert consistent_prefix_cache(sa) and sa.disable_overlap_schedule  # the merged tree's host drafts
-    sa = args(speculative_algorithm="LUMOTREE_SUFFIX")
-    assert consistent_prefix_cache(sa) and not sa.disable_overlap_schedule  # the merge is LUMOTREE's alone
-    monkeypatch.delenv("LUMOTREE_SUFFIX_MERGE")
     for kw in (dict(disable_radix_cache=True), dict(disable_overlap_schedule=True)):
         sa = args(**kw)
         assert not consistent_prefix_cache(sa) and sa.mamba_radix_cache_strategy == "auto"

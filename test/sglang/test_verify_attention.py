@@ -156,18 +156,15 @@ def test_verify_attention_keeps_sglang_path_where_it_cannot_serve(reference_kern
     assert "layer 3 has a sliding window" in caplog.text
 
 
-def test_applies_to_lumotree_and_suffix_servers_but_not_exact_or_merged(monkeypatch):
+def test_applies_to_lumotree_and_suffix_servers_but_not_exact():
     from lumotree.sglang.verify_attention import applies
 
     def sa(algo, det=False):
         return SimpleNamespace(speculative_algorithm=algo, enable_deterministic_inference=det)
 
-    monkeypatch.delenv("LUMOTREE_SUFFIX_MERGE", raising=False)
     assert applies(sa("LUMOTREE"))
     assert not applies(sa("NEXTN")) and not applies(sa(None)) and not applies(sa("LUMOTREE", det=True))
     assert applies(sa("LUMOTREE_SUFFIX")) and not applies(sa("LUMOTREE_SUFFIX", det=True))
-    monkeypatch.setenv("LUMOTREE_SUFFIX_MERGE", "1")
-    assert not applies(sa("LUMOTREE")) and applies(sa("LUMOTREE_SUFFIX"))  # the merge is LUMOTREE's
 
 
 def test_gdn_backend_tree_mask_is_this_forwards_tree():

@@ -1,5 +1,5 @@
 """Model-free suffix drafting (SuffixDecoding-style) for agent workloads, and the merge of several
-drafters' branches into one draft tree under a node budget.
+candidate trees into one draft tree under a node budget.
 
 ``SuffixTrie`` indexes every substring of length <= ``depth`` of the sequences it is fed, with
 occurrence counts, incrementally (O(depth) per appended token). ``SuffixDrafter`` keeps one trie per
@@ -8,7 +8,7 @@ requests; to draft, it finds the longest suffix of the context (<= ``max_match``
 occurred before and expands the continuations best-first by empirical probability
 ``count(child) / sum of the node's children's counts`` (path score = product), up to the budget.
 
-``merge_drafts`` unions candidate trees (from the suffix drafter, an MTP head, ...) by token path
+``merge_drafts`` unions candidate trees (a request's own trie's and the global cache's) by token path
 from the root, scores a merged node by the best of its sources, and keeps the ``budget`` best nodes
 (a node's score never exceeds its parent's, so the kept set is a tree). ``adaptive_budget`` gives
 the node budget for a batch: large trees at small batch, small trees at large batch.
@@ -25,7 +25,7 @@ import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["SuffixTrie", "SuffixDrafter", "NativeSuffixDrafter", "make_suffix_drafter", "Draft", "merge_drafts",
-           "align_draft", "adaptive_budget"]
+           "adaptive_budget"]
 
 
 @dataclasses.dataclass
@@ -48,8 +48,7 @@ class SuffixTrie:
     ``{token: child}`` dict of ints -- no Python object per node that the cyclic garbage collector
     tracks (CPython does not track dicts holding only ints). A served drafter holds millions of
     nodes (one per token and depth); as objects, every full collection walked all of them
-    (CPU: 0.1-0.9 s per request admission in the replay sessions,
-    ``benchmark/workloads/merge_host_cost.py``)."""
+    (CPU: 0.1-0.9 s per request admission in the replay sessions)."""
 
     def __init__(self, depth: int):
         if depth < 1:
@@ -584,31 +583,6 @@ def merge_drafts(drafts: Sequence[Draft], budget: int, weights: Optional[Sequenc
         for c in children[path]:
             heapq.heappush(heap, (-min(best[c], -neg), c, idx))  # a child never outranks its parent
     return Draft(tokens, parents, scores)
-
-
-def align_draft(draft: Draft, accepted: Sequence[int]) -> Draft:
-    """A draft made from a context that lacks the last ``accepted`` tokens, re-rooted at them: walk
-    them down from the root; the node reached (its token is the last accepted one) becomes the root
-    and its subtree the draft, scores relative to it, node order kept. If the walk leaves the tree,
-    only the new root remains. (Reference of :func:`lumotree.drafters.tree_merge.align_stale`.)"""
-    node = 0
-    for t in accepted:
-        node = next((i for i in range(1, len(draft.tokens)) if draft.parents[i] == node and draft.tokens[i] == t), -1)
-        if node < 0:
-            return Draft([accepted[-1]], [-1], [1.0])
-    keep = [i for i in range(len(draft.tokens)) if _under(draft.parents, i, node)]
-    new = {old: j for j, old in enumerate(keep)}
-    base = draft.scores[node]
-    return Draft([draft.tokens[i] for i in keep], [new.get(draft.parents[i], -1) if i != node else -1 for i in keep],
-                 [min(1.0, draft.scores[i] / base) if i != node else 1.0 for i in keep])
-
-
-def _under(parents: Sequence[int], i: int, anchor: int) -> bool:
-    while i >= 0:
-        if i == anchor:
-            return True
-        i = parents[i]
-    return False
 
 
 def adaptive_budget(batch_size: int, tokens_per_step: int = 512, max_nodes: int = 64, min_nodes: int = 4) -> int:

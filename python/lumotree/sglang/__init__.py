@@ -7,7 +7,7 @@
 - :mod:`lumotree.sglang.worker`, :mod:`lumotree.sglang.adaptive` -- the LUMOTREE tree worker and its
   adaptive tree size (the configured tree or no draft, per decode step, from measured step times).
 - :mod:`lumotree.sglang.scheduling` -- which scheduler and state cache a server runs with the radix cache
-  (SGLang's overlap scheduler with ``no_buffer``; the synchronous one where the merged tree needs it).
+  (SGLang's overlap scheduler with ``no_buffer``; the synchronous one where the finished-row skip does not apply).
 - :mod:`lumotree.sglang.select` -- LumoTree's fused selection in SGLang's greedy-verify format.
 - :mod:`lumotree.sglang.suffix`, :mod:`lumotree.sglang.oracle` -- model-free drafting
   (``LUMOTREE_SUFFIX``) and the benchmark-only controlled-acceptance drafter;

@@ -364,16 +364,13 @@ class TreeSizePolicy:
 
 def adaptive_tree_size(server_args) -> bool:
     """Whether a LUMOTREE or LUMOTREE_SUFFIX server chooses its tree size per step: by default, except with
-    ``--enable-multi-layer-eagle``, the merged MTP + suffix tree (``LUMOTREE_SUFFIX_MERGE=1``), the
-    decode-exact mode, and more than one GPU per model (``--tp-size`` / ``--dp-size`` > 1: each rank
+    ``--enable-multi-layer-eagle``, the decode-exact mode, and more than one GPU per model (``--tp-size`` / ``--dp-size`` > 1: each rank
     measures its own step times, and ranks choosing differently would launch different collectives),
     which serve the configured tree."""
     from lumotree.sglang.exact import exact_mode
-    from lumotree.sglang.scheduling import merge_enabled
 
     multi = (getattr(server_args, "tp_size", 1) or 1) > 1 or (getattr(server_args, "dp_size", 1) or 1) > 1
-    return not (getattr(server_args, "enable_multi_layer_eagle", False) or merge_enabled()
-                or exact_mode(server_args) or multi)
+    return not (getattr(server_args, "enable_multi_layer_eagle", False) or exact_mode(server_args) or multi)
 
 
 SUFFIX_TREE = 1  # LUMOTREE_SUFFIX's candidate for its draft tree (the NGRAM loop has one tree size and no draft steps)

@@ -41,6 +41,12 @@ GDN_LAYER_TYPES = {"linear_attention"}
 SUPPORTED_LAYER_TYPES = {"linear_attention", "full_attention", "attention"}  # SGLang names full attention "attention"
 HYBRID_MODEL_TYPES = {"qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next"}
 MAX_DRAFT_TOKENS = 64  # the tree-masked chunk verify holds a request's tree as one [N, N] block
+# The merged MTP + suffix tree, removed: on the agent benchmark (8 agents, one H200 shared by five servers) it served
+# 0.83x no speculation against LUMOTREE_SUFFIX's 1.34x and LUMOTREE's 0.92x (benchmark/results/exact_agents_h200.json)
+REMOVED_ENV = {"LUMOTREE_SUFFIX_MERGE": "the merged MTP + suffix draft tree was removed: it served slower than "
+                                        f"--speculative-algorithm {SUFFIX_ALGORITHM} alone (0.83x no speculation "
+                                        f"against 1.34x at 8 agents); serve that, or {ALGORITHM} for the MTP tree",
+               "LUMOTREE_SUFFIX_MERGE_SLOTS": "the merged MTP + suffix draft tree it sized was removed"}
 
 _registered = False
 
@@ -118,15 +124,9 @@ def validate_server_args(server_args, algorithm: str = ALGORITHM) -> None:
     if dtype not in (None, "float32"):
         raise ValueError(f"--speculative-algorithm {algorithm} keeps the GDN state in fp32 "
                          f"(got --mamba-ssm-dtype {dtype}).")
-    from lumotree.sglang import merge
-
-    if merge.enabled():
-        if algorithm != ALGORITHM:
-            raise ValueError(f"{merge.ENV_FLAG}=1 merges suffix branches into the MTP tree of "
-                             f"--speculative-algorithm {ALGORITHM}; {algorithm} has no MTP tree")
-        if getattr(sa, "enable_multi_layer_eagle", False):
-            raise ValueError(f"{merge.ENV_FLAG}=1 does not support --enable-multi-layer-eagle")
-        merge.validate(sa)
+    for name, why in REMOVED_ENV.items():
+        if name in os.environ:
+            raise ValueError(f"{name} is set: {why}. Unset it.")
     if sa.device not in ("cuda", None):
         raise ValueError(f"--speculative-algorithm {algorithm} runs its GDN kernels on CUDA (got --device {sa.device}).")
     from lumotree.sglang import exact
@@ -344,15 +344,10 @@ def register() -> None:
 
     jit_log.install()
     if os.environ.get(ENV_ACTIVE) == "1":
-        from lumotree.sglang import merge
         from lumotree.sglang.patches import (draft_tree_whole, eagle_sample_end, gdn_backend_classes, verify_tree_greedy)
 
         gdn_backend_classes.install()
         draft_tree_whole.install()
         verify_tree_greedy.install()
         eagle_sample_end.install()
-        if merge.enabled():
-            from lumotree.sglang.patches import eagle_verify_input
-
-            eagle_verify_input.install()
     _registered = True

@@ -1,29 +1,18 @@
 """Which SGLang scheduler a LumoTree server runs with the radix cache on: SGLang's overlap scheduler
 with the ``no_buffer`` state cache, the state of each request a step finished skipped on the device by
 the step in flight (:func:`overlap_applies`, :mod:`lumotree.sglang.finish`), so that only committed
-GDN state is cached (:func:`consistent_prefix_cache`). Where that skip does not apply (the merged
-MTP + suffix tree, ``--enable-mixed-chunk``, ``--enable-deterministic-inference``) the synchronous
-scheduler with the same cache.
-
-A module of its own below :mod:`lumotree.sglang.plugin` and :mod:`lumotree.sglang.merge`, which both
-need it.
+GDN state is cached (:func:`consistent_prefix_cache`). Where that skip does not apply
+(``--enable-mixed-chunk``, ``--enable-deterministic-inference``) the synchronous scheduler with the
+same cache.
 """
 from __future__ import annotations
 
 import logging
-import os
 
 logger = logging.getLogger(__name__)
 
 # the algorithms whose workers mark the rows each step finished (lumotree.sglang.finish.forward_marked)
 OVERLAP_ALGORITHMS = ("LUMOTREE", "LUMOTREE_SUFFIX", "LUMOTREE_ORACLE")
-MERGE_ENV = "LUMOTREE_SUFFIX_MERGE"  # the merged MTP + suffix tree (lumotree.sglang.merge); here, below both
-
-
-def merge_enabled(env=os.environ) -> bool:
-    """Whether a LUMOTREE server merges suffix branches into its MTP tree (``LUMOTREE_SUFFIX_MERGE=1``)."""
-    return env.get(MERGE_ENV) == "1"
-
 
 _EXTRA_BUFFER_WHY = ("SGLang 0.5.17's overlap scheduler with its extra_buffer state cache serves speculative requests "
                      "cached hybrid states that differ from a fresh prefill (SGLang's NEXTN too)")
@@ -36,18 +25,16 @@ def _algorithm(server_args) -> str:
 def overlap_applies(server_args) -> bool:
     """Whether this server runs SGLang's overlap scheduler with LumoTree's consistent ``no_buffer`` cache:
     a LUMOTREE, LUMOTREE_SUFFIX or LUMOTREE_ORACLE server with the radix cache and the overlap scheduler on,
-    page size 1, and none of what needs the synchronous one: the merged tree (its host suffix drafts must
-    see the tokens the last verify accepted), ``--enable-mixed-chunk`` (admission resets a batch's rows),
-    ``--enable-deterministic-inference``."""
+    page size 1, and none of what needs the synchronous one: ``--enable-mixed-chunk`` (admission resets a
+    batch's rows), ``--enable-deterministic-inference``."""
     algo = _algorithm(server_args)
     if algo not in OVERLAP_ALGORITHMS:
         return False
-    if (getattr(server_args, "disable_radix_cache", False) or getattr(server_args, "disable_overlap_schedule", False)
-            or (getattr(server_args, "page_size", None) or 1) > 1
-            or getattr(server_args, "enable_deterministic_inference", False)
-            or getattr(server_args, "enable_mixed_chunk", False)):
-        return False
-    return not (algo == "LUMOTREE" and merge_enabled())
+    return not (getattr(server_args, "disable_radix_cache", False)
+                or getattr(server_args, "disable_overlap_schedule", False)
+                or (getattr(server_args, "page_size", None) or 1) > 1
+                or getattr(server_args, "enable_deterministic_inference", False)
+                or getattr(server_args, "enable_mixed_chunk", False))
 
 
 def turns_overlap_off(server_args, warn: bool = False) -> bool:

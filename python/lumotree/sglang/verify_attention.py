@@ -29,7 +29,6 @@ SGLang's path for that step. Static shapes and no host sync: it runs inside the 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
 import torch
@@ -39,14 +38,13 @@ logger = logging.getLogger(__name__)
 ALGORITHMS = ("LUMOTREE", "LUMOTREE_SUFFIX")
 
 
-def applies(server_args, env=os.environ) -> bool:
+def applies(server_args) -> bool:
     """Whether a server's target verifies use LumoTree's attention (the backend is checked later):
-    LUMOTREE and LUMOTREE_SUFFIX, not the decode-exact mode, not the merged MTP + suffix tree."""
+    LUMOTREE and LUMOTREE_SUFFIX, not the decode-exact mode."""
     from lumotree.sglang.exact import exact_mode
-    from lumotree.sglang.scheduling import merge_enabled
 
     algo = (getattr(server_args, "speculative_algorithm", None) or "").upper()
-    return algo in ALGORITHMS and not exact_mode(server_args) and not (algo == "LUMOTREE" and merge_enabled(env))
+    return algo in ALGORITHMS and not exact_mode(server_args)
 
 
 def backend_why_not(fa) -> Optional[str]:

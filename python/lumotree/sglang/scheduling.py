@@ -97,9 +97,8 @@ def consistent_prefix_cache(server_args) -> bool:
         return False
     _declare(server_args, dict(disable_overlap_schedule=True, mamba_radix_cache_strategy="no_buffer"),
              "_lumotree_consistent_prefix_cache")
-    logger.info("LumoTree: radix cache on, and this server needs the synchronous scheduler (the merged MTP + suffix "
-                "tree, --enable-mixed-chunk or --enable-deterministic-inference): --disable-overlap-schedule with "
-                "the no_buffer state cache.")
+    logger.info("LumoTree: radix cache on, and this server needs the synchronous scheduler (--enable-mixed-chunk or "
+                "--enable-deterministic-inference): --disable-overlap-schedule with the no_buffer state cache.")
     return True
 
 

@@ -16,7 +16,7 @@ trees, which are wider and come through SGLang's NGRAM worker) matched on every 
 
 Served where its result is the one SGLang's kernel would give (:func:`backend_why_not`,
 :func:`layer_why_not`): a target verify of LUMOTREE or LUMOTREE_SUFFIX (not the decode-exact mode, whose
-attention is one decode query per node, nor the merged MTP + suffix tree) on SGLang's Triton backend with
+attention is one decode query per node) on SGLang's Triton backend with
 plain GQA layers -- no sliding window, logit cap, attention sinks, scaled (fp8) KV cache, decode context
 parallelism or unified / SWA pools. Anything else keeps SGLang's path, and the server log says which
 kernel verifies and why (``LumoTree: verify attention by ...``).

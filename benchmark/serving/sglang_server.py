@@ -313,6 +313,7 @@ def step_timing(log):
 
 STEP_TOTALS_LINE = re.compile(r"LumoTree step totals at ([\d.]+): (.*)")
 STEP_TOTALS_PART = re.compile(r"(\w+) ([\d.]+) ms (\d+)")
+STEP_TOTALS_TOKENS = re.compile(r"(\w+) (\d+) tokens (\d+)")
 
 
 def step_totals(log, windows):
@@ -320,12 +321,14 @@ def step_totals(log, windows):
     totals a server run with ``LUMOTREE_BENCH_STEP_TIMING=1`` logged (:mod:`lumotree.sglang.step_timing`): per
     window and kind (``decode``, ``prefill``, ``other``, ``idle``) the seconds and intervals between the last totals
     logged at or before its start (none: zero) and the last at or before its end. The totals are logged at most once
-    a second, so a window's edges are that coarse. ``{}`` when the log has none."""
+    a second, so a window's edges are that coarse. ``<kind>_tokens``: the prompt tokens the batches that opened those
+    intervals computed, ``dict(tokens, intervals)``. ``{}`` when the log has none."""
     try:
         text = open(log, errors="replace").read()
     except (OSError, TypeError):
         return {}
-    points = [(float(m.group(1)), {k: (float(ms), int(n)) for k, ms, n in STEP_TOTALS_PART.findall(m.group(2))})
+    points = [(float(m.group(1)), {**{k: (float(ms), int(n)) for k, ms, n in STEP_TOTALS_PART.findall(m.group(2))},
+                                   **{k: (int(t), int(n)) for k, t, n in STEP_TOTALS_TOKENS.findall(m.group(2))}})
               for m in STEP_TOTALS_LINE.finditer(text)]
     if not points:
         return {}
@@ -337,8 +340,11 @@ def step_totals(log, windows):
     out = {}
     for name, (t0, t1) in windows.items():
         a, b = at(t0), at(t1)
-        out[name] = {k: dict(seconds=round((ms - a.get(k, (0.0, 0))[0]) / 1e3, 3), intervals=n - a.get(k, (0.0, 0))[1])
-                     for k, (ms, n) in b.items()}
+        out[name] = {}
+        for k, (v, n) in b.items():
+            v0, n0 = a.get(k, (0, 0))
+            out[name][k] = (dict(tokens=v - v0) if k.endswith("_tokens") else dict(seconds=round((v - v0) / 1e3, 3)))
+            out[name][k]["intervals"] = n - n0
     return out
 
 

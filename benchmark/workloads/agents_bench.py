@@ -683,6 +683,14 @@ def markdown(res) -> str:
                      for k in ("decode", "prefill", "idle", "other")]
             out.append(f"| {n} | " + " | ".join(cells) + " |")
         out.append("")
+        tokens = {n: t[w] for n, t in totals.items() if t.get(w, {}).get("prefill_tokens")}
+        if tokens:  # lumotree.sglang.step_timing: the prompt tokens the prefill batches computed
+            out += ["Prompt tokens the prefill intervals computed, and the target's forward (the model section) per "
+                    "1,000 of them: " + "; ".join(
+                        f"{n} {got['prefill_tokens']['tokens']:,}, " + (
+                            f"{got['prefill_model']['seconds'] * 1e6 / got['prefill_tokens']['tokens']:.2f} ms"
+                            if got.get("prefill_model") and got["prefill_tokens"]["tokens"] else "-")
+                        for n, got in tokens.items()), ""]
         inside = [(n, k) for n, t in totals.items() for k in ("decode", "prefill")
                   if any(f"{k}_{p}" in t.get(w, {}) for p in INTERVAL_PARTS)]
         if inside:

@@ -625,6 +625,12 @@ def test_markdown_tables_relate_each_row_to_the_server_without_speculation_of_it
     lines = ab.markdown(res).splitlines()
     assert "| server: kind | model | event_sync |" in lines
     assert "| none: decode | - | 0.50 |" in lines and "| none: prefill | 1.25 | - |" in lines
+    assert not any(ln.startswith("Prompt tokens") for ln in lines)  # none logged: no line
+    res["servers"]["none"]["step_totals"]["8 agents"]["prefill_tokens"] = dict(tokens=500_000, intervals=200)
+    lines = ab.markdown(res).splitlines()
+    assert ("Prompt tokens the prefill intervals computed, and the target's forward (the model section) per 1,000 of "
+            "them: none 500,000, 2.50 ms") in lines  # 1.25 s over 500 thousand tokens
+    assert "| server: kind | model | event_sync |" in lines  # not a section: no column of its own
 
 
 def test_render_prints_a_run_of_a_file_of_runs_and_refuses_a_missing_one(tmp_path, monkeypatch, capsys):

@@ -108,7 +108,8 @@ def test_step_timing_hooks_time_decode_batches_only_and_the_log_reader_reads_eac
               for p in step_timing.PARTS}
     monkeypatch.setattr(step_timing, "TIMERS", timers)
     monkeypatch.setitem(step_timing._last, "start", None)
-    monkeypatch.setattr(step_timing, "_interval", {"start": None, "kind": None, "idle": False, "parts": {}})
+    monkeypatch.setattr(step_timing, "_interval",
+                        {"start": None, "kind": None, "idle": False, "parts": {}, "tokens": 0})
     monkeypatch.setattr(step_timing, "PART_TOTALS", {})
     monkeypatch.setattr(step_timing, "TOTALS", {k: [0.0, 0] for k in step_timing.KINDS})
     monkeypatch.setattr(step_timing, "_wall", lambda: 0.0)  # no totals line in this test
@@ -151,13 +152,15 @@ def test_a_section_is_charged_to_the_interval_it_falls_in_even_when_it_raises(mo
 
     ticks = iter([10.0, 10.25, 11.0, 11.5])
     monkeypatch.setattr(step_timing, "_clock", lambda: next(ticks))
-    monkeypatch.setattr(step_timing, "_interval", {"start": 9.0, "kind": "prefill", "idle": False, "parts": {}})
+    monkeypatch.setattr(step_timing, "_interval",
+                        {"start": 9.0, "kind": "prefill", "idle": False, "parts": {}, "tokens": 0})
     hook = step_timing.section("model")
     assert hook(lambda a, b=0: a + b, 1, b=2) == 3
     with pytest.raises(ValueError):
         hook(lambda: (_ for _ in ()).throw(ValueError("x")))
     assert step_timing._interval["parts"] == {"model": pytest.approx(0.75)}
-    monkeypatch.setattr(step_timing, "_interval", {"start": None, "kind": None, "idle": False, "parts": {}})
+    monkeypatch.setattr(step_timing, "_interval",
+                        {"start": None, "kind": None, "idle": False, "parts": {}, "tokens": 0})
     monkeypatch.setattr(step_timing, "_clock", lambda: 0.0)
     assert hook(lambda: "x") == "x" and step_timing._interval["parts"] == {}  # no interval open: nothing charged
 
@@ -226,8 +229,10 @@ def test_step_totals_account_every_interval_to_the_batch_that_started_it_or_to_i
     timers = {p: draft_timing.DraftTimer(every=1000, log=lambda *a: None, what=f"step-{p}") for p in step_timing.PARTS}
     monkeypatch.setattr(step_timing, "TIMERS", timers)
     monkeypatch.setattr(step_timing, "TOTALS", {k: [0.0, 0] for k in step_timing.KINDS})
-    monkeypatch.setattr(step_timing, "_interval", {"start": None, "kind": None, "idle": False, "parts": {}})
+    monkeypatch.setattr(step_timing, "_interval",
+                        {"start": None, "kind": None, "idle": False, "parts": {}, "tokens": 0})
     monkeypatch.setattr(step_timing, "PART_TOTALS", {})
+    monkeypatch.setattr(step_timing, "TOKENS", {k: [0, 0] for k in step_timing.KINDS})
     monkeypatch.setattr(step_timing, "_last", {"start": None})
     monkeypatch.setattr(step_timing, "_logged", {"at": 0.0})
     now = [0.0]
@@ -238,7 +243,7 @@ def test_step_totals_account_every_interval_to_the_batch_that_started_it_or_to_i
     monkeypatch.setattr(step_timing.TIMERS["step"], "log", lambda fmt, *a: lines.append(fmt % a))
     mode = lambda decode, extend: SimpleNamespace(is_decode=lambda: decode, is_extend=lambda: extend)  # noqa: E731
     dec = SimpleNamespace(forward_mode=mode(True, False), reqs=[0] * 2)
-    pre = SimpleNamespace(forward_mode=mode(False, True), reqs=[0])
+    pre = SimpleNamespace(forward_mode=mode(False, True), reqs=[0], extend_num_tokens=300)
     def run(self, b):  # a launch of 0.25 s
         now[0] += 0.25
 
@@ -265,9 +270,11 @@ def test_step_totals_account_every_interval_to_the_batch_that_started_it_or_to_i
     # logged at most once a second (wall 100, 101.0 and 102.5), cumulative
     assert [ln.split(":")[0] for ln in lines] == ["LumoTree step totals at 100.000", "LumoTree step totals at 101.000",
                                                   "LumoTree step totals at 102.500"]
+    # the prompt tokens of the batches that opened the intervals: the two prefill batches', none for decode batches
+    assert step_timing.TOKENS == {"decode": [0, 0], "prefill": [600, 2], "other": [0, 0], "idle": [0, 0]}
     assert lines[-1].endswith("decode 2000.0 ms 1, prefill 5000.0 ms 2, other 0.0 ms 0, idle 3000.0 ms 1, "
                               "decode_launch 250.0 ms 1, idle_launch 250.0 ms 1, prefill_launch 500.0 ms 2, "
-                              "prefill_result 1000.0 ms 2")
+                              "prefill_result 1000.0 ms 2, prefill_tokens 600 tokens 2")
     log = tmp_path / "server.log"
     log.write_text("".join(f"[2026-01-01 00:00:00] {ln}\n" for ln in lines))
     ss = load_script("serving", "sglang_server")
@@ -277,6 +284,8 @@ def test_step_totals_account_every_interval_to_the_batch_that_started_it_or_to_i
     assert got["late"]["prefill"] == dict(seconds=4.0, intervals=1) and got["late"]["decode"]["seconds"] == 0.0
     assert got["late"]["idle"] == dict(seconds=3.0, intervals=1)
     assert got["all"]["prefill_result"] == dict(seconds=1.0, intervals=2)
+    assert got["all"]["prefill_tokens"] == dict(tokens=600, intervals=2)
+    assert got["late"]["prefill_tokens"] == dict(tokens=300, intervals=1)  # the window's difference, as for the ms
     assert got["early"] == {}
     assert ss.step_totals(str(tmp_path / "missing.log"), {"all": (0, 1)}) == {}
 
@@ -313,7 +322,8 @@ def _open_decode_interval(monkeypatch, clock: float):
 
     timers = {p: draft_timing.DraftTimer(every=1000, log=lambda *a: None, what=f"step-{p}") for p in step_timing.PARTS}
     monkeypatch.setattr(step_timing, "TIMERS", timers)
-    monkeypatch.setattr(step_timing, "_interval", {"start": 0.0, "kind": "decode", "idle": False, "parts": {}})
+    monkeypatch.setattr(step_timing, "_interval",
+                        {"start": 0.0, "kind": "decode", "idle": False, "parts": {}, "tokens": 0})
     now = [clock]
     monkeypatch.setattr(step_timing, "_clock", lambda: now[0])
     return step_timing, timers, now

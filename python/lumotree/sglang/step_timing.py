@@ -46,7 +46,9 @@ clock, ``LumoTree step totals at T: decode X ms N, prefill ..., idle ..., decode
 benchmark takes the difference over its own time windows (``sglang_server.py: step_totals``). The :data:`SECTIONS`
 (the target's forward split into its batch's init, the model and the sampler; the scheduler's prefill preparation and
 result processing; the radix tree's calls; CUDA event waits; LumoTree's prefill work) are charged to those totals only,
-so that an interval of any kind is split further, the same way for every server.
+so that an interval of any kind is split further, the same way for every server. Beside them, the prompt tokens the
+batches that opened each kind's intervals computed (a prefill batch's ``extend_num_tokens``), as
+``<kind>_tokens N tokens M`` (tokens, intervals that had some), so that two servers' prefill time compares per token.
 """
 from __future__ import annotations
 
@@ -95,9 +97,11 @@ TOTALS_EVERY_S = 1.0
 
 TIMERS: Dict[str, DraftTimer] = {p: DraftTimer(every=REPORT_EVERY, what=f"step-{p}") for p in PARTS}
 _last = {"start": None}  # the last decode run_batch's start (None after any other batch)
-_interval = {"start": None, "kind": None, "idle": False, "parts": {}}  # the interval the last run_batch started
+# the interval the last run_batch started
+_interval = {"start": None, "kind": None, "idle": False, "parts": {}, "tokens": 0}
 TOTALS: Dict[str, list] = {k: [0.0, 0] for k in KINDS}  # ms, intervals
 PART_TOTALS: Dict[str, list] = {}  # "<kind>_<part>": ms, intervals that had the part
+TOKENS: Dict[str, list] = {k: [0, 0] for k in KINDS}  # prompt tokens the intervals' batches computed, intervals
 _logged = {"at": 0.0}
 _clock, _wall = time.perf_counter, time.time  # (tests set them)
 _on = False  # installed (measure times only then)
@@ -174,11 +178,17 @@ def _account(t0: float, batch, log=None) -> None:
             got = PART_TOTALS.setdefault(f"{key}_{part}", [0.0, 0])
             got[0] += seconds * 1e3
             got[1] += 1
-    _interval.update(start=t0, kind=_kind(batch), idle=False, parts={})
+        if _interval["tokens"]:
+            TOKENS[key][0] += _interval["tokens"]
+            TOKENS[key][1] += 1
+    kind = _kind(batch)
+    tokens = int(getattr(batch, "extend_num_tokens", None) or 0) if kind == "prefill" else 0
+    _interval.update(start=t0, kind=kind, idle=False, parts={}, tokens=tokens)
     now = _wall()
     if now - _logged["at"] >= TOTALS_EVERY_S:
         _logged["at"] = now
         parts = "".join(f", {k} {ms:.1f} ms {n}" for k, (ms, n) in sorted(PART_TOTALS.items()))
+        parts += "".join(f", {k}_tokens {t} tokens {n}" for k, (t, n) in TOKENS.items() if n)
         (log or TIMERS["step"].log)("LumoTree step totals at %.3f: %s", now,
                                     ", ".join(f"{k} {TOTALS[k][0]:.1f} ms {TOTALS[k][1]}" for k in KINDS) + parts)
 

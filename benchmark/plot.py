@@ -73,7 +73,8 @@ def agents():
     with its tree size per batch bucket and its adaptive choice of no draft, the user's mode (prefill graphs on), each
     level the first phase its servers served on sessions of its own after a flush: 1 and 8 agents from run
     "1-8-agents" (16 sessions per level, one machine), 32 agents from run "32-agents-sections" (32 sessions, its median
-    run of three, on another machine). Ratios compare within a group, not across groups (machines of the pool differ up to 1.8x)."""
+    run of three, on another machine). Ratios compare within a group, not across groups (machines of the pool differ
+    up to 1.8x)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
     groups = [("1-8-agents", 1, "1 agent"),
               ("1-8-agents", 8, "8 agents"),

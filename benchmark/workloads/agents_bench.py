@@ -884,7 +884,7 @@ def main():
     def serve(config, port, base):
         name = config + args.tag
         log = os.path.join(args.log_dir, f"agents-{name}.log")
-        host = host_speed()  # before the server starts (sglang_server.host_speed: an idle server's loop skews it)
+        host = host_speed()  # before the server starts (sglang_server.host_speed; with --lanes others may be up)
         t0 = time.time()
         windows = {"start-up": (t0, None)}
         env_c = dict(env)

@@ -364,9 +364,9 @@ class TreeSizePolicy:
 
 def adaptive_tree_size(server_args) -> bool:
     """Whether a LUMOTREE or LUMOTREE_SUFFIX server chooses its tree size per step: by default, except with
-    ``--enable-multi-layer-eagle``, the decode-exact mode, and more than one GPU per model (``--tp-size`` / ``--dp-size`` > 1: each rank
-    measures its own step times, and ranks choosing differently would launch different collectives),
-    which serve the configured tree."""
+    ``--enable-multi-layer-eagle``, the decode-exact mode, and more than one GPU per model (``--tp-size`` /
+    ``--dp-size`` > 1: each rank measures its own step times, and ranks choosing differently would launch different
+    collectives), which serve the configured tree."""
     from lumotree.sglang.exact import exact_mode
 
     multi = (getattr(server_args, "tp_size", 1) or 1) > 1 or (getattr(server_args, "dp_size", 1) or 1) > 1

@@ -588,11 +588,12 @@ CONFIGS["lumotree-suffix-mtp-policy"] = CONFIGS["lumotree-suffix"] + [
 
 STEP_BUCKETS = ("1", "2", "4", "8", "16", "32", "64")
 STEP_PARTS = ("schedule", "lengths", "worker", "nodraft", "nd_prep", "nd_init", "nd_forward", "nd_sample", "nd_result",
-              "drafted", "spec_prep", "verify", "sample", "state_commit", "kv_move", "commit", "forward", "result")
+              "drafted", "spec_prep", "verify", "post_verify", "sample", "state_commit", "kv_move", "commit", "forward",
+              "result")
 # the scheduler's loop per interval: these follow one another (lengths, worker, forward, verify and commit are
 # inside launch); what is left is the loop's own time
-INTERVAL_PARTS = ("schedule", "input", "launch", "lengths", "worker", "forward", "spec_prep", "verify", "sample", "commit",
-                  "result")
+INTERVAL_PARTS = ("schedule", "input", "launch", "lengths", "worker", "forward", "spec_prep", "verify", "post_verify",
+                  "sample", "commit", "result")
 
 
 def markdown(res) -> str:
@@ -664,7 +665,8 @@ def markdown(res) -> str:
             out += ["Their parts, median ms (schedule: get_next_batch_to_run; lengths: resolve_seq_lens_cpu; worker: "
                     "LumoTree's speculative worker, its nodraft and drafted steps apart, nd_*: the no-draft step's "
                     "sections; spec_prep / sample / state_commit / kv_move: SGLang's NGRAM loop's draft "
-                    "preparation, tree sampler, state commit (LumoTree's commit inside it) and KV move; forward: the "
+                    "preparation, tree sampler, state commit (LumoTree's commit inside it) and KV move; post_verify: "
+                    "LUMOTREE_SUFFIX's work after the verify forward (graph replays or eager); forward: the "
                     "target's forward launch, verify: a TARGET_VERIFY one; commit: LumoTree's commit; result: "
                     "process_batch_result):",
                     "", "| server: part | " + " | ".join(buckets) + " |", "|---|" + "---|" * len(buckets)]

@@ -617,7 +617,7 @@ def test_markdown_tables_relate_each_row_to_the_server_without_speculation_of_it
         prefill_forward=dict(seconds=1.5, intervals=200))
     lines = ab.markdown(res).splitlines()
     assert lines[lines.index("| server: kind | " + " | ".join(ab.INTERVAL_PARTS) + " | rest |") + 2] == \
-        "| none: prefill | 0.50 | 0.25 | 2.00 | - | - | 1.50 | - | - | - | - | 1.00 | 0.25 |"  # rest 4.0 - 3.75
+        "| none: prefill | 0.50 | 0.25 | 2.00 | - | - | 1.50 | - | - | - | - | - | 1.00 | 0.25 |"  # rest 4.0 - 3.75
     assert not any(ln.startswith("| none: decode |") for ln in lines)
     assert not any(ln.startswith("Sections inside") for ln in lines)  # no section logged: no table
     res["servers"]["none"]["step_totals"]["8 agents"].update(prefill_model=dict(seconds=1.25, intervals=200),

@@ -27,6 +27,9 @@ Per batch bucket, decode batches only (a prefill between two decode steps breaks
   (``commit_mamba_states_after_verify``: the step indices it derives and the backend's commit -- LumoTree's ``commit``
   below inside it -- or SGLang's own) and its move of the accepted tokens' KV
   (``move_accept_tokens_to_target_kvcache``), keyed by the step's request count;
+* ``post_verify``: LUMOTREE_SUFFIX's drafted step after its verify forward (:mod:`lumotree.sglang.post_verify`: the
+  tree walk, the state commit, the accepted tokens and their KV move, replayed as a CUDA graph or run eagerly), in
+  place of ``sample`` / ``state_commit`` / ``kv_move``, which then time only its eager steps and captures;
 * ``commit``: LumoTree's commit after a verify (:meth:`~lumotree.sglang.backend.LumoTreeGDNBackend.commit_after_verify`);
 * ``nd_prep`` / ``nd_init`` / ``nd_forward`` / ``nd_sample`` / ``nd_result``: a no-draft step's sections
   (:class:`~lumotree.sglang.decode_step.DecodeStep`: its decode batch, SGLang's ``ForwardBatch.init_new``, the
@@ -64,7 +67,7 @@ FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
 TP_WORKER = "sglang.srt.managers.tp_worker.TpModelWorker"
 PARTS = ("step", "schedule", "launch", "lengths", "result", "worker", "nodraft", "drafted", "forward", "verify", "commit",
          "nd_prep", "nd_init", "nd_forward", "nd_sample", "nd_result", "input", "spec_prep", "sample", "state_commit",
-         "kv_move")
+         "kv_move", "post_verify")
 NGRAM = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
 # SGLang's NGRAM loop's steps: (target, part, the position of its ScheduleBatch argument, self counted)
 LOOP_PARTS = ((f"{NGRAM}._prepare_for_speculative_decoding", "spec_prep", 1),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import functools
 import logging
 import os
 import weakref
@@ -590,7 +591,9 @@ def ngram_worker(make_corpus):
     chooses per decode step between its suffix tree and no draft (below)."""
     from sglang.srt.speculative.ngram_worker import NGRAMWorker
 
-    from lumotree.sglang import adaptive, draft_timing, step_timing, suffix_sizes
+    import torch
+
+    from lumotree.sglang import adaptive, draft_timing, post_verify, step_timing, suffix_sizes
     from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.decode_step import DecodeStep
     from lumotree.sglang.finish import forward_marked, keep_out_of_cache
@@ -615,7 +618,7 @@ def ngram_worker(make_corpus):
             self.ngram_corpus = make_corpus(server_args)
             self._overlap_consistent = overlap_consistent(server_args)
             self._one_pass_mask = (server_args.speculative_algorithm or "").upper() in ONE_PASS_MASK_ALGORITHMS
-            self.tree_policy = self._ledger = self._decode_step = None
+            self.tree_policy = self._ledger = self._decode_step = self._post_verify = None
             # per batch bucket the draft-tree size (lumotree.sglang.suffix_sizes); a VerifySize per smaller one
             self._sizes = suffix_sizes.sizes_of(server_args) if adaptive.is_suffix(server_args) else None
             self._verify_sizes = {}
@@ -638,6 +641,9 @@ def ngram_worker(make_corpus):
             mr = self._target_worker.model_runner
             cuda_graph_bs = (None if ew.check_cuda_graph_backend(ew.Phase.DECODE, ew.Backend.DISABLED)
                              else configured_graph_bs(mr.server_args, ew.get_exec().graph.cuda_graph_bs_decode))
+            if cuda_graph_bs and getattr(self, "_one_pass_mask", False) and torch.cuda.is_available():
+                # LumoTree's own NGRAM-loop algorithms: the work after each verify forward as CUDA graphs
+                self._post_verify = post_verify.PostVerifyGraphs(self.device)
             if getattr(self, "_sizes", None):
                 for nodes in sorted(set(self._sizes.values()), reverse=True):
                     if nodes < self.draft_token_num:
@@ -704,6 +710,9 @@ def ngram_worker(make_corpus):
             """A drafted step: SGLang's NGRAM verify at the tree size of the batch's bucket
             (:mod:`lumotree.sglang.suffix_sizes`), its result at the server's stride."""
             forward = super(HostCorpusWorker, self).forward_batch_generation
+            graphs = getattr(self, "_post_verify", None)
+            if graphs is not None and graphs.serves(batch):  # the same step, its post-verify work as CUDA graphs
+                forward = functools.partial(post_verify.ngram_verify_step, self, graphs)
             vs = self._verify_size(batch)
             if vs is None:
                 return forward(batch, *args, **kwargs)

@@ -1,0 +1,64 @@
+"""GPU, end to end: a LUMOTREE_SUFFIX server's drafted steps with their post-verify work (tree walk, state commit,
+accepted tokens, KV move) replayed as CUDA graphs (:mod:`lumotree.sglang.post_verify`).
+
+In the decode-exact mode (``--enable-deterministic-inference``: every node computed as the decode step at its
+position) the replies must equal the no-speculation server's in the same mode, token for token, through batches of
+1, 2, 4 and 8 repetitive prompts (each size verified for many steps: eager at its first, captured at its second,
+replayed after): a graph that read a stale row, length or KV slot would change the tokens. In the default mode the
+same batches must capture graphs and finish every request.
+
+On the H200: ``pytest -q -m gpu test/sglang/test_served_post_verify_graph_gpu.py``."""
+import os
+import re
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "benchmark", "serving"))
+
+BLOCK = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
+PROMPTS = [BLOCK * 3 + "def mul(a, b):\n", BLOCK * 2 + "import os\n", "x = 1\ny = 2\n" * 6, BLOCK + "class A:\n",
+           "for i in range(10):\n    print(i)\n" * 4, BLOCK * 4, "# notes\n" + BLOCK * 2, "a = [1, 2, 3]\n" * 8]
+EXACT = ["--enable-deterministic-inference"]
+ENV = {"SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_DEEPGEMM": "0"}
+SUFFIX = ["--speculative-algorithm", "LUMOTREE_SUFFIX"]
+
+
+def serve(tmp_path, name, args):
+    from sglang_server import BASE_ARGS, generate, sglang_server
+
+    base = ["info" if a == "warning" else a for a in BASE_ARGS] + ["--max-running-requests", "8"]
+    model = os.path.join(ROOT, "benchmark", "models", "tiny-hybrid")
+    port = int(os.environ.get("LUMOTREE_TEST_PORT", "30000"))
+    with sglang_server(model, args, port=port, base_args=base, env=ENV, log=str(tmp_path / f"{name}.log"),
+                       timeout=600) as url:
+        outs = []
+        for k in (1, 2, 4, 8):
+            outs += generate(url, PROMPTS[:k], 64)
+    log = (tmp_path / f"{name}.log").read_text(errors="replace")
+    return [o["output_ids"] for o in outs], [o["meta_info"] for o in outs], log
+
+
+def captured(log):
+    return {int(m.group(1)) for m in re.finditer(r"post-verify CUDA graph captured for (\d+) requests", log)}
+
+
+def test_exact_mode_replies_with_post_verify_graphs_are_token_identical(tmp_path):
+    ref, _, ref_log = serve(tmp_path, "none-exact", EXACT)
+    got, meta, log = serve(tmp_path, "suffix-exact", SUFFIX + EXACT)
+    assert "Traceback" not in log and "Traceback" not in ref_log
+    assert "could not be captured" not in log
+    assert len(captured(log)) >= 2, sorted(captured(log))  # batch sizes whose steps replayed a graph
+    assert all(m["completion_tokens"] == 64 for m in meta)
+    assert got == ref, [next((i for i, (a, b) in enumerate(zip(r, g)) if a != b), None) for r, g in zip(ref, got)]
+    verify = [m.get("spec_verify_ct") for m in meta]  # drafts were verified: fewer steps than tokens
+    assert all(v is not None for v in verify) and sum(verify) < 0.8 * sum(m["completion_tokens"] for m in meta)
+
+
+def test_default_mode_captures_and_finishes_every_request(tmp_path):
+    got, meta, log = serve(tmp_path, "suffix", SUFFIX)
+    assert "Traceback" not in log and "could not be captured" not in log
+    assert captured(log), "no post-verify graph captured"
+    assert all(m["completion_tokens"] == 64 for m in meta)

@@ -71,14 +71,15 @@ def served():
 def agents():
     """Concurrent agents: tokens/s and p95 turn latency per server, one group per (run, concurrency), LUMOTREE_SUFFIX
     with its tree size per batch bucket and its adaptive choice of no draft, the user's mode (prefill graphs on), each
-    level the first phase its servers served on sessions of its own after a flush: 1 and 8 agents from run
-    "1-8-agents" (16 sessions per level, one machine), 32 agents from run "32-agents-sections" (32 sessions, its median
-    run of three, on another machine). Ratios compare within a group, not across groups (machines of the pool differ
-    up to 1.8x)."""
+    level the first phase its servers served on sessions of its own after a flush, the post-verify work of
+    LUMOTREE_SUFFIX's drafted steps as CUDA graphs: 1 and 8 agents from runs "1-agent-post-verify-graphs" and
+    "8-agents-post-verify-graphs" (16 sessions per level, one machine), 32 agents from run
+    "32-agents-post-verify-graphs" (32 sessions, its median run of three, on another machine; NGRAM not reached).
+    Ratios compare within a group, not across groups (machines of the pool differ up to 1.8x)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
-    groups = [("1-8-agents", 1, "1 agent"),
-              ("1-8-agents", 8, "8 agents"),
-              ("32-agents-sections", 32, "32 agents\n(median of 3 runs,\nanother machine)")]
+    groups = [("1-agent-post-verify-graphs", 1, "1 agent"),
+              ("8-agents-post-verify-graphs", 8, "8 agents"),
+              ("32-agents-post-verify-graphs", 32, "32 agents\n(median of 3 runs,\nanother machine)")]
     rows = [dict(r, agents=label) for name, level, label in groups if name in runs
             for r in runs[name]["rows"] if r["agents"] == level]
     configs = list(dict.fromkeys(r["config"] for r in rows))

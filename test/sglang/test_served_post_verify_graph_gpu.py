@@ -15,30 +15,10 @@ import sys
 import pytest
 
 pytestmark = pytest.mark.gpu
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
-sys.path.insert(0, os.path.join(ROOT, "benchmark", "serving"))
+sys.path.insert(0, os.path.dirname(__file__))
+from test_served_suffix_sizes_gpu import EXACT, serve  # noqa: E402  (the prompts, the batches, the server's flags)
 
-BLOCK = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b\n\n\n"
-PROMPTS = [BLOCK * 3 + "def mul(a, b):\n", BLOCK * 2 + "import os\n", "x = 1\ny = 2\n" * 6, BLOCK + "class A:\n",
-           "for i in range(10):\n    print(i)\n" * 4, BLOCK * 4, "# notes\n" + BLOCK * 2, "a = [1, 2, 3]\n" * 8]
-EXACT = ["--enable-deterministic-inference"]
-ENV = {"SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_DEEPGEMM": "0"}
 SUFFIX = ["--speculative-algorithm", "LUMOTREE_SUFFIX"]
-
-
-def serve(tmp_path, name, args):
-    from sglang_server import BASE_ARGS, generate, sglang_server
-
-    base = ["info" if a == "warning" else a for a in BASE_ARGS] + ["--max-running-requests", "8"]
-    model = os.path.join(ROOT, "benchmark", "models", "tiny-hybrid")
-    port = int(os.environ.get("LUMOTREE_TEST_PORT", "30000"))
-    with sglang_server(model, args, port=port, base_args=base, env=ENV, log=str(tmp_path / f"{name}.log"),
-                       timeout=600) as url:
-        outs = []
-        for k in (1, 2, 4, 8):
-            outs += generate(url, PROMPTS[:k], 64)
-    log = (tmp_path / f"{name}.log").read_text(errors="replace")
-    return [o["output_ids"] for o in outs], [o["meta_info"] for o in outs], log
 
 
 def captured(log):
@@ -46,8 +26,8 @@ def captured(log):
 
 
 def test_exact_mode_replies_with_post_verify_graphs_are_token_identical(tmp_path):
-    ref, _, ref_log = serve(tmp_path, "none-exact", EXACT)
-    got, meta, log = serve(tmp_path, "suffix-exact", SUFFIX + EXACT)
+    ref, _, ref_log = serve(tmp_path, "none-exact", EXACT, {})
+    got, meta, log = serve(tmp_path, "suffix-exact", SUFFIX + EXACT, {})
     assert "Traceback" not in log and "Traceback" not in ref_log
     assert "could not be captured" not in log
     assert len(captured(log)) >= 2, sorted(captured(log))  # batch sizes whose steps replayed a graph
@@ -58,7 +38,7 @@ def test_exact_mode_replies_with_post_verify_graphs_are_token_identical(tmp_path
 
 
 def test_default_mode_captures_and_finishes_every_request(tmp_path):
-    got, meta, log = serve(tmp_path, "suffix", SUFFIX)
+    got, meta, log = serve(tmp_path, "suffix", SUFFIX, {})
     assert "Traceback" not in log and "could not be captured" not in log
     assert captured(log), "no post-verify graph captured"
     assert all(m["completion_tokens"] == 64 for m in meta)

@@ -200,3 +200,31 @@ def test_the_graph_key_s_memory_is_checked_before_a_replay():
     assert p == graphs._pointers(worker.target_worker, batch, batch.spec_info, logits)
     assert p != graphs._pointers(worker.target_worker, batch, batch.spec_info, logits.clone())
     assert np.array_equal(batch.spec_info.draft_token.numpy().shape, (16,))
+
+
+def test_a_size_whose_memory_moved_under_its_graph_runs_eagerly_from_then_on(sglang_calls, monkeypatch):
+    """A captured graph (here a stand-in that counts its replays) is replayed while what it reads besides its inputs
+    is where it was captured; once that moved, the size runs eagerly and is never captured again."""
+    make = make_case(7, 2, 8, False)
+    graphs = post_verify.PostVerifyGraphs("cpu")
+    where = ["here"]
+    monkeypatch.setattr(graphs, "_pointers", lambda *a: (where[0],))
+    captures, replays = [], []
+    monkeypatch.setattr(graphs, "_capture", lambda key, *a: captures.append(key) or graphs.graphs.__setitem__(
+        key, post_verify._Graph(SimpleNamespace(replay=lambda: replays.append(1)), None, None, None, ("here",))))
+    monkeypatch.setattr(graphs, "_replay", lambda g, b: (g.graph.replay(), "replayed")[1])
+
+    def step():
+        worker, batch = make()
+        worker.target_worker.model_runner = SimpleNamespace(attn_backend=None)
+        worker.target_worker.forward_batch_generation = lambda b, is_verify: SimpleNamespace(
+            logits_output=SimpleNamespace(next_token_logits=torch.zeros(16, VOCAB)), can_run_cuda_graph=True)
+        worker._prepare_for_speculative_decoding(batch)
+        return graphs.run(worker.target_worker, batch, batch.spec_info, torch.zeros(16, VOCAB), "allocator", True)
+
+    outs = [step() for _ in range(3)]  # eager, eager + capture, replay
+    assert len(captures) == 1 and replays == [1] and outs[2] == "replayed" and outs[0] != "replayed"
+    where[0] = "moved"
+    outs = [step() for _ in range(3)]  # eager from now on
+    assert "replayed" not in outs and len(captures) == 1 and replays == [1] and not graphs.graphs
+    assert graphs.stats["stale"] == 1 and graphs.stats["eager"] == 5

@@ -97,6 +97,7 @@ class PostVerifyGraphs:
         self.device = torch.device(device)
         self.graphs: Dict[tuple, _Graph] = {}
         self.seen = set()
+        self.eager_only = set()  # keys whose memory moved under a captured graph: never captured again
         self.pool = None
         self.stream = None
         self.failed = None  # the first capture error: no more captures after it (the steps run eagerly)
@@ -143,12 +144,17 @@ class PostVerifyGraphs:
         if g is not None:
             if g.pointers == self._pointers(target_worker, batch, verify_input, logits):
                 return self._replay(g, batch)
-            self.stats["stale"] += 1  # the memory moved (never seen so far): capture again
+            # the memory moved (never seen so far): this key runs eagerly from now on -- capturing again would cost a
+            # capture per step if it kept moving
+            self.stats["stale"] += 1
             del self.graphs[key]
-            self.seen.discard(key)
+            self.eager_only.add(key)
+            if self.stats["stale"] == 1:
+                logger.warning("LUMOTREE_SUFFIX: memory a post-verify CUDA graph reads moved (%d requests x %d nodes); "
+                               "that size runs eagerly", bs, n)
         self.stats["eager"] += 1
         out = post_verify(target_worker, batch, verify_input, logits, allocator)
-        if self.failed is None:
+        if self.failed is None and key not in self.eager_only:
             if key in self.seen:
                 self._capture(key, target_worker, batch, verify_input, logits, allocator)
             else:

@@ -281,6 +281,69 @@ def lane_memory(base, tokens: int = LANE_TOKENS, states: int = LANE_STATES):
     return out + ["--max-total-tokens", str(tokens), "--max-mamba-cache-size", str(states)]
 
 
+class Turns:
+    """The GPU's turns among servers that share it (``--lanes N --take-turns``): they start at once, then warm up and
+    serve their measured phases one at a time, in :meth:`order`'s order -- each level's repeats round-robin over the
+    servers (server A's first run, B's first, A's second, ...), so that a host that runs slower for a while (the same
+    H200 host's pure-Python probe read 12 and 21 ms before two servers of one run) slows every server's runs alike
+    instead of one server's. A server that fails gives up its turns (:meth:`drop`)."""
+
+    def __init__(self, order):
+        self.order, self.i, self.cv = list(order), 0, threading.Condition()
+
+    @staticmethod
+    def order(configs, levels, repeats):
+        return ([("warm-up", c) for c in configs]
+                + [(c, a, r) for a in levels for r in range(repeats) for c in configs])
+
+    def _skip(self):
+        while self.i < len(self.order) and self.order[self.i] is None:
+            self.i += 1
+
+    def wait(self, key):
+        with self.cv:
+            self._skip()
+            if key not in self.order[self.i:]:
+                raise KeyError(f"no turn {key!r} left")
+            self.cv.wait_for(lambda: (self._skip(), self.order[self.i] == key)[1])
+
+    def done(self, key):
+        with self.cv:
+            self._skip()
+            if self.i < len(self.order) and self.order[self.i] == key:
+                self.i += 1
+            self.cv.notify_all()
+
+    def drop(self, config):
+        with self.cv:
+            self.order = [None if k is not None and config in (k[0], k[1]) else k for k in self.order]
+            self.cv.notify_all()
+
+    def turn(self, key):
+        turns = self
+
+        class _Turn:
+            def __enter__(self):
+                turns.wait(key)
+
+            def __exit__(self, *exc):
+                turns.done(key)
+
+        return _Turn()
+
+
+class _NoTurn:
+    def __enter__(self):
+        pass
+
+    def __exit__(self, *exc):
+        pass
+
+
+def no_turn(_key=None):
+    return _NoTurn()
+
+
 CONTEXT_SLACK = 192  # the chat template's tokens and the client's approximate count against the server's
 
 
@@ -587,8 +650,8 @@ CONFIGS["lumotree-suffix-mtp-policy"] = CONFIGS["lumotree-suffix"] + [
 
 
 STEP_BUCKETS = ("1", "2", "4", "8", "16", "32", "64")
-STEP_PARTS = ("schedule", "lengths", "worker", "nodraft", "nd_prep", "nd_init", "nd_forward", "nd_sample", "nd_result",
-              "drafted", "spec_prep", "verify", "post_verify", "sample", "state_commit", "kv_move", "commit", "forward",
+STEP_PARTS = ("schedule", "lengths", "worker", "nodraft", "nodraft_admitting", "nd_prep", "nd_init", "nd_forward",
+              "nd_sample", "nd_result", "drafted", "spec_prep", "verify", "post_verify", "sample", "state_commit", "kv_move", "commit", "forward",
               "result")
 # the scheduler's loop per interval: these follow one another (lengths, worker, forward, verify and commit are
 # inside launch); what is left is the loop's own time
@@ -603,7 +666,10 @@ def markdown(res) -> str:
     per ``run_batch`` by batch bucket, the step's parts, and the scheduler's time by kind in each measured phase."""
     rows = res.get("rows", [])
     out = []
-    if res.get("lanes", 1) > 1:
+    if res.get("lanes", 1) > 1 and res.get("take_turns"):
+        out += [f"(--lanes {res['lanes']} --take-turns: the servers were up at once on one GPU and served one at a "
+                "time, the repeats round-robin; the others idle meanwhile)", ""]
+    elif res.get("lanes", 1) > 1:
         out += [f"(--lanes {res['lanes']}: the servers shared one GPU, so the speeds below are not a server's "
                 "alone)", ""]
     from sglang_server import machines_note
@@ -809,6 +875,10 @@ def main():
                          "lane_memory, and its own port): for runs whose replies, not speeds, are the "
                          "measure -- the decode-exact mode's parity is independent of timing; the rows' speeds of "
                          "such a run (its 'lanes' field) are not a server's alone")
+    ap.add_argument("--take-turns", action="store_true",
+                    help="with --lanes N: the servers start at once (their start-ups overlap) but warm up and serve "
+                         "their measured phases one at a time, each level's --repeats round-robin over the servers "
+                         "(Turns): speeds of a server alone on the GPU, the others idle, and host noise shared")
     ap.add_argument("--margins", type=int, default=0, metavar="N",
                     help="N > 0: after every other server has run, the no-speculation server (kept up for it) answers "
                          "the first differing turn of up to N sessions per differing phase again with its top-2 "
@@ -827,6 +897,10 @@ def main():
         ap.error(f"--repeats must be at least 1 (got {args.repeats})")
     if args.lanes < 1:
         ap.error(f"--lanes must be at least 1 (got {args.lanes})")
+    if args.take_turns and args.lanes < 2:
+        ap.error("--take-turns needs --lanes N with N >= 2 (servers that start at once)")
+    if args.take_turns and args.margins > 0:
+        ap.error("--take-turns and --margins: the margin queries run outside the turns; use one or the other")
     room = context_room(args.model, args.collapse_tokens, args.max_tokens)
     if room is not None and room < 0:
         ap.error(f"--collapse-tokens {args.collapse_tokens} + --max-tokens {args.max_tokens} (+{CONTEXT_SLACK} for the "
@@ -882,6 +956,8 @@ def main():
                     json.dump(runs, f)
 
     here = machine()  # recorded per server: a --resume on another machine shows (markdown)
+    gpu_turns = None  # --take-turns: set below, before the servers start
+    gpu_turn = no_turn
 
     def serve(config, port, base):
         name = config + args.tag
@@ -902,25 +978,31 @@ def main():
                 windows["start-up"] = (t0, time.time())
                 if args.warmup_sessions > 0:
                     warm = make_sessions(args.warmup_sessions, args.turns, args.seed + 1000)
-                    t1 = time.time()
-                    for agents in levels:
-                        k = min(agents, len(warm))  # the level's batch sizes, every turn's prompt lengths
-                        run_phase(url, warm[:k], k, args.max_tokens, count, args.collapse_tokens)
-                    server["warmup_s"] = round(time.time() - t1, 1)
-                    windows["warm-up"] = (t1, time.time())
-                    post(url + "/flush_cache", {})  # the measured phases start from an empty radix cache
+                    with gpu_turn(("warm-up", config)):
+                        t1 = time.time()
+                        for agents in levels:
+                            k = min(agents, len(warm))  # the level's batch sizes, every turn's prompt lengths
+                            run_phase(url, warm[:k], k, args.max_tokens, count, args.collapse_tokens)
+                        server["warmup_s"] = round(time.time() - t1, 1)
+                        windows["warm-up"] = (t1, time.time())
+                        post(url + "/flush_cache", {})  # the measured phases start from an empty radix cache
                 for li, agents in enumerate(levels):
-                    t2, phases, accepts = time.time(), [], []
+                    t2, phases, accepts = None, [], []
                     for rep in range(args.repeats):
-                        if rep or li:  # every phase from an empty radix cache and empty drafter corpora
-                            post(url + "/flush_cache", {})
-                        phases.append(run_phase(url, level_sessions[agents], agents, args.max_tokens,
-                                                count, args.collapse_tokens,
-                                                abort_every=args.abort_every, abort_after_s=args.abort_after))
-                        # the run's own (the flush reset SGLang's counters)
-                        info = json.loads(get(url + "/get_server_info"))
-                        accepts.append(next((s.get("avg_spec_accept_length") for s in info.get("internal_states", [])
-                                             if s.get("avg_spec_accept_length")), None))
+                        with gpu_turn((config, agents, rep)):
+                            t2 = t2 or time.time()
+                            if rep or li:  # every phase from an empty radix cache and empty drafter corpora
+                                post(url + "/flush_cache", {})
+                            phases.append(run_phase(url, level_sessions[agents], agents, args.max_tokens,
+                                                    count, args.collapse_tokens,
+                                                    abort_every=args.abort_every, abort_after_s=args.abort_after))
+                            # the run's own (the flush reset SGLang's counters)
+                            info = json.loads(get(url + "/get_server_info"))
+                            accepts.append(next((s.get("avg_spec_accept_length")
+                                                 for s in info.get("internal_states", [])
+                                                 if s.get("avg_spec_accept_length")), None))
+                    # (taking turns: the window spans the other servers' runs too; this server's decode and prefill
+                    # totals do not move while it waits, its idle time does)
                     windows[f"{agents} agents"] = (t2, time.time())
                     row = repeated(name, agents, phases, accepts)
                     turns = phases[0][0]  # the parity compares every server's first phase
@@ -950,6 +1032,8 @@ def main():
             server = dict(error=repr(e)[:2000])
         finally:
             finished[name].set()
+            if gpu_turns is not None:
+                gpu_turns.drop(config)
         server.update(log_health(log))
         if args.draft_timing:
             server["draft_timing"] = draft_timing(log)
@@ -977,6 +1061,10 @@ def main():
     else:
         # the servers of a run share the GPU: each takes its share of the memory SGLang may use, and a port of its own
         res["lanes"] = args.lanes
+        if args.take_turns:
+            res["take_turns"] = True
+            gpu_turns = Turns(Turns.order(todo, levels, args.repeats))
+            gpu_turn = gpu_turns.turn
         mem = [p for e in args.extra for p in e.split("=", 1)]
         share = base if "--mem-fraction-static" in mem else lane_memory(base)
         ports = queue.Queue()

@@ -708,6 +708,79 @@ def test_lanes_serve_configurations_at_once_each_with_its_port_and_memory_share(
     assert "--lanes 2" in ab.markdown(res)
 
 
+def test_take_turns_starts_the_servers_at_once_and_serves_one_at_a_time_round_robin(tmp_path, monkeypatch):
+    """--lanes 3 --take-turns: the three servers are up together, but requests reach one server at a time: the
+    warm-ups first, then each level's repeats in turn over the servers (A1 B1 C1 A2 B2 C2); a server that fails to
+    start gives up its turns and the others still finish."""
+    import contextlib
+    import json
+    import sys
+    import time
+
+    ab = load()
+    lock, live, peak, busy, seen = threading.Lock(), set(), [0], {}, []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, port=30000, base_args=(), env=None, **kw):
+        name = args[-1]
+        if name == "lumotree":
+            raise RuntimeError("server did not start")
+        with lock:
+            live.add(name)
+            peak[0] = max(peak[0], len(live))
+        time.sleep(0.1)  # every server is up before any turn is over
+        try:
+            yield f"http://x:{port}/{name}"
+        finally:
+            with lock:
+                live.discard(name)
+
+    def fake_post(url, payload, timeout=600):
+        server = url.split("/")[3]
+        if url.endswith("/flush_cache"):
+            with lock:
+                seen.append((server, "flush"))
+            return {}
+        with lock:
+            busy[server] = busy.get(server, 0) + 1
+            assert sum(1 for v in busy.values() if v) == 1, f"two servers served at once: {busy}"
+            if not seen or seen[-1] != (server, "turn"):
+                seen.append((server, "turn"))
+        time.sleep(0.001)
+        with lock:
+            busy[server] -= 1
+        n = sum(m["role"] == "assistant" for m in payload["messages"])
+        return dict(choices=[dict(message=dict(content=f"r{n}"))],
+                    usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=25)))
+
+    serve_fakes(monkeypatch, ab, fake_server, fake_post)
+    out = tmp_path / "a.json"
+    monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs",
+                                      "none,lumotree,lumotree-suffix,ngram", "--agents", "2", "--sessions", "2",
+                                      "--turns", "3", "--repeats", "2", "--lanes", "4", "--take-turns",
+                                      "--warmup-sessions", "1", "--log-dir", str(tmp_path), "--out", str(out)])
+    ab.main()
+    res = json.load(open(out))
+    assert peak[0] == 3 and res["take_turns"] is True
+    assert "error" in res["servers"]["lumotree"]
+    assert [(r["config"], len(r["repeats"])) for r in res["rows"]] == [
+        ("none", 2), ("lumotree-suffix", 2), ("ngram", 2)]
+    order = [s for s, what in seen if what == "turn"]  # each server's stretch of requests, in the order served
+    # (the warm-up's flush ends its turn; the first repeat of the level starts without one)
+    assert order == ["none", "lumotree-suffix", "ngram"] * 3
+    assert "--take-turns" in ab.markdown(res)
+
+
+def test_take_turns_needs_lanes(tmp_path, monkeypatch):
+    import sys
+
+    ab = load()
+    monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--take-turns",
+                                      "--out", str(tmp_path / "a.json")])
+    with pytest.raises(SystemExit):
+        ab.main()
+
+
 def test_the_clients_own_time_between_a_reply_and_the_next_send_is_measured():
     """Each turn after a session's first records the agent's own time from the last reply to this send (its history
     collapse's token counts, the request built); the row gives its median and p95 in ms."""

@@ -128,10 +128,17 @@ class AdmittingCorpus(Corpus):
 def test_a_step_whose_requests_are_all_still_admitting_decodes(monkeypatch):
     """The tree chosen, but every request's admission is still indexing (it would draft nothing): a decode step,
     timed as one; with one request indexed the tree is served."""
+    from lumotree.sglang import step_timing
+
+    monkeypatch.setattr(step_timing, "_on", True)  # the benchmark's timer: such steps apart from the chosen ones
+    for part in ("nodraft", "nodraft_admitting"):
+        monkeypatch.setattr(step_timing.TIMERS[part], "samples", __import__("collections").defaultdict(list))
     w = worker(monkeypatch, [1])
     w.ngram_corpus = AdmittingCorpus({"a", "b"})
     w.forward_batch_generation(batch(["a", "b"]))
     assert w._decode_step.ran == [2] and w.calls == [] and w._ledger.pending[-1][0] == 0
+    assert {p: len(step_timing.TIMERS[p].samples[2]) for p in ("nodraft", "nodraft_admitting")} == {
+        "nodraft": 1, "nodraft_admitting": 1}
     assert w.forward_batch_generation(batch(["a", "b", "c"])) == "verify-result" and w.calls == [("tree", 3)]
     w = worker(monkeypatch, [1], step=Step(serves=False))  # a batch a decode step cannot serve: the tree
     w.ngram_corpus = AdmittingCorpus({"a"})

@@ -18,6 +18,8 @@ Per batch bucket, decode batches only (a prefill between two decode steps breaks
   without speculation the worker is the target's, ``forward``);
 * ``nodraft`` / ``drafted``: inside it, an adaptive LumoTree worker's no-draft step (its decode forward and what
   follows it) or its drafted step (SGLang's speculative loop with LumoTree's verify), apart;
+  ``nodraft_admitting``: those of LUMOTREE_SUFFIX's no-draft steps that the policy did not choose -- the tree was
+  chosen but every request's admission was still indexing (in ``nodraft`` too);
 * ``forward``: SGLang's ``TpModelWorker.forward_batch_generation``, the target's forward launch (a no-draft step's
   decode forward, no speculation's decode step, with its sampling); ``verify``: the same call for a speculative
   step's TARGET_VERIFY batch;
@@ -67,7 +69,7 @@ FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
 TP_WORKER = "sglang.srt.managers.tp_worker.TpModelWorker"
 PARTS = ("step", "schedule", "launch", "lengths", "result", "worker", "nodraft", "drafted", "forward", "verify", "commit",
          "nd_prep", "nd_init", "nd_forward", "nd_sample", "nd_result", "input", "spec_prep", "sample", "state_commit",
-         "kv_move", "post_verify")
+         "kv_move", "post_verify", "nodraft_admitting")
 NGRAM = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
 # SGLang's NGRAM loop's steps: (target, part, the position of its ScheduleBatch argument, self counted)
 LOOP_PARTS = ((f"{NGRAM}._prepare_for_speculative_decoding", "spec_prep", 1),

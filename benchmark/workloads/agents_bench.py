@@ -568,12 +568,14 @@ def replies(turns):
 
 
 def details(turns):
-    """``{session: [[prompt_tokens, cached_tokens, completion_tokens] of turn 0, 1, ...]}`` of one phase (kept in
-    ``runs`` beside the replies, under the phase's key + :data:`DETAILS`)."""
+    """``{session: [[prompt_tokens, cached_tokens, completion_tokens, latency_ms] of turn 0, 1, ...]}`` of one phase
+    (kept in ``runs`` beside the replies, under the phase's key + :data:`DETAILS`): which turns make a tail latency."""
     out = {}
     for t in sorted(turns, key=lambda t: (t["session"], t["turn"])):
+        lat = t.get("latency")
         out.setdefault(str(t["session"]), []).append([t.get("prompt_tokens", 0), t.get("cached_tokens", 0),
-                                                       t.get("completion_tokens", 0)])
+                                                       t.get("completion_tokens", 0),
+                                                       None if lat is None else round(lat * 1e3, 1)])
     return out
 
 

@@ -130,13 +130,13 @@ def test_compare_counts_identical_turns_against_the_same_phase_of_no_speculation
 def test_compare_details_the_first_difference_with_both_servers_cached_tokens():
     ab = load()
     mk = lambda texts, cached: [dict(session=s, turn=t, reply=x, prompt_tokens=100 * (t + 1),  # noqa: E731
-                                     cached_tokens=cached[s][t], completion_tokens=len(x))
+                                     cached_tokens=cached[s][t], completion_tokens=len(x), latency=0.25 + 0.5 * t)
                                 for s, r in texts.items() for t, x in enumerate(r)]
     ref = mk({0: ["abc", "def"], 1: ["g"]}, {0: [0, 90], 1: [0]})
     spec = mk({0: ["abc", "dXf"], 1: ["g"]}, {0: [0, 63], 1: [0]})
     runs = {"none/1": ab.replies(ref), "none/1" + ab.DETAILS: ab.details(ref),
             "lt/1": ab.replies(spec), "lt/1" + ab.DETAILS: ab.details(spec)}
-    assert ab.details(ref) == {"0": [[100, 0, 3], [200, 90, 3]], "1": [[100, 0, 1]]}
+    assert ab.details(ref) == {"0": [[100, 0, 3, 250.0], [200, 90, 3, 750.0]], "1": [[100, 0, 1, 250.0]]}
     out = ab.compare(runs)
     assert set(out) == {"lt/1"} and out["lt/1"]["first_difference"] == (0, 1)
     assert out["lt/1"]["first_difference_detail"] == dict(prompt_tokens=[200, 200], cached_tokens=[63, 90],

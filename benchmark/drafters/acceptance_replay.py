@@ -119,6 +119,35 @@ class NgramReplay:
         self.corpus.corpus.erase_match_state([rid])
 
 
+class ArcticReplay:
+    """arctic-inference's ``SuffixDecodingCache`` (the reference SuffixDecoding implementation, C++ behind nanobind) as
+    vLLM's suffix decoding drives it: the prompt indexed at the request's start (a tree of its own), each step's
+    accepted tokens added to the request's response (its own tree and the global one at once), a tree draft of up
+    to ``nodes - 1`` tokens below the root from the context's last ``max_tree_depth`` tokens, the request stopped at
+    its end (its response stays in the global tree). ``cache_mod``: its ``arctic_inference.suffix_decoding.cache``
+    module (``arctic_compare.py`` builds it); ``spec``: :meth:`SuffixDecodingCache.speculate`'s keywords (defaults:
+    its own, with ``use_tree_spec``)."""
+
+    def __init__(self, nodes, cache_mod, max_tree_depth=64, **spec):
+        self.n, self.depth = nodes, max_tree_depth
+        self.cache = cache_mod.SuffixDecodingCache(max_tree_depth=max_tree_depth)
+        self.spec = dict(dict(max_spec_factor=1.0, max_spec_offset=0.0, min_token_prob=0.1, use_tree_spec=True), **spec)
+
+    def start(self, rid, prompt):
+        self.cache.start_request(rid, list(prompt))
+
+    def draft(self, rid, context):
+        d = self.cache.speculate(rid, context[-self.depth:], max_spec_tokens=self.n - 1, **self.spec)
+        return [context[-1]] + list(d.token_ids), [-1] + [p + 1 for p in d.parents]
+
+    def step(self, rid, tokens):
+        if tokens:
+            self.cache.add_active_response(rid, list(tokens))
+
+    def finish(self, rid, output):
+        self.cache.stop_request(rid)
+
+
 def replay(drafter, per_session, agents: int):
     """Verify steps and tokens (accepted drafts + the bonus token per step) over every turn."""
     from admission_replay import turn_order

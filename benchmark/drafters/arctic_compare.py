@@ -3,8 +3,9 @@ implementation, Apache-2.0, C++ behind nanobind; vLLM's suffix decoding runs on 
 the agent benchmark's served token streams, and what it costs the host per step and per admission (CPU).
 
     python3 benchmark/drafters/arctic_compare.py --arctic-sdist arctic_inference-0.3.0.tar.gz \\
-        --replies benchmark/results/agents_32_replies_h200.json.gz --reference none/32 --seed 2 \\
+        --replies benchmark/results/agents_32_replies_h200.json.gz --reference none/32 --seed 0 \\
         --out benchmark/results/arctic_suffix_cpu.json
+    # the sdist: pip download --no-deps --no-build-isolation --no-binary :all: arctic-inference==0.3.0
 
 **Build.** arctic-inference ships as an sdist whose build needs CMake, nanobind, protobuf, grpcio-tools, torch and
 its CUDA custom ops (vLLM's plugin). Its suffix decoding is two C++ files and a nanobind binding

@@ -100,17 +100,22 @@ def host_time(cache_mod, batch: int, args) -> list:
         ts = sorted(ts)
         return round(statistics.median(ts) * 1e3, 3), round(ts[int(0.95 * (len(ts) - 1))] * 1e3, 3)
 
+    def admissions(start):  # each request's prompt indexed, timed
+        times = []
+        for rid, t in zip(rids, texts):
+            t0 = time.perf_counter()
+            start(rid, t[:args.context])
+            times.append(time.perf_counter() - t0)
+        return times
+
+    rids = [f"r{i}" for i in range(batch)]
+
     # LumoTree: the server's drafter and settings
     d = make_suffix_drafter(threads=threads, **SuffixCorpus(args.nodes).kw)
     for i in range(32):  # earlier outputs in the global cache
         d.start(f"g{i}", texts[batch + i][:args.context])
         d.finish(f"g{i}", texts[batch + i][args.context:args.context + 512])
-    adm = []
-    rids = [f"r{i}" for i in range(batch)]
-    for rid, t in zip(rids, texts):
-        t0 = time.perf_counter()
-        d.start(rid, t[:args.context])
-        adm.append(time.perf_counter() - t0)
+    adm = admissions(d.start)
     steps = []
     for k in range(args.steps):
         app = [t[args.context + k * args.accept:args.context + (k + 1) * args.accept] for t in texts[:batch]]
@@ -127,11 +132,7 @@ def host_time(cache_mod, batch: int, args) -> list:
             c.start_request(f"g{i}", texts[batch + i][:args.context])
             c.add_active_response(f"g{i}", texts[batch + i][args.context:args.context + 512])
             c.stop_request(f"g{i}")
-        adm = []
-        for rid, t in zip(rids, texts):
-            t0 = time.perf_counter()
-            c.start_request(rid, t[:args.context])
-            adm.append(time.perf_counter() - t0)
+        adm = admissions(c.start_request)
         steps = []
         for k in range(args.steps):
             end = args.context + (k + 1) * args.accept

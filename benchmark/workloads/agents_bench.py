@@ -486,7 +486,7 @@ def resumed(res, runs, args) -> set:
     for config in args.configs.split(","):
         name = config + args.tag
         srv = old.get("servers", {}).get(name)
-        rows = [r for r in old.get("rows", []) if r.get("config") == name]
+        rows = [r for r in old.get("rows", []) if r.get("config") == name and not r.get("partial")]
         keys = [f"{name}/{a}" for a in levels]
         if (srv is not None and "error" not in srv and {r["agents"] for r in rows} >= set(levels)
                 and (not args.replies_out or all(k in old_replies for k in keys))
@@ -682,6 +682,9 @@ def markdown(res) -> str:
         out += ["Host probe before each server started, ms (a Python loop / 2,000 small torch CPU ops): " + "; ".join(
             f"{n} {h['python_ms']:.1f} / {h['torch_ms']:.1f}" for n, h in host.items()), ""]
     where = {n: s.get("machine") for n, s in res.get("servers", {}).items()}
+    partial = [f"{r['config']} at {r['agents']} ({r['partial']})" for r in rows if r.get("partial")]
+    if partial:
+        out += ["Partial rows (the run stopped before their last repeat): " + "; ".join(partial), ""]
     for level in sorted({r["agents"] for r in rows}):
         at = [r for r in rows if r["agents"] == level]
         out += [f"{level} agent{'s' if level != 1 else ''}:", "",
@@ -952,10 +955,13 @@ def main():
         with lock:  # rows in the command's order of configurations and levels, whichever server finished first
             res["rows"].sort(key=lambda r: (names.index(r["config"]) if r["config"] in names else len(names),
                                             levels.index(r["agents"]) if r["agents"] in levels else len(levels)))
-            json.dump(res, open(args.out, "w"), indent=1)
+            with open(args.out + ".tmp", "w") as f:  # replaced whole: a run killed while saving keeps the last save
+                json.dump(res, f, indent=1)
+            os.replace(args.out + ".tmp", args.out)
             if args.replies_out:
-                with gzip.open(args.replies_out, "wt") as f:
+                with gzip.open(args.replies_out + ".tmp", "wt") as f:
                     json.dump(runs, f)
+                os.replace(args.replies_out + ".tmp", args.replies_out)
 
     here = machine()  # recorded per server: a --resume on another machine shows (markdown)
     gpu_turns = None  # --take-turns: set below, before the servers start
@@ -1003,12 +1009,19 @@ def main():
                             accepts.append(next((s.get("avg_spec_accept_length")
                                                  for s in info.get("internal_states", [])
                                                  if s.get("avg_spec_accept_length")), None))
+                        if rep + 1 < args.repeats:  # saved as it stands: a run stopped later keeps its repeats so far
+                            with lock:
+                                res["rows"] = [r for r in res["rows"] if (r["config"], r["agents"]) != (name, agents)]
+                                res["rows"].append(dict(repeated(name, agents, phases, accepts),
+                                                        partial=f"{len(phases)} of {args.repeats} repeats"))
+                                save()
                     # (taking turns: the window spans the other servers' runs too; this server's decode and prefill
                     # totals do not move while it waits, its idle time does)
                     windows[f"{agents} agents"] = (t2, time.time())
                     row = repeated(name, agents, phases, accepts)
                     turns = phases[0][0]  # the parity compares every server's first phase
                     with lock:
+                        res["rows"] = [r for r in res["rows"] if (r["config"], r["agents"]) != (name, agents)]
                         res["rows"].append(row)
                         runs[f"{name}/{agents}"] = replies(turns)
                         runs[f"{name}/{agents}" + DETAILS] = details(turns)

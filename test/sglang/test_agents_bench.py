@@ -501,6 +501,40 @@ def test_repeats_run_each_phase_again_from_a_flushed_cache_and_report_the_median
         ab.main()
 
 
+def test_a_run_stopped_between_repeats_keeps_a_partial_row_that_resume_runs_again(tmp_path, monkeypatch):
+    """Each repeat but the last is saved as it stands (``partial``); a run that stops after the first of three repeats
+    leaves that row, marked and listed in the tables, and --resume does not keep the configuration."""
+    import json
+    import sys
+
+    ab = load()
+    events, walls = [], iter([2.0])
+
+    def fake_run_phase(url, sessions, agents, *a, **kw):
+        fake_post(url + "/v1/chat/completions", dict(messages=[]))
+        wall = next(walls, None)
+        if wall is None:
+            raise KeyboardInterrupt  # the run is stopped in its second repeat
+        return [dict(session=0, turn=0, latency=0.1, prompt_tokens=50, cached_tokens=25, completion_tokens=30,
+                     reply="r")], wall
+
+    fake_post = _fake_servers(monkeypatch, ab, events, fake_run_phase)
+    argv = ["agents_bench.py", "--model", str(tmp_path), "--configs", "none", "--agents", "1", "--sessions", "1",
+            "--turns", "1", "--warmup-sessions", "0", "--repeats", "3", "--out", str(tmp_path / "a.json"), "--resume"]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(KeyboardInterrupt):
+        ab.main()
+    res = json.load(open(tmp_path / "a.json"))
+    (row,) = res["rows"]
+    assert row["partial"] == "1 of 3 repeats" and row["tokens_per_s"] == 15.0
+    assert "none at 1 (1 of 3 repeats)" in ab.markdown(res)
+    assert not (tmp_path / "a.json.tmp").exists()
+    walls = iter([1.0, 1.0, 1.0])
+    ab.main()  # resumed: the partial configuration runs again, in full
+    (row,) = json.load(open(tmp_path / "a.json"))["rows"]
+    assert "partial" not in row and len(row["repeats"]) == 3
+
+
 def test_each_level_serves_sessions_of_its_own_from_a_flushed_server(tmp_path, monkeypatch):
     """A drafter's corpus lives until /flush_cache and the greedy model repeats its replies: a level that replayed an
     earlier level's sessions without a flush would draft from memory. Each level gets its own sessions (the same for

@@ -117,19 +117,9 @@ class SuffixTrie {
     if (depth < 1) throw std::invalid_argument("depth must be >= 1");
     add_node(-1, 0);
   }
-  int new_sequence() {  // a closed sequence's number is reused (python: SuffixTrie.new_sequence)
-    if (!free_seqs_.empty()) {
-      int seq = free_seqs_.back();
-      free_seqs_.pop_back();
-      return seq;
-    }
+  int new_sequence() {
     active_.emplace_back();
     return static_cast<int>(active_.size()) - 1;
-  }
-  // no more appends to sequence seq: its cursor dropped, its number free (python: SuffixTrie.close_sequence)
-  void close_sequence(int seq) {
-    std::vector<int32_t>().swap(active_[seq]);
-    free_seqs_.push_back(seq);
   }
   void append(int seq, Tok token) {
     if (token < 0) throw std::invalid_argument("token ids must be non-negative integers");
@@ -151,10 +141,7 @@ class SuffixTrie {
     for (size_t i = from; i < tokens.size(); ++i) append(seq, tokens[i]);
   }
   // no more appends to any sequence: their cursors dropped (python: SuffixTrie.close_sequences)
-  void close_sequences() {
-    active_.clear();
-    free_seqs_.clear();
-  }
+  void close_sequences() { active_.clear(); }
   // undo extend(new_sequence(), tokens) of a closed sequence: the counts of all its substrings of length <= depth
   // decremented (the walk of append) and the nodes left at zero -- whole subtrees: a substring occurs at most as
   // often as its prefix -- unlinked and their ids reused (python: SuffixTrie.remove)
@@ -268,7 +255,6 @@ class SuffixTrie {
   std::vector<int32_t> free_;  // ids of removed nodes, reused
   EdgeMap edge_;
   std::vector<std::vector<int32_t>> active_;
-  std::vector<int> free_seqs_;  // numbers of closed sequences, reused
   std::vector<int32_t> scratch_;
 };
 
@@ -491,8 +477,6 @@ class SuffixDrafter {
     std::shared_ptr<SuffixTrie> trie;
     int seq = 0;
     std::vector<Tok> ctx;
-    int gseq = -1;          // its output's sequence in the global trie while it runs (-1: none yet)
-    std::vector<Tok> live;  // the tokens appended to that sequence, in order (what eviction removes)
   };
 
  public:
@@ -554,8 +538,6 @@ class SuffixDrafter {
     if (st.committed) throw std::logic_error("commit_staged: the staged requests are committed already");
     for (size_t i = 0; i < st.rids.size(); ++i) {
       indexed_tokens_ += static_cast<int64_t>(st.reqs[i].ctx.size() - st.done[i]);  // ctx: the prompt
-      auto old = requests_.find(st.rids[i]);
-      if (old != requests_.end()) end_live(old->second);  // started again: what it output so far stays cached
       requests_[st.rids[i]] = std::move(st.reqs[i]);
       ++starts_;
       adopted_ += st.done[i] > 0;
@@ -585,7 +567,6 @@ class SuffixDrafter {
     Request& r = request(rid);
     r.trie->extend(r.seq, tokens);
     r.ctx.insert(r.ctx.end(), tokens.begin(), tokens.end());
-    append_live(r, tokens);
   }
 
   void rewind(const std::string& rid, int64_t drop) {
@@ -598,23 +579,22 @@ class SuffixDrafter {
     r.trie->set_cursor(r.seq, r.ctx);
   }
 
-  // a request leaves: its trie is retired (for a next turn); its output, in the global trie since its first
-  // append (append_live), joins the recent outputs the global window evicts, oldest first. A request that never
-  // appended hands its output over here (python: SuffixDrafter.finish)
   void finish(const std::string& rid, const std::vector<Tok>& output) {
     auto it = requests_.find(rid);
-    bool live = false;
     if (it != requests_.end()) {
-      live = it->second.gseq >= 0;
-      end_live(it->second);
       retire(std::move(it->second));
       requests_.erase(it);
     }
-    if (live || output.empty() || global_tokens_ == 0) return;
-    int seq = global_->new_sequence();
-    global_->extend(seq, output);
-    global_->close_sequence(seq);
-    keep_recent(std::vector<Tok>(output));
+    if (output.empty()) return;
+    recent_.push_back(output);
+    recent_tokens_ += static_cast<int64_t>(output.size());
+    global_->extend(global_->new_sequence(), output);
+    while (recent_tokens_ > global_tokens_ && recent_.size() > 1) {
+      recent_tokens_ -= static_cast<int64_t>(recent_.front().size());
+      global_->remove(recent_.front());  // as long as inserting it: no rebuild of the window
+      recent_.pop_front();
+    }
+    global_->close_sequences();
   }
 
   std::vector<Tok> context(const std::string& rid) const {
@@ -644,8 +624,7 @@ class SuffixDrafter {
  public:
   // one decode step for a batch: request i's context grows by appends[i] (may be empty), then it drafts; the
   // requests' own tries are indexed and drafted on the pool's threads (each request's trie is its own; the global
-  // trie is only read there, after the batch's outputs joined it). The same drafts, in the same order, as append for
-  // every request, then draft for each.
+  // trie is only read here). The same drafts, in the same order, as append + draft request by request.
   std::vector<Draft> step_batch(const std::vector<std::string>& rids, const std::vector<std::vector<Tok>>& appends,
                                 int budget) {
     if (!appends.empty() && appends.size() != rids.size())
@@ -658,9 +637,6 @@ class SuffixDrafter {
       for (size_t j = 0; j < i && !appends.empty(); ++j)  // two threads would extend one trie
         if (reqs[j] == reqs[i]) throw std::invalid_argument("step_batch: request " + rids[i] + " twice in a batch");
     }
-    // the batch's outputs join the global trie first (one trie: on this thread, in the batch's order), so every
-    // request drafts from the others' outputs of this step too
-    for (size_t i = 0; i < rids.size() && !appends.empty(); ++i) append_live(*reqs[i], appends[i]);
     std::vector<Draft> out(rids.size());
     pool_.run(rids.size(), [&](size_t i) {
       Request& r = *reqs[i];
@@ -774,36 +750,6 @@ class SuffixDrafter {
     out = std::move(*best);
     retired_.erase(best);
     return {best_done, best_keep};
-  }
-
-  // a running request's new tokens into its output's sequence of the global trie (python: SuffixDrafter._append_live)
-  void append_live(Request& r, const std::vector<Tok>& tokens) {
-    if (tokens.empty() || global_tokens_ == 0) return;  // 0: no global cache
-    if (r.gseq < 0) r.gseq = global_->new_sequence();
-    global_->extend(r.gseq, tokens);
-    r.live.insert(r.live.end(), tokens.begin(), tokens.end());
-  }
-
-  // the request's output sequence of the global trie ends: it joins the recent outputs (python: SuffixDrafter._end_live)
-  void end_live(Request& r) {
-    if (r.gseq < 0) return;
-    global_->close_sequence(r.gseq);
-    r.gseq = -1;
-    keep_recent(std::move(r.live));
-    r.live.clear();
-  }
-
-  // an output in the global trie joins the window of recent outputs; the oldest leave it while it holds more than
-  // global_tokens (each removed as it was inserted: no rebuild)
-  void keep_recent(std::vector<Tok>&& output) {
-    if (output.empty()) return;
-    recent_tokens_ += static_cast<int64_t>(output.size());
-    recent_.push_back(std::move(output));
-    while (recent_tokens_ > global_tokens_ && recent_.size() > 1) {
-      recent_tokens_ -= static_cast<int64_t>(recent_.front().size());
-      global_->remove(recent_.front());
-      recent_.pop_front();
-    }
   }
 
   void retire(Request&& req) {

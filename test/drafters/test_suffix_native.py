@@ -89,7 +89,7 @@ def test_native_drafts_equal_the_reference(seed, kw):
 @pytest.mark.parametrize("seed", range(6))
 def test_batch_steps_on_threads_draft_as_request_by_request(seed, threads):
     """step_batch (a batch's appends + drafts in one call, the requests spread over the C++ drafter's threads) gives
-    the reference's drafts of every request's append, then each one's draft, and the same contexts, through requests that come,
+    the reference's drafts of append + draft request by request, and the same contexts, through requests that come,
     rewind and finish (their tries retired and adopted by next turns) between the steps."""
     rng = random.Random(100 + seed)
     kw = dict(max_match=4, max_spec=6, global_tokens=300, min_prob=0.0, retired_tokens=2000)
@@ -108,11 +108,10 @@ def test_batch_steps_on_threads_draft_as_request_by_request(seed, threads):
         appends = [motif_tokens(rng, rng.randrange(0, 5)) for _ in batch]
         budget = rng.choice([1, 4, 8, 16])
         got, want = cc.step_batch(batch, appends, budget), []
-        for rid, a in zip(batch, appends):  # the reference: every request's appends (the global trie's too) ...
+        for rid, a in zip(batch, appends):  # the reference, one request after the other
             if a:
                 py.append(rid, a)
             contexts[rid] += a
-        for rid in batch:  # ... then each request's draft
             d = py.draft(rid, budget)
             want.append((d.tokens, d.parents))
         assert [tuple(map(list, g)) for g in got] == want

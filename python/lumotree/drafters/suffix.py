@@ -61,30 +61,18 @@ class SuffixTrie:
         self._tok = array.array("q", [-1])  # a node's token
         self._free: List[int] = []  # ids of removed nodes, reused
         self._active: List[List[int]] = []  # per open sequence: nodes of its suffixes of length < depth
-        self._free_seqs: List[int] = []  # numbers of closed sequences, reused
 
     @property
     def num_nodes(self) -> int:
         return len(self._count) - len(self._free)
 
     def new_sequence(self) -> int:
-        """A new sequence to append to (a closed sequence's number is reused)."""
-        if self._free_seqs:
-            seq = self._free_seqs.pop()
-            self._active[seq] = []
-            return seq
         self._active.append([])
         return len(self._active) - 1
-
-    def close_sequence(self, seq: int) -> None:
-        """No more appends to sequence ``seq``: its cursor dropped, its number free."""
-        self._active[seq] = []
-        self._free_seqs.append(seq)
 
     def close_sequences(self) -> None:
         """No more appends to any sequence: their cursors dropped (numbering starts over)."""
         self._active.clear()
-        self._free_seqs.clear()
 
     def append(self, seq: int, token: int) -> None:
         try:
@@ -241,18 +229,10 @@ def _continued(ctx: Sequence[int], prompt: Sequence[int], overlap: int) -> Tuple
 class SuffixDrafter:
     """Per-request suffix tries + a bounded global trie of recent outputs.
 
-    A running request's output joins the global trie as it is appended (a sequence of its own there), not when the
-    request ends, so that requests running at the same time draft from each other's outputs -- as arctic-inference's
-    ``SuffixDecodingCache`` (the reference SuffixDecoding implementation) adds each active response to its global tree.
-    Why: on the agent benchmark's served 32-agent token streams stepped as a server steps them, its cache accepted
-    7.2 tokens per request step with that and 4.8 with outputs joining at the end (LumoTree's drafter then: 5.3);
-    ``benchmark/drafters/arctic_compare.py``. An output leaves the global trie (oldest first, while the outputs there
-    hold more than ``global_tokens``) only after its request ended.
-
     Args:
         max_match: longest context suffix looked up.
         max_spec: deepest speculation below the match.
-        global_tokens: size bound of the global cache (tokens of recent outputs kept; 0: no global cache).
+        global_tokens: size bound of the global cache (tokens of recent outputs kept).
         min_prob: drop branches whose path probability falls below this.
         retired_tokens: size bound (tokens indexed) of the finished requests' tries kept for a next turn
             whose prompt continues one of their contexts (0: none kept), and of one request's trie.
@@ -273,7 +253,6 @@ class SuffixDrafter:
         self.global_tokens = global_tokens
         self.retired_tokens = retired_tokens
         self._requests: Dict[object, Tuple[SuffixTrie, int, List[int]]] = {}
-        self._live: Dict[object, Tuple[int, List[int]]] = {}  # running request -> (global sequence, tokens in it)
         self._recent: collections.deque = collections.deque()
         self._recent_tokens = 0
         self._global = SuffixTrie(self.depth)
@@ -289,7 +268,6 @@ class SuffixDrafter:
     # ------------------------------------------------------------------ request lifecycle
     def start(self, rid, prompt: Sequence[int]) -> None:
         prompt = list(prompt)
-        self._end_live(rid)  # started again: what it output so far stays in the global trie
         adopted = self._adopt(prompt)
         if adopted is None:
             trie = SuffixTrie(self.depth)
@@ -349,39 +327,6 @@ class SuffixDrafter:
         trie, seq, ctx = self._request(rid)
         trie.extend(seq, tokens)
         ctx.extend(tokens)
-        self._append_live(rid, tokens)
-
-    def _append_live(self, rid, tokens: Sequence[int]) -> None:
-        """A running request's new tokens into its output's sequence of the global trie."""
-        tokens = list(tokens)
-        if not tokens or self.global_tokens == 0:
-            return
-        live = self._live.get(rid)
-        if live is None:
-            live = self._live[rid] = (self._global.new_sequence(), [])
-        self._global.extend(live[0], tokens)
-        live[1].extend(tokens)
-
-    def _end_live(self, rid) -> bool:
-        """The request's output sequence of the global trie ends and joins the recent outputs; whether it had one."""
-        live = self._live.pop(rid, None)
-        if live is None:
-            return False
-        self._global.close_sequence(live[0])
-        self._keep_recent(live[1])
-        return True
-
-    def _keep_recent(self, out: List[int]) -> None:
-        """An output in the global trie joins the window of recent outputs; the oldest leave it while it holds more
-        than ``global_tokens`` (each removed as it was inserted: no rebuild)."""
-        if not out:
-            return
-        self._recent.append(out)
-        self._recent_tokens += len(out)
-        while self._recent_tokens > self.global_tokens and len(self._recent) > 1:
-            old = self._recent.popleft()
-            self._recent_tokens -= len(old)
-            self._global.remove(old)
 
     def rewind(self, rid, drop: int) -> None:
         """Forget the last ``drop`` tokens of request ``rid``'s context (they were not its tokens:
@@ -399,20 +344,22 @@ class SuffixDrafter:
         trie.set_cursor(seq, ctx)
 
     def finish(self, rid, output: Sequence[int]) -> None:
-        """Retire a request: its output, in the global trie since its first append, joins the recent outputs (oldest
-        evicted; a request that never appended hands ``output`` over here), and its own trie waits (bounded) for a
-        next turn that extends its context."""
+        """Retire a request; its output joins the global cache (oldest outputs evicted), and its
+        own trie waits (bounded) for a next turn that extends its context."""
         req = self._requests.pop(rid, None)
-        live = self._end_live(rid) if req is not None else False
         if req is not None:
             self._retire(req)
         out = list(output)
-        if live or not out or self.global_tokens == 0:
+        if not out:
             return
-        seq = self._global.new_sequence()
-        self._global.extend(seq, out)
-        self._global.close_sequence(seq)
-        self._keep_recent(out)
+        self._recent.append(out)
+        self._recent_tokens += len(out)
+        self._global.extend(self._global.new_sequence(), out)
+        while self._recent_tokens > self.global_tokens and len(self._recent) > 1:
+            old = self._recent.popleft()
+            self._recent_tokens -= len(old)
+            self._global.remove(old)  # as long as inserting it: no rebuild of the window
+        self._global.close_sequences()
 
     def context(self, rid) -> List[int]:
         """The tokens of request ``rid`` seen so far ([] for an unknown request)."""
@@ -454,9 +401,8 @@ class SuffixDrafter:
 
     def step_batch(self, rids: Sequence, appends: Sequence[Sequence[int]], budget: int
                    ) -> List[Tuple[List[int], List[int]]]:
-        """One decode step for a batch: every request ``rids[i]``'s context grows by ``appends[i]`` (may be empty),
-        then each drafts -- from the others' new outputs too; ``(tokens, parents)`` per request. The reference of
-        :meth:`NativeSuffixDrafter.step_batch`."""
+        """One decode step for a batch: request ``rids[i]``'s context grows by ``appends[i]`` (may be empty), then
+        it drafts; ``(tokens, parents)`` per request. The reference of :meth:`NativeSuffixDrafter.step_batch`."""
         if appends and len(appends) != len(rids):
             raise ValueError(f"step_batch: {len(appends)} appends for {len(rids)} requests")
         if budget < 1:
@@ -465,11 +411,10 @@ class SuffixDrafter:
             self._request(rid)  # unknown requests fail before any change
         if appends and len(set(rids)) < len(rids):
             raise ValueError("step_batch: a request twice in a batch")
+        out = []
         for i, rid in enumerate(rids):
             if appends and len(appends[i]):
                 self.append(rid, appends[i])
-        out = []
-        for rid in rids:
             d = self.draft(rid, budget)
             out.append((d.tokens, d.parents))
         return out
@@ -563,7 +508,7 @@ class NativeSuffixDrafter:
                    ) -> List[Tuple[List[int], List[int]]]:
         """One decode step for a batch, one call: request ``rids[i]``'s context grows by ``appends[i]`` (may be
         empty), then it drafts; the requests are indexed and drafted on the drafter's ``threads`` (the GIL
-        released). The same drafts as :meth:`append` for every request, then :meth:`draft` for each."""
+        released). The same drafts as :meth:`append` + :meth:`draft` request by request."""
         return _unknown_as_key_error(self._d.step_batch, [str(r) for r in rids],
                                      [[operator.index(t) for t in a] for a in appends], budget)
 

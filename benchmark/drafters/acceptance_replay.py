@@ -180,7 +180,8 @@ def concurrent_replay(drafter, per_session, agents: int, admission_steps: int = 
     global cache at the end of its step, so concurrent turns do not see each other's outputs -- unlike
     :func:`replay`, where each turn runs to its end before the next drafts. A request drafts nothing (its bonus token
     alone) in its first ``admission_steps`` decode steps: its prompt still indexing, as LUMOTREE_SUFFIX's
-    background admissions leave it. Returns ``dict(steps, request_steps, tokens, windows)``: decode steps, request
+    background admissions leave it. Within a decode step every request drafts before any appends the step's tokens
+    (a drafter whose global cache holds running requests' outputs sees the others' up to the step before). Returns ``dict(steps, request_steps, tokens, windows)``: decode steps, request
     steps (tokens per request step is the servers' accept length) and, per ``window`` decode steps, the accept length
     of the requests stepped in them (SGLang's decode log line every 40 steps)."""
     queue = list(range(len(per_session)))[::-1]
@@ -199,18 +200,24 @@ def concurrent_replay(drafter, per_session, agents: int, admission_steps: int = 
     while queue or running:
         while free and queue:
             admit(free.pop(), queue.pop(), 0)
-        done = []
+        done, accepts = [], {}
+        for agent in sorted(running):  # every request drafts before any appends its step's tokens, as a server's
+            r = running[agent]         # step does: no draft sees another request's tokens of the same step
+            rid, _, _, context, output, pos, wait = r
+            if pos >= len(output):  # a one-token reply: done at its prefill
+                continue
+            if wait > 0:
+                accepts[agent], r[6] = 0, wait - 1
+            else:
+                toks, parents = drafter.draft(rid, context)
+                accepts[agent] = accepted(toks, parents, output[pos:])
         for agent in sorted(running):
             r = running[agent]
             rid, _, _, context, output, pos, wait = r
-            if pos >= len(output):  # a one-token reply: done at its prefill
+            if pos >= len(output):
                 done.append(agent)
                 continue
-            if wait > 0:
-                k, r[6] = 0, wait - 1
-            else:
-                toks, parents = drafter.draft(rid, context)
-                k = accepted(toks, parents, output[pos:])
+            k = accepts[agent]
             new = output[pos:pos + k + 1]
             context += new
             r[5] = pos + len(new)

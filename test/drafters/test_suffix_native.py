@@ -489,6 +489,33 @@ def test_concurrent_replay_steps_the_agents_requests_together():
     assert len(mod.concurrent_replay(mod.SuffixReplay(1), per_session, 2, window=4)["windows"]) == none["steps"] // 4
 
 
+def test_concurrent_replay_drafts_every_request_before_any_appends_its_step_s_tokens():
+    """As a server's step: within a decode step no draft follows another request's append of that step (a drafter
+    whose global cache saw running requests' tokens at once would otherwise draft tokens no server could have)."""
+    mod = _acceptance_replay()
+    calls = []
+
+    class Recorder:
+        def start(self, rid, prompt):
+            calls.append(("start", rid))
+
+        def draft(self, rid, context):
+            calls.append(("draft", rid))
+            return [context[-1]], [-1]
+
+        def step(self, rid, tokens):
+            calls.append(("step", rid))
+
+        def finish(self, rid, output):
+            calls.append(("finish", rid))
+
+    per_session = [[([1, 2], [3, 4, 5, 6])] for _ in range(3)]
+    mod.concurrent_replay(Recorder(), per_session, 3)
+    kinds = [k for k, _ in calls if k in ("draft", "step")][3:]  # after the three prefills' steps
+    for i in range(0, len(kinds) - 6, 6):
+        assert kinds[i:i + 6] == ["draft"] * 3 + ["step"] * 3
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_native_global_window_evictions_and_compactions_draft_as_the_reference(seed):
     """A global window that fills many times over (each finish removing the oldest outputs, compactions when most

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import functools
 import gzip
 import json
@@ -315,33 +316,22 @@ class Turns:
             self.cv.notify_all()
 
     def drop(self, config):
-        with self.cv:
-            self.order = [None if k is not None and config in (k[0], k[1]) else k for k in self.order]
+        with self.cv:  # its warm-up ("warm-up", config) and its runs (config, level, repeat)
+            self.order = [None if k is None or config == (k[1] if k[0] == "warm-up" else k[0]) else k
+                          for k in self.order]
             self.cv.notify_all()
 
+    @contextlib.contextmanager
     def turn(self, key):
-        turns = self
-
-        class _Turn:
-            def __enter__(self):
-                turns.wait(key)
-
-            def __exit__(self, *exc):
-                turns.done(key)
-
-        return _Turn()
-
-
-class _NoTurn:
-    def __enter__(self):
-        pass
-
-    def __exit__(self, *exc):
-        pass
+        self.wait(key)
+        try:
+            yield
+        finally:
+            self.done(key)
 
 
 def no_turn(_key=None):
-    return _NoTurn()
+    return contextlib.nullcontext()
 
 
 CONTEXT_SLACK = 192  # the chat template's tokens and the client's approximate count against the server's
@@ -653,8 +643,8 @@ CONFIGS["lumotree-suffix-mtp-policy"] = CONFIGS["lumotree-suffix"] + [
 
 STEP_BUCKETS = ("1", "2", "4", "8", "16", "32", "64")
 STEP_PARTS = ("schedule", "lengths", "worker", "nodraft", "nodraft_admitting", "nd_prep", "nd_init", "nd_forward",
-              "nd_sample", "nd_result", "drafted", "spec_prep", "verify", "post_verify", "sample", "state_commit", "kv_move", "commit", "forward",
-              "result")
+              "nd_sample", "nd_result", "drafted", "spec_prep", "verify", "post_verify", "sample", "state_commit",
+              "kv_move", "commit", "forward", "result")
 # the scheduler's loop per interval: these follow one another (lengths, worker, forward, verify and commit are
 # inside launch); what is left is the loop's own time
 INTERVAL_PARTS = ("schedule", "input", "launch", "lengths", "worker", "forward", "spec_prep", "verify", "post_verify",
@@ -964,6 +954,10 @@ def main():
                 os.replace(args.replies_out + ".tmp", args.replies_out)
 
     here = machine()  # recorded per server: a --resume on another machine shows (markdown)
+
+    def put_row(row):  # a (config, level)'s row, in place of any partial one
+        res["rows"] = [r for r in res["rows"] if (r["config"], r["agents"]) != (row["config"], row["agents"])]
+        res["rows"].append(row)
     gpu_turns = None  # --take-turns: set below, before the servers start
     gpu_turn = no_turn
 
@@ -1011,9 +1005,8 @@ def main():
                                                  if s.get("avg_spec_accept_length")), None))
                         if rep + 1 < args.repeats:  # saved as it stands: a run stopped later keeps its repeats so far
                             with lock:
-                                res["rows"] = [r for r in res["rows"] if (r["config"], r["agents"]) != (name, agents)]
-                                res["rows"].append(dict(repeated(name, agents, phases, accepts),
-                                                        partial=f"{len(phases)} of {args.repeats} repeats"))
+                                put_row(dict(repeated(name, agents, phases, accepts),
+                                             partial=f"{len(phases)} of {args.repeats} repeats"))
                                 save()
                     # (taking turns: the window spans the other servers' runs too; this server's decode and prefill
                     # totals do not move while it waits, its idle time does)
@@ -1021,8 +1014,7 @@ def main():
                     row = repeated(name, agents, phases, accepts)
                     turns = phases[0][0]  # the parity compares every server's first phase
                     with lock:
-                        res["rows"] = [r for r in res["rows"] if (r["config"], r["agents"]) != (name, agents)]
-                        res["rows"].append(row)
+                        put_row(row)
                         runs[f"{name}/{agents}"] = replies(turns)
                         runs[f"{name}/{agents}" + DETAILS] = details(turns)
                         res["parity"] = compare(runs, reference="none" + args.tag)

@@ -895,15 +895,19 @@ def test_first_token_margin_is_the_reference_s_top_two_gap_where_the_reply_parts
 
 def test_margins_serve_the_reference_last_and_ask_it_at_each_differing_session_s_first_difference(
         tmp_path, monkeypatch):
-    """--margins: the no-speculation server runs after the others (here with two lanes, the others first) and, kept
-    up, answers the first differing turn of each differing session; the result and its table carry the margins."""
+    """--margins: the no-speculation server is queued after the others (here with two lanes, the others first) and,
+    kept up until every other server has finished, answers the first differing turn of each differing session; the
+    result and its table carry the margins. (Which lane enters its server first is the threads' race: a lane freed
+    early may start the reference while another lane's server is still serving, so the order asserted is that of the
+    queries: every margin query after every other server's last turn.)"""
     import contextlib
     import json
     import sys
+    import time
 
     ab = load()
 
-    order, asked = [], []
+    order, asked, served = [], [], []
 
     @contextlib.contextmanager
     def fake_server(model, args, port=30000, base_args=(), env=None, **kw):
@@ -917,7 +921,11 @@ def test_margins_serve_the_reference_last_and_ask_it_at_each_differing_session_s
         n = sum(m["role"] == "assistant" for m in payload["messages"])
         if payload.get("logprobs"):
             asked.append((server, n))
+            served.append("margin")
             return _logprob_reply(["s", "y"], ["r", f"{n}"])  # parts from the speculative "s2" at its 2nd token
+        if server == "lumotree-suffix":
+            time.sleep(0.02)  # the slowest server: the reference, on the other lane, finishes its turns first
+        served.append(server)
         text = f"r{n}" if server == "none" or n < 2 else f"s{n}"  # the speculative ones part at turn 2
         return dict(choices=[dict(message=dict(content=text))],
                     usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=25)))
@@ -930,7 +938,9 @@ def test_margins_serve_the_reference_last_and_ask_it_at_each_differing_session_s
     monkeypatch.setattr(sys, "argv", argv)
     ab.main()
     res = json.load(open(out))
-    assert order[-1] == "none"
+    assert sorted(order) == ["lumotree", "lumotree-suffix", "none"]
+    last_other = max(i for i, s in enumerate(served) if s not in ("none", "margin"))
+    assert served.index("margin") > last_other  # the margin queries wait for every other server's replies
     assert [r["config"] for r in res["rows"]] == ["none", "lumotree-suffix", "lumotree"]  # the command's order
     assert sorted(asked) == [("none", 2)] * 4  # 2 sessions per differing phase, their turn 2, the reference alone
     for key in ("lumotree-suffix/1", "lumotree/1"):

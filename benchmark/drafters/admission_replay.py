@@ -19,6 +19,7 @@ also each round's turns admitted in one ``start_batch`` call (as LumoTree admits
 the drafter's threads.
 """
 import argparse
+import gzip
 import importlib.util
 import json
 import os
@@ -75,10 +76,13 @@ def turn_order(per_session, agents: int):
                     yield (f"{g + i}-{t}", *turns[t])
 
 
-def replay(drafter, per_session, agents: int, window: int, batched: bool = False):
+def replay(drafter, per_session, agents: int, window: int, batched: bool = False, stage: bool = False):
     """Admission seconds of every turn, ``agents`` sessions at a time, turn by turn; ``batched``: each round's
     turns (one per session of the group) admitted in one ``start_batch`` call, as a prefill batch of them is (each
-    turn counted the call's time over the round's turns)."""
+    turn counted the call's time over the round's turns); ``stage``: each turn admitted as LumoTree's worker admits a
+    prefilled prompt, ``stage_batch`` on the scheduler's thread (timed: the checks, the prompt's conversion, the
+    choice of a finished turn's trie to adopt), then ``index_staged`` and ``commit_staged`` (not timed: the
+    indexing runs on the drafter's admission thread)."""
     times, rounds = [], {}
     for rid, ids, output in turn_order(per_session, agents):
         group, t = rid.rsplit("-", 1)
@@ -89,7 +93,13 @@ def replay(drafter, per_session, agents: int, window: int, batched: bool = False
             drafter.start_batch([rid for rid, _, _ in turns], [ids[-window:] for _, ids, _ in turns])
             times += [(time.perf_counter() - t0) / len(turns)] * len(turns)
         for rid, ids, output in turns:
-            if not batched:
+            if stage:
+                t0 = time.perf_counter()
+                staged = drafter.stage_batch([rid], [ids[-window:]])
+                times.append(time.perf_counter() - t0)
+                drafter.index_staged(staged)
+                drafter.commit_staged(staged)
+            elif not batched:
                 t0 = time.perf_counter()
                 drafter.start(rid, ids[-window:])
                 times.append(time.perf_counter() - t0)
@@ -111,8 +121,16 @@ def main(argv=None):
     ap.add_argument("--threads", default=None,
                     help="e.g. 1,2: also each round's turns admitted in one start_batch call on that many drafter "
                          "threads (rows with threads; without: one start per turn)")
+    ap.add_argument("--stage", action="store_true",
+                    help="time only what the scheduler's thread spends per admission (stage_batch; see replay)")
+    ap.add_argument("--replies", default=None,
+                    help="agents_bench.py --replies-out (gzip JSON): the served replies of --reference as the turns' "
+                         "outputs instead of stand-ins")
+    ap.add_argument("--reference", default="none/32")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.stage and args.threads:
+        ap.error("--stage times single admissions: no --threads")
     import agents_bench as ab
     from tokenizers import Tokenizer
 
@@ -130,15 +148,20 @@ def main(argv=None):
     tok = Tokenizer.from_file(os.path.join(MODEL, "tokenizer.json"))
     encode = lambda s: tok.encode(s).ids  # noqa: E731
     count = ab.token_counter(MODEL)
-    per_session = turns_of(ab.make_sessions(args.sessions, args.turns, 0), encode, count, 6500, 128)
+    replies = None
+    if args.replies:
+        with gzip.open(args.replies, "rt") as f:
+            replies = json.load(f)[args.reference]
+    per_session = turns_of(ab.make_sessions(args.sessions, args.turns, 0), encode, count, 6500, 128, replies=replies)
     rows = []
     modes = [None] + ([int(t) for t in args.threads.split(",")] if args.threads else [])
     for agents in (int(a) for a in args.agents.split(",")):
         for r in range(args.repeat):
             for threads in modes:  # one start per turn, then batched rounds on each thread count
                 d = S.NativeSuffixDrafter(**kw) if threads is None else S.NativeSuffixDrafter(threads=threads, **kw)
-                times = replay(d, per_session, agents, args.window, batched=threads is not None)
+                times = replay(d, per_session, agents, args.window, batched=threads is not None, stage=args.stage)
                 row = dict(agents=agents, repeat=r, **({} if threads is None else dict(threads=threads)),
+                           **(dict(part="stage_batch") if args.stage else {}), stats=d.stats,
                            turns=len(times), total_s=round(sum(times), 3),
                            median_ms=round(1e3 * statistics.median(times), 3),
                            p95_ms=round(1e3 * sorted(times)[int(0.95 * (len(times) - 1))], 3))

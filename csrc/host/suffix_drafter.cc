@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -477,6 +478,9 @@ class SuffixDrafter {
     std::shared_ptr<SuffixTrie> trie;
     int seq = 0;
     std::vector<Tok> ctx;
+    // retired: the positions j >= 1 where ctx[j] == ctx[0] (continued()'s alignments for a prompt that starts with
+    // ctx's first token -- a chat prompt's every message does), made when the request retires
+    std::vector<uint32_t> heads;
   };
 
  public:
@@ -703,28 +707,40 @@ class SuffixDrafter {
     return {-1, 0};
   }
 
-  // how a request whose context was ctx lines up with prompt (python: _continued): {done, keep}, prompt's first
-  // done tokens being ctx[keep - done, keep); {0, 0}: it does not. prompt's start at ctx's start or anywhere in
-  // ctx, whichever runs longest; it counts when it covers all of ctx or at least overlap tokens
-  static std::pair<size_t, size_t> continued(const std::vector<Tok>& ctx, const std::vector<Tok>& prompt,
-                                             size_t overlap) {
+  // how a retired request whose context was ctx lines up with prompt (python: _continued): {done, keep}, prompt's
+  // first done tokens being ctx[keep - done, keep); {0, 0}: it does not. prompt's start at ctx's start or anywhere
+  // in ctx, whichever runs longest; it counts when it covers all of ctx or at least overlap tokens. The alignments
+  // inside ctx are visited in order as python's scan visits them: from r.heads where prompt starts with ctx's
+  // first token, else by the scan
+  static std::pair<size_t, size_t> continued(const Request& r, const std::vector<Tok>& prompt, size_t overlap) {
+    const std::vector<Tok>& ctx = r.ctx;
     size_t n = ctx.size(), p = prompt.size();
-    auto run = [&](size_t j) {
+    auto run = [&](size_t j) {  // 32 tokens per memcmp while they agree, then token by token
       size_t m = std::min(n - j, p), i = 0;
-      while (i < m && ctx[j + i] == prompt[i]) ++i;
+      const Tok *a = ctx.data() + j, *b = prompt.data();
+      while (i + 32 <= m && std::memcmp(a + i, b + i, 32 * sizeof(Tok)) == 0) i += 32;
+      while (i < m && a[i] == b[i]) ++i;
       return i;
     };
     size_t best = run(0), best_j = 0;
     if (best == n) return {n, n};
     if (overlap >= 1 && p >= 1) {
-      for (size_t j = 1; j < n && n - j >= std::max(overlap, best + 1); ++j) {
-        if (ctx[j] != prompt[0]) continue;
+      auto at = [&](size_t j) {  // false: stop
+        if (n - j < std::max(overlap, best + 1)) return false;
         size_t r = run(j);
         if (r > best) {
           best = r;
           best_j = j;
-          if (j + r == n || r == p) break;
+          if (j + r == n || r == p) return false;
         }
+        return true;
+      };
+      if (n > 0 && prompt[0] == ctx[0]) {
+        for (uint32_t j : r.heads)
+          if (!at(j)) break;
+      } else {
+        for (size_t j = 1; j < n; ++j)
+          if (ctx[j] == prompt[0] && !at(j)) break;
       }
     }
     if (best < std::max<size_t>(overlap, 1)) return {0, 0};
@@ -732,14 +748,31 @@ class SuffixDrafter {
   }
 
   // the retired request whose context lines up with the most of prompt's start, taken out of the store; the
-  // tokens of prompt it holds (0: none, or its trie would index more than retired_tokens) and of its context kept
+  // tokens of prompt it holds (0: none, or its trie would index more than retired_tokens) and of its context kept.
+  // The first in the store's order among those of the longest alignment, as python's _adopt; a context no longer
+  // than a bound on that length cannot be it (an alignment holds at most min(len(ctx), len(prompt)) tokens) and
+  // is not lined up. The bound: the longest context that the prompt's start runs through whole (a session's next
+  // turn), found by comparing the contexts' last tokens first -- so that the other sessions' contexts, which share
+  // the prompt's first (system prompt) tokens, are not compared through them one by one
   std::pair<size_t, size_t> adopt(const std::vector<Tok>& prompt, Request& out) {
+    const size_t p = prompt.size();
+    auto fits = [&](const Request& r, size_t done) {
+      return r.trie->num_tokens() + static_cast<int64_t>(p - done) <= retired_tokens_;
+    };
+    size_t bound = 0;
+    for (const Request& r : retired_) {
+      const size_t n = r.ctx.size(), k = std::min<size_t>(n, 16);
+      if (n <= bound || n > p || !std::equal(r.ctx.end() - k, r.ctx.end(), prompt.begin() + (n - k))) continue;
+      size_t done = continued(r, prompt, kAdoptOverlap).first;
+      if (done > bound && fits(r, done)) bound = done;
+    }
     auto best = retired_.end();
     size_t best_done = 0, best_keep = 0;
     for (auto it = retired_.begin(); it != retired_.end(); ++it) {
-      auto [done, keep] = continued(it->ctx, prompt, kAdoptOverlap);
-      if (done > best_done &&
-          it->trie->num_tokens() + static_cast<int64_t>(prompt.size() - done) <= retired_tokens_) {
+      const size_t most = std::min(it->ctx.size(), p);
+      if (most < bound || most <= best_done) continue;  // its alignment cannot be the one chosen
+      auto [done, keep] = continued(*it, prompt, kAdoptOverlap);
+      if (done > best_done && fits(*it, done)) {
         best = it;
         best_done = done;
         best_keep = keep;
@@ -748,6 +781,7 @@ class SuffixDrafter {
     if (best == retired_.end()) return {0, 0};
     retired_total_ -= best->trie->num_tokens();
     out = std::move(*best);
+    out.heads.clear();
     retired_.erase(best);
     return {best_done, best_keep};
   }
@@ -756,6 +790,9 @@ class SuffixDrafter {
     int64_t size = req.trie->num_tokens();
     if (retired_tokens_ == 0 || req.ctx.empty() || size > retired_tokens_) return;
     retired_total_ += size;
+    req.heads.clear();
+    for (size_t j = 1; j < req.ctx.size(); ++j)
+      if (req.ctx[j] == req.ctx[0]) req.heads.push_back(static_cast<uint32_t>(j));
     retired_.push_back(std::move(req));
     while (retired_total_ > retired_tokens_) {
       retired_total_ -= retired_.front().trie->num_tokens();

@@ -209,6 +209,59 @@ def test_batch_starts_on_threads_equal_starts_one_by_one(seed):
     assert py.stats["adopted"] > 0 and py.stats["starts"] == serial
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_adoption_among_sessions_sharing_a_system_prompt_equals_the_reference(seed):
+    """Chat-shaped sessions as an agent server sees them: every prompt opens with the same system prompt (longer than
+    the adoption overlap, so every other session's finished turn lines up with a next turn's start too) and every
+    message with the same head token. A next turn continues its session's last context (whole, with its reply
+    re-tokenized, or with the window moved on), sometimes opens with another token, and the store's size bound
+    sometimes rules out the longest alignment: the C++ drafter adopts the trie the reference adopts (its bounded
+    search compares the contexts' ends first and skips contexts too short to be chosen) -- the same stats, contexts
+    and drafts, ties between equal alignments going to the older context."""
+    rng = random.Random(300 + seed)
+    head, system = 1, [1] + motif_tokens(rng, 299)
+    kw = dict(max_match=4, max_spec=6, global_tokens=400, min_prob=0.0, retired_tokens=rng.choice([1 << 14, 3000]))
+    py, cc = S.SuffixDrafter(**kw), S.NativeSuffixDrafter(**kw)
+    last, serial = {}, 0
+
+    def message(n):
+        return [head] + [2 + t for t in motif_tokens(rng, n)]
+
+    for _ in range(60):
+        sess = rng.randrange(6)
+        old = last.get(sess)
+        kind = rng.random()
+        if old is None:
+            prompt = system + message(rng.randrange(5, 60))
+        elif kind < 0.5:  # the next turn: the whole context, a new observation
+            prompt = old + message(rng.randrange(5, 80))
+        elif kind < 0.65:  # the reply re-tokenized: parts near the end
+            prompt = old[:len(old) - rng.randrange(1, 8)] + message(rng.randrange(5, 40))
+        elif kind < 0.8:  # the window moved on: from a message start inside the old context
+            starts = [j for j, t in enumerate(old) if t == head and 0 < j < len(old) - 300]
+            cut = rng.choice(starts) if starts else 0
+            prompt = old[cut:] + message(rng.randrange(5, 40))
+        elif kind < 0.9:  # opens with another token
+            prompt = [7] + old[1:] + message(rng.randrange(5, 40))
+        else:  # the same context again (a retry): ties with an equal context
+            prompt = list(old)
+        rid = f"r{serial}"
+        serial += 1
+        py.start(rid, prompt)
+        cc.start(rid, prompt)
+        assert cc.stats == py.stats
+        assert cc.context(rid) == py.context(rid) == prompt
+        same(py.draft(rid, 8), cc.draft(rid, 8))
+        reply = [head] + motif_tokens(rng, rng.randrange(3, 30))
+        py.append(rid, reply)
+        cc.append(rid, reply)
+        same(py.draft(rid, 8), cc.draft(rid, 8))
+        last[sess] = py.context(rid)
+        py.finish(rid, reply)
+        cc.finish(rid, reply)
+    assert py.stats["adopted"] > 10
+
+
 @pytest.mark.parametrize("native", [False, True])
 def test_batch_start_errors_change_nothing(native):
     d = S.NativeSuffixDrafter(max_match=4, max_spec=4, threads=4) if native else S.SuffixDrafter(max_match=4, max_spec=4)

@@ -463,6 +463,33 @@ def test_admission_replay_times_every_turn_s_admission(tmp_path):
     assert res["drafter"]["retired_tokens"] == 1 << 18
 
 
+def test_admission_replay_stage_times_the_scheduler_thread_s_share_with_the_served_replies(tmp_path):
+    """--stage: each turn staged (timed), indexed and committed -- the same adoptions as one start per turn; --replies:
+    the recorded replies are the turns' outputs (the next prompts hold them)."""
+    import gzip
+    import json
+
+    mod = _drafters_script("admission_replay")
+    import agents_bench as ab
+
+    replies = {str(s["id"]): [f"reply {s['id']}-{t}: " + "tokens " * (5 + t) for t in range(3)]
+               for s in ab.make_sessions(4, 3, 0)}
+    path = tmp_path / "replies.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"none/32": replies}, f)
+    common = ["--agents", "2", "--sessions", "4", "--turns", "3", "--repeat", "1", "--window", "512",
+              "--replies", str(path)]
+    staged = mod.main(common + ["--stage"])["rows"][0]
+    started = mod.main(common)["rows"][0]
+    assert staged["part"] == "stage_batch" and "part" not in started
+    assert staged["turns"] == 12 and 0 < staged["median_ms"] <= staged["p95_ms"]
+    assert staged["stats"] == started["stats"] and staged["stats"]["adopted"] > 0
+    stand_ins = mod.main(common[:-2] + ["--stage"])["rows"][0]
+    assert stand_ins["stats"]["indexed_tokens"] != staged["stats"]["indexed_tokens"]  # other outputs, other prompts
+    with pytest.raises(SystemExit):
+        mod.main(common + ["--stage", "--threads", "2"])
+
+
 def _drafters_script(name):
     """``benchmark/drafters/<name>.py`` as a module."""
     import importlib.util

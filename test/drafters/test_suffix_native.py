@@ -490,6 +490,25 @@ def test_admission_replay_stage_times_the_scheduler_thread_s_share_with_the_serv
         mod.main(common + ["--stage", "--threads", "2"])
 
 
+def test_host_ab_pairs_two_builds_step_by_step(tmp_path):
+    """benchmark/drafters/host_ab.py: the installed build against itself (ratios near 1, every step and admission
+    paired); drafters that draft differently are refused."""
+    import json
+
+    mod = _drafters_script("host_ab")
+    so = S._host_extension().__file__
+    out = tmp_path / "ab.json"
+    res = mod.main([so, so, "--batch", "3", "--steps", "6", "--context", "300", "--global-outputs", "2",
+                    "--threads", "1,2", "--out", str(out)])
+    assert json.load(open(out)) == res and res["threads"] == [1, 2]
+    assert res["step"]["count"] == 6 and res["admission"]["count"] == 3
+    assert all(res[k]["a_median_ms"] > 0 and res[k]["b_over_a_median"] > 0 for k in ("step", "admission"))
+    kw = dict(max_match=4, max_spec=6, global_tokens=400, retired_tokens=0)
+    with pytest.raises(RuntimeError, match="drafted differently"):
+        mod.paired(S.NativeSuffixDrafter(min_prob=0.0, **kw), S.NativeSuffixDrafter(min_prob=0.5, **kw),
+                   batch=2, nodes=8, context=300, accept=3, steps=4, global_outputs=1)
+
+
 def _drafters_script(name):
     """``benchmark/drafters/<name>.py`` as a module."""
     import importlib.util

@@ -5,8 +5,8 @@ On a shared 2-core virtual machine the same build's median step time at batch 32
 minute apart, so builds timed one after the other, or even alternated run by run, could not show a 5 % change. Here
 both builds live in one process with identical state: two drafters made the same way (``--threads A,B``: each
 build's host threads), the same earlier outputs in their global caches, the same ``--batch`` requests admitted (each
-prompt into both, in alternating order), then every decode step's appends and drafts (``step_batch``, ``--nodes``)
-on one and at once on the other, the order alternating -- so a swing of the machine falls on both sides of a pair.
+prompt into both, in alternating order), then every decode step's appends, drafts and their layout as SGLang's NGRAM
+worker takes them (``step_layout``, the served call; ``--nodes``) on one and at once on the other, the order alternating -- so a swing of the machine falls on both sides of a pair.
 Reported: each side's median, and the median of the per-step ratios B / A (and of the admissions'); the two builds'
 drafts are checked to be equal step by step. A build against itself reads 1.00 +- 0.01 (steps) here.
 
@@ -56,6 +56,7 @@ def drafter(ext, threads: int, nodes: int):
 
 def paired(a, b, batch: int, nodes: int, context: int, accept: int, steps: int, global_outputs: int) -> dict:
     """Drafters ``a`` and ``b`` driven alike, each step timed on both back to back (the order alternating)."""
+    import numpy as np
     from suffix_host_cost import contexts
 
     texts = contexts(batch + global_outputs, context)
@@ -81,8 +82,8 @@ def paired(a, b, batch: int, nodes: int, context: int, accept: int, steps: int, 
     for k in range(steps):
         j = k % span
         app = [t[context + j * accept:context + (j + 1) * accept] for t in texts[:batch]]
-        da, db = timed("step", k, lambda d: d.step_batch(rids, app, nodes))
-        if da != db:
+        da, db = timed("step", k, lambda d: d.step_layout(rids, app, nodes))
+        if not all(np.array_equal(x, y) for x, y in zip(da, db)):
             raise RuntimeError(f"step {k}: the two builds drafted differently")
     out = {}
     for kind, (ta, tb) in times.items():

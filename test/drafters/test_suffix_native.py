@@ -509,6 +509,26 @@ def test_host_ab_pairs_two_builds_step_by_step(tmp_path):
                    batch=2, nodes=8, context=300, accept=3, steps=4, global_outputs=1)
 
 
+def test_many_small_steps_on_four_threads_equal_one_thread():
+    """The drafter's thread pool over many short calls (batches of 2-5: most of a call's indices taken before the
+    threads wake, late threads finding the next call's): every step's layout equals the one-thread drafter's."""
+    import numpy as np
+
+    rng = random.Random(7)
+    kw = dict(max_match=4, max_spec=6, global_tokens=400, min_prob=0.0, retired_tokens=0)
+    one, four = S.NativeSuffixDrafter(threads=1, **kw), S.NativeSuffixDrafter(threads=4, **kw)
+    rids = [f"r{i}" for i in range(5)]
+    for rid in rids:
+        prompt = motif_tokens(rng, 60)
+        one.start(rid, prompt)
+        four.start(rid, prompt)
+    for step in range(400):
+        batch = rids[:rng.randrange(2, 6)]
+        appends = [motif_tokens(rng, rng.randrange(0, 4)) for _ in batch]
+        a, b = one.step_layout(batch, appends, 8), four.step_layout(batch, appends, 8)
+        assert all(np.array_equal(x, y) for x, y in zip(a, b)), step
+
+
 def _drafters_script(name):
     """``benchmark/drafters/<name>.py`` as a module."""
     import importlib.util

@@ -31,6 +31,12 @@ def serve_fakes(monkeypatch, ab, server, post):
     monkeypatch.setattr(ab, "CONFIGS", {k: v + ["--served-model-name", k] for k, v in real.items()})
 
 
+def chat_reply(text):
+    """A fake server's chat completion: ``text``, 3 completion tokens, 50 prompt tokens of which 25 cached."""
+    return dict(choices=[dict(message=dict(content=text))],
+                usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=25)))
+
+
 def test_sessions_are_deterministic_and_varied():
     ab = load()
     a, b = ab.make_sessions(8, 10, seed=1), ab.make_sessions(8, 10, seed=1)
@@ -227,8 +233,7 @@ def test_prefill_graphs_serves_with_sglang_s_default_prefill_cuda_graphs(tmp_pat
         yield "http://x"
 
     def fake_post(url, payload, timeout=600):
-        return dict(choices=[dict(message=dict(content="r"))],
-                    usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=25)))
+        return chat_reply("r")
 
     monkeypatch.setattr(ss, "sglang_server", fake_server)
     monkeypatch.setattr(ss, "post", fake_post)
@@ -458,8 +463,7 @@ def _fake_servers(monkeypatch, ab, events, run_phase):
             events.append("flush")
             return {}
         events.append("turn")
-        return dict(choices=[dict(message=dict(content="r"))],
-                    usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=25)))
+        return chat_reply("r")
 
     monkeypatch.setattr(ss, "sglang_server", fake_server)
     monkeypatch.setattr(ss, "post", fake_post)
@@ -897,8 +901,7 @@ def test_a_configuration_s_own_environment_reaches_its_server_only(tmp_path, mon
     def fake_post(url, payload, timeout=600):
         if url.endswith("/flush_cache"):
             return {}
-        return dict(choices=[dict(message=dict(content="r"))],
-                    usage=dict(completion_tokens=3, prompt_tokens=50, prompt_tokens_details=dict(cached_tokens=25)))
+        return chat_reply("r")
 
     serve_fakes(monkeypatch, ab, fake_server, fake_post)
     out = tmp_path / "a.json"

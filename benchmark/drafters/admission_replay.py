@@ -14,7 +14,11 @@ not a model's; what matters here is that each next prompt holds the previous tur
     python3 benchmark/drafters/admission_replay.py --agents 8,32 --out benchmark/results/admission_replay_cpu.json
 
 ``--extension PATH``: another build of ``lumotree._host`` (e.g. from an earlier commit's
-``csrc/host/suffix_drafter.cc``) timed instead, with ``--retired-tokens`` as that version served. ``--threads 1,2``:
+``csrc/host/suffix_drafter.cc``) timed instead, with ``--retired-tokens`` as that version served. ``--stage``: only
+the scheduler thread's share of each admission (``stage_batch``: the checks, the prompt's conversion, the choice of a
+finished turn's trie to adopt; the indexing runs on the drafter's admission thread), as LumoTree's worker admits a
+prefilled prompt. ``--replies``: a run's recorded replies (``agents_bench.py --replies-out``, ``--reference``'s) as the
+turns' outputs instead of the stand-ins. ``--threads 1,2``:
 also each round's turns admitted in one ``start_batch`` call (as LumoTree admits a prefill batch) on that many of
 the drafter's threads.
 """

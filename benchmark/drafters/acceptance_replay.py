@@ -173,7 +173,7 @@ def replay(drafter, per_session, agents: int):
     return steps, tokens
 
 
-def concurrent_replay(drafter, per_session, agents: int, admission_steps: int = 0, window: int = 40):
+def concurrent_replay(drafter, per_session, agents: int, admission_steps: int = 0, window: int = 40, observe=None):
     """The turns as a server steps them: ``agents`` closed-loop agents, each working through its sessions one turn
     after another (a session's next turn is prefilled the step after its last finished; a free agent takes the next
     session), every running request drafting once per decode step. A finished turn's output reaches the drafter's
@@ -181,9 +181,12 @@ def concurrent_replay(drafter, per_session, agents: int, admission_steps: int = 
     :func:`replay`, where each turn runs to its end before the next drafts. A request drafts nothing (its bonus token
     alone) in its first ``admission_steps`` decode steps: its prompt still indexing, as LUMOTREE_SUFFIX's
     background admissions leave it. Within a decode step every request drafts before any appends the step's tokens
-    (a drafter whose global cache holds running requests' outputs sees the others' up to the step before). Returns ``dict(steps, request_steps, tokens, windows)``: decode steps, request
+    (a drafter whose global cache holds running requests' outputs sees the others' up to the step before). Returns
+    ``dict(steps, request_steps, tokens, windows)``: decode steps, request
     steps (tokens per request step is the servers' accept length) and, per ``window`` decode steps, the accept length
-    of the requests stepped in them (SGLang's decode log line every 40 steps)."""
+    of the requests stepped in them (SGLang's decode log line every 40 steps). ``observe(context, tokens, parents,
+    continuation, accepted)``, where given, sees every draft (:class:`Headroom`); a turn's end is
+    ``observe.finished(output)``."""
     queue = list(range(len(per_session)))[::-1]
     running = {}  # agent -> [rid, session, turn, context, output, pos, undrafted steps left]
     free = list(range(agents))[::-1]
@@ -211,6 +214,8 @@ def concurrent_replay(drafter, per_session, agents: int, admission_steps: int = 
             else:
                 toks, parents = drafter.draft(rid, context)
                 accepts[agent] = accepted(toks, parents, output[pos:])
+                if observe is not None:
+                    observe(context, toks, parents, output[pos:], accepts[agent])
         for agent in sorted(running):
             r = running[agent]
             rid, _, _, context, output, pos, wait = r
@@ -235,11 +240,59 @@ def concurrent_replay(drafter, per_session, agents: int, admission_steps: int = 
         for agent in done:
             rid, sess, turn, _, output, _, _ = running.pop(agent)
             drafter.finish(rid, output)
+            if observe is not None:
+                observe.finished(output)
             if turn + 1 < len(per_session[sess]):
                 admit(agent, sess, turn + 1)
             else:
                 free.append(agent)
     return dict(steps=steps, request_steps=request_steps, tokens=tokens, windows=windows)
+
+
+class Headroom:
+    """What a suffix drafter could have drafted, per request step of :func:`concurrent_replay` (``--headroom``): the
+    continuation's *copy length* -- its longest prefix (up to ``cap`` tokens) that follows the step's root token
+    somewhere in the request's context or in a finished output (what any suffix drafter may propose; 0: the next
+    token never follows the root there) -- beside the tokens the draft had accepted and its size. ``summary()``: the
+    shares of request steps with nothing to copy and with no draft, and by copy length the share and the mean
+    accepted."""
+
+    def __init__(self, cap: int):
+        import numpy as np
+
+        self.np, self.cap, self.rows, self.outputs = np, cap, [], b""
+
+    def _bytes(self, tokens) -> bytes:
+        return self.np.asarray(tokens, dtype=self.np.int64).tobytes()
+
+    def finished(self, output) -> None:
+        self.outputs += self._bytes(output) + self._bytes([-1])  # -1: no token, so no copy spans two outputs
+
+    def __call__(self, context, tokens, parents, continuation, accepted) -> None:
+        hay, copy = self._bytes(context), 0
+        while copy < min(len(continuation), self.cap):
+            needle = self._bytes([context[-1]] + list(continuation[:copy + 1]))
+            if needle not in hay and needle not in self.outputs:
+                break
+            copy += 1
+        self.rows.append((accepted, copy, len(tokens)))
+
+    def summary(self, nodes: int) -> dict:
+        np = self.np
+        k, copy, size = (np.asarray(c) for c in zip(*self.rows))
+        deepest = nodes - 1  # the deepest a tree of this many nodes reaches
+
+        def band(lo, hi):
+            m = (copy >= lo) & (copy < hi)
+            mean = round(float(k[m].mean()), 2) if m.any() else None
+            return dict(share=round(float(m.mean()), 3), accepted_mean=mean)
+
+        return dict(request_steps=len(self.rows), nothing_to_copy=round(float((copy == 0).mean()), 3),
+                    no_draft=round(float((size == 1).mean()), 3),
+                    copy_1_5=band(1, 6), copy_6_to_deepest=band(6, deepest),
+                    copy_deepest_or_more=band(deepest, 10 ** 9),
+                    accepted_mean=round(float(k.mean()), 3),
+                    copy_mean_capped=round(float(np.minimum(copy, deepest).mean()), 3))
 
 
 def served_turns(args):
@@ -290,8 +343,12 @@ def main(argv=None):
                          "that kept its corpus drafts on sessions it has seen)")
     ap.add_argument("--admission-steps", type=int, default=0,
                     help="--concurrent: decode steps a new request drafts nothing (its admission indexing)")
+    ap.add_argument("--headroom", action="store_true",
+                    help="--concurrent: beside each LumoTree row, what its drafts could have copied (Headroom)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.headroom and not args.concurrent:
+        ap.error("--headroom needs --concurrent")
     per_session = served_turns(args)
     if args.session_range:
         lo, hi = (int(x) for x in args.session_range.split(":"))
@@ -308,9 +365,11 @@ def main(argv=None):
         for p in range(args.passes):
             t0 = time.perf_counter()
             if args.concurrent:
-                got = concurrent_replay(drafter, per_session, args.agents, args.admission_steps)
+                probe = Headroom(cap=n) if args.headroom and kw is not None else None
+                got = concurrent_replay(drafter, per_session, args.agents, args.admission_steps, observe=probe)
                 steps, tokens = got["request_steps"], got["tokens"]
-                extra = dict(decode_steps=got["steps"], windows=got["windows"])
+                extra = dict(decode_steps=got["steps"], windows=got["windows"],
+                             **(dict(headroom=probe.summary(n)) if probe is not None else {}))
             else:
                 (steps, tokens), extra = replay(drafter, per_session, args.agents), {}
             row = dict(drafter=name, nodes=n, **(dict(drafter_kw=kw) if kw else {}),

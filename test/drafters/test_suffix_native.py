@@ -585,6 +585,50 @@ def test_acceptance_replay_replays_recorded_replies(tmp_path):
     assert sixteen["tokens"] == one["tokens"] and sixteen["tokens_per_step"] > 2.0
 
 
+def test_headroom_measures_what_follows_the_root_in_the_context_and_finished_outputs():
+    """acceptance_replay.Headroom: a continuation's copy length is its longest prefix that follows the root token in
+    the request's context or a finished output (no copy across two outputs), capped; the summary's shares add up."""
+    mod = _acceptance_replay()
+    h = mod.Headroom(cap=4)
+    h([1, 2, 3, 1, 2], [2, 3], [-1, 0], [3, 1, 9], 1)  # 2 3 1 occurs in the context, 2 3 1 9 does not: 2
+    h([1, 2, 3, 1, 2], [2], [-1], [7, 7], 0)  # 2 7 occurs nowhere: 0
+    h.finished([2, 7, 7, 7, 7, 7])
+    h.finished([8])
+    h([1, 2, 3, 1, 2], [2, 7], [-1, 0], [7, 7, 7, 7, 7, 7], 1)  # from the finished output, capped at 4
+    h([5, 7], [7], [-1], [8], 0)  # 7 8 would span the two outputs: 0
+    assert [r[1] for r in h.rows] == [2, 0, 4, 0]
+    summary = h.summary(nodes=4)  # deepest: 3
+    assert summary["request_steps"] == 4 and summary["nothing_to_copy"] == 0.5 and summary["no_draft"] == 0.5
+    assert summary["copy_1_5"]["share"] == 0.5 and summary["copy_deepest_or_more"]["share"] == 0.25
+    assert summary["copy_6_to_deepest"]["accepted_mean"] is None and summary["accepted_mean"] == 0.5
+
+
+def test_acceptance_replay_headroom_rows(tmp_path):
+    """--headroom beside each LumoTree row of a --concurrent replay (not NGRAM's); it needs --concurrent."""
+    import gzip
+    import json
+    import os
+    import sys
+
+    mod = _acceptance_replay()
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "workloads"))
+    import agents_bench as ab
+
+    sessions = ab.make_sessions(2, 2, 0)
+    rep = tmp_path / "r.json.gz"
+    with gzip.open(rep, "wt") as f:
+        json.dump({"none/2": {str(s["id"]): ["def f(x):\n    return x + 1\n" * 4] * 2 for s in sessions}}, f)
+    common = ["--replies", str(rep), "--reference", "none/2", "--nodes", "8", "--ngram-nodes", "", "--agents", "2",
+              "--sessions", "2", "--turns", "2", "--max-tokens", "32"]
+    row = mod.main(common + ["--concurrent", "--headroom"])["rows"][0]
+    h = row["headroom"]
+    # each step takes its accepted drafts and a bonus token, but a turn's last step no token past the reply's end
+    assert h["request_steps"] == row["steps"] and h["accepted_mean"] < row["tokens_per_step"] <= h["accepted_mean"] + 1
+    assert h["copy_deepest_or_more"]["share"] > 0  # a repeated reply: long copies
+    with pytest.raises(SystemExit):
+        mod.main(common + ["--headroom"])
+
+
 def test_concurrent_replay_steps_the_agents_requests_together():
     """Requests running at once do not draft from each other's outputs (only finished turns reach the global cache),
     every output token is stepped exactly once, and a request still admitting drafts nothing."""

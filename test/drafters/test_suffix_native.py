@@ -263,6 +263,28 @@ def test_adoption_among_sessions_sharing_a_system_prompt_equals_the_reference(se
 
 
 @pytest.mark.parametrize("native", [False, True])
+def test_the_longest_alignment_that_does_not_fit_leaves_the_choice_to_one_that_does(native):
+    """A next turn whose longest alignment is a finished context whose trie holds more than that context (it adopted
+    an older trie and was rewound) and would grow past ``retired_tokens``: the turn adopts the shorter finished
+    context that fits, as the reference does -- a longest alignment that does not fit bounds nothing."""
+    kw = dict(max_match=4, max_spec=6, global_tokens=400, min_prob=0.0, retired_tokens=750)
+    d = S.NativeSuffixDrafter(**kw) if native else S.SuffixDrafter(**kw)
+    prompt = list(range(1000, 1700))  # the last turn's prompt, 700 distinct tokens
+    d.start("f", [9] + prompt[:300])
+    d.finish("f", [])
+    d.start("e", prompt[:350])  # adopts f's trie: prompt[:300] lies inside f's context, after its 9
+    d.append("e", list(range(2000, 2100)))
+    d.rewind("e", 100)  # its trie keeps the counts: 451 tokens for a context of 350
+    d.start("g", prompt[:280])  # nothing to adopt while e runs
+    d.finish("g", [])
+    d.finish("e", [])  # the store: g (280 tokens), e (451)
+    before = dict(d.stats)
+    d.start("x", prompt)  # e lines up for 350 tokens but 451 + 350 > 750; g for 280, and 280 + 420 fits
+    assert d.stats["adopted"] == before["adopted"] + 1
+    assert d.stats["indexed_tokens"] - before["indexed_tokens"] == 700 - 280
+
+
+@pytest.mark.parametrize("native", [False, True])
 def test_batch_start_errors_change_nothing(native):
     d = S.NativeSuffixDrafter(max_match=4, max_spec=4, threads=4) if native else S.SuffixDrafter(max_match=4, max_spec=4)
     with pytest.raises(ValueError, match="twice in a batch"):

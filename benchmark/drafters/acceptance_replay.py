@@ -257,21 +257,27 @@ class Headroom:
     shares of request steps with nothing to copy and with no draft, and by copy length the share and the mean
     accepted."""
 
+    END = chr(0x10FFFF)  # after each finished output: no token, so no copy spans two outputs
+
     def __init__(self, cap: int):
         import numpy as np
 
-        self.np, self.cap, self.rows, self.outputs = np, cap, [], b""
+        self.np, self.cap, self.rows, self.outputs = np, cap, [], ""
 
-    def _bytes(self, tokens) -> bytes:
-        return self.np.asarray(tokens, dtype=self.np.int64).tobytes()
+    @staticmethod
+    def _text(tokens) -> str:
+        """Token ids as one character each: a substring search matches whole tokens only."""
+        if any(t >= 0x10FFFF or t < 0 for t in tokens):
+            raise ValueError("Headroom: token ids must lie in [0, 0x10FFFF)")
+        return "".join(map(chr, tokens))
 
     def finished(self, output) -> None:
-        self.outputs += self._bytes(output) + self._bytes([-1])  # -1: no token, so no copy spans two outputs
+        self.outputs += self._text(output) + self.END
 
     def __call__(self, context, tokens, parents, continuation, accepted) -> None:
-        hay, copy = self._bytes(context), 0
+        hay, copy = self._text(context), 0
         while copy < min(len(continuation), self.cap):
-            needle = self._bytes([context[-1]] + list(continuation[:copy + 1]))
+            needle = self._text([context[-1]] + list(continuation[:copy + 1]))
             if needle not in hay and needle not in self.outputs:
                 break
             copy += 1

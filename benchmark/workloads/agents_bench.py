@@ -617,7 +617,7 @@ def compare(runs, reference="none"):
 CONFIGS = {
     "none": [],
     "ngram": ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"],
-    # SGLang's NGRAM at LUMOTREE_SUFFIX's tree sizes (16 nodes at up to 32 running requests, 32 at up to 16):
+    # SGLang's NGRAM at LUMOTREE_SUFFIX's tree sizes (32 nodes up to 32 running requests, 16 at 33-64):
     # its best configuration for a workload is a peer, not only its 8-token one
     "ngram16": ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "16"],
     "ngram32": ["--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "32"],
@@ -639,13 +639,6 @@ CONFIGS["lumotree-suffix-nodraft"] = CONFIGS["lumotree-suffix"] + [
 # comparison that chose SUFFIX_SETTINGS on a CPU model, served
 CONFIGS["lumotree-suffix-mtp-policy"] = CONFIGS["lumotree-suffix"] + [
     "--speculative-adaptive-config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "mtp_policy.json")]
-# diagnosis, not a peer (it needs an environment variable): LUMOTREE_SUFFIX with 1,024 verify tokens per step
-# instead of 512 -- 32-node trees up to 32 running requests, where the default drafts 16 (replayed on the CPU, the
-# 32-agent streams gave 5.85 tokens per request step at 32 nodes against 5.22 at 16:
-# benchmark/results/acceptance_replay_concurrent_cpu.json); the served step's cost decides
-CONFIGS["lumotree-suffix-1024"] = list(CONFIGS["lumotree-suffix"])
-# each configuration's own environment (over --env): what a configuration sets that flags cannot
-CONFIG_ENV = {"lumotree-suffix-1024": {"LUMOTREE_SUFFIX_TOKENS_PER_STEP": "1024"}}
 
 
 STEP_BUCKETS = ("1", "2", "4", "8", "16", "32", "64")
@@ -974,7 +967,7 @@ def main():
         host = host_speed()  # before the server starts (sglang_server.host_speed; with --lanes others may be up)
         t0 = time.time()
         windows = {"start-up": (t0, None)}
-        env_c = dict(env, **CONFIG_ENV.get(config, {}))
+        env_c = dict(env)
         server = {}
         try:
             with jit_cache_env(args.jit_cache, env_c) as env_s, \

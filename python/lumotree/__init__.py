@@ -22,8 +22,8 @@ Environment variables:
                          write the report / the failing inputs. LUMOTREE_SUFFIX servers then also
                          verify full attention with LumoTree's kernel (checked against SGLang's).
     LUMOTREE_SUFFIX_TOKENS_PER_STEP  verify tokens per step a LUMOTREE_SUFFIX server sizes its draft
-                         tree for when ``--speculative-num-draft-tokens`` is not given (default 512:
-                         tree = 512 / --max-running-requests nodes, a power of two in [4, 32]).
+                         tree for when ``--speculative-num-draft-tokens`` is not given (default 1024:
+                         tree = 1024 / batch nodes per batch bucket, a power of two in [4, 32]).
     LUMOTREE_SGLANG_SELECT  ``0`` keeps SGLang's greedy tree verification in LUMOTREE servers
                          (default: LumoTree's fused selection op).
     LUMOTREE_SGLANG_ACTIVE  (set by the plugin, not by users) ``1`` while a LUMOTREE /

@@ -879,49 +879,6 @@ def _logprob_reply(tokens, seconds):
     return dict(choices=[dict(message=dict(content="".join(tokens)), logprobs=dict(content=content))])
 
 
-def test_a_configuration_s_own_environment_reaches_its_server_only(tmp_path, monkeypatch):
-    """CONFIG_ENV: lumotree-suffix-1024's server runs with LUMOTREE_SUFFIX_TOKENS_PER_STEP=1024 (over --env, recorded
-    with the server), the others without it; with it the plugin drafts 32-node trees up to 32 running requests."""
-    import contextlib
-    import json
-    import sys
-    from types import SimpleNamespace
-
-    from lumotree.sglang.plugin import SUFFIX_TOKENS_ENV, default_suffix_budget
-    from lumotree.sglang.suffix_sizes import SIZES_ATTR
-
-    ab = load()
-    envs = {}
-
-    @contextlib.contextmanager
-    def fake_server(model, args, base_args=(), env=None, **kw):
-        envs[args[-1]] = dict(env)
-        yield f"http://x/{args[-1]}"
-
-    def fake_post(url, payload, timeout=600):
-        if url.endswith("/flush_cache"):
-            return {}
-        return chat_reply("r")
-
-    serve_fakes(monkeypatch, ab, fake_server, fake_post)
-    out = tmp_path / "a.json"
-    monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs",
-                                      "none,lumotree-suffix,lumotree-suffix-1024", "--agents", "1", "--sessions", "2",
-                                      "--turns", "2", "--warmup-sessions", "0", "--env", "A=1", "--log-dir",
-                                      str(tmp_path), "--out", str(out)])
-    ab.main()
-    res = json.load(open(out))
-    assert envs["lumotree-suffix-1024"][SUFFIX_TOKENS_ENV] == "1024" and envs["lumotree-suffix-1024"]["A"] == "1"
-    assert SUFFIX_TOKENS_ENV not in envs["lumotree-suffix"] and SUFFIX_TOKENS_ENV not in envs["none"]
-    assert res["servers"]["lumotree-suffix-1024"]["env"][SUFFIX_TOKENS_ENV] == "1024"
-    sizes = {}
-    for name in ("lumotree-suffix", "lumotree-suffix-1024"):
-        sa = SimpleNamespace(speculative_num_draft_tokens=None, max_running_requests=32)
-        default_suffix_budget(sa, env=envs[name])
-        sizes[name] = getattr(sa, SIZES_ATTR)
-    assert sizes["lumotree-suffix"][32] == 16 and sizes["lumotree-suffix-1024"][32] == 32
-
-
 def test_first_token_margin_is_the_reference_s_top_two_gap_where_the_reply_parts():
     ab = load()
     asked = []

@@ -54,8 +54,12 @@ def test_the_server_takes_the_largest_size_and_keeps_the_table():
         return sa.speculative_num_draft_tokens, sizes_of(sa)
 
     assert sized(8) == (32, None)  # one size: SGLang's loop as it is
-    assert sized(32) == (32, {1: 32, 2: 32, 4: 32, 8: 32, 16: 32, 32: 16})
-    assert sized(None)[1][64] == 8  # SGLang's NGRAM default of 48 running requests
+    assert sized(32) == (32, None)  # 1,024 verify tokens per step: 32 nodes up to 32 requests
+    assert sized(64) == (32, {1: 32, 2: 32, 4: 32, 8: 32, 16: 32, 32: 32, 64: 16})
+    assert sized(None)[1][64] == 16  # SGLang's NGRAM default of 48 running requests
+    assert sized(200)[1][128] == 8 and sized(200)[1][256] == 4
+    assert sized(32, env={"LUMOTREE_SUFFIX_TOKENS_PER_STEP": "512"}) == (32, {1: 32, 2: 32, 4: 32, 8: 32, 16: 32,
+                                                                            32: 16})
     assert sized(8, tokens=6) == (6, None)  # given: one size at every batch
     assert sized(32, env={"LUMOTREE_SUFFIX_TOKENS_PER_STEP": "256"}) == (32, {1: 32, 2: 32, 4: 32, 8: 32, 16: 16,
                                                                             32: 8})

@@ -12,7 +12,7 @@ drafted 8-node trees even for a single request.
 
 How: the server is configured with the largest size (SGLang's loop, its graphs and its KV
 allocation are for that one), and :func:`bucket_sizes` gives each batch bucket (powers of two, as
-CUDA graphs pad) its size by the same rule as before -- ``LUMOTREE_SUFFIX_TOKENS_PER_STEP`` (512)
+CUDA graphs pad) its size by the same rule as before -- ``LUMOTREE_SUFFIX_TOKENS_PER_STEP`` (1,024)
 verify tokens per step, at most 32 nodes. For every smaller size the worker builds a
 :class:`VerifySize` at start-up: an attention backend and target-verify CUDA graphs of that many
 tokens per request (at the captured batch sizes of its buckets), and the NGRAM worker's per-batch

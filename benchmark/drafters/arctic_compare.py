@@ -178,7 +178,8 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0, help="the level's session seed (session_seeds of the agents run)")
     ap.add_argument("--collapse-tokens", type=int, default=6500)
     ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--nodes", type=int, default=16, help="tree nodes, the root included (LUMOTREE_SUFFIX at 33-64 requests)")
+    ap.add_argument("--nodes", type=int, default=16,
+                    help="tree nodes, the root included (LUMOTREE_SUFFIX at 33-64 requests)")
     ap.add_argument("--batches", default="1,8,32")
     ap.add_argument("--context", type=int, default=3000)
     ap.add_argument("--accept", type=int, default=5)

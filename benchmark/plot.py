@@ -75,8 +75,8 @@ def agents():
     LUMOTREE_SUFFIX's drafted steps as CUDA graphs: 1 and 8 agents from runs "1-agent-post-verify-graphs" and
     "8-agents-post-verify-graphs" (16 sessions per level, one machine), 32 agents from runs "32-agents-32-nodes"
     (the default of now, median of 5 repeats) and "32-agents-tree-sizes" (16- and 32-node trees beside each other,
-    median of 3) (32 sessions, the servers up at once and served in turn; two other machines). Ratios compare within a group, not across groups (machines of the pool differ up to
-    1.8x)."""
+    median of 3) (32 sessions, the servers up at once and served in turn; two other machines). Ratios compare within
+    a group, not across groups (machines of the pool differ up to 1.8x)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
     groups = [("1-agent-post-verify-graphs", 1, "1 agent"),
               ("8-agents-post-verify-graphs", 8, "8 agents"),

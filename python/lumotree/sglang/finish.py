@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 from lumotree import ops
@@ -95,6 +96,7 @@ class FinishedRows:
         self.max_len = torch.zeros(slots, dtype=torch.int64, device=device)  # KV length at which the output is full
         self.ruled = torch.zeros(slots, dtype=torch.bool, device=device)  # the device rule covers the request
         self.done = torch.zeros(slots, dtype=torch.bool, device=device)
+        self.ones = torch.ones(slots, dtype=torch.int32, device=device)  # a prefill's accept lengths (mark_step)
 
     @classmethod
     def of(cls, req_to_token_pool) -> "FinishedRows":
@@ -110,28 +112,35 @@ class FinishedRows:
     def admit(self, reqs: Sequence, req_pool_indices: torch.Tensor) -> None:
         """Rows of requests entering a batch by prefill (every chunk of a chunked prefill): their rule
         inputs, not finished. The KV length at which a request's output holds ``max_new_tokens`` tokens
-        is ``len(origin_input_ids) + max_new_tokens - 1`` (the last sampled token has no KV yet)."""
+        is ``len(origin_input_ids) + max_new_tokens - 1`` (the last sampled token has no KV yet).
+
+        The rows travel as one ``int64 [n, MAX_STOP_IDS + 2]`` block (stop ids, the length, the rule): one pinned
+        host copy, one copy to the device, three index copies and a fill. Why: a multi-turn agent's turn starts
+        with a prefill of one request, and three tensors built per request, pinned, copied and assigned apart took
+        0.29-0.46 ms of the scheduler's thread per prefill at 32 concurrent agents (tiny model, H200 hosts)."""
         n = len(reqs)
         if n == 0:
             return
-        stop = torch.full((n, MAX_STOP_IDS), -1, dtype=torch.int64)
-        max_len = torch.zeros(n, dtype=torch.int64)
-        ruled = torch.zeros(n, dtype=torch.bool)
+        block = np.full((n, MAX_STOP_IDS + 2), -1, dtype=np.int64)
+        block[:, MAX_STOP_IDS:] = 0  # not ruled, no length
         for i, req in enumerate(reqs):
             ids = ruled_stop_ids(req)
             if ids is None:
                 continue
-            stop[i, :len(ids)] = torch.tensor(sorted(ids), dtype=torch.int64)
-            max_len[i] = len(req.origin_input_ids) + int(req.sampling_params.max_new_tokens) - 1
-            ruled[i] = True
+            block[i, :len(ids)] = sorted(ids)
+            block[i, MAX_STOP_IDS] = len(req.origin_input_ids) + int(req.sampling_params.max_new_tokens) - 1
+            block[i, MAX_STOP_IDS + 1] = 1
+        host = torch.from_numpy(block)
         dev = self.done.device
-        if dev.type == "cuda":  # pinned, so that the copies are asynchronous: no wait for the step in flight
-            stop, max_len, ruled = stop.pin_memory(), max_len.pin_memory(), ruled.pin_memory()
+        if dev.type == "cuda":  # pinned, so that the copy is asynchronous: no wait for the step in flight
+            host = host.pin_memory()
+        rows = host.to(dev, non_blocking=True)
         idx = req_pool_indices[:n].to(device=dev, dtype=torch.long)
-        self.stop[idx] = stop.to(dev, non_blocking=True)
-        self.max_len[idx] = max_len.to(dev, non_blocking=True)
-        self.ruled[idx] = ruled.to(dev, non_blocking=True)
-        self.done[idx] = False
+        # index_copy_ / index_fill_ (a batch's rows are distinct): half the host time of indexed assignment
+        self.stop.index_copy_(0, idx, rows[:, :MAX_STOP_IDS])
+        self.max_len.index_copy_(0, idx, rows[:, MAX_STOP_IDS])
+        self.ruled.index_copy_(0, idx, rows[:, MAX_STOP_IDS + 1].bool())
+        self.done.index_fill_(0, idx, False)
 
     # ------------------------------------------------------------------ device: after a decode step
     def mark_step(self, req_pool_indices: torch.Tensor, next_token_ids: torch.Tensor, accept_lens: torch.Tensor,
@@ -201,7 +210,7 @@ def forward_marked(consistent: bool, batch, forward):
     fin = FinishedRows.of(batch.req_to_token_pool)
     if prefill:  # the prefill's sampled token can finish a request too (a stop token, max_new_tokens 1)
         bs = seq_lens.shape[0]
-        fin.mark_step(rows, out.next_token_ids, torch.ones(bs, dtype=torch.int32, device=seq_lens.device), seq_lens, 1)
+        fin.mark_step(rows, out.next_token_ids, fin.ones[:bs], seq_lens, 1)
     elif getattr(out, "accept_lens", None) is not None:
         fin.mark_step(rows, out.next_token_ids, out.accept_lens, out.new_seq_lens, out.speculative_num_draft_tokens)
     return out

@@ -289,6 +289,8 @@ DRAFT_TIMING_LINE = re.compile(r"LumoTree draft timing: batch bucket (\d+): medi
                                r"over (\d+) steps(?:, total ([\d.]+) ms)?")
 DRAFT_WAIT_TIMING_LINE = re.compile(r"LumoTree draft-wait timing: batch bucket (\d+): median ([\d.]+) ms, p95 ([\d.]+) "
                                     r"ms over (\d+) steps, total ([\d.]+) ms")
+DRAFT_NATIVE_TIMING_LINE = re.compile(r"LumoTree draft-native timing: batch bucket (\d+): median ([\d.]+) ms, p95 "
+                                      r"([\d.]+) ms over (\d+) steps, total ([\d.]+) ms")
 ADMISSION_TIMING_LINE = re.compile(r"LumoTree admission timing: batch bucket (\d+): median ([\d.]+) ms, p95 ([\d.]+) "
                                    r"ms over (\d+) batches, total ([\d.]+) ms")
 
@@ -354,7 +356,8 @@ def draft_timing(log, pattern=DRAFT_TIMING_LINE):
     largest p95, the steps they cover and (lines that give it) their total ms. ``{}`` when the log has none.
     ``pattern=ADMISSION_TIMING_LINE``: the same for LUMOTREE_SUFFIX's prefill admissions (``steps`` counts
     prefill batches); ``pattern=DRAFT_WAIT_TIMING_LINE``: the wait for the last step's GPU work that the timed
-    preparations began with (not in the draft lines of servers that logged it)."""
+    preparations began with (not in the draft lines of servers that logged it); ``pattern=DRAFT_NATIVE_TIMING_LINE``:
+    LUMOTREE_SUFFIX's call into its C++ drafter inside them."""
     try:
         text = open(log, errors="replace").read()
     except (OSError, TypeError):

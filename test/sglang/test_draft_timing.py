@@ -39,11 +39,13 @@ def test_admission_and_wait_timer_lines_are_read_apart_from_the_draft_lines(tmp_
     adm = draft_timing.DraftTimer(every=2, log=lambda fmt, *a: lines.append(fmt % a), what="admission", unit="batches")
     drafts = draft_timing.DraftTimer(every=2, log=lambda fmt, *a: lines.append(fmt % a))
     waits = draft_timing.DraftTimer(every=1, log=lambda fmt, *a: lines.append(fmt % a), what="draft-wait")
+    native = draft_timing.DraftTimer(every=1, log=lambda fmt, *a: lines.append(fmt % a), what="draft-native")
     adm.add(3, 5e-3)
     adm.add(4, 7e-3)
     drafts.add(2, 1e-3)
     drafts.add(2, 1e-3)
     waits.add(32, 4e-3)
+    native.add(16, 2e-3)
     assert lines[0] == "LumoTree admission timing: batch bucket 4: median 7.000 ms, p95 7.000 ms over 2 batches, total 12.0 ms"
     log = tmp_path / "server.log"
     log.write_text("".join(ln + "\n" for ln in lines))
@@ -53,6 +55,16 @@ def test_admission_and_wait_timer_lines_are_read_apart_from_the_draft_lines(tmp_
     assert ss.draft_timing(str(log)) == {"2": dict(median_ms=1.0, p95_ms=1.0, steps=2, total_ms=2.0)}
     assert ss.draft_timing(str(log), ss.DRAFT_WAIT_TIMING_LINE) == {"32": dict(median_ms=4.0, p95_ms=4.0, steps=1,
                                                                               total_ms=4.0)}
+    assert ss.draft_timing(str(log), ss.DRAFT_NATIVE_TIMING_LINE) == {"16": dict(median_ms=2.0, p95_ms=2.0, steps=1,
+                                                                                total_ms=2.0)}
+
+
+def test_timed_adds_the_call_only_when_on(monkeypatch):
+    timer = draft_timing.DraftTimer(every=1000)
+    monkeypatch.setattr(draft_timing, "_on", False)
+    assert draft_timing.timed(timer, 3, lambda a, b: a + b, 1, 2) == 3 and not timer.samples
+    monkeypatch.setattr(draft_timing, "_on", True)
+    assert draft_timing.timed(timer, 3, lambda a, b: a + b, 1, 2) == 3 and list(timer.samples) == [4]
 
 
 def test_measure_times_only_when_on(monkeypatch):

@@ -24,7 +24,9 @@ step's preparation, which :data:`TIMER` times.
 Both workers begin a drafted step's preparation by copying the last step's accepted tokens to the host, which waits
 for that step's GPU work: time on the scheduler's thread, but the GPU's, not the drafter's. :func:`measure` waits for
 it first (the current stream, which that copy waits on) and times the wait apart (:data:`WAIT`, ``LumoTree draft-wait
-timing: ...``), so that :data:`TIMER` holds the host work alone.
+timing: ...``), so that :data:`TIMER` holds the host work alone. Inside it LUMOTREE_SUFFIX's one call into the C++
+drafter per step (``step_layout``: the step's appends, drafts and their layout, the GIL released) is timed apart too
+(:data:`NATIVE`, ``LumoTree draft-native timing: ...``): the rest of :data:`TIMER` is the Python around it.
 """
 from __future__ import annotations
 
@@ -68,6 +70,7 @@ class DraftTimer:
 
 TIMER = DraftTimer()
 WAIT = DraftTimer(what="draft-wait")
+NATIVE = DraftTimer(what="draft-native")
 ADMISSIONS = DraftTimer(every=16, what="admission", unit="batches")
 _on = enabled()
 
@@ -97,6 +100,16 @@ def measure(fn, worker, batch, *args, timer=None, **kwargs):
         t0 = t1
     out = fn(worker, batch, *args, **kwargs)
     (timer or TIMER).add(len(batch.reqs), time.perf_counter() - t0)
+    return out
+
+
+def timed(timer: DraftTimer, batch_size: int, fn, *args):
+    """``fn(*args)``, its wall time added to ``timer`` when timing is on (no wait first)."""
+    if not _on:
+        return fn(*args)
+    t0 = time.perf_counter()
+    out = fn(*args)
+    timer.add(batch_size, time.perf_counter() - t0)
     return out
 
 

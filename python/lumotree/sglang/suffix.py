@@ -24,6 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from lumotree.drafters.suffix import drafter_threads, make_suffix_drafter
+from lumotree.sglang import draft_timing
 
 logger = logging.getLogger(__name__)
 
@@ -498,14 +499,15 @@ class SuffixCorpus(HostCorpus):
             return super()._draft_arrays(req_ids, roots)
         skip = [i for i, rid in enumerate(req_ids) if rid in self._admitting]
         if not skip:
-            return drafter.step_layout(req_ids, self._step_appends(req_ids), self.n)
+            return draft_timing.timed(draft_timing.NATIVE, len(req_ids), drafter.step_layout, req_ids,
+                                      self._step_appends(req_ids), self.n)
         n, b, skipped = self.n, len(req_ids), set(skip)
         ready = [i for i in range(b) if i not in skipped]
         tokens = np.empty((b, n), dtype=np.int64)
         mask = np.zeros((b, n, n), dtype=bool)
         if ready:
             rids = [req_ids[i] for i in ready]
-            t, m = drafter.step_layout(rids, self._step_appends(rids), n)
+            t, m = draft_timing.timed(draft_timing.NATIVE, b, drafter.step_layout, rids, self._step_appends(rids), n)
             tokens[ready] = np.asarray(t).reshape(len(ready), n)
             mask[ready] = np.asarray(m).reshape(len(ready), n, n)
         tokens[skip] = np.asarray([roots[i] for i in skip], dtype=np.int64)[:, None]

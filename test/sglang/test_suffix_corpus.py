@@ -382,3 +382,38 @@ def test_served_drafts_continue_a_match_24_levels_deep():
     assert max(depth) == 24
     chain = [t for t, k in sorted(zip(d.tokens, depth), key=lambda x: x[1]) if k > 0]
     assert chain == block[10:34]  # the block's continuation after the context's last token
+
+
+def test_step_get_takes_one_pass_while_the_context_grows_and_observes_otherwise():
+    """:meth:`HostCorpus.step_get` appends a growing context's new tokens in one pass (no :meth:`_observe`) and hands
+    first sights, duplicated splices and shrunk contexts to :meth:`_observe`; its drafts and contexts equal
+    :meth:`batch_get`'s on the same views."""
+    calls = []
+
+    class Counting(SuffixCorpus):
+        def _observe(self, rid, tokens, total_len, full=None):
+            calls.append(rid)
+            return super()._observe(rid, tokens, total_len, full)
+
+    fast, ref = Counting(draft_token_num=4), SuffixCorpus(draft_token_num=4)
+    prompt, out = list(range(100, 140)), []
+    steps = [[5, 6], [7], [5, 6, 7], [], [8, 9]]
+    for k, new in enumerate(steps):
+        extra = new
+        a = fast.step_get(["a"], [(prompt, out, extra)], depth=64)
+        ctx = prompt + out + extra
+        b = ref.batch_get(["a"], [ctx], [len(ctx)])
+        assert a[0].tolist() == b[0].tolist() and a[1].tolist() == b[1].tolist()
+        assert fast.drafter.context("a") == ref.drafter.context("a")
+        out = out + new  # the next step finds this step's tokens in the output
+    assert calls == ["a"]  # first sight only
+    dup = out[-2:]  # the last round spliced on although the output holds it already (overlap after a prefill): it
+    a = fast.step_get(["a"], [(prompt, out, dup)], depth=64)
+    b = ref.batch_get(["a"], [prompt + out + dup], [len(prompt + out + dup)])  # reads as growth to either path
+    assert a[0].tolist() == b[0].tolist() and fast.drafter.context("a") == ref.drafter.context("a")
+    assert calls == ["a"]
+    shrunk = out[:-3]
+    a = fast.step_get(["a"], [(prompt, shrunk, ())], depth=64)
+    b = ref.batch_get(["a"], [prompt + shrunk], [len(prompt + shrunk)])
+    assert a[0].tolist() == b[0].tolist() and fast.drafter.context("a") == ref.drafter.context("a")
+    assert calls == ["a", "a"] and fast.stats == ref.stats and fast.stats["rewinds"] == 1  # shrunk: rewound

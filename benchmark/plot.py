@@ -73,15 +73,15 @@ def agents():
     with its tree size per batch bucket and its adaptive choice of no draft, the user's mode (prefill graphs on), each
     level the first phase its servers served on sessions of its own after a flush, the post-verify work of
     LUMOTREE_SUFFIX's drafted steps as CUDA graphs: 1 and 8 agents from runs "1-agent-post-verify-graphs" and
-    "8-agents-post-verify-graphs" (16 sessions per level, one machine), 32 agents from runs "32-agents-32-nodes"
-    (the default of now, median of 5 repeats) and "32-agents-tree-sizes" (16- and 32-node trees beside each other,
-    median of 3) (32 sessions, the servers up at once and served in turn; two other machines). Ratios compare within
-    a group, not across groups (machines of the pool differ up to 1.8x)."""
+    "8-agents-post-verify-graphs" (16 sessions per level, one machine), 32 agents from runs "32-agents-finish-block"
+    and "32-agents-ngram16" (SGLang's NGRAM at 8 and 16 draft tokens beside; median of 3 repeats, 32 sessions, the
+    servers up at once and served in turn; two other machines). Ratios compare within a group, not across groups
+    (machines of the pool differ up to 1.8x)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
     groups = [("1-agent-post-verify-graphs", 1, "1 agent"),
               ("8-agents-post-verify-graphs", 8, "8 agents"),
-              ("32-agents-32-nodes", 32, "32 agents\n(median of 5,\nanother machine)"),
-              ("32-agents-tree-sizes", 32, "32 agents, 16 / 32\nnodes (median of 3,\na third machine)")]
+              ("32-agents-finish-block", 32, "32 agents\n(median of 3,\nanother machine)"),
+              ("32-agents-ngram16", 32, "32 agents\n(median of 3,\na third machine)")]
     rows = [dict(r, agents=label) for name, level, label in groups if name in runs
             for r in runs[name]["rows"] if r["agents"] == level]
     configs = list(dict.fromkeys(r["config"] for r in rows))

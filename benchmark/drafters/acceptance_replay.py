@@ -301,6 +301,18 @@ class Headroom:
                     copy_mean_capped=round(float(np.minimum(copy, deepest).mean()), 3))
 
 
+def stream_args(ap, reference: str) -> None:
+    """The flags :func:`served_turns` reads (the replies, the reference whose replies are the targets, the sessions as
+    the agent benchmark made them), added to ``ap`` for each replay script that rebuilds the served streams."""
+    ap.add_argument("--replies", required=True, help="agents_bench.py --replies-out (gzip JSON)")
+    ap.add_argument("--reference", default=reference, help="the configuration/level whose replies are the targets")
+    ap.add_argument("--sessions", type=int, default=32)
+    ap.add_argument("--turns", type=int, default=13)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--collapse-tokens", type=int, default=6500)
+    ap.add_argument("--max-tokens", type=int, default=128)
+
+
 def served_turns(args):
     """Per session, per turn ``(prompt ids, output ids)`` with the reference server's replies (``args``: replies,
     reference, sessions, turns, seed, collapse_tokens, max_tokens as this script's flags)."""
@@ -329,16 +341,10 @@ def write_result(script: str, argv, out, **fields) -> dict:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--replies", required=True, help="agents_bench.py --replies-out (gzip JSON)")
-    ap.add_argument("--reference", default="none/8", help="the configuration/level whose replies are the targets")
+    stream_args(ap, reference="none/8")
     ap.add_argument("--nodes", default="8,16,32", help="LUMOTREE_SUFFIX tree sizes")
     ap.add_argument("--ngram-nodes", default="8", help="SGLang NGRAM draft tokens ('' for none)")
     ap.add_argument("--agents", type=int, default=8)
-    ap.add_argument("--sessions", type=int, default=32)
-    ap.add_argument("--turns", type=int, default=13)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--collapse-tokens", type=int, default=6500)
-    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--drafter-kw", action="append", default=None,
                     help="JSON: LumoTree drafter settings other than the server's (repeatable: rows for each; "
                          "default: the server's)")

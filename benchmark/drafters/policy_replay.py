@@ -190,15 +190,11 @@ def turn_latency(ms) -> dict:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--replies", required=True, help="agents_bench.py --replies-out (gzip JSON)")
-    ap.add_argument("--reference", default="none/8")
+    from acceptance_replay import stream_args
+
+    stream_args(ap, reference="none/8")
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--agents", type=int, default=32)
-    ap.add_argument("--sessions", type=int, default=32)
-    ap.add_argument("--turns", type=int, default=13)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--collapse-tokens", type=int, default=6500)
-    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--none-ms", type=float, default=2.9, help="a no-draft step at batch 32")
     ap.add_argument("--tree-ms", type=float, default=7.0, help="a drafted step at batch 32")
     ap.add_argument("--fixed-share", type=float, default=0.3, help="share of a step's time independent of the batch")

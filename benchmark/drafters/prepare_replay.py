@@ -157,15 +157,11 @@ def rows(samples) -> list:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--replies", required=True, help="agents_bench.py --replies-out (gzip JSON)")
-    ap.add_argument("--reference", default="none/32")
+    from acceptance_replay import stream_args
+
+    stream_args(ap, reference="none/32")
     ap.add_argument("--agents", type=int, default=32)
     ap.add_argument("--nodes", type=int, default=32)
-    ap.add_argument("--sessions", type=int, default=32)
-    ap.add_argument("--turns", type=int, default=13)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--collapse-tokens", type=int, default=6500)
-    ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--form", choices=(*FORMS, "both"), default="both")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)

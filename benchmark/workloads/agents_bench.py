@@ -628,6 +628,18 @@ CONFIGS = {
     "lumotree": ["--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "2",
                  "--speculative-num-draft-tokens", "6"],
 }
+# SGLang's queue-based prefill delayer ("for workloads where decode requests finish one-at-a-time") with the settings
+# LUMOTREE_SUFFIX serves by default (lumotree.sglang.scheduling.default_prefill_delayer): the peers with it
+PREFILL_DELAYER = ["--enable-prefill-delayer", "--prefill-delayer-queue-min-ratio", "0.1",
+                   "--prefill-delayer-max-delay-ms", "20"]
+for _name in ("none", "ngram16"):
+    CONFIGS[_name + "-delayer"] = CONFIGS[_name] + PREFILL_DELAYER
+# LUMOTREE_SUFFIX without its default prefill delayer (the user's opt-out)
+CONFIGS["lumotree-suffix-no-delayer"] = CONFIGS["lumotree-suffix"] + ["--prefill-delayer-max-delay-ms", "0"]
+# LUMOTREE_SUFFIX with the running-request cap SGLang's NGRAM handling sets when none is given (48), past the
+# benchmark's own (the --agents level): SGLang's delayer also holds a prefill while fewer slots are free than its
+# largest prefill batch of late, which the benchmark's cap keeps true at 32 agents
+CONFIGS["lumotree-suffix-r48"] = CONFIGS["lumotree-suffix"] + ["--max-running-requests", "48"]
 # the same servers on the synchronous scheduler (what the overlap default gains)
 CONFIGS["lumotree-suffix-sync"] = CONFIGS["lumotree-suffix"] + ["--disable-overlap-schedule"]
 CONFIGS["lumotree-sync"] = CONFIGS["lumotree"] + ["--disable-overlap-schedule"]

@@ -292,6 +292,9 @@ def _suffix_spec_class(lumotree_backend: bool = True, size_tree: bool = True):
             if lumotree_backend:
                 configure_server_args(server_args)
             if size_tree:
+                from lumotree.sglang.scheduling import default_prefill_delayer
+
+                default_prefill_delayer(server_args)  # after configure_server_args: it reads the scheduler chosen
                 from lumotree.sglang.adaptive import adaptive_tree_size, candidate_steps, policy_settings
 
                 if adaptive_tree_size(server_args):  # a bad --speculative-adaptive-config fails here
@@ -333,6 +336,9 @@ def register() -> None:
     from lumotree.sglang.patches import no_buffer_overlap  # SGLang's check, unchanged for all but LumoTree's overlap servers
 
     no_buffer_overlap.install()
+    from lumotree.sglang.patches import prefill_delayer_gather  # a one-rank delayer's gather skipped, every launch
+
+    prefill_delayer_gather.install()
     if os.environ.get("LUMOTREE_BENCH_ORACLE_P"):
         _register_oracle(SpeculativeAlgorithm, get_spec, float(os.environ["LUMOTREE_BENCH_ORACLE_P"]))
     from lumotree.sglang import draft_oracle  # benchmark only: a no-op unless LUMOTREE_BENCH_DRAFT_ORACLE_P is set

@@ -1,5 +1,5 @@
 """Hooks into SGLang that no registry covers yet: one target per file, each with why / how /
-remove-when in its header. Installed only while a LUMOTREE server runs (``no_buffer_overlap``: in every
+remove-when in its header. Installed only while a LUMOTREE server runs (``no_buffer_overlap`` and ``prefill_delayer_gather``: in every
 process, a no-op for other launches)."""
 from __future__ import annotations
 

@@ -1,0 +1,136 @@
+"""LUMOTREE_SUFFIX's default prefill batching (SGLang's prefill delayer, lumotree.sglang.scheduling) and the hook that
+skips the delayer's per-pass gather on one rank (lumotree.sglang.patches.prefill_delayer_gather)."""
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from lumotree.sglang import scheduling
+from lumotree.sglang.patches import prefill_delayer_gather
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+CKPT = os.path.join(ROOT, "benchmark", "models", "tiny-hybrid")
+
+# SGLang's PrefillDelayer on a one-rank gloo group, once with SGLang's gather and once through the hook: the same
+# decisions on a random stream of scheduler passes (every outcome the delayer has), and how long a gather takes
+GATHER_SCRIPT = r"""
+import random, time, types
+from types import SimpleNamespace
+import torch.distributed as dist
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+group = dist.new_group([0], backend="gloo")
+from sglang.srt.managers import prefill_delayer as pdm
+from sglang.srt.plugins.hook_registry import HookRegistry
+SGLANGS = [pdm.PrefillDelayer._gather_info]  # in a list: the hook registry rebinds module-level names of the original
+sa = SimpleNamespace(prefill_delayer_queue_min_ratio=0.1, prefill_delayer_max_delay_ms=1e9, enable_dp_attention=False,
+                     disable_overlap_schedule=False)
+def make():
+    return pdm.PrefillDelayer(dp_size=1, attn_tp_size=1, cpu_group=group, server_args=sa, max_delay_passes=3,
+                              token_usage_low_watermark=0.05)
+ref = make()
+ref._gather_info = types.MethodType(SGLANGS[0], ref)
+from lumotree.sglang.patches import prefill_delayer_gather
+prefill_delayer_gather.install()
+HookRegistry.apply_hooks()
+hooked = make()
+assert pdm.PrefillDelayer._gather_info is not SGLANGS[0]
+def per_call(d):
+    t0 = time.perf_counter()
+    for _ in range(500):
+        d._gather_info(True, False, running_batch=31, max_prefill_bs=4, waiting_queue_len=1)
+    return (time.perf_counter() - t0) / 500 * 1e6
+rng = random.Random(0)
+reasons = set()
+for i in range(3000):
+    kw = dict(local_prefillable=rng.random() < 0.8, token_usage=rng.choice([0.01, 0.5]),
+              running_batch=rng.randint(0, 40), max_prefill_bs=rng.randint(0, 32), max_running_requests=32,
+              waiting_queue_len=rng.randint(0, 6))
+    a, b = ref._negotiate_should_allow_prefill(**kw), hooked._negotiate_should_allow_prefill(**kw)
+    ka = (a.output_allow, a.output_reason, a.next_state and a.next_state.delayed_count, a.num_prefillable)
+    kb = (b.output_allow, b.output_reason, b.next_state and b.next_state.delayed_count, b.num_prefillable)
+    assert ka == kb, (i, kw, ka, kb)
+    reasons.add(a.output_reason)
+print("REASONS", " ".join(sorted(r for r in reasons if r)))
+print("GATHER_US", round(per_call(ref), 1), round(per_call(hooked), 1))
+"""
+
+
+def test_the_hook_decides_as_sglangs_gather_on_one_rank():
+    out = subprocess.run([sys.executable, "-c", GATHER_SCRIPT], capture_output=True, text=True, timeout=600)
+    lines = {ln.split()[0]: ln.split()[1:] for ln in out.stdout.splitlines() if ln.split()}
+    assert "REASONS" in lines, out.stdout[-2000:] + out.stderr[-4000:]
+    assert lines["REASONS"] == ["delay", "no_wait", "token_watermark", "wait_success", "wait_timeout"]
+    print("gather per pass, us (SGLang's, hooked):", lines["GATHER_US"])
+
+
+def test_the_hook_leaves_a_group_of_several_ranks_to_sglang(monkeypatch):
+    import torch
+
+    calls = []
+
+    def sglangs(self, *a, **k):
+        calls.append((a, k))
+        return "gathered"
+
+    two = SimpleNamespace(_global_info_buffer=torch.zeros(2, 1, 5, dtype=torch.int64), _gather_group=None)
+    assert prefill_delayer_gather.gather_alone(sglangs, two, True, False, running_batch=3) == "gathered"
+    assert calls and not two._lumotree_gather_alone
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 1)
+    one = SimpleNamespace(_global_info_buffer=torch.zeros(1, 1, 5, dtype=torch.int64), _gather_group=None)
+    got = prefill_delayer_gather.gather_alone(sglangs, one, True, False, running_batch=31, max_prefill_bs=4,
+                                              waiting_queue_len=2)
+    assert len(calls) == 1 and got.tolist() == [[1, 0, 31, 4, 2]]
+
+
+def _args(**kw):
+    base = dict(enable_prefill_delayer=False, prefill_delayer_queue_min_ratio=None, prefill_delayer_max_delay_ms=None,
+                tp_size=1, dp_size=1, pp_size=1, disable_overlap_schedule=False, disaggregation_mode="null")
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_default_prefill_delayer_only_where_measured_and_not_asked_otherwise():
+    sa = _args()
+    assert scheduling.default_prefill_delayer(sa)
+    assert (sa.enable_prefill_delayer, sa.prefill_delayer_queue_min_ratio, sa.prefill_delayer_max_delay_ms) == (
+        True, scheduling.PREFILL_DELAYER_QUEUE_MIN_RATIO, scheduling.PREFILL_DELAYER_MAX_DELAY_MS)
+    for kw in (dict(prefill_delayer_max_delay_ms=0.0), dict(prefill_delayer_queue_min_ratio=0.5),
+               dict(enable_prefill_delayer=True), dict(tp_size=2), dict(dp_size=2), dict(pp_size=2),
+               dict(disable_overlap_schedule=True), dict(disaggregation_mode="prefill")):
+        sa = _args(**kw)
+        assert not scheduling.default_prefill_delayer(sa), kw
+        assert vars(sa) == vars(_args(**kw)), kw  # left as given
+
+
+PARSE_SCRIPT = r"""
+import sys
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import prepare_server_args
+import sglang.srt.runtime_context as rc
+base = ["--model-path", sys.argv[1], "--device", "cuda"]  # parsing only: nothing touches a GPU
+S = ["--speculative-algorithm", "LUMOTREE_SUFFIX"]
+for extra in (S, S + ["--prefill-delayer-max-delay-ms", "0"], S + ["--disable-overlap-schedule"],
+              S + ["--enable-prefill-delayer", "--prefill-delayer-queue-min-ratio", "0.5"],
+              ["--speculative-algorithm", "LUMOTREE"], [], ["--speculative-algorithm", "NGRAM"]):
+    sa = prepare_server_args(base + extra)
+    rc.publish(sa, role="test")  # what the scheduler process reads (its config bag, snapshotted from the arguments)
+    bag = rc.get_schedule()
+    print("RESULT", bag.enable_prefill_delayer, bag.prefill_delayer_queue_min_ratio, bag.prefill_delayer_max_delay_ms)
+"""
+
+
+def test_servers_resolve_the_delayer_through_sglangs_arguments():
+    """Through SGLang's argument parsing and the scheduler's published config: LUMOTREE_SUFFIX turns the delayer on;
+    ``--prefill-delayer-max-delay-ms 0`` alone, the synchronous scheduler or the user's own delayer flags keep it as
+    given; LUMOTREE, NGRAM and no speculation are untouched."""
+    if not os.path.isfile(os.path.join(CKPT, "config.json")):
+        pytest.skip("tiny checkpoint not in this checkout")
+    out = subprocess.run([sys.executable, "-c", PARSE_SCRIPT, CKPT], capture_output=True, text=True, timeout=600,
+                         cwd=ROOT)
+    lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines == ["True 0.1 20.0", "False None 0.0", "False None None", "True 0.5 None", "False None None",
+                     "False None None", "False None None"], out.stdout[-2000:] + out.stderr[-4000:]

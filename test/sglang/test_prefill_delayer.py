@@ -134,3 +134,99 @@ def test_servers_resolve_the_delayer_through_sglangs_arguments():
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines == ["True 0.1 20.0", "False None 0.0", "False None None", "True 0.5 None", "False None None",
                      "False None None", "False None None"], out.stdout[-2000:] + out.stderr[-4000:]
+
+
+# the early ask, on SGLang's delayer (one-rank gloo group) and a stand-in scheduler pass
+EARLY_SCRIPT = r"""
+from types import SimpleNamespace
+import torch.distributed as dist
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+group = dist.new_group([0], backend="gloo")
+from sglang.srt.managers import prefill_delayer as pdm
+from lumotree.sglang.patches.prefill_delayer_early import ask_delayer_first
+sa = SimpleNamespace(prefill_delayer_queue_min_ratio=0.1, prefill_delayer_max_delay_ms=1e9, enable_dp_attention=False,
+                     disable_overlap_schedule=False)
+delayer = pdm.PrefillDelayer(dp_size=1, attn_tp_size=1, cpu_group=group, server_args=sa, max_delay_passes=3,
+                             token_usage_low_watermark=None)
+delayer.skip_first_delayer = False
+sched = SimpleNamespace(chunked_req=None, waiting_queue=["r"], grammar_manager=SimpleNamespace(has_waiting_grammars=lambda: False),
+                        enable_hierarchical_cache=False, enable_priority_preemption=False, is_hybrid_swa=False,
+                        dllm_config=None, prefill_delayer=delayer, max_prefill_bs=4.0, max_running_requests=32)
+running = SimpleNamespace(batch_is_full=False, batch_size=lambda: 31)
+calls = []
+def sglangs(self, prefill_delayer_single_pass=None, running_batch=None):
+    # SGLang's method: ranks the queue, then asks the delayer (as the adder does) and prefills when allowed
+    calls.append("ranked")
+    ok = prefill_delayer_single_pass.negotiate_should_allow_prefill(
+        local_prefillable=True, running_batch=31, max_prefill_bs=4, max_running_requests=32, waiting_queue_len=1)
+    return ("prefill" if ok else None), running_batch
+out = []
+for _ in range(4):  # 31 running, 1 waiting: held (queue trigger, 3 needed) until the third pass's timeout
+    sp = pdm.PrefillDelayerSinglePassExecutor(delayer, token_usage=0.5)
+    got, _rb = ask_delayer_first(sglangs, sched, prefill_delayer_single_pass=sp, running_batch=running)
+    sp.finalize(actual_prefill=got is not None)
+    out.append(f"{got}:{sp._result.output_reason}")
+print("PASSES", " ".join(out))
+print("RANKED", len(calls))
+"""
+
+
+def test_the_early_ask_holds_without_ranking_and_lets_sglang_prefill_on_its_verdict():
+    out = subprocess.run([sys.executable, "-c", EARLY_SCRIPT], capture_output=True, text=True, timeout=600)
+    lines = {ln.split()[0]: ln.split()[1:] for ln in out.stdout.splitlines() if ln.split()}
+    assert "PASSES" in lines, out.stdout[-2000:] + out.stderr[-4000:]
+    # two held passes (SGLang's method not entered), then the delayer's pass cap allows and SGLang's method prefills,
+    # its own ask reading the pass's verdict; then a new delay starts
+    assert lines["PASSES"] == ["None:delay", "None:delay", "prefill:wait_timeout", "None:delay"]
+    assert lines["RANKED"] == ["1"]
+
+
+def test_the_early_ask_leaves_other_passes_to_sglang():
+    from lumotree.sglang.patches import prefill_delayer_early
+
+    calls = []
+
+    def sglangs(self, prefill_delayer_single_pass=None, running_batch=None):
+        calls.append(prefill_delayer_single_pass)
+        return "sglang", running_batch
+
+    class Never:
+        def negotiate_should_allow_prefill(self, **kw):
+            raise AssertionError("asked early")
+
+    base = dict(chunked_req=None, waiting_queue=["r"],
+                grammar_manager=SimpleNamespace(has_waiting_grammars=lambda: False), enable_hierarchical_cache=False,
+                enable_priority_preemption=False, is_hybrid_swa=False, dllm_config=None, max_prefill_bs=4.0,
+                max_running_requests=32, prefill_delayer=SimpleNamespace(_lumotree_gather_alone=True))
+    running = SimpleNamespace(batch_is_full=False, batch_size=lambda: 31)
+    for kw in (dict(chunked_req="c"), dict(waiting_queue=[]), dict(enable_hierarchical_cache=True),
+               dict(enable_priority_preemption=True), dict(is_hybrid_swa=True), dict(dllm_config=object()),
+               dict(grammar_manager=SimpleNamespace(has_waiting_grammars=lambda: True)),
+               dict(prefill_delayer=SimpleNamespace(_lumotree_gather_alone=False))):
+        sched = SimpleNamespace(**{**base, **kw})
+        got = prefill_delayer_early.ask_delayer_first(sglangs, sched, prefill_delayer_single_pass=Never(),
+                                                      running_batch=running)
+        assert got == ("sglang", running), kw
+    full = SimpleNamespace(batch_is_full=True, batch_size=lambda: 32)
+    assert prefill_delayer_early.ask_delayer_first(sglangs, SimpleNamespace(**base), prefill_delayer_single_pass=Never(),
+                                                   running_batch=full) == ("sglang", full)
+    assert prefill_delayer_early.ask_delayer_first(sglangs, SimpleNamespace(**base), prefill_delayer_single_pass=None,
+                                                   running_batch=running) == ("sglang", running)
+
+
+APPLIED_SCRIPT = r"""
+from sglang.srt.managers import prefill_delayer as pdm
+from sglang.srt.managers import scheduler as sm
+SGLANGS = [sm.Scheduler._get_new_batch_prefill_raw, pdm.PrefillDelayer._gather_info]
+from sglang.srt.plugins import load_plugins
+from sglang.srt.plugins.hook_registry import HookRegistry
+load_plugins()  # the entry point, as a server process runs it
+HookRegistry.apply_hooks()
+print("WRAPPED", sm.Scheduler._get_new_batch_prefill_raw is not SGLANGS[0], pdm.PrefillDelayer._gather_info is not SGLANGS[1])
+"""
+
+
+def test_the_plugin_wraps_sglangs_scheduler_and_delayer():
+    """Both hooks resolve their targets in SGLang 0.5.17 and are applied for every launch (the entry point)."""
+    out = subprocess.run([sys.executable, "-c", APPLIED_SCRIPT], capture_output=True, text=True, timeout=600)
+    assert "WRAPPED True True" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]

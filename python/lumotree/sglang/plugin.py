@@ -336,9 +336,11 @@ def register() -> None:
     from lumotree.sglang.patches import no_buffer_overlap  # SGLang's check, unchanged for all but LumoTree's overlap servers
 
     no_buffer_overlap.install()
-    from lumotree.sglang.patches import prefill_delayer_gather  # a one-rank delayer's gather skipped, every launch
+    # the prefill delayer's one-rank gather skipped and its verdict asked before the scheduler's ranking: every launch
+    from lumotree.sglang.patches import prefill_delayer_early, prefill_delayer_gather
 
     prefill_delayer_gather.install()
+    prefill_delayer_early.install()
     if os.environ.get("LUMOTREE_BENCH_ORACLE_P"):
         _register_oracle(SpeculativeAlgorithm, get_spec, float(os.environ["LUMOTREE_BENCH_ORACLE_P"]))
     from lumotree.sglang import draft_oracle  # benchmark only: a no-op unless LUMOTREE_BENCH_DRAFT_ORACLE_P is set

@@ -74,16 +74,15 @@ def agents():
     level the first phase its servers served on sessions of its own after a flush, the post-verify work of
     LUMOTREE_SUFFIX's drafted steps as CUDA graphs: 1 and 8 agents from runs "1-agent-post-verify-graphs" and
     "8-agents-post-verify-graphs" (16 sessions per level, one machine, before LUMOTREE_SUFFIX's default prefill
-    delayer, which does not act below ten running requests), 32 agents from runs "32-agents-delayer-default" (the
-    default of now, with its prefill delayer) and "32-agents-prefill-delayer" (the code before: LUMOTREE_SUFFIX without
-    and with the delayer), no speculation with and without it and SGLang's NGRAM at 16 draft tokens beside (median of 3
-    repeats, 32 sessions, the servers up at once and served in turn; two other machines). Ratios compare within a
-    group, not across groups (machines of the pool differ up to 1.8x)."""
+    delayer, which does not act below ten running requests), 32 agents from runs "32-agents-early-delayer" (the
+    default of now, with its prefill delayer and the delayer's hooks) and "32-agents-prefill-delayer" (the code before:
+    LUMOTREE_SUFFIX without and with the delayer as flags, no speculation with and without it), SGLang's NGRAM at 16
+    draft tokens beside (median of 3 repeats, 32 sessions, the servers up at once and served in turn; two other
+    machines). Ratios compare within a group, not across groups (machines of the pool differ up to 1.8x)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
     groups = [("1-agent-post-verify-graphs", 1, "1 agent", {}),
               ("8-agents-post-verify-graphs", 8, "8 agents", {}),
-              ("32-agents-delayer-default", 32, "32 agents\n(median of 3,\nanother machine)",
-               {"lumotree-suffix-r48": "lumotree-suffix, --max-running-requests 48"}),
+              ("32-agents-early-delayer", 32, "32 agents\n(median of 3,\nanother machine)", {}),
               ("32-agents-prefill-delayer", 32, "32 agents, the code before\n(median of 3,\na third machine)",
                {"lumotree-suffix": "lumotree-suffix without the delayer", "lumotree-suffix-delayer": "lumotree-suffix"})]
     rows = [dict(r, agents=label, config=rename.get(r["config"], r["config"])) for name, level, label, rename in groups

@@ -84,7 +84,8 @@ def agents():
               ("8-agents-post-verify-graphs", 8, "8 agents", {}),
               ("32-agents-early-delayer", 32, "32 agents\n(median of 3,\nanother machine)", {}),
               ("32-agents-prefill-delayer", 32, "32 agents, the code before\n(median of 3,\na third machine)",
-               {"lumotree-suffix": "lumotree-suffix without the delayer", "lumotree-suffix-delayer": "lumotree-suffix"})]
+               {"lumotree-suffix": "lumotree-suffix without the delayer",
+                "lumotree-suffix-delayer": "lumotree-suffix"})]
     rows = [dict(r, agents=label, config=rename.get(r["config"], r["config"])) for name, level, label, rename in groups
             if name in runs for r in runs[name]["rows"] if r["agents"] == level]
     configs = list(dict.fromkeys(r["config"] for r in rows))

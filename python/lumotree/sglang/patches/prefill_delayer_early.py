@@ -4,9 +4,10 @@ Why: with ``--enable-prefill-delayer`` (SGLang 0.5.17) ``Scheduler._get_new_batc
 waiting queue (``calc_priority``: a radix-tree match of every waiting prompt under the default ``lpm`` policy), builds
 a ``PrefillAdder`` and checks the first request's KV budget, and only then asks the delayer, which holds the prefill
 on most passes while it waits for more requests. Each held pass redid that work: served at 32 concurrent agents (tiny
-model, H200, ``docs/performance.md``) LUMOTREE_SUFFIX's ``get_next_batch_to_run`` took 1.51 ms per decode step with
-the delayer on against 0.61 without it (run ``32-agents-prefill-delayer``, another machine: 1.77), no speculation's
-0.58 against 0.34. LUMOTREE_SUFFIX turns the delayer on by default
+model, H200, ``docs/performance.md``) LUMOTREE_SUFFIX's ``get_next_batch_to_run`` took 1.51 ms per decode step at 32
+requests with the delayer on (run ``32-agents-delayer-default``; no speculation's 0.58 with it against 0.34 without)
+and 0.61 without the delayer (run ``32-agents-prefill-delayer``, another machine, 1.77 with it); with this hook 0.84
+(run ``32-agents-early-delayer``, a third machine). LUMOTREE_SUFFIX turns the delayer on by default
 (:func:`lumotree.sglang.scheduling.default_prefill_delayer`).
 
 How: SGLang's ``HookRegistry`` (``HookType.AROUND`` on the method): on a pass that would reach the adder -- requests

@@ -2,10 +2,13 @@
 
 Why: with ``--enable-prefill-delayer`` (SGLang 0.5.17) the scheduler asks ``PrefillDelayer`` on every pass whether a
 prefill may run, and ``PrefillDelayer._gather_info`` all-gathers five integers across the attention ranks -- also on
-a one-GPU server, where the group is the rank itself: a gloo collective per pass. Served at 32 concurrent agents (tiny
-model, H200, ``docs/performance.md``) the delayer's pass cost no speculation ~0.5 ms per decode step (the scheduler's
-schedule section 4.97 s over 5,578 decode intervals against 2.27 s over 5,483 without it). LUMOTREE_SUFFIX turns the
-delayer on by default (:func:`lumotree.sglang.plugin.default_prefill_delayer`), so its every step paid it.
+a one-GPU server, where the group is the rank itself: a gloo collective per pass, ~300 us on this project's CPU
+(``test_prefill_delayer.py`` prints it; this hook's write ~40 us). Served at 32 concurrent agents (tiny model, H200,
+``docs/performance.md``) the delayer's check cost no speculation ~0.5 ms per decode step (run
+``32-agents-prefill-delayer``: scheduling 4.97 s over 5,578 decode intervals against 2.27 s over 5,483 without the
+delayer); with the gather skipped 0.58 against 0.34 ms per step (run ``32-agents-delayer-default``, another machine),
+the rest the held passes' ranking of the waiting queue (:mod:`lumotree.sglang.patches.prefill_delayer_early`).
+LUMOTREE_SUFFIX turns the delayer on by default (:func:`lumotree.sglang.scheduling.default_prefill_delayer`).
 
 How: SGLang's ``HookRegistry`` (``HookType.AROUND`` on the method): where the gather group has one rank and the
 buffer is on the host, the local row is written into the delayer's buffer and returned as the gather would have

@@ -104,50 +104,21 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
         calib = [0.0, 0.0]  # decayed accepted and expected drafts of drafted steps (score)
         spec_prefill_ms = getattr(args, "prefill_ms_speculative", None)
         prefill_ms = args.prefill_ms if mode == "none" or spec_prefill_ms is None else spec_prefill_ms
-        # SGLang's prefill delayer (LUMOTREE_SUFFIX's default; no speculation's only with --delayer-none): turns wait in
-        # `waiting` and are prefilled together when the delayer lets them (delayer_holds)
-        ratio = getattr(args, "delayer_ratio", None)
-        delaying = ratio is not None and (mode != "none" or getattr(args, "delayer_none", False))
-        waiting, delay, prefills = [], dict(start=None, passes=0, max_bs=0.0), 0
 
         def calibrate(got, es):
             calib[0] = CALIBRATION_DECAY * calib[0] + sum(got)
             calib[1] = CALIBRATION_DECAY * calib[1] + sum(es[:len(got)])
 
         def admit(s, turn):
-            nonlocal clock_ms, tokens, prefills
-            if delaying:
-                waiting.append((s, turn, clock_ms))
-                return
+            nonlocal clock_ms, tokens
             sent = clock_ms
             clock_ms += prefill_ms
-            prefills += 1
             tokens += 1  # the prefill's token
             running[s] = [turn, 1, len(per_session[s][turn][1]), sent]
 
-        def prefill_waiting():
-            """One prefill of every waiting turn: ``prefill_ms`` for the first, ``--prefill-batch-share`` of it for
-            each other (the served batched prefills: 1.09x a single one's time at 1.7 requests each)."""
-            nonlocal clock_ms, tokens, prefills
-            share = getattr(args, "prefill_batch_share", PREFILL_BATCH_SHARE)
-            clock_ms += prefill_ms * (1 + share * (len(waiting) - 1))
-            prefills += 1
-            for s, turn, sent in waiting:
-                tokens += 1
-                running[s] = [turn, 1, len(per_session[s][turn][1]), sent]
-            delay.update(start=None, passes=0, max_bs=max(delay["max_bs"], len(waiting)))
-            waiting.clear()
-
         for s in sessions[:agents]:
             admit(s, 0)
-        while running or waiting:
-            if waiting:
-                if delayer_holds(len(running), len(waiting), delay, clock_ms, args):
-                    delay["passes"] += 1
-                    delay["start"] = clock_ms if delay["start"] is None else delay["start"]
-                else:
-                    prefill_waiting()
-            delay["max_bs"] *= MAX_PREFILL_BS_DECAY
+        while running:
             b = len(running)
             rows = [(s, st) for s, st in running.items() if st[1] < st[2]]
             ks = [table[(s, st[0])][st[1] - 1] for s, st in rows]
@@ -193,35 +164,13 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
                 elif queue:
                     admit(queue.pop(0), 0)
         return dict(mode=mode, **({"policy": policy_kw} if policy_kw else {}),
-                    **({"finishing_rows_counted": finishing} if mode == "policy" else {}),
-                    **({"prefill_delayer": True} if delaying else {}), prefills=prefills, tokens=tokens, steps=steps,
+                    **({"finishing_rows_counted": finishing} if mode == "policy" else {}), tokens=tokens, steps=steps,
                     drafted_steps=drafted, seconds=round(clock_ms / 1e3, 3),
                     tokens_per_s=round(tokens / (clock_ms / 1e3), 1), **turn_latency(latencies))
     finally:
         if policy is not None:
             for k, v in saved.items():
                 setattr(adaptive, k, v)
-
-
-PREFILL_BATCH_SHARE = 0.13  # a batched prefill's time per request beyond the first, in single prefills (served)
-MAX_PREFILL_BS_DECAY = 0.998  # SGLang's decay of the largest recent prefill batch per scheduler pass
-
-
-def delayer_holds(running: int, waiting: int, delay: dict, clock_ms: float, args) -> bool:
-    """Whether SGLang 0.5.17's prefill delayer holds this pass's prefill (one rank): the queue trigger -- fewer waiting
-    than ``min(int(running x --delayer-ratio), the largest recent prefill batch)``, for at most ``--delayer-max-ms``
-    since the delay began -- or the slot trigger (``--delayer-slots``, the server's running-request cap: fewer free
-    slots than the largest recent prefill batch), each for at most ``--delayer-passes`` passes; never with nothing
-    running. ``delay``: the delay's start, held passes so far and the decayed largest prefill batch."""
-    if running == 0 or getattr(args, "delayer_ratio", None) is None:
-        return False
-    max_bs = int(delay["max_bs"])
-    qmin = min(int(running * args.delayer_ratio), max_bs)
-    started = delay["start"]
-    queue = qmin > 0 and waiting < qmin and (started is None or clock_ms - started < args.delayer_max_ms)
-    slots = getattr(args, "delayer_slots", None)
-    slot = slots is not None and slots - running < max_bs
-    return (queue or slot) and delay["passes"] < args.delayer_passes - 1
 
 
 CALIBRATION_DECAY = 0.95  # score: the weight of the calibration's past per step
@@ -253,16 +202,6 @@ def main(argv=None):
     ap.add_argument("--prefill-ms-speculative", type=float, default=None,
                     help="the speculative server's time per turn's prefill where it differs from --prefill-ms (the "
                          "served 32-agent prefill intervals were 40 %% longer)")
-    ap.add_argument("--delayer-ratio", type=float, default=None,
-                    help="model SGLang's prefill delayer on the speculative modes (LUMOTREE_SUFFIX's default: 0.1): "
-                         "its queue trigger's --prefill-delayer-queue-min-ratio")
-    ap.add_argument("--delayer-max-ms", type=float, default=20.0, help="its --prefill-delayer-max-delay-ms")
-    ap.add_argument("--delayer-passes", type=int, default=30, help="its --prefill-delayer-max-delay-passes")
-    ap.add_argument("--delayer-slots", type=int, default=None,
-                    help="the server's --max-running-requests, for the delayer's slot trigger (unset: no slot trigger)")
-    ap.add_argument("--delayer-none", action="store_true", help="no speculation with the delayer too")
-    ap.add_argument("--prefill-batch-share", type=float, default=PREFILL_BATCH_SHARE,
-                    help="a batched prefill's time per request beyond the first, in single prefills")
     ap.add_argument("--variants", default='[{}]',
                     help="JSON list of policy settings to replay, one row each: the served LUMOTREE_SUFFIX policy's "
                          "(adaptive.SUFFIX_SETTINGS) with lower-case keys (ema, probe_every, probe_max, probe_budget) "
@@ -297,12 +236,7 @@ def main(argv=None):
                         model=dict(none_ms=args.none_ms, tree_ms=args.tree_ms, fixed_share=args.fixed_share,
                                    prefill_ms=args.prefill_ms,
                                    **({} if args.prefill_ms_speculative is None else
-                                      dict(prefill_ms_speculative=args.prefill_ms_speculative)),
-                                   **({} if args.delayer_ratio is None else
-                                      dict(delayer_ratio=args.delayer_ratio, delayer_max_ms=args.delayer_max_ms,
-                                           delayer_passes=args.delayer_passes, delayer_slots=args.delayer_slots,
-                                           delayer_none=args.delayer_none,
-                                           prefill_batch_share=args.prefill_batch_share))),
+                                      dict(prefill_ms_speculative=args.prefill_ms_speculative))),
                         seconds=round(time.perf_counter() - t0, 1), rows=rows)
 
 

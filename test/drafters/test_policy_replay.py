@@ -80,39 +80,3 @@ def test_a_speculative_server_s_own_prefill_time_costs_every_mode_but_no_specula
         assert a["steps"] == b["steps"] and a["tokens"] == b["tokens"]
         extra = 0.0 if mode == "none" else 4.0 * turns / 1e3
         assert b["seconds"] == pytest.approx(a["seconds"] + extra, abs=2e-3)
-
-
-def test_the_prefill_delayer_batches_turns_and_holds_within_its_caps():
-    """--delayer-ratio: the speculative modes' turns wait and are prefilled together as SGLang's delayer lets them;
-    every token is still served, prefills are fewer, and no speculation keeps one prefill per turn unless
-    --delayer-none. The delayer's rule: the queue trigger needs ten running requests at ratio 0.1, the time and pass
-    caps end a hold, nothing running never holds."""
-    pr = pytest.importorskip("policy_replay")
-    lengths = [40 + 7 * s for s in range(16)]  # turns end one at a time
-    per_session = [[([1] * 10, list(range(n))) for _ in range(4)] for n in lengths]
-    table = {(s, t): [2] * (n - 1) for s, n in enumerate(lengths) for t in range(4)}
-    plain = args()
-    held = SimpleNamespace(**vars(args()), delayer_ratio=0.5, delayer_max_ms=50.0, delayer_passes=30,
-                           delayer_slots=None, prefill_batch_share=0.1)
-    for mode in ("tree", "policy"):
-        a, b = pr.serve(table, per_session, 16, mode, plain), pr.serve(table, per_session, 16, mode, held)
-        assert a["tokens"] == b["tokens"] == sum(lengths) * 4
-        assert b["prefill_delayer"] and b["prefills"] < a["prefills"] == 16 * 4
-    n = pr.serve(table, per_session, 16, "none", held)
-    assert "prefill_delayer" not in n and n["prefills"] == 16 * 4
-    held.delayer_none = True
-    assert pr.serve(table, per_session, 16, "none", held)["prefills"] < 16 * 4
-
-    rule = SimpleNamespace(delayer_ratio=0.1, delayer_max_ms=20.0, delayer_passes=30, delayer_slots=None)
-    fresh = dict(start=None, passes=0, max_bs=32.0)
-    assert pr.delayer_holds(31, 1, dict(fresh), 0.0, rule)  # 3 needed
-    assert not pr.delayer_holds(31, 3, dict(fresh), 0.0, rule)
-    assert not pr.delayer_holds(9, 0, dict(fresh), 0.0, rule)  # int(0.9) = 0: the queue trigger never holds
-    assert not pr.delayer_holds(0, 1, dict(fresh), 0.0, rule)
-    assert not pr.delayer_holds(31, 1, dict(fresh, start=0.0), 20.0, rule)  # the time cap
-    assert not pr.delayer_holds(31, 1, dict(fresh, passes=29), 0.0, rule)  # the pass cap
-    assert not pr.delayer_holds(31, 1, dict(fresh, max_bs=1.9), 0.0, rule)  # min(3, 1) = 1 waiting suffices
-    slots = SimpleNamespace(**{**vars(rule), "delayer_slots": 32})
-    slots.delayer_ratio = 0.01  # the queue trigger off at 31 running: the slot trigger alone
-    assert pr.delayer_holds(31, 5, dict(fresh, start=0.0), 100.0, slots)  # 1 free slot < 32: past the time cap too
-    assert not pr.delayer_holds(31, 5, dict(fresh, max_bs=1.5), 0.0, slots)

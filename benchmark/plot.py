@@ -74,7 +74,7 @@ def agents():
     level the first phase its servers served on sessions of its own after a flush, the post-verify work of
     LUMOTREE_SUFFIX's drafted steps as CUDA graphs: 1 and 8 agents from runs "1-agent-post-verify-graphs" and
     "8-agents-post-verify-graphs" (16 sessions per level, one machine, before LUMOTREE_SUFFIX's default prefill
-    delayer, which does not act below ten running requests), 32 agents from runs "32-agents-early-delayer" (the
+    delayer, not re-run with it), 32 agents from runs "32-agents-early-delayer" (the
     default of now, with its prefill delayer and the delayer's hooks) and "32-agents-prefill-delayer" (the code before:
     LUMOTREE_SUFFIX without and with the delayer as flags, no speculation with and without it), SGLang's NGRAM at 16
     draft tokens beside (median of 3 repeats, 32 sessions, the servers up at once and served in turn; two other

@@ -1,5 +1,6 @@
 """LUMOTREE_SUFFIX's default prefill batching (SGLang's prefill delayer, lumotree.sglang.scheduling) and the hook that
 skips the delayer's per-pass gather on one rank (lumotree.sglang.patches.prefill_delayer_gather)."""
+import json
 import os
 import subprocess
 import sys
@@ -13,56 +14,18 @@ from lumotree.sglang.patches import prefill_delayer_gather
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 CKPT = os.path.join(ROOT, "benchmark", "models", "tiny-hybrid")
 
-# SGLang's PrefillDelayer on a one-rank gloo group, once with SGLang's gather and once through the hook: the same
-# decisions on a random stream of scheduler passes (every outcome the delayer has), and how long a gather takes
-GATHER_SCRIPT = r"""
-import random, time, types
-from types import SimpleNamespace
-import torch.distributed as dist
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-group = dist.new_group([0], backend="gloo")
-from sglang.srt.managers import prefill_delayer as pdm
-from sglang.srt.plugins.hook_registry import HookRegistry
-SGLANGS = [pdm.PrefillDelayer._gather_info]  # in a list: the hook registry rebinds module-level names of the original
-sa = SimpleNamespace(prefill_delayer_queue_min_ratio=0.1, prefill_delayer_max_delay_ms=1e9, enable_dp_attention=False,
-                     disable_overlap_schedule=False)
-def make():
-    return pdm.PrefillDelayer(dp_size=1, attn_tp_size=1, cpu_group=group, server_args=sa, max_delay_passes=3,
-                              token_usage_low_watermark=0.05)
-ref = make()
-ref._gather_info = types.MethodType(SGLANGS[0], ref)
-from lumotree.sglang.patches import prefill_delayer_gather
-prefill_delayer_gather.install()
-HookRegistry.apply_hooks()
-hooked = make()
-assert pdm.PrefillDelayer._gather_info is not SGLANGS[0]
-def per_call(d):
-    t0 = time.perf_counter()
-    for _ in range(500):
-        d._gather_info(True, False, running_batch=31, max_prefill_bs=4, waiting_queue_len=1)
-    return (time.perf_counter() - t0) / 500 * 1e6
-rng = random.Random(0)
-reasons = set()
-for i in range(3000):
-    kw = dict(local_prefillable=rng.random() < 0.8, token_usage=rng.choice([0.01, 0.5]),
-              running_batch=rng.randint(0, 40), max_prefill_bs=rng.randint(0, 32), max_running_requests=32,
-              waiting_queue_len=rng.randint(0, 6))
-    a, b = ref._negotiate_should_allow_prefill(**kw), hooked._negotiate_should_allow_prefill(**kw)
-    ka = (a.output_allow, a.output_reason, a.next_state and a.next_state.delayed_count, a.num_prefillable)
-    kb = (b.output_allow, b.output_reason, b.next_state and b.next_state.delayed_count, b.num_prefillable)
-    assert ka == kb, (i, kw, ka, kb)
-    reasons.add(a.output_reason)
-print("REASONS", " ".join(sorted(r for r in reasons if r)))
-print("GATHER_US", round(per_call(ref), 1), round(per_call(hooked), 1))
-"""
-
-
 def test_the_hook_decides_as_sglangs_gather_on_one_rank():
-    out = subprocess.run([sys.executable, "-c", GATHER_SCRIPT], capture_output=True, text=True, timeout=600)
-    lines = {ln.split()[0]: ln.split()[1:] for ln in out.stdout.splitlines() if ln.split()}
-    assert "REASONS" in lines, out.stdout[-2000:] + out.stderr[-4000:]
-    assert lines["REASONS"] == ["delay", "no_wait", "token_watermark", "wait_success", "wait_timeout"]
-    print("gather per pass, us (SGLang's, hooked):", lines["GATHER_US"])
+    """benchmark/serving/prefill_delayer_cpu.py: SGLang's delayer on a one-rank gloo group with its own gather and
+    through the hook, the same verdicts pass by pass on a random stream that meets every outcome the delayer has."""
+    script = os.path.join(ROOT, "benchmark", "serving", "prefill_delayer_cpu.py")
+    out = subprocess.run([sys.executable, script, "--passes", "3000", "--calls", "50"], capture_output=True, text=True,
+                         timeout=600)
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    assert out.returncode == 0 and lines, out.stdout[-2000:] + out.stderr[-4000:]
+    res = json.loads(lines[-1])
+    assert res["same"] is True
+    assert set(res["reasons"]) == {"delay", "no_wait", "none prefillable", "token_watermark", "wait_success",
+                                   "wait_timeout"}
 
 
 def test_the_hook_leaves_a_group_of_several_ranks_to_sglang(monkeypatch):

@@ -76,10 +76,17 @@ from sglang.srt.server_args import prepare_server_args
 import sglang.srt.runtime_context as rc
 base = ["--model-path", sys.argv[1], "--device", "cuda"]  # parsing only: nothing touches a GPU
 S = ["--speculative-algorithm", "LUMOTREE_SUFFIX"]
+E = ["--enable-prefill-delayer"]
 for extra in (S, S + ["--prefill-delayer-max-delay-ms", "0"], S + ["--disable-overlap-schedule"],
-              S + ["--enable-prefill-delayer", "--prefill-delayer-queue-min-ratio", "0.5"],
-              ["--speculative-algorithm", "LUMOTREE"], [], ["--speculative-algorithm", "NGRAM"]):
-    sa = prepare_server_args(base + extra)
+              S + E + ["--prefill-delayer-queue-min-ratio", "0.5"],
+              ["--speculative-algorithm", "LUMOTREE"], [], ["--speculative-algorithm", "NGRAM"],
+              S + E + ["--disable-overlap-schedule"],
+              S + E + ["--enable-deterministic-inference", "--attention-backend", "triton"]):
+    try:
+        sa = prepare_server_args(base + extra)
+    except ValueError as e:
+        print("RESULT", "ValueError", str(e).split(":")[0])
+        continue
     rc.publish(sa, role="test")  # what the scheduler process reads (its config bag, snapshotted from the arguments)
     bag = rc.get_schedule()
     print("RESULT", bag.enable_prefill_delayer, bag.prefill_delayer_queue_min_ratio, bag.prefill_delayer_max_delay_ms)
@@ -89,14 +96,19 @@ for extra in (S, S + ["--prefill-delayer-max-delay-ms", "0"], S + ["--disable-ov
 def test_servers_resolve_the_delayer_through_sglangs_arguments():
     """Through SGLang's argument parsing and the scheduler's published config: LUMOTREE_SUFFIX turns the delayer on;
     ``--prefill-delayer-max-delay-ms 0`` alone, the synchronous scheduler or the user's own delayer flags keep it as
-    given; LUMOTREE, NGRAM and no speculation are untouched."""
+    given; LUMOTREE, NGRAM and no speculation are untouched. ``--enable-prefill-delayer`` on a LumoTree server that
+    runs the synchronous scheduler (asked for, or chosen for the decode-exact mode) is refused by name at parsing,
+    where SGLang would assert once the scheduler starts."""
     if not os.path.isfile(os.path.join(CKPT, "config.json")):
         pytest.skip("tiny checkpoint not in this checkout")
     out = subprocess.run([sys.executable, "-c", PARSE_SCRIPT, CKPT], capture_output=True, text=True, timeout=600,
                          cwd=ROOT)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
+    refused = "ValueError --enable-prefill-delayer needs SGLang's overlap scheduler, and this server runs the " \
+              "synchronous one (--disable-overlap-schedule, or LumoTree's choice for --enable-deterministic-inference " \
+              "/ --enable-mixed-chunk with the radix cache)"
     assert lines == ["True 0.1 20.0", "False None 0.0", "False None None", "True 0.5 None", "False None None",
-                     "False None None", "False None None"], out.stdout[-2000:] + out.stderr[-4000:]
+                     "False None None", "False None None", refused, refused], out.stdout[-2000:] + out.stderr[-4000:]
 
 
 # the early ask, on SGLang's delayer (one-rank gloo group) and a stand-in scheduler pass

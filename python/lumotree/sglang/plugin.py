@@ -148,12 +148,17 @@ def configure_server_args(server_args) -> None:
     * ``mamba_ssm_dtype = float32`` (state math in fp32).
     * ``LUMOTREE_SGLANG_ACTIVE=1`` so the scheduler processes install the backend classes.
     * :func:`consistent_prefix_cache`: the ``no_buffer`` state cache when the radix cache is on (overlap kept).
+    * :func:`~lumotree.sglang.scheduling.check_prefill_delayer`: ``--enable-prefill-delayer`` refused, by name, on a
+      server that runs the synchronous scheduler.
     """
     server_args.enable_linear_replayssm_spec = True
     if server_args.mamba_ssm_dtype is None:
         server_args.mamba_ssm_dtype = "float32"
     os.environ[ENV_ACTIVE] = "1"
     consistent_prefix_cache(server_args)
+    from lumotree.sglang.scheduling import check_prefill_delayer
+
+    check_prefill_delayer(server_args)  # after the scheduler is chosen
     logger.info("LumoTree: tree verify with boundary-free chunk kernel + accepted-path replay commit; "
                 "no per-node SSM snapshots (num_draft_tokens=%s, topk=%s)",
                 server_args.speculative_num_draft_tokens, server_args.speculative_eagle_topk)

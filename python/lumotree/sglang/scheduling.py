@@ -144,6 +144,18 @@ def default_prefill_delayer(server_args) -> bool:
     return True
 
 
+def check_prefill_delayer(server_args) -> None:
+    """Raises ``ValueError`` naming the flag when ``--enable-prefill-delayer`` meets a server that runs without the
+    overlap scheduler (``--disable-overlap-schedule``, or the synchronous scheduler LumoTree chooses for
+    ``--enable-deterministic-inference`` / ``--enable-mixed-chunk``, :func:`consistent_prefix_cache`): SGLang 0.5.17's
+    delayer asserts the overlap scheduler when the scheduler starts, after the weights load."""
+    if getattr(server_args, "enable_prefill_delayer", False) and getattr(server_args, "disable_overlap_schedule", False):
+        raise ValueError("--enable-prefill-delayer needs SGLang's overlap scheduler, and this server runs the "
+                         "synchronous one (--disable-overlap-schedule, or LumoTree's choice for "
+                         "--enable-deterministic-inference / --enable-mixed-chunk with the radix cache): drop "
+                         "--enable-prefill-delayer")
+
+
 def publish_prefill_early(batch, args: tuple, kwargs: dict) -> tuple:
     """A speculative worker's prefill under SGLang's overlap scheduler: publish the batch's lengths before its
     forward is launched, and return ``(args, kwargs)`` for SGLang's worker without the ``on_publish`` callback (it

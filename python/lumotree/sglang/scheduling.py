@@ -106,7 +106,6 @@ def consistent_prefix_cache(server_args) -> bool:
 # running batch is queued, at most 20 ms (and SGLang's own cap of 30 scheduler passes)
 PREFILL_DELAYER_QUEUE_MIN_RATIO = 0.1
 PREFILL_DELAYER_MAX_DELAY_MS = 20.0
-PREFILL_DELAYER_FLAGS = ("enable_prefill_delayer", "prefill_delayer_queue_min_ratio", "prefill_delayer_max_delay_ms")
 
 
 def default_prefill_delayer(server_args) -> bool:
@@ -126,8 +125,9 @@ def default_prefill_delayer(server_args) -> bool:
     (:mod:`lumotree.sglang.patches.prefill_delayer_early`), LUMOTREE_SUFFIX served 1.39x no speculation and 1.44x
     SGLang's NGRAM at 16 draft tokens, p95 0.93 s against 1.04 (run ``32-agents-early-delayer``). Below ten running
     requests the queue trigger never holds a prefill (a tenth of the batch rounds to none)."""
-    if getattr(server_args, "enable_prefill_delayer", False) or any(
-            getattr(server_args, f, None) is not None for f in PREFILL_DELAYER_FLAGS[1:]):
+    if (getattr(server_args, "enable_prefill_delayer", False)
+            or getattr(server_args, "prefill_delayer_queue_min_ratio", None) is not None
+            or getattr(server_args, "prefill_delayer_max_delay_ms", None) is not None):
         return False
     if ((getattr(server_args, "tp_size", 1) or 1) > 1 or (getattr(server_args, "dp_size", 1) or 1) > 1
             or (getattr(server_args, "pp_size", 1) or 1) > 1 or getattr(server_args, "disable_overlap_schedule", False)

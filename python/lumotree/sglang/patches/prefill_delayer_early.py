@@ -25,6 +25,8 @@ Remove when: SGLang asks the delayer before ``calc_priority`` (or caches the ran
 """
 from __future__ import annotations
 
+from lumotree.sglang.patches.prefill_delayer_gather import _alone
+
 TARGET = "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw"
 
 
@@ -39,8 +41,6 @@ def _flexkv() -> bool:
 
 def _asks_early(self, single_pass, running_batch) -> bool:
     """Whether this pass asks the delayer before SGLang's method (the conditions in the module docstring)."""
-    from lumotree.sglang.patches.prefill_delayer_gather import _alone
-
     return (single_pass is not None and self.chunked_req is None and len(self.waiting_queue) > 0
             and not running_batch.batch_is_full and not self.grammar_manager.has_waiting_grammars()
             and not getattr(self, "enable_hierarchical_cache", False) and not self.enable_priority_preemption

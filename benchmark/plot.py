@@ -69,21 +69,21 @@ def served():
 
 
 def agents():
-    """Concurrent agents: tokens/s and p95 turn latency per server, one group per (run, concurrency), LUMOTREE_SUFFIX
-    with its tree size per batch bucket and its adaptive choice of no draft, the user's mode (prefill graphs on), each
-    level the first phase its servers served on sessions of its own after a flush, the post-verify work of
-    LUMOTREE_SUFFIX's drafted steps as CUDA graphs: 1 and 8 agents from runs "1-agent-post-verify-graphs" and
-    "8-agents-post-verify-graphs" (16 sessions per level, one machine, before LUMOTREE_SUFFIX's default prefill
-    delayer, not re-run with it), 32 agents from runs "32-agents-early-delayer" (the
-    default of now, with its prefill delayer and the delayer's hooks) and "32-agents-prefill-delayer" (the code before:
-    LUMOTREE_SUFFIX without and with the delayer as flags, no speculation with and without it), SGLang's NGRAM at 16
-    draft tokens beside (median of 3 repeats, 32 sessions, the servers up at once and served in turn; two other
-    machines). Ratios compare within a group, not across groups (machines of the pool differ up to 1.8x)."""
+    """Concurrent agents: tokens/s and p95 turn latency per server, one group per (run, concurrency), every server in
+    the mode its flags alone give (LUMOTREE_SUFFIX: its default prefill delayer and the delayer's hooks, its adaptive
+    choice of no draft, prefill graphs on), the median of 3 flushed repeats with the servers up at once and served in
+    turn: 1 and 8 agents from runs "1-agent-early-delayer" and "8-agents-early-delayer" (16 sessions, one machine;
+    at 8 agents also LUMOTREE_SUFFIX with the delayer's holds capped at 4 passes and without the delayer), 32 agents
+    from runs "32-agents-early-delayer" (32 sessions, another machine) and "32-agents-prefill-delayer" (the code
+    before the default: LUMOTREE_SUFFIX without and with the delayer as flags, no speculation with and without it;
+    a third machine); SGLang's NGRAM at 8 and 16 draft tokens beside. Ratios compare within a group, not across
+    groups (machines of the pool differ up to 1.8x)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
-    groups = [("1-agent-post-verify-graphs", 1, "1 agent", {}),
-              ("8-agents-post-verify-graphs", 8, "8 agents", {}),
-              ("32-agents-early-delayer", 32, "32 agents\n(median of 3,\nanother machine)", {}),
-              ("32-agents-prefill-delayer", 32, "32 agents, the code before\n(median of 3,\na third machine)",
+    no_delayer = {"lumotree-suffix-no-delayer": "lumotree-suffix without the delayer"}
+    groups = [("1-agent-early-delayer", 1, "1 agent", {}),
+              ("8-agents-early-delayer", 8, "8 agents", no_delayer),
+              ("32-agents-early-delayer", 32, "32 agents\n(another machine)", {}),
+              ("32-agents-prefill-delayer", 32, "32 agents, the code before\n(a third machine)",
                {"lumotree-suffix": "lumotree-suffix without the delayer",
                 "lumotree-suffix-delayer": "lumotree-suffix"})]
     rows = [dict(r, agents=label, config=rename.get(r["config"], r["config"])) for name, level, label, rename in groups

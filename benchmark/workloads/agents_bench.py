@@ -35,7 +35,8 @@ trees, ``benchmark/drafters/acceptance_replay.py --concurrent``), a second pass 
 tokens per request step against a fresh pass's 5.2 (SGLang's NGRAM corpus 6.6 against 4.0).
 
 ``--repeats R``: each measured phase runs R times per server on the same sessions, the server flushed before each;
-the row is the run of median speed (``repeats``: every run's tokens/s): at 32 agents one 12-19 s phase of SGLang's
+the row is the run of median speed (``repeats``: every run's tokens/s; ``repeats_latency_p95``: every run's p95 turn
+latency; ``latency_p95_all``: the p95 over every run's turns): at 32 agents one 12-19 s phase of SGLang's
 NGRAM server took 11.5 s in one run and 19.3 s in another (same flags, two machines, no compile in either).
 
 ``--abort-every K``: every K-th turn is first sent and aborted mid-way (a user interrupting it), then
@@ -539,14 +540,19 @@ def client_gap(turns) -> dict:
 
 def repeated(config, agents, phases, accept_lengths=None):
     """The row of ``--repeats`` runs of one phase (``phases``: ``[(turns, wall)]``, ``accept_lengths``: each run's):
-    the run of median speed (the lower median for an even count), with every run's tokens/s in ``repeats`` when there
-    is more than one."""
+    the run of median speed (the lower median for an even count), with every run's tokens/s in ``repeats``, every
+    run's p95 turn latency in ``repeats_latency_p95`` and the p95 over all runs' turns in ``latency_p95_all`` when
+    there is more than one (a tail judged on one run's ~5 % slowest turns moves with the run: at 8 agents a row's p95
+    sat 0.3 ms above no speculation's where the first run's was 10 ms below)."""
     accept_lengths = accept_lengths or [None] * len(phases)
     rows = [summarize(config, agents, turns, wall, acc) for (turns, wall), acc in zip(phases, accept_lengths)]
     if len(rows) == 1:
         return rows[0]
     row = sorted(rows, key=lambda r: r["tokens_per_s"])[(len(rows) - 1) // 2]
-    return dict(row, repeats=[round(r["tokens_per_s"], 1) for r in rows])
+    lat = sorted(t["latency"] for turns, _ in phases for t in turns)
+    return dict(row, repeats=[round(r["tokens_per_s"], 1) for r in rows],
+                repeats_latency_p95=[None if r["latency_p95"] is None else round(r["latency_p95"], 4) for r in rows],
+                latency_p95_all=lat[int(0.95 * (len(lat) - 1))] if lat else None)
 
 
 def replies(turns):
@@ -705,6 +711,11 @@ def markdown(res) -> str:
             out.append(f"| {r['config']} | {_num(tps, '.0f')}{rel} | {_num(r.get('latency_p50'))} / "
                        f"{_num(r.get('latency_p95'))} | {_num(r.get('accept_length'))} |")
         out.append("")
+        tails = [r for r in at if r.get("repeats_latency_p95")]
+        if tails:  # every repeat's tail, and the tail of all repeats' turns together
+            out += ["p95 turn latency (s) by repeat; over all repeats' turns: " + "; ".join(
+                f"{r['config']} " + " / ".join(_num(x, ".3f") for x in r["repeats_latency_p95"])
+                + f"; {_num(r.get('latency_p95_all'), '.3f')}" for r in tails), ""]
         gaps = [r for r in at if r.get("client_ms_p50") is not None]
         if gaps:  # the agents' own time between a reply and their next send (the server may wait through it)
             out += ["Client time between a reply and the next send, p50 / p95 ms: " + "; ".join(

@@ -505,6 +505,28 @@ def test_repeats_run_each_phase_again_from_a_flushed_cache_and_report_the_median
         ab.main()
 
 
+def test_repeats_keep_every_runs_tail_and_the_tail_of_all_their_turns():
+    """The median-speed run's row, and beside it each run's p95 turn latency and the p95 over all runs' turns: a tail
+    that one run's few slowest turns would hide or show."""
+    ab = load()
+
+    def turns(lats):
+        return [dict(session=i, turn=0, latency=x, prompt_tokens=10, cached_tokens=5, completion_tokens=10, reply="r")
+                for i, x in enumerate(lats)]
+
+    phases = [(turns([0.1] * 20), 4.0),                 # 50 tokens/s, p95 0.1
+              (turns([0.1] * 18 + [0.9, 0.9]), 2.0),    # 100 tokens/s (the median run), p95 0.9
+              (turns([0.3] * 20), 1.0)]                 # 200 tokens/s, p95 0.3
+    row = ab.repeated("none", 8, phases)
+    assert row["tokens_per_s"] == 100.0 and row["latency_p95"] == 0.9
+    assert row["repeats"] == [50.0, 100.0, 200.0]
+    assert row["repeats_latency_p95"] == [0.1, 0.9, 0.3]
+    assert row["latency_p95_all"] == 0.3  # 60 turns: 38 of 0.1, 20 of 0.3, 2 of 0.9 -> the 57th is 0.3
+    text = ab.markdown(dict(rows=[row]))
+    assert "none 0.100 / 0.900 / 0.300; 0.300" in text
+    assert "repeats_latency_p95" not in ab.repeated("none", 8, phases[:1])
+
+
 def test_a_run_stopped_between_repeats_keeps_a_partial_row_that_resume_runs_again(tmp_path, monkeypatch):
     """Each repeat but the last is saved as it stands (``partial``); a run that stops after the first of three repeats
     leaves that row, marked and listed in the tables, and --resume does not keep the configuration."""

@@ -514,13 +514,18 @@ def profile_phases(url, args, name, count):
     return out
 
 
+def p95(xs):
+    """The 95th percentile of the sorted ``xs`` (the nearest rank below), None for none."""
+    return xs[int(0.95 * (len(xs) - 1))] if xs else None
+
+
 def summarize(config, agents, turns, wall, accept_length=None):
     lat = sorted(t["latency"] for t in turns)
     prompt = sum(t["prompt_tokens"] for t in turns)
     return dict(config=config, agents=agents, turns=len(turns), seconds=round(wall, 3),
                 tokens_per_s=sum(t["completion_tokens"] for t in turns) / wall if wall > 0 else 0.0,
                 accept_length=accept_length, latency_p50=statistics.median(lat) if lat else None,
-                latency_p95=lat[int(0.95 * (len(lat) - 1))] if lat else None,
+                latency_p95=p95(lat),
                 cached_fraction=sum(t["cached_tokens"] for t in turns) / prompt if prompt else None,
                 prompt_tokens_max=max((t["prompt_tokens"] for t in turns), default=0),
                 aborted_turns=sum(t.get("aborted") is not None for t in turns),
@@ -535,7 +540,7 @@ def client_gap(turns) -> dict:
     if not gaps:
         return {}
     return dict(client_ms_p50=round(1e3 * statistics.median(gaps), 3),
-                client_ms_p95=round(1e3 * gaps[int(0.95 * (len(gaps) - 1))], 3))
+                client_ms_p95=round(1e3 * p95(gaps), 3))
 
 
 def repeated(config, agents, phases, accept_lengths=None):
@@ -552,7 +557,7 @@ def repeated(config, agents, phases, accept_lengths=None):
     lat = sorted(t["latency"] for turns, _ in phases for t in turns)
     return dict(row, repeats=[round(r["tokens_per_s"], 1) for r in rows],
                 repeats_latency_p95=[None if r["latency_p95"] is None else round(r["latency_p95"], 4) for r in rows],
-                latency_p95_all=lat[int(0.95 * (len(lat) - 1))] if lat else None)
+                latency_p95_all=p95(lat))
 
 
 def replies(turns):

@@ -71,9 +71,11 @@ def test_delayer_holds_and_every_request_is_served(tmp_path):
         aborted = threading.Thread(target=lambda: box.update(r=_generate(
             url, PROMPT * 3, dict(max_new_tokens=4000, ignore_eos=True), rid="delayer-abort")))
         aborted.start()
-        time.sleep(0.05)
-        post(url + "/abort_request", {"rid": "delayer-abort"})
-        aborted.join(120)
+        deadline = time.time() + 60
+        while aborted.is_alive() and time.time() < deadline:  # until the server knew the rid (an abort before is lost)
+            time.sleep(0.05)
+            post(url + "/abort_request", {"rid": "delayer-abort"})
+            aborted.join(0.2)
         for th in threads:
             th.join(300)
         assert not aborted.is_alive() and not any(th.is_alive() for th in threads), "a request did not end"

@@ -49,6 +49,33 @@ def test_the_hook_leaves_a_group_of_several_ranks_to_sglang(monkeypatch):
     assert len(calls) == 1 and got.tolist() == [[1, 0, 31, 4, 2]]
 
 
+def test_the_idle_verdict_is_built_only_for_a_one_rank_pass_with_nothing_prefillable():
+    """Prefillable passes and delayers of several ranks go to SGLang; a one-rank pass with nothing to prefill gets
+    SGLang's verdict for it (the stream equality is the script's, above), carrying the wait of the delay before it."""
+    from sglang.srt.managers.prefill_delayer import _State
+
+    from lumotree.sglang.patches import prefill_delayer_idle
+
+    calls = []
+
+    def sglangs(self, *a, **k):
+        calls.append((a, k))
+        return "sglang"
+
+    alone = SimpleNamespace(_lumotree_gather_alone=True, _curr_state=_State(delayed_count=3))
+    several = SimpleNamespace(_lumotree_gather_alone=False, _curr_state=None)
+    assert prefill_delayer_idle.idle_alone(sglangs, alone, local_prefillable=True, token_usage=0.5) == "sglang"
+    assert prefill_delayer_idle.idle_alone(sglangs, several, local_prefillable=False, token_usage=0.5) == "sglang"
+    assert prefill_delayer_idle.idle_alone(sglangs, alone, True, 0.5) == "sglang"  # positional, as the wrapper may pass
+    assert len(calls) == 3 and alone._curr_state.delayed_count == 3
+    out = prefill_delayer_idle.idle_alone(sglangs, alone, local_prefillable=False, token_usage=0.5)
+    assert len(calls) == 3 and alone._curr_state is None
+    assert (out.output_allow, out.output_reason, out.input_estimation, out.next_state, out.num_prefillable,
+            out.wait_forward_passes) == (True, "", "none", None, 0, 3) and out.wait_seconds > 0
+    out = prefill_delayer_idle.idle_alone(sglangs, alone, local_prefillable=False, token_usage=0.5)
+    assert (out.wait_forward_passes, out.wait_seconds) == (0, 0.0)
+
+
 def _args(**kw):
     base = dict(enable_prefill_delayer=False, prefill_delayer_queue_min_ratio=None, prefill_delayer_max_delay_ms=None,
                 tp_size=1, dp_size=1, pp_size=1, disable_overlap_schedule=False, disaggregation_mode="null")
@@ -192,16 +219,19 @@ def test_the_early_ask_leaves_other_passes_to_sglang():
 APPLIED_SCRIPT = r"""
 from sglang.srt.managers import prefill_delayer as pdm
 from sglang.srt.managers import scheduler as sm
-SGLANGS = [sm.Scheduler._get_new_batch_prefill_raw, pdm.PrefillDelayer._gather_info]
+SGLANGS = [sm.Scheduler._get_new_batch_prefill_raw, pdm.PrefillDelayer._gather_info,
+           pdm.PrefillDelayer._negotiate_should_allow_prefill]
 from sglang.srt.plugins import load_plugins
 from sglang.srt.plugins.hook_registry import HookRegistry
 load_plugins()  # the entry point, as a server process runs it
 HookRegistry.apply_hooks()
-print("WRAPPED", sm.Scheduler._get_new_batch_prefill_raw is not SGLANGS[0], pdm.PrefillDelayer._gather_info is not SGLANGS[1])
+print("WRAPPED", sm.Scheduler._get_new_batch_prefill_raw is not SGLANGS[0], pdm.PrefillDelayer._gather_info is not SGLANGS[1],
+      pdm.PrefillDelayer._negotiate_should_allow_prefill is not SGLANGS[2])
 """
 
 
 def test_the_plugin_wraps_sglangs_scheduler_and_delayer():
-    """Both hooks resolve their targets in SGLang 0.5.17 and are applied for every launch (the entry point)."""
+    """The three delayer hooks resolve their targets in SGLang 0.5.17 and are applied for every launch (the entry
+    point)."""
     out = subprocess.run([sys.executable, "-c", APPLIED_SCRIPT], capture_output=True, text=True, timeout=600)
-    assert "WRAPPED True True" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
+    assert "WRAPPED True True True" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]

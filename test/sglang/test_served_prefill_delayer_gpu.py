@@ -1,7 +1,7 @@
 """GPU, end to end: a LUMOTREE_SUFFIX server with its default prefill delayer
-(:func:`lumotree.sglang.scheduling.default_prefill_delayer`) and the two delayer hooks
-(:mod:`lumotree.sglang.patches.prefill_delayer_gather`, :mod:`lumotree.sglang.patches.prefill_delayer_early`) while
-the delayer holds prefills: closed-loop clients whose next requests arrive one at a time while the others decode.
+(:func:`lumotree.sglang.scheduling.default_prefill_delayer`) and LumoTree's delayer hooks
+(:mod:`lumotree.sglang.patches.prefill_delayer_gather`, :mod:`~lumotree.sglang.patches.prefill_delayer_idle`,
+:mod:`~lumotree.sglang.patches.prefill_delayer_early`) while the delayer holds prefills: closed-loop clients whose next requests arrive one at a time while the others decode.
 
 Eight clients start at once (one prefill batch of eight: SGLang's ``max_prefill_bs`` 8) on a server of eight request
 slots, so each later request arrives with one slot free and SGLang's slot trigger holds it (``8 - 7 < 8``) for up to

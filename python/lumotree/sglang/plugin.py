@@ -341,10 +341,12 @@ def register() -> None:
     from lumotree.sglang.patches import no_buffer_overlap  # SGLang's check, unchanged for all but LumoTree's overlap servers
 
     no_buffer_overlap.install()
-    # the prefill delayer's one-rank gather skipped and its verdict asked before the scheduler's ranking: every launch
-    from lumotree.sglang.patches import prefill_delayer_early, prefill_delayer_gather
+    # the prefill delayer on one rank: its gather skipped, its verdict on a pass with nothing to prefill built without
+    # tensors, and asked before the scheduler's ranking: every launch
+    from lumotree.sglang.patches import prefill_delayer_early, prefill_delayer_gather, prefill_delayer_idle
 
     prefill_delayer_gather.install()
+    prefill_delayer_idle.install()
     prefill_delayer_early.install()
     if os.environ.get("LUMOTREE_BENCH_ORACLE_P"):
         _register_oracle(SpeculativeAlgorithm, get_spec, float(os.environ["LUMOTREE_BENCH_ORACLE_P"]))

@@ -2,8 +2,8 @@
 
 Why: with ``--enable-prefill-delayer`` (SGLang 0.5.17) the scheduler asks ``PrefillDelayer`` on every pass whether a
 prefill may run, and ``PrefillDelayer._gather_info`` all-gathers five integers across the attention ranks -- also on
-a one-GPU server, where the group is the rank itself: a gloo collective per pass, 225 us on this project's CPU
-against the hook's 22 (``benchmark/serving/prefill_delayer_cpu.py``). Served at 32 concurrent agents (tiny model, H200,
+a one-GPU server, where the group is the rank itself: a gloo collective per pass, 207 us on this project's CPU
+against the hook's 28 (``benchmark/serving/prefill_delayer_cpu.py``, ``benchmark/results/prefill_delayer_cpu.json``). Served at 32 concurrent agents (tiny model, H200,
 ``docs/performance.md``) the delayer's check cost no speculation ~0.5 ms per decode step (run
 ``32-agents-prefill-delayer``: scheduling 4.97 s over 5,578 decode intervals against 2.27 s over 5,483 without the
 delayer); with the gather skipped 0.58 against 0.34 ms per step (run ``32-agents-delayer-default``, another machine),

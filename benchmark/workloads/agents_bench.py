@@ -669,7 +669,8 @@ CONFIGS["lumotree-suffix-mtp-policy"] = CONFIGS["lumotree-suffix"] + [
 
 STEP_BUCKETS = ("1", "2", "4", "8", "16", "32", "64")
 STEP_PARTS = ("schedule", "lengths", "worker", "nodraft", "nodraft_admitting", "nd_prep", "nd_init", "nd_forward",
-              "nd_sample", "nd_result", "drafted", "spec_prep", "verify", "post_verify", "sample", "state_commit",
+              "nd_sample", "nd_result", "drafted", "dv_choose", "dv_live", "dv_pre", "dv_prepare", "spec_prep",
+              "dv_mask", "verify", "dv_sanitize", "post_verify", "dv_tail", "dv_widen", "sample", "state_commit",
               "kv_move", "commit", "forward", "result")
 # the scheduler's loop per interval: these follow one another (lengths, worker, forward, verify and commit are
 # inside launch); what is left is the loop's own time
@@ -758,7 +759,8 @@ def markdown(res) -> str:
                     "LumoTree's speculative worker, its nodraft and drafted steps apart, nd_*: the no-draft step's "
                     "sections; spec_prep / sample / state_commit / kv_move: SGLang's NGRAM loop's draft "
                     "preparation, tree sampler, state commit (LumoTree's commit inside it) and KV move; post_verify: "
-                    "LUMOTREE_SUFFIX's work after the verify forward (graph replays or eager); forward: the "
+                    "LUMOTREE_SUFFIX's work after the verify forward (graph replays or eager); dv_*: its drafted "
+                    "step's own sections (lumotree.sglang.step_timing); forward: the "
                     "target's forward launch, verify: a TARGET_VERIFY one; commit: LumoTree's commit; result: "
                     "process_batch_result):",
                     "", "| server: part | " + " | ".join(buckets) + " |", "|---|" + "---|" * len(buckets)]

@@ -361,6 +361,14 @@ def test_step_timing_laps_verify_forwards_and_sized_measures(monkeypatch):
         return x
 
     assert step_timing.measure_size("commit", 3, slow, "r") == "r" and timers["commit"].samples[4] == [250.0]
+    # a speculative step's section keyed by the request count its caller gives (its batch changes mode inside it)
+    t = step_timing.lap_size(None, 0, 0.0)
+    now[0] += 0.125
+    assert step_timing.lap_size("dv_tail", 16, t) == now[0] and timers["dv_tail"].samples[16] == [125.0]
+    monkeypatch.setattr(step_timing, "_on", False)
+    assert step_timing.lap_size("dv_tail", 16, t) == 0.0 and timers["dv_tail"].samples[16] == [125.0]
+    monkeypatch.setattr(step_timing, "_on", True)
+    step_timing._interval["parts"].pop("dv_tail")
     # the target's forward: a decode batch's is "forward", a TARGET_VERIFY forward batch's "verify", keyed by its size
     verify_fb = SimpleNamespace(forward_mode=mode(is_target_verify=True), batch_size=2)
     step_timing.forward_batch_generation(lambda self, b, *a, **k: slow(None), "w", None, forward_batch=verify_fb)

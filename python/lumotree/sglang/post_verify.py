@@ -220,24 +220,30 @@ def ngram_verify_step(worker, graphs: PostVerifyGraphs, batch, on_publish=None):
     :meth:`PostVerifyGraphs.serves`: the same draft preparation and verify forward, then :func:`post_verify` through
     ``graphs``, then the same lengths' publish, corpus bookkeeping and result."""
     import sglang.srt.speculative.ngram_worker as nw
+    from sglang.srt.utils.async_probe import sanitize_nan_logits
 
+    from lumotree.sglang import step_timing
+
+    t = step_timing.lap_size(None, 0, 0.0)  # sections timed only in the benchmark
     fwd_stream = torch.get_device_module(worker.device).current_stream()
     nw.record_stream_for_v2_verify(batch, None, fwd_stream)
     bs = len(batch.reqs)
     nw.set_time_batch(batch.reqs, "set_spec_draft_start_time", trace_only=True)
+    t = step_timing.lap_size("dv_pre", bs, t)
     worker._prepare_for_speculative_decoding(batch)
     nw.set_time_batch(batch.reqs, "set_spec_draft_end_time", trace_only=True)
+    step_timing.lap_size("dv_prepare", bs, t)
     verify_input = batch.spec_info
     result = worker.target_worker.forward_batch_generation(batch, is_verify=True)
     logits_output, can_run_cuda_graph = result.logits_output, result.can_run_cuda_graph
-    from sglang.srt.utils.async_probe import sanitize_nan_logits
-
+    t = step_timing.lap_size(None, 0, 0.0)
     sanitize_nan_logits(logits_output.next_token_logits, "verify: target model logits")
-    from lumotree.sglang import step_timing
+    step_timing.lap_size("dv_sanitize", bs, t)
 
     predict, accept_lens, accept_index, accept_tokens = step_timing.measure_size(
         "post_verify", bs, graphs.run, worker.target_worker, batch, verify_input, logits_output.next_token_logits,
         worker.token_to_kv_pool_allocator, bool(can_run_cuda_graph))
+    t = step_timing.lap_size(None, 0, 0.0)
     new_seq_lens = batch.seq_lens + accept_lens
     if on_publish is not None:
         on_publish(new_seq_lens)
@@ -250,7 +256,9 @@ def ngram_verify_step(worker, graphs: PostVerifyGraphs, batch, on_publish=None):
     batch.forward_mode = nw.ForwardMode.DECODE
     next_draft_input = nw.NgramVerifyInput(draft_token_num=worker.draft_token_num, new_seq_lens=new_seq_lens,
                                            accept_tokens=accept_tokens, accept_lens=accept_lens)
-    return nw.GenerationBatchResult(
+    out = nw.GenerationBatchResult(
         logits_output=logits_output, next_token_ids=accept_tokens, can_run_cuda_graph=can_run_cuda_graph,
         accept_lens=accept_lens, new_seq_lens=new_seq_lens, next_draft_input=next_draft_input,
         speculative_num_draft_tokens=worker.speculative_num_draft_tokens)
+    step_timing.lap_size("dv_tail", bs, t)
+    return out

@@ -36,6 +36,14 @@ Per batch bucket, decode batches only (a prefill between two decode steps breaks
 * ``nd_prep`` / ``nd_init`` / ``nd_forward`` / ``nd_sample`` / ``nd_result``: a no-draft step's sections
   (:class:`~lumotree.sglang.decode_step.DecodeStep`: its decode batch, SGLang's ``ForwardBatch.init_new``, the
   forward launch, the sampler, the loop's result) -- :func:`lap`;
+* ``dv_pre`` / ``dv_prepare`` / ``dv_mask`` / ``dv_sanitize`` / ``dv_tail`` / ``dv_widen``: a LUMOTREE_SUFFIX drafted
+  step's own sections around the parts above (:func:`lumotree.sglang.post_verify.ngram_verify_step`: SGLang's stream
+  bookkeeping before the preparation; the whole preparation, ``spec_prep`` and the verify mask's layout inside it; the
+  mask's layout alone; SGLang's logits check after the verify; everything after ``post_verify`` -- the lengths'
+  publish, the corpus's departures, the result; and the result's layout at the server's stride,
+  :func:`lumotree.sglang.suffix_sizes.widen_result`) -- :func:`lap_size`; ``dv_choose`` / ``dv_live``: an adaptive
+  LUMOTREE_SUFFIX worker's per-step choice (the policy and the admissions' check) and its note of the step's live
+  rows (:class:`~lumotree.sglang.worker.StepLedger`), any decode step;
 * ``input``: ``Scheduler.process_input_requests`` (new requests, aborts).
 
 Per batch bucket (the next power of two) each part logs a line per ``REPORT_EVERY`` samples,
@@ -69,7 +77,8 @@ FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
 TP_WORKER = "sglang.srt.managers.tp_worker.TpModelWorker"
 PARTS = ("step", "schedule", "launch", "lengths", "result", "worker", "nodraft", "drafted", "forward", "verify", "commit",
          "nd_prep", "nd_init", "nd_forward", "nd_sample", "nd_result", "input", "spec_prep", "sample", "state_commit",
-         "kv_move", "post_verify", "nodraft_admitting")
+         "kv_move", "post_verify", "nodraft_admitting", "dv_pre", "dv_prepare", "dv_mask", "dv_sanitize", "dv_tail",
+         "dv_widen", "dv_choose", "dv_live")
 NGRAM = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
 # SGLang's NGRAM loop's steps: (target, part, the position of its ScheduleBatch argument, self counted)
 LOOP_PARTS = ((f"{NGRAM}._prepare_for_speculative_decoding", "spec_prep", 1),
@@ -154,6 +163,16 @@ def lap(part: str, batch, t0: float) -> float:
     now = _clock()
     if part is not None:
         _add(part, _decode_size(batch), now - t0)
+    return now
+
+
+def lap_size(part: str, bs: int, t0: float) -> float:
+    """:func:`lap` where the caller knows the request count (a speculative step's batch changes mode inside it)."""
+    if not _on:
+        return 0.0
+    now = _clock()
+    if part is not None:
+        _add(part, bs, now - t0)
     return now
 
 

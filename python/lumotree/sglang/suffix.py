@@ -716,7 +716,7 @@ def ngram_worker(make_corpus):
             if prefill:  # launched: index the new prompts while the GPU computes (timed only in the benchmark)
                 draft_timing.measure(admit_prefilled, self, batch, timer=draft_timing.ADMISSIONS)
             if ledger is not None:  # the step's finished rows are marked now: its acceptance leaves them out
-                ledger.note_live_rows(batch.req_to_token_pool, rows)
+                step_timing.measure("dv_live", batch, ledger.note_live_rows, batch.req_to_token_pool, rows)
             return out
 
         def _forward(self, batch, *args, **kwargs):
@@ -724,9 +724,11 @@ def ngram_worker(make_corpus):
             if ledger is not None:
                 if batch.forward_mode.is_decode():
                     bs = batch.seq_lens.shape[0]
+                    t = step_timing.lap(None, None, 0.0)  # timed only in the benchmark
                     steps = ledger.choose(bs)
                     # no draft: chosen, or every request's admission still indexing (the tree would draft nothing)
                     admitting = steps != 0 and self.ngram_corpus_admitting(batch)
+                    step_timing.lap("dv_choose", batch, t)
                     if ((steps == 0 or admitting) and self._decode_step is not None
                             and self._decode_step.serves_ngram(batch, self.draft_token_num)):
                         ledger.launched(bs, 0)
@@ -761,7 +763,8 @@ def ngram_worker(make_corpus):
             bs = batch.seq_lens.shape[0]
             with vs.active(self):
                 out = forward(batch, *args, **kwargs)
-            return suffix_sizes.widen_result(out, bs, vs.nodes, self.draft_token_num)
+            return step_timing.measure_size("dv_widen", bs, suffix_sizes.widen_result, out, bs, vs.nodes,
+                                            self.draft_token_num)
 
         def _verify_size(self, batch):
             """The smaller tree's verify state a drafted step of ``batch`` takes, ``None`` for the server's tree:

@@ -122,9 +122,10 @@ def test_sglang_method_has_the_branch_the_patch_relies_on():
     assert "torch.ones(\n                    (self.draft_token_num, seq_len)" in body
 
 
+@pytest.mark.parametrize("unused", [False, True], ids=["full-mask-read", "full-mask-unread"])
 @pytest.mark.parametrize("algo,one_pass", [("LUMOTREE_SUFFIX", True), ("LUMOTREE_ORACLE", True),
                                            ("NGRAM_ORACLE", False)])
-def test_worker_routes_only_lumotree_algorithms(monkeypatch, algo, one_pass):
+def test_worker_routes_only_lumotree_algorithms(monkeypatch, algo, one_pass, unused):
     """The served worker class (SGLang's NGRAM worker subclassed) on a stand-in of SGLang's method and module
     (this CPU machine cannot import SGLang's: its n-gram ops need sgl_kernel's CUDA build)."""
     import sys
@@ -139,16 +140,28 @@ def test_worker_routes_only_lumotree_algorithms(monkeypatch, algo, one_pass):
     from lumotree.sglang.suffix import ONE_PASS_MASK_ALGORITHMS, ngram_worker as make_worker
 
     cls = make_worker(lambda sa: None)
+    from lumotree.sglang.verify_attention import FullMaskUse
+
     w = cls.__new__(cls)  # no GPU: only what the method reads
     w.draft_token_num = N
     w._one_pass_mask = algo in ONE_PASS_MASK_ALGORITHMS
+    # the target's attention backend: its full-attention layers seen on LumoTree's kernel only, or one on SGLang's
+    use = FullMaskUse()
+    use.note(3, True)
+    if not unused:
+        use.note(7, False)
+    backend = types.SimpleNamespace(full_mask_use=use, linear_attn_backend=types.SimpleNamespace(check=None))
+    w._target_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(attn_backend=backend))
     b = _batch(lens)
     w._prepare_for_speculative_decoding(b)
     assert log == [not one_pass]
     assert module.USE_FULL_MASK is True
     ref = _batch(lens)
     _fake_prepare(types.SimpleNamespace(USE_FULL_MASK=True, _is_cpu=False), masks, lens, [])(ref)
-    assert torch.equal(b.spec_info.custom_mask, ref.spec_info.custom_mask)
+    if one_pass and unused:  # no kernel reads the full mask: SGLang's compact tree mask stays, nothing laid out
+        assert torch.equal(b.spec_info.custom_mask, torch.from_numpy(masks.reshape(-1)))
+    else:
+        assert torch.equal(b.spec_info.custom_mask, ref.spec_info.custom_mask)
 
 
 def _sglang_prepare_on_cpu():

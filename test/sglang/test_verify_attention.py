@@ -127,14 +127,36 @@ def test_verify_attention_writes_kv_then_attends_over_prefix_and_tree(reference_
     assert o.shape == (bs * n, HQ * D)
     assert_close("served verify attention", want.reshape(bs * n, -1), o, 1e-6)
     assert "verify attention by LumoTree's tree kernel" in caplog.text
+    # every full-attention layer seen went to LumoTree's kernel: the NGRAM loop's full mask is read by no one
+    from lumotree.sglang.verify_attention import full_mask_unused
+
+    assert hy.full_mask_use.served == {3} and full_mask_unused(hy)
+    gdn.check = object()  # the in-server cross-check runs SGLang's kernel beside it: the full mask is kept
+    assert not full_mask_unused(hy)
 
 
 def test_verify_attention_keeps_sglang_path_where_it_cannot_serve(reference_kernel, caplog):
+    from lumotree.sglang.verify_attention import full_mask_unused
+
     # prefill (not a verify), a layer before every GDN layer (no tree yet), a server without it
     for gdn, verify in ((GDN(), False), (GDN(mask=(False, None)), True), (GDN(on=False), True)):
         fa = TritonAttnBackend()
         fb, q, k, v = _step(fa, 2, 4, (3, 9), verify=verify)
-        assert _hybrid(gdn, fa).forward_extend(_layer(), fb, True, q, k, v) == "sglang-full"
+        hy = _hybrid(gdn, fa)
+        assert hy.forward_extend(_layer(), fb, True, q, k, v) == "sglang-full"
+        assert not full_mask_unused(hy)  # no verify seen, or SGLang's kernel read the full mask: it is laid out
+    # one layer on LumoTree's kernel and one on SGLang's (a sliding window): the full mask stays, for good
+    fa, gdn = TritonAttnBackend(), GDN()
+    hy = _hybrid(gdn, fa)
+    hy.full_attn_layers = [3, 7]
+    fb, q, k, v = _step(fa, 2, 4, (3, 9))
+    hy.forward_extend(_layer(), fb, True, q, k, v)
+    assert full_mask_unused(hy)
+    assert hy.forward_extend(_layer(layer_id=7, sliding_window_size=128), fb, True, q, k, v) == "sglang-full"
+    hy.forward_extend(_layer(), fb, True, q, k, v)
+    assert hy.full_mask_use.sglang == {7} and not full_mask_unused(hy)
+    assert not full_mask_unused(fa) and not full_mask_unused(None)  # SGLang's own backends say nothing
+    reference_kernel.clear()
     # layers SGLang's kernel must serve, and backends LumoTree's kernel does not read
     with caplog.at_level(logging.INFO, logger="lumotree.sglang.verify_attention"):
         for kw in (dict(sliding_window_size=128), dict(logit_cap=30.0), dict(k_scale=0.5)):

@@ -376,6 +376,7 @@ class LumoTreeHybridBackend(HybridLinearAttnBackend):
             exact = getattr(self, "_exact_attention", None)
             if exact is None:
                 exact = self._exact_attention = ExactAttention(self.full_attn_backend)
+            self._note_full_mask(layer.layer_id, False)
             return exact.forward(q, k, v, layer, forward_batch, lin.forward_metadata.retrieve_parent_token,
                                  forward_batch.spec_info.draft_token_num, save_kv_cache)
         if verify_full_attn and getattr(lin, "verify_attention_on", False):
@@ -387,9 +388,20 @@ class LumoTreeHybridBackend(HybridLinearAttnBackend):
             bs = q.shape[0] // n
             built, anc = lin.tree_mask(layer.layer_id, bs, n)
             if built and va.serves(layer, k, v, kwargs):
+                self._note_full_mask(layer.layer_id, True)
                 live = lin.forward_metadata.mamba_cache_indices[:bs] >= 0 if va.check is not None else None
                 return va.forward(q, k, v, layer, forward_batch, anc, n, save_kv_cache, live)
+        if verify_full_attn:
+            self._note_full_mask(layer.layer_id, False)
         return super().forward_extend(layer, forward_batch, save_kv_cache, q, k, v, mixed_qkv, a, b, **kwargs)
+
+    def _note_full_mask(self, layer_id: int, served: bool) -> None:
+        """Which kernel verified full-attention layer ``layer_id``: whether the NGRAM loop still needs SGLang's full
+        verify mask (:class:`~lumotree.sglang.verify_attention.FullMaskUse`)."""
+        use = getattr(self, "full_mask_use", None)
+        if use is None:
+            use = self.full_mask_use = verify_attention.FullMaskUse()
+        use.note(layer_id, served)
 
     def update_mamba_state_after_mtp_verify(self, last_correct_step_indices, mamba_track_indices,
                                             mamba_steps_to_track, model, req_pool_indices=None):

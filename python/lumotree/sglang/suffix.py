@@ -700,8 +700,11 @@ def ngram_worker(make_corpus):
             if not getattr(self, "_one_pass_mask", False):
                 return prepare(batch)
             from lumotree.sglang.patches.ngram_full_mask import prepare_with_full_mask
+            from lumotree.sglang.verify_attention import full_mask_unused
 
-            prepare_with_full_mask(prepare, batch, self.draft_token_num)
+            # the model runner's backend: under a smaller tree size's VerifySize.active, that size's
+            unused = full_mask_unused(self._target_worker.model_runner.attn_backend)
+            prepare_with_full_mask(prepare, batch, self.draft_token_num, full=not unused)
 
         def forward_batch_generation(self, batch, *args, **kwargs):
             return step_timing.measure("worker", batch, self._forward_marked, batch, *args, **kwargs)

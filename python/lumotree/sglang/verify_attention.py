@@ -84,6 +84,41 @@ def layer_why_not(layer) -> Optional[str]:
     return None
 
 
+class FullMaskUse:
+    """Which of a backend's target-verify full-attention layers went to LumoTree's kernel and which to SGLang's.
+
+    SGLang's NGRAM loop lays out a full verify mask ``[n x (seq_len + n)]`` per request (on LUMOTREE_SUFFIX's path in
+    one pass, :mod:`lumotree.sglang.patches.ngram_full_mask`; 4 M cells a step at 32 agents' prompts, 0.35 ms of
+    the scheduler's thread at 32 requests on the H200). Only SGLang's prefill kernel reads it: LumoTree's kernel
+    reads the ancestor mask the first GDN layer builds. Every layer's choice is the same in every verify of a
+    server (:meth:`VerifyAttention.serves`, the layer's place before or after the first GDN layer), and the verify
+    CUDA graphs capture every layer's forward at start-up, so once one verify forward has been seen with every
+    full-attention layer on LumoTree's kernel, later verifies need no full mask. Conservative: a layer that went to
+    SGLang's kernel (or to the decode-exact attention) once keeps the full mask for good; so does the in-server
+    cross-check, which runs SGLang's kernel beside LumoTree's."""
+
+    def __init__(self):
+        self.served = set()  # layer ids verified by LumoTree's kernel
+        self.sglang = set()  # layer ids verified by any other path
+
+    def note(self, layer_id: int, served: bool) -> None:
+        (self.served if served else self.sglang).add(layer_id)
+
+    def unused(self, check=None) -> bool:
+        """Whether the full mask is read by no one: layers seen, every one of them on LumoTree's kernel, no check."""
+        return bool(self.served) and not self.sglang and check is None
+
+
+def full_mask_unused(attn_backend) -> bool:
+    """Whether ``attn_backend`` (a model runner's) verifies without SGLang's full verify mask (:class:`FullMaskUse`);
+    ``False`` for any backend that does not say (SGLang's own)."""
+    use = getattr(attn_backend, "full_mask_use", None)
+    if not isinstance(use, FullMaskUse):
+        return False
+    lin = getattr(attn_backend, "linear_attn_backend", None)
+    return use.unused(getattr(lin, "check", None))
+
+
 class VerifyAttention:
     """A target verify's full-attention layers by :func:`lumotree.ops.tree_attention.triton.tree_verify_attention`.
 

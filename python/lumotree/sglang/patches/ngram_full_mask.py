@@ -10,6 +10,10 @@ the float ``ones`` and cats were the largest GPU kernels of SGLang's NGRAM step 
 is consumed only by SGLang's attention where it verifies (LumoTree's tree verify attention reads the ancestor
 mask instead), but it must stay exact for those layers and for the in-server cross-check.
 
+And where every full-attention layer of the server's verifies runs LumoTree's tree verify attention (the default
+for LUMOTREE_SUFFIX on SGLang's Triton backend), no kernel reads the full mask at all: the layout is skipped
+(:class:`lumotree.sglang.verify_attention.FullMaskUse`).
+
 How: around SGLang's method, ``USE_FULL_MASK`` (a module constant of ``sglang.srt.speculative.ngram_worker``)
 reads False for the call, so SGLang leaves the compact ``[B * n * n]`` tree mask in ``spec_info.custom_mask``;
 then :func:`lumotree.tree.full_verify_mask` lays out the same full mask from it (one fill, one index copy, one
@@ -46,9 +50,12 @@ def applies(module) -> bool:
     return bool(getattr(module, "USE_FULL_MASK", False)) and not getattr(module, "_is_cpu", True)
 
 
-def prepare_with_full_mask(prepare, batch, draft_token_num: int, module=None) -> None:
+def prepare_with_full_mask(prepare, batch, draft_token_num: int, module=None, full: bool = True) -> None:
     """``prepare(batch)`` (SGLang's ``_prepare_for_speculative_decoding``) with the compact mask, then the
-    full mask laid out in one pass into ``batch.spec_info.custom_mask``."""
+    full mask laid out in one pass into ``batch.spec_info.custom_mask``. ``full=False``: no attention kernel of the
+    verify reads the full mask (:func:`lumotree.sglang.verify_attention.full_mask_unused`), so the compact
+    ``[B * n * n]`` tree mask SGLang left stays there (the Triton backend copies it into its graph buffer, which
+    no kernel then reads)."""
     if module is None:
         module = importlib.import_module(MODULE)
     if not applies(module):
@@ -56,7 +63,7 @@ def prepare_with_full_mask(prepare, batch, draft_token_num: int, module=None) ->
         return
     with _compact_mask(module):
         prepare(batch)
-    if not batch.forward_mode.is_target_verify():  # prefill / idle: SGLang built no verify input
+    if not full or not batch.forward_mode.is_target_verify():  # prefill / idle: SGLang built no verify input
         return
     from lumotree.sglang import step_timing
     from lumotree.tree import full_verify_mask

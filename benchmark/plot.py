@@ -72,20 +72,15 @@ def agents():
     """Concurrent agents: tokens/s and p95 turn latency per server, one group per (run, concurrency), every server in
     the mode its flags alone give (LUMOTREE_SUFFIX: its default prefill delayer and the delayer's hooks, its adaptive
     choice of no draft, prefill graphs on), the median of 3 flushed repeats with the servers up at once and served in
-    turn: 1 and 8 agents from runs "1-agent-early-delayer" and "8-agents-early-delayer" (16 sessions, one machine;
-    at 8 agents also LUMOTREE_SUFFIX with the delayer's holds capped at 4 passes and without the delayer), 32 agents
-    from runs "32-agents-early-delayer" (32 sessions, another machine) and "32-agents-prefill-delayer" (the code
-    before the default: LUMOTREE_SUFFIX without and with the delayer as flags, no speculation with and without it;
-    a third machine); SGLang's NGRAM at 8 and 16 draft tokens beside. Ratios compare within a group, not across
-    groups (machines of the pool differ up to 1.8x)."""
+    turn: 1, 8 and 32 agents from runs "1-agent-idle-hook", "8-agents-idle-hook" and "32-agents-idle-hook" (one
+    machine; 16, 16 and 32 sessions), and 32 agents again from run "32-agents-drafted-sections" (another machine, no
+    NGRAM server); SGLang's NGRAM at 8 and 16 draft tokens beside. Ratios compare within a group, not across groups
+    (machines of the pool differ up to 1.8x)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
-    no_delayer = {"lumotree-suffix-no-delayer": "lumotree-suffix without the delayer"}
-    groups = [("1-agent-early-delayer", 1, "1 agent", {}),
-              ("8-agents-early-delayer", 8, "8 agents", no_delayer),
-              ("32-agents-early-delayer", 32, "32 agents\n(another machine)", {}),
-              ("32-agents-prefill-delayer", 32, "32 agents, the code before\n(a third machine)",
-               {"lumotree-suffix": "lumotree-suffix without the delayer",
-                "lumotree-suffix-delayer": "lumotree-suffix"})]
+    groups = [("1-agent-idle-hook", 1, "1 agent", {}),
+              ("8-agents-idle-hook", 8, "8 agents", {}),
+              ("32-agents-idle-hook", 32, "32 agents", {}),
+              ("32-agents-drafted-sections", 32, "32 agents\n(another machine)", {})]
     rows = [dict(r, agents=label, config=rename.get(r["config"], r["config"])) for name, level, label, rename in groups
             if name in runs for r in runs[name]["rows"] if r["agents"] == level]
     configs = list(dict.fromkeys(r["config"] for r in rows))

@@ -13,7 +13,9 @@ decode steps over the running requests; a drafted step advances each request by 
 Step time (ms) at batch ``b``: ``none = --none-ms * (F + (1 - F) b / 32)``, ``tree = --tree-ms * (F + (1 - F) b / 32)``
 with ``F = --fixed-share``. The policy and the score gate get each step's time and acceptance one step late (the
 overlap scheduler), as served. Rows: tokens/s and the turns' p50 / p95 latency (send to last token); the policy rows
-again with every draft rejected (``drafts``: what its probes cost where speculation cannot pay).
+again with every draft rejected (``drafts``: what its probes cost where speculation cannot pay). ``--criteria`` and
+``--request-variants``: per-step criteria that weigh each request's gain rather than the batch's (:data:`CRITERIA`),
+for the tail -- a turn whose drafts miss gains a token per drafted step while the others make drafting pay.
 
     python3 benchmark/drafters/policy_replay.py --replies benchmark/results/agents_1_32_replies_h200.json.gz \
         --reference none/1 --agents 1 --nodes 32 --none-ms 1.19 --tree-ms 2.91 --fixed-share 1.0 --prefill-ms 25 \
@@ -27,6 +29,7 @@ import argparse
 import dataclasses
 import functools
 import json
+import math
 import os
 import sys
 import time
@@ -81,7 +84,8 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
     drafter's own expectation (``expected``, :func:`acceptance_table`) scaled by its calibration so far (accepted over
     expected drafts of the drafted steps, decayed by :data:`CALIBRATION_DECAY` every step, drafted or not, with
     :data:`CALIBRATION_PRIOR` expected drafts counted as accepted; one step late as served) says
-    the tree pays at the model's step times -- what the oracle decides with the true acceptance."""
+    the tree pays at the model's step times -- what the oracle decides with the true acceptance. :data:`CRITERIA` and
+    ``request_harmonic``: criteria that weigh each request's gain (there)."""
     from lumotree.sglang import adaptive
 
     policy = None
@@ -102,6 +106,8 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
         running = {}  # session -> [turn, pos, output length, when the turn was sent]
         clock_ms, tokens, steps, drafted, pending, latencies = 0.0, 0, 0, 0, [], []
         calib = [0.0, 0.0]  # decayed accepted and expected drafts of drafted steps (score)
+        req_est, req_mean, since = {}, [0.0, 0.0], [0]  # request_harmonic: per-turn averages, their mean, no-draft run
+        request_kw = policy_kw if mode == "request_harmonic" else {}  # weight, drift, probe_every
         spec_prefill_ms = getattr(args, "prefill_ms_speculative", None)
         prefill_ms = args.prefill_ms if mode == "none" or spec_prefill_ms is None else spec_prefill_ms
 
@@ -128,13 +134,32 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
                 tree = True
             elif mode == "oracle":
                 tree = (sum(ks) + len(ks)) / step_ms(b, True) > len(ks) / step_ms(b, False)
-            elif mode == "score":
+            elif mode == "fair":  # the oracle's acceptance, proportional fairness: the product of rates, not the sum
+                tree = sum(math.log(k + 1) for k in ks) > len(ks) * math.log(step_ms(b, True) / step_ms(b, False))
+            elif mode == "harmonic":  # the oracle's acceptance, the batch's mean time per token (alpha-fairness 2)
+                tree = sum(step_ms(b, True) / (k + 1) for k in ks) < len(ks) * step_ms(b, False)
+            elif mode == "maxmin":  # the oracle's acceptance, no request slower than a decode step would make it
+                tree = min(ks, default=0) + 1 >= step_ms(b, True) / step_ms(b, False)
+            elif mode == "request_harmonic":  # the harmonic criterion on per-request averages of past steps
+                for late in pending:
+                    late()
+                pending = []
+                prior = req_mean[0] / max(req_mean[1], 1e-9) if req_mean[1] else 4.0
+                est = [req_est.setdefault((s, st[0]), prior) for s, st in rows]
+                tree = sum(step_ms(b, True) / (e + 1) for e in est) < len(est) * step_ms(b, False)
+                since[0] = 0 if tree else since[0] + 1
+                if since[0] > request_kw.get("probe_every", 16):  # a probe: the estimates of the batch refreshed
+                    tree, since[0] = True, 0
+            elif mode in ("score", "score_harmonic"):
                 for late in pending:
                     late()
                 pending = []
                 es = [expected[(s, st[0])][st[1] - 1] for s, st in rows]
                 c = (calib[0] + CALIBRATION_PRIOR) / (calib[1] + CALIBRATION_PRIOR)
-                tree = (c * sum(es) + len(es)) / step_ms(b, True) > len(es) / step_ms(b, False)
+                if mode == "score":
+                    tree = (c * sum(es) + len(es)) / step_ms(b, True) > len(es) / step_ms(b, False)
+                else:  # the harmonic criterion on the drafter's calibrated expectation
+                    tree = sum(step_ms(b, True) / (c * e + 1) for e in es) < len(es) * step_ms(b, False)
             else:
                 for late in pending:  # the previous step's results arrive now (overlap)
                     late()
@@ -154,7 +179,18 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
             if policy is not None:
                 pending.append(lambda b=b, tree=tree, t=t, got=got: (
                     policy.observe_time(b, int(tree), t / 1e3), policy.observe_accept(int(tree), got)))
-            if mode == "score":  # the past fades every step, so a drafter that missed is tried again
+            if mode == "request_harmonic":  # one step late, as served: drafted rows averaged, the others drift back
+                def learn(keys=[(s, st[0]) for s, st in rows], ks=list(ks), tree=tree):
+                    w, r = request_kw.get("weight", 0.5), request_kw.get("drift", 0.1)
+                    prior = req_mean[0] / max(req_mean[1], 1e-9) if req_mean[1] else 4.0
+                    for key, k in zip(keys, ks):
+                        if tree:
+                            req_est[key] = (1 - w) * req_est.get(key, prior) + w * k
+                            req_mean[0], req_mean[1] = 0.99 * req_mean[0] + k, 0.99 * req_mean[1] + 1
+                        else:
+                            req_est[key] = req_est.get(key, prior) + r * (prior - req_est.get(key, prior))
+                pending.append(learn)
+            if mode in ("score", "score_harmonic"):  # the past fades every step, so a drafter that missed is tried again
                 pending.append(functools.partial(calibrate, got if tree else [], es if tree else []))
             for s in [s for s, st in running.items() if st[1] >= st[2]]:
                 turn, _, _, sent = running.pop(s)
@@ -172,6 +208,13 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
             for k, v in saved.items():
                 setattr(adaptive, k, v)
 
+
+# per-step criteria that weigh each request's gain, not the batch's sum (--criteria): with the true acceptance,
+# "fair" drafts where the product of the requests' rates rises (proportional fairness), "harmonic" where the batch's
+# mean time per token falls, "maxmin" where no request is slower than a decode step would make it; "score_harmonic"
+# is "harmonic" on the drafter's calibrated expectation (what a server knows before the step).
+# "request_harmonic" (--request-variants) is "harmonic" on each request's own average of its past drafted steps.
+CRITERIA = ("fair", "harmonic", "maxmin", "score_harmonic")
 
 CALIBRATION_DECAY = 0.95  # score: the weight of the calibration's past per step
 CALIBRATION_PRIOR = 4.0  # score: expected drafts it starts from as if accepted (one step's miss does not zero it)
@@ -206,6 +249,13 @@ def main(argv=None):
                     help="JSON list of policy settings to replay, one row each: the served LUMOTREE_SUFFIX policy's "
                          "(adaptive.SUFFIX_SETTINGS) with lower-case keys (ema, probe_every, probe_max, probe_budget) "
                          "replaced, module constants (GAP_SAMPLES, ...) with upper-case ones")
+    ap.add_argument("--criteria", action="store_true",
+                    help="also the per-step criteria that weigh each request's gain (CRITERIA: with the true "
+                         "acceptance, and the harmonic one on the drafter's expectation)")
+    ap.add_argument("--request-variants", default="[]",
+                    help="JSON list of request_harmonic settings, one row each: weight (a drafted step's sample in a "
+                         "request's average), drift (towards the mean of all rows per no-draft step), probe_every "
+                         "(no-draft steps before a drafted one)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     from acceptance_replay import served_turns
@@ -213,8 +263,10 @@ def main(argv=None):
     per_session = served_turns(args)
     t0 = time.perf_counter()
     table, expected = acceptance_table(per_session, args.nodes, args.agents)
-    rows = [serve(table, per_session, args.agents, m, args, expected=expected)
-            for m in ("none", "tree", "oracle", "score")]
+    modes = ("none", "tree", "oracle", "score") + (CRITERIA if args.criteria else ())
+    rows = [serve(table, per_session, args.agents, m, args, expected=expected) for m in modes]
+    rows += [serve(table, per_session, args.agents, "request_harmonic", args, **kw)
+             for kw in json.loads(args.request_variants)]
     rows += [serve(table, per_session, args.agents, "policy", args, finishing=f, **kw)
              for kw in json.loads(args.variants) for f in (True, False)]
     # the same turns where no draft is ever accepted: what the policy's probes cost where speculation cannot pay

@@ -80,3 +80,29 @@ def test_a_speculative_server_s_own_prefill_time_costs_every_mode_but_no_specula
         assert a["steps"] == b["steps"] and a["tokens"] == b["tokens"]
         extra = 0.0 if mode == "none" else 4.0 * turns / 1e3
         assert b["seconds"] == pytest.approx(a["seconds"] + extra, abs=2e-3)
+
+
+def test_criteria_that_weigh_each_request_protect_the_one_whose_drafts_miss():
+    """Two of eight sessions never have their drafts accepted, the others accept 12 a step. A fixed tree makes the
+    stuck turns wait for drafted steps (p95 above no speculation's); maxmin drafts only where every request gains at
+    least a decode step's rate, so no turn is slower than without speculation; harmonic and the per-request average
+    still draft where it pays and stay faster than no speculation, their tail below the fixed tree's."""
+    pr = pytest.importorskip("policy_replay")
+    per_session, table = workload(lambda t: 12)
+    for t in range(6):
+        for s in (0, 4):
+            table[(s, t)] = [0] * len(table[(s, t)])
+    a = args()
+    r = {m: pr.serve(table, per_session, 4, m, a) for m in ("none", "tree") + pr.CRITERIA[:3]}
+    r["request"] = pr.serve(table, per_session, 4, "request_harmonic", a, weight=0.8, drift=0.05, probe_every=16)
+    assert len({x["tokens"] for x in r.values()}) == 1
+    assert r["tree"]["latency_p95_ms"] > r["none"]["latency_p95_ms"]
+    assert r["maxmin"]["latency_p95_ms"] <= r["none"]["latency_p95_ms"]
+    assert r["maxmin"]["drafted_steps"] < r["harmonic"]["drafted_steps"]
+    for m in ("fair", "harmonic", "request"):
+        assert r[m]["tokens_per_s"] > r["none"]["tokens_per_s"]
+        assert r[m]["latency_p95_ms"] < r["tree"]["latency_p95_ms"]
+    # score_harmonic reads the drafter's expectation: exact expectations serve as the true acceptance does
+    expected = {key: [float(k) for k in ks] for key, ks in table.items()}
+    sh = pr.serve(table, per_session, 4, "score_harmonic", a, expected=expected)
+    assert sh["tokens"] == r["none"]["tokens"] and sh["tokens_per_s"] > r["none"]["tokens_per_s"]

@@ -1,6 +1,7 @@
 """LumoTree's NGRAM-loop workers lay out the verify's full mask in one pass
 (``lumotree.sglang.patches.ngram_full_mask``): the same mask SGLang's per-request loop builds, only for LumoTree's
 algorithms, SGLang's constant restored; and SGLang's method still has the branch the patch relies on."""
+import logging
 import types
 
 import numpy as np
@@ -125,7 +126,7 @@ def test_sglang_method_has_the_branch_the_patch_relies_on():
 @pytest.mark.parametrize("unused", [False, True], ids=["full-mask-read", "full-mask-unread"])
 @pytest.mark.parametrize("algo,one_pass", [("LUMOTREE_SUFFIX", True), ("LUMOTREE_ORACLE", True),
                                            ("NGRAM_ORACLE", False)])
-def test_worker_routes_only_lumotree_algorithms(monkeypatch, algo, one_pass, unused):
+def test_worker_routes_only_lumotree_algorithms(monkeypatch, caplog, algo, one_pass, unused):
     """The served worker class (SGLang's NGRAM worker subclassed) on a stand-in of SGLang's method and module
     (this CPU machine cannot import SGLang's: its n-gram ops need sgl_kernel's CUDA build)."""
     import sys
@@ -153,7 +154,12 @@ def test_worker_routes_only_lumotree_algorithms(monkeypatch, algo, one_pass, unu
     backend = types.SimpleNamespace(full_mask_use=use, linear_attn_backend=types.SimpleNamespace(check=None))
     w._target_worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(attn_backend=backend))
     b = _batch(lens)
-    w._prepare_for_speculative_decoding(b)
+    with caplog.at_level(logging.INFO, logger="lumotree.sglang.suffix"):
+        w._prepare_for_speculative_decoding(b)
+        w._prepare_for_speculative_decoding(_batch(lens))  # said once
+    log = log[:1]
+    said = [r for r in caplog.records if "full verify mask is not laid out" in r.getMessage()]
+    assert len(said) == (1 if one_pass and unused else 0)
     assert log == [not one_pass]
     assert module.USE_FULL_MASK is True
     ref = _batch(lens)

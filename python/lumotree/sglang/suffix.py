@@ -704,6 +704,10 @@ def ngram_worker(make_corpus):
 
             # the model runner's backend: under a smaller tree size's VerifySize.active, that size's
             unused = full_mask_unused(self._target_worker.model_runner.attn_backend)
+            if unused and not getattr(self, "_said_no_full_mask", False):
+                self._said_no_full_mask = True
+                logger.info("LUMOTREE_SUFFIX: every full-attention layer verifies on LumoTree's kernel: SGLang's full "
+                            "verify mask is not laid out")
             prepare_with_full_mask(prepare, batch, self.draft_token_num, full=not unused)
 
         def forward_batch_generation(self, batch, *args, **kwargs):

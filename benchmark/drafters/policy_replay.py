@@ -8,7 +8,8 @@ reference server's replies as the continuation, as ``acceptance_replay.py`` does
 with the server's settings drafts a ``--nodes`` tree at *every* position of every turn (sessions in the benchmark's
 order, ``--agents`` at a time, outputs handed to the global cache as they finish): ``k[turn][pos]``, the drafts a
 greedy verify would accept there, and the drafter's expectation of it (the sum of its nodes' path probabilities).
-Serving: ``--agents`` closed-loop sessions, each turn admitted with a prefill (``--prefill-ms``, its first token), then
+Serving: ``--agents`` closed-loop sessions, each turn admitted with a prefill (``--prefill-ms``, and
+``--prefill-ms-per-1k`` for each 1,000 of its uncached prompt tokens; its first token), then
 decode steps over the running requests; a drafted step advances each request by ``k + 1`` tokens, a no-draft step by 1.
 Step time (ms) at batch ``b``: ``none = --none-ms * (F + (1 - F) b / 32)``, ``tree = --tree-ms * (F + (1 - F) b / 32)``
 with ``F = --fixed-share``. The policy and the score gate get each step's time and acceptance one step late (the
@@ -115,10 +116,13 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
             calib[0] = CALIBRATION_DECAY * calib[0] + sum(got)
             calib[1] = CALIBRATION_DECAY * calib[1] + sum(es[:len(got)])
 
+        per_1k = getattr(args, "prefill_ms_per_1k", 0.0) or 0.0
+        new_tokens = uncached_tokens(per_session) if per_1k else {}
+
         def admit(s, turn):
             nonlocal clock_ms, tokens
             sent = clock_ms
-            clock_ms += prefill_ms
+            clock_ms += prefill_ms + per_1k * new_tokens.get((s, turn), 0) / 1e3
             tokens += 1  # the prefill's token
             running[s] = [turn, 1, len(per_session[s][turn][1]), sent]
 
@@ -220,6 +224,28 @@ CALIBRATION_DECAY = 0.95  # score: the weight of the calibration's past per step
 CALIBRATION_PRIOR = 4.0  # score: expected drafts it starts from as if accepted (one step's miss does not zero it)
 
 
+def uncached_tokens(per_session) -> dict:
+    """``{(session, turn): prompt tokens a radix cache would not hold}``: the prompt less its longest common prefix
+    with the session's previous context (prompt + reply; a history collapse parts early), or for a first turn with
+    the first session's first prompt (the system prompt and tool docs every session shares)."""
+    def common(a, b):
+        n = min(len(a), len(b))
+        i = 0
+        while i < n and a[i] == b[i]:
+            i += 1
+        return i
+
+    out, first = {}, None
+    for s, turns in enumerate(per_session):
+        ctx = first if first is not None else []
+        for t, (prompt, output) in enumerate(turns):
+            out[(s, t)] = len(prompt) - common(ctx, prompt)
+            if first is None:
+                first = list(prompt)
+            ctx = list(prompt) + list(output)
+    return out
+
+
 def turn_latency(ms) -> dict:
     """Median and 95th percentile of the turns' latencies (ms, from the send to the last token), as agents_bench
     reports them."""
@@ -242,6 +268,9 @@ def main(argv=None):
     ap.add_argument("--tree-ms", type=float, default=7.0, help="a drafted step at batch 32")
     ap.add_argument("--fixed-share", type=float, default=0.3, help="share of a step's time independent of the batch")
     ap.add_argument("--prefill-ms", type=float, default=14.0, help="host + device time of a turn's prefill")
+    ap.add_argument("--prefill-ms-per-1k", type=float, default=0.0,
+                    help="and this much per 1,000 of the turn's prompt tokens a radix cache would not hold "
+                         "(uncached_tokens): turns whose history collapsed prefill thousands")
     ap.add_argument("--prefill-ms-speculative", type=float, default=None,
                     help="the speculative server's time per turn's prefill where it differs from --prefill-ms (the "
                          "served 32-agent prefill intervals were 40 %% longer)")
@@ -286,7 +315,7 @@ def main(argv=None):
 
     return write_result(__file__, argv, args.out, reference=args.reference, acceptance=acceptance,
                         model=dict(none_ms=args.none_ms, tree_ms=args.tree_ms, fixed_share=args.fixed_share,
-                                   prefill_ms=args.prefill_ms,
+                                   prefill_ms=args.prefill_ms, prefill_ms_per_1k=args.prefill_ms_per_1k,
                                    **({} if args.prefill_ms_speculative is None else
                                       dict(prefill_ms_speculative=args.prefill_ms_speculative))),
                         seconds=round(time.perf_counter() - t0, 1), rows=rows)

@@ -106,3 +106,26 @@ def test_criteria_that_weigh_each_request_protect_the_one_whose_drafts_miss():
     expected = {key: [float(k) for k in ks] for key, ks in table.items()}
     sh = pr.serve(table, per_session, 4, "score_harmonic", a, expected=expected)
     assert sh["tokens"] == r["none"]["tokens"] and sh["tokens_per_s"] > r["none"]["tokens_per_s"]
+
+
+def test_uncached_tokens_follow_the_radix_cache_and_cost_their_prefill():
+    """A turn's uncached prompt tokens: the prompt less its common prefix with the session's previous context (a
+    collapsed history parts early), a first turn less the prefix it shares with the first session's first prompt;
+    --prefill-ms-per-1k charges them to the turn's prefill, so no speculation's turns are no longer all alike."""
+    pr = pytest.importorskip("policy_replay")
+    system = [7] * 100
+    per_session = [
+        [(system + [1, 2], [3, 4]), (system + [1, 2, 3, 4, 5, 6], [8]), (system + [9] * 50, [1])],
+        [(system + [5], [6])],
+    ]
+    got = pr.uncached_tokens(per_session)
+    assert got == {(0, 0): 102, (0, 1): 2, (0, 2): 50, (1, 0): 1}
+    per_session, table = workload(lambda t: 0)
+    per_session = [[(list(range(1000 * (t % 2))), out) for t, (_, out) in enumerate(turns)] for turns in per_session]
+    a = args()
+    a.prefill_ms_per_1k = 0.0
+    flat = pr.serve(table, per_session, 4, "none", a)
+    a.prefill_ms_per_1k = 20.0
+    costed = pr.serve(table, per_session, 4, "none", a)
+    assert costed["seconds"] > flat["seconds"] and costed["tokens"] == flat["tokens"]
+    assert costed["latency_p95_ms"] - costed["latency_p50_ms"] > flat["latency_p95_ms"] - flat["latency_p50_ms"]

@@ -109,6 +109,12 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
         calib = [0.0, 0.0]  # decayed accepted and expected drafts of drafted steps (score)
         req_est, req_mean, since = {}, [0.0, 0.0], [0]  # request_harmonic: per-turn averages, their mean, no-draft run
         request_kw = policy_kw if mode == "request_harmonic" else {}  # weight, drift, probe_every
+
+        def harmonic_pays(b, accepts):  # at batch b the mean time per token falls with the tree
+            return sum(step_ms(b, True) / (a + 1) for a in accepts) < len(accepts) * step_ms(b, False)
+
+        def request_prior():  # request_harmonic: a request's average before its first drafted step
+            return req_mean[0] / req_mean[1] if req_mean[1] else 4.0
         spec_prefill_ms = getattr(args, "prefill_ms_speculative", None)
         prefill_ms = args.prefill_ms if mode == "none" or spec_prefill_ms is None else spec_prefill_ms
 
@@ -141,16 +147,15 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
             elif mode == "fair":  # the oracle's acceptance, proportional fairness: the product of rates, not the sum
                 tree = sum(math.log(k + 1) for k in ks) > len(ks) * math.log(step_ms(b, True) / step_ms(b, False))
             elif mode == "harmonic":  # the oracle's acceptance, the batch's mean time per token (alpha-fairness 2)
-                tree = sum(step_ms(b, True) / (k + 1) for k in ks) < len(ks) * step_ms(b, False)
+                tree = harmonic_pays(b, ks)
             elif mode == "maxmin":  # the oracle's acceptance, no request slower than a decode step would make it
                 tree = min(ks, default=0) + 1 >= step_ms(b, True) / step_ms(b, False)
             elif mode == "request_harmonic":  # the harmonic criterion on per-request averages of past steps
                 for late in pending:
                     late()
                 pending = []
-                prior = req_mean[0] / max(req_mean[1], 1e-9) if req_mean[1] else 4.0
-                est = [req_est.setdefault((s, st[0]), prior) for s, st in rows]
-                tree = sum(step_ms(b, True) / (e + 1) for e in est) < len(est) * step_ms(b, False)
+                prior = request_prior()
+                tree = harmonic_pays(b, [req_est.setdefault((s, st[0]), prior) for s, st in rows])
                 since[0] = 0 if tree else since[0] + 1
                 if since[0] > request_kw.get("probe_every", 16):  # a probe: the estimates of the batch refreshed
                     tree, since[0] = True, 0
@@ -163,7 +168,7 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
                 if mode == "score":
                     tree = (c * sum(es) + len(es)) / step_ms(b, True) > len(es) / step_ms(b, False)
                 else:  # the harmonic criterion on the drafter's calibrated expectation
-                    tree = sum(step_ms(b, True) / (c * e + 1) for e in es) < len(es) * step_ms(b, False)
+                    tree = harmonic_pays(b, [c * e for e in es])
             else:
                 for late in pending:  # the previous step's results arrive now (overlap)
                     late()
@@ -186,13 +191,14 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
             if mode == "request_harmonic":  # one step late, as served: drafted rows averaged, the others drift back
                 def learn(keys=[(s, st[0]) for s, st in rows], ks=list(ks), tree=tree):
                     w, r = request_kw.get("weight", 0.5), request_kw.get("drift", 0.1)
-                    prior = req_mean[0] / max(req_mean[1], 1e-9) if req_mean[1] else 4.0
+                    prior = request_prior()
                     for key, k in zip(keys, ks):
+                        old = req_est.get(key, prior)
                         if tree:
-                            req_est[key] = (1 - w) * req_est.get(key, prior) + w * k
+                            req_est[key] = (1 - w) * old + w * k
                             req_mean[0], req_mean[1] = 0.99 * req_mean[0] + k, 0.99 * req_mean[1] + 1
                         else:
-                            req_est[key] = req_est.get(key, prior) + r * (prior - req_est.get(key, prior))
+                            req_est[key] = old + r * (prior - old)
                 pending.append(learn)
             if mode in ("score", "score_harmonic"):  # the past fades every step, so a drafter that missed is tried again
                 pending.append(functools.partial(calibrate, got if tree else [], es if tree else []))
@@ -228,18 +234,11 @@ def uncached_tokens(per_session) -> dict:
     """``{(session, turn): prompt tokens a radix cache would not hold}``: the prompt less its longest common prefix
     with the session's previous context (prompt + reply; a history collapse parts early), or for a first turn with
     the first session's first prompt (the system prompt and tool docs every session shares)."""
-    def common(a, b):
-        n = min(len(a), len(b))
-        i = 0
-        while i < n and a[i] == b[i]:
-            i += 1
-        return i
-
     out, first = {}, None
     for s, turns in enumerate(per_session):
         ctx = first if first is not None else []
         for t, (prompt, output) in enumerate(turns):
-            out[(s, t)] = len(prompt) - common(ctx, prompt)
+            out[(s, t)] = len(prompt) - len(os.path.commonprefix([ctx, list(prompt)]))
             if first is None:
                 first = list(prompt)
             ctx = list(prompt) + list(output)

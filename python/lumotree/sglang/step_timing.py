@@ -158,12 +158,7 @@ def lap(part: str, batch, t0: float) -> float:
     """The time since ``t0`` (a :func:`lap`'s return, first ``lap(None, None, 0.0)``) added to ``part`` for
     ``batch``; returns now. ``0.0`` and nothing timed unless step timing is on: a section of a step is then
     ``t = lap("a", batch, t)`` with no cost worth naming."""
-    if not _on:
-        return 0.0
-    now = _clock()
-    if part is not None:
-        _add(part, _decode_size(batch), now - t0)
-    return now
+    return lap_size(part, _decode_size(batch) if _on and part is not None else 0, t0)
 
 
 def lap_size(part: str, bs: int, t0: float) -> float:

@@ -650,9 +650,6 @@ CONFIGS["lumotree-suffix-no-delayer"] = CONFIGS["lumotree-suffix"] + ["--prefill
 # LUMOTREE_SUFFIX with its delayer's holds capped at 4 scheduler passes (SGLang's default 30): where the running cap is
 # about the concurrency, SGLang's slot trigger holds each prefill up to the cap
 CONFIGS["lumotree-suffix-passes4"] = CONFIGS["lumotree-suffix"] + ["--prefill-delayer-max-delay-passes", "4"]
-# LUMOTREE_SUFFIX with SGLang's delayer as SGLang serves it (the user's own flags: the slot trigger too), at the
-# settings of LumoTree's default, which leaves the slot trigger out (lumotree.sglang.patches.prefill_delayer_slots)
-CONFIGS["lumotree-suffix-slot-trigger"] = CONFIGS["lumotree-suffix"] + PREFILL_DELAYER
 # LUMOTREE_SUFFIX with the running-request cap SGLang's NGRAM handling sets when none is given (48), past the
 # benchmark's own (the --agents level): SGLang's delayer also holds a prefill while fewer slots are free than its
 # largest prefill batch of late, which the benchmark's cap keeps true at 32 agents

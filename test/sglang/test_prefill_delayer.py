@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from lumotree.sglang import scheduling
-from lumotree.sglang.patches import prefill_delayer_gather, prefill_delayer_slots
+from lumotree.sglang.patches import prefill_delayer_gather
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 CKPT = os.path.join(ROOT, "benchmark", "models", "tiny-hybrid")
@@ -87,7 +87,6 @@ def test_default_prefill_delayer_only_where_measured_and_not_asked_otherwise():
     assert scheduling.default_prefill_delayer(sa)
     assert (sa.enable_prefill_delayer, sa.prefill_delayer_queue_min_ratio, sa.prefill_delayer_max_delay_ms) == (
         True, scheduling.PREFILL_DELAYER_QUEUE_MIN_RATIO, scheduling.PREFILL_DELAYER_MAX_DELAY_MS)
-    assert getattr(sa, prefill_delayer_slots.MARK) is True  # its queue trigger alone
     for kw in (dict(prefill_delayer_max_delay_ms=0.0), dict(prefill_delayer_queue_min_ratio=0.5),
                dict(enable_prefill_delayer=True), dict(tp_size=2), dict(dp_size=2), dict(pp_size=2),
                dict(disable_overlap_schedule=True), dict(disaggregation_mode="prefill")):
@@ -97,7 +96,6 @@ def test_default_prefill_delayer_only_where_measured_and_not_asked_otherwise():
 
 
 PARSE_SCRIPT = r"""
-import pickle
 import sys
 from sglang.srt.plugins import load_plugins
 load_plugins()
@@ -118,17 +116,12 @@ for extra in (S, S + ["--prefill-delayer-max-delay-ms", "0"], S + ["--disable-ov
         continue
     rc.publish(sa, role="test")  # what the scheduler process reads (its config bag, snapshotted from the arguments)
     bag = rc.get_schedule()
-    # the delayer's arguments as the scheduler process gets them (spawned: pickled)
-    mark = getattr(pickle.loads(pickle.dumps(sa)), "_lumotree_queue_trigger_only", False)
-    print("RESULT", bag.enable_prefill_delayer, bag.prefill_delayer_queue_min_ratio, bag.prefill_delayer_max_delay_ms,
-          mark)
+    print("RESULT", bag.enable_prefill_delayer, bag.prefill_delayer_queue_min_ratio, bag.prefill_delayer_max_delay_ms)
 """
 
 
 def test_servers_resolve_the_delayer_through_sglangs_arguments():
-    """Through SGLang's argument parsing and the scheduler's published config: LUMOTREE_SUFFIX turns the delayer on,
-    marked as LumoTree's (its queue trigger alone; the mark survives the pickling that takes the arguments to the
-    scheduler process);
+    """Through SGLang's argument parsing and the scheduler's published config: LUMOTREE_SUFFIX turns the delayer on;
     ``--prefill-delayer-max-delay-ms 0`` alone, the synchronous scheduler or the user's own delayer flags keep it as
     given; LUMOTREE, NGRAM and no speculation are untouched. ``--enable-prefill-delayer`` on a LumoTree server that
     runs the synchronous scheduler (asked for, or chosen for the decode-exact mode) is refused by name at parsing,
@@ -141,9 +134,8 @@ def test_servers_resolve_the_delayer_through_sglangs_arguments():
     refused = "ValueError --enable-prefill-delayer needs SGLang's overlap scheduler, and this server runs the " \
               "synchronous one (--disable-overlap-schedule, or LumoTree's choice for --enable-deterministic-inference " \
               "/ --enable-mixed-chunk with the radix cache)"
-    assert lines == ["True 0.1 20.0 True", "False None 0.0 False", "False None None False", "True 0.5 None False",
-                     "False None None False", "False None None False", "False None None False", refused, refused], \
-        out.stdout[-2000:] + out.stderr[-4000:]
+    assert lines == ["True 0.1 20.0", "False None 0.0", "False None None", "True 0.5 None", "False None None",
+                     "False None None", "False None None", refused, refused], out.stdout[-2000:] + out.stderr[-4000:]
 
 
 # the early ask, on SGLang's delayer (one-rank gloo group) and a stand-in scheduler pass
@@ -243,50 +235,3 @@ def test_the_plugin_wraps_sglangs_scheduler_and_delayer():
     point)."""
     out = subprocess.run([sys.executable, "-c", APPLIED_SCRIPT], capture_output=True, text=True, timeout=600)
     assert "WRAPPED True True True" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
-
-
-# SGLang's delayer with the plugin's hooks applied, on a one-rank gloo group: LumoTree's mark against a user's delayer
-SLOTS_SCRIPT = r"""
-from types import SimpleNamespace
-import torch.distributed as dist
-dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-group = dist.new_group([0], backend="gloo")
-from sglang.srt.plugins import load_plugins
-from sglang.srt.plugins.hook_registry import HookRegistry
-load_plugins()
-HookRegistry.apply_hooks()
-from sglang.srt.managers import prefill_delayer as pdm
-for marked in (True, False):
-    for ratio in (0.1, None):  # LumoTree's queue trigger; SGLang's slot trigger alone
-        sa = SimpleNamespace(prefill_delayer_queue_min_ratio=ratio, prefill_delayer_max_delay_ms=20.0,
-                             enable_dp_attention=False, disable_overlap_schedule=False)
-        if marked:
-            sa._lumotree_queue_trigger_only = True
-        d = pdm.PrefillDelayer(dp_size=1, attn_tp_size=1, cpu_group=group, server_args=sa, max_delay_passes=30,
-                               token_usage_low_watermark=None)
-        d.skip_first_delayer = False
-        out = []
-        # 7 of 8 slots running, the largest prefill batch of late 4, one request waiting: SGLang's slot condition
-        # (8 - 7 < 4); then 32 of 64 running with one waiting: the queue trigger (a tenth of 32 is 3)
-        for running, cap, waiting in ((7, 8, 1), (7, 8, 1), (32, 64, 1), (32, 64, 3)):
-            sp = pdm.PrefillDelayerSinglePassExecutor(d, token_usage=0.5)
-            sp.negotiate_should_allow_prefill(local_prefillable=True, running_batch=running, max_prefill_bs=4,
-                                              max_running_requests=cap, waiting_queue_len=waiting)
-            sp.finalize(actual_prefill=sp._result.output_allow)
-            out.append(sp._result.output_reason)
-        print("DELAYER", marked, ratio, " ".join(out))
-"""
-
-
-def test_lumotrees_default_delayer_holds_on_its_queue_trigger_alone():
-    """SGLang's own delayer (its code, the plugin's hooks applied as a server applies them): with LumoTree's mark on
-    the arguments the slot condition never holds a prefill, the queue trigger still does (until the queue reaches a
-    tenth of the batch); without the mark -- a user's ``--enable-prefill-delayer`` -- both triggers act as in SGLang."""
-    out = subprocess.run([sys.executable, "-c", SLOTS_SCRIPT], capture_output=True, text=True, timeout=600)
-    got = {tuple(ln.split()[1:3]): ln.split()[3:] for ln in out.stdout.splitlines() if ln.startswith("DELAYER ")}
-    assert got == {
-        ("True", "0.1"): ["no_wait", "no_wait", "delay", "wait_success"],
-        ("True", "None"): ["no_wait", "no_wait", "no_wait", "no_wait"],
-        ("False", "0.1"): ["delay", "delay", "delay", "wait_success"],
-        ("False", "None"): ["delay", "delay", "wait_success", "no_wait"],
-    }, out.stdout[-2000:] + out.stderr[-4000:]

@@ -1,18 +1,15 @@
 """GPU, end to end: a LUMOTREE_SUFFIX server with its default prefill delayer
 (:func:`lumotree.sglang.scheduling.default_prefill_delayer`) and LumoTree's delayer hooks
 (:mod:`lumotree.sglang.patches.prefill_delayer_gather`, :mod:`~lumotree.sglang.patches.prefill_delayer_idle`,
-:mod:`~lumotree.sglang.patches.prefill_delayer_early`, :mod:`~lumotree.sglang.patches.prefill_delayer_slots`) while
-the delayer holds prefills: closed-loop clients whose next requests arrive one at a time while the others decode.
+:mod:`~lumotree.sglang.patches.prefill_delayer_early`) while the delayer holds prefills: closed-loop clients whose next requests arrive one at a time while the others decode.
 
-Twenty-four clients start at once on a server of twenty-four request slots; each later request arrives while about
-23 others run, so the delayer's queue trigger holds it (a tenth of 23 rounds to 2 queued) until a second one queues
-or 20 ms pass; SGLang's slot trigger (``24 - 23 < 24``), which would hold it for 30 passes, is left out. A further
-request, sent while all slots run, is aborted while it waits or runs. Must hold: the delayer held (SGLang's
-``sglang:prefill_delayer_outcomes_total`` counts ``delay`` verdicts -- without holds the test would check nothing),
-no hold lasted as long as the slot trigger's 30 passes (the metrics' ``wait_timeout`` releases: none), every client
-request answered in full (200, finish reason ``length``, its ``max_new_tokens``), the aborted request ended as
-aborted, and afterwards the server's greedy answer to a prompt is the answer it gave before the burst (no state lost
-or mixed up by held passes)."""
+Eight clients start at once (one prefill batch of eight: SGLang's ``max_prefill_bs`` 8) on a server of eight request
+slots, so each later request arrives with one slot free and SGLang's slot trigger holds it (``8 - 7 < 8``) for up to
+its 30 passes or until more slots free. A ninth request, sent while all slots run, is aborted while it waits or runs.
+Must hold: the delayer held (SGLang's ``sglang:prefill_delayer_outcomes_total`` counts ``delay`` verdicts -- without
+holds the test would check nothing), every client request answered in full (200, finish reason ``length``, its
+``max_new_tokens``), the aborted request ended as aborted, and afterwards the server's greedy answer to a prompt is
+the answer it gave before the burst (no state lost or mixed up by held passes)."""
 import os
 import sys
 import threading
@@ -26,16 +23,16 @@ sys.path.insert(0, os.path.join(ROOT, "benchmark", "serving"))
 sys.path.insert(0, os.path.dirname(__file__))
 MODEL = os.path.join(ROOT, "benchmark", "models", "tiny-hybrid")
 
-CLIENTS = 24
+CLIENTS = 8
 TURNS = 5
 LONG = 96
 
 
-def _verdicts(metrics: str, reason: str = "delay") -> float:
-    """The verdicts of ``reason`` SGLang's metrics counted (every label set of the outcomes counter)."""
+def _delay_verdicts(metrics: str) -> float:
+    """The ``delay`` verdicts SGLang's metrics counted (every label set of the outcomes counter)."""
     total = 0.0
     for line in metrics.splitlines():
-        if line.startswith("sglang:prefill_delayer_outcomes_total{") and f'output_reason="{reason}"' in line:
+        if line.startswith("sglang:prefill_delayer_outcomes_total{") and 'output_reason="delay"' in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
 
@@ -45,14 +42,13 @@ def test_delayer_holds_and_every_request_is_served(tmp_path):
     from test_served_edge_requests_gpu import PROMPT, _generate, _reason
 
     port = int(os.environ.get("LUMOTREE_TEST_PORT", "30000"))
-    args = ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--cuda-graph-max-bs", str(CLIENTS),
+    args = ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--cuda-graph-max-bs", "8",
             "--max-running-requests", str(CLIENTS), "--enable-metrics"]
     log = tmp_path / "server.log"
     with sglang_server(MODEL, args, port=port, log=str(log), timeout=400) as url:
         status, before = _generate(url, PROMPT, dict(max_new_tokens=LONG, ignore_eos=True))
         assert status == 200, before
-        metrics = get(url + "/metrics").decode()
-        held_before, timeouts_before = _verdicts(metrics), _verdicts(metrics, "wait_timeout")
+        held_before = _delay_verdicts(get(url + "/metrics").decode())
 
         results, lock = [], threading.Lock()
         start = threading.Barrier(CLIENTS)
@@ -83,15 +79,13 @@ def test_delayer_holds_and_every_request_is_served(tmp_path):
         for th in threads:
             th.join(300)
         assert not aborted.is_alive() and not any(th.is_alive() for th in threads), "a request did not end"
-        metrics = get(url + "/metrics").decode()
-        held, timeouts = _verdicts(metrics) - held_before, _verdicts(metrics, "wait_timeout") - timeouts_before
+        held = _delay_verdicts(get(url + "/metrics").decode()) - held_before
         status, after = _generate(url, PROMPT, dict(max_new_tokens=LONG, ignore_eos=True))
 
     log_text = log.read_text(errors="replace")
     assert "Traceback" not in log_text, log_text[log_text.find("Traceback"):][:3000]
-    print(dict(delay_verdicts=held, wait_timeouts=timeouts, requests=len(results)))
+    print(dict(delay_verdicts=held, requests=len(results)))
     assert held > 0, "the delayer never held a prefill: this test served nothing it is meant to check"
-    assert timeouts == 0, "a prefill was held for the delayer's 30 passes: SGLang's slot trigger acted"
     assert len(results) == CLIENTS * TURNS
     for i, t, n, status, reason, got in results:
         assert (status, reason, got) == (200, "length", n), (i, t, n, status, reason, got)

@@ -342,14 +342,12 @@ def register() -> None:
 
     no_buffer_overlap.install()
     # the prefill delayer on one rank: its gather skipped, its verdict on a pass with nothing to prefill built without
-    # tensors, and asked before the scheduler's ranking; LumoTree's default one without the slot trigger: every launch
-    from lumotree.sglang.patches import (prefill_delayer_early, prefill_delayer_gather, prefill_delayer_idle,
-                                         prefill_delayer_slots)
+    # tensors, and asked before the scheduler's ranking: every launch
+    from lumotree.sglang.patches import prefill_delayer_early, prefill_delayer_gather, prefill_delayer_idle
 
     prefill_delayer_gather.install()
     prefill_delayer_idle.install()
     prefill_delayer_early.install()
-    prefill_delayer_slots.install()  # a no-op but on the delayer LUMOTREE_SUFFIX turns on by default
     if os.environ.get("LUMOTREE_BENCH_ORACLE_P"):
         _register_oracle(SpeculativeAlgorithm, get_spec, float(os.environ["LUMOTREE_BENCH_ORACLE_P"]))
     from lumotree.sglang import draft_oracle  # benchmark only: a no-op unless LUMOTREE_BENCH_DRAFT_ORACLE_P is set

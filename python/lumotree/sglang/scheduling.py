@@ -103,7 +103,7 @@ def consistent_prefix_cache(server_args) -> bool:
 
 
 # LUMOTREE_SUFFIX's default prefill batching: SGLang's queue-based prefill delayer, a prefill held until a tenth of the
-# running batch is queued, at most 20 ms (and SGLang's own cap of 30 scheduler passes); not its slot trigger
+# running batch is queued, at most 20 ms (and SGLang's own cap of 30 scheduler passes)
 PREFILL_DELAYER_QUEUE_MIN_RATIO = 0.1
 PREFILL_DELAYER_MAX_DELAY_MS = 20.0
 
@@ -124,9 +124,7 @@ def default_prefill_delayer(server_args) -> bool:
     (:mod:`lumotree.sglang.patches.prefill_delayer_gather`) and its verdict asked before the waiting queue is ranked
     (:mod:`lumotree.sglang.patches.prefill_delayer_early`), LUMOTREE_SUFFIX served 1.39x no speculation and 1.44x
     SGLang's NGRAM at 16 draft tokens, p95 0.93 s against 1.04 (run ``32-agents-early-delayer``). Below ten running
-    requests the queue trigger never holds a prefill (a tenth of the batch rounds to none). SGLang's slot trigger is
-    left out (:mod:`lumotree.sglang.patches.prefill_delayer_slots`): with about as many agents as running slots it
-    held every turn's prefill for 30 scheduler passes."""
+    requests the queue trigger never holds a prefill (a tenth of the batch rounds to none)."""
     if (getattr(server_args, "enable_prefill_delayer", False)
             or getattr(server_args, "prefill_delayer_queue_min_ratio", None) is not None
             or getattr(server_args, "prefill_delayer_max_delay_ms", None) is not None):
@@ -140,12 +138,8 @@ def default_prefill_delayer(server_args) -> bool:
     server_args.enable_prefill_delayer = True
     server_args.prefill_delayer_queue_min_ratio = PREFILL_DELAYER_QUEUE_MIN_RATIO
     server_args.prefill_delayer_max_delay_ms = PREFILL_DELAYER_MAX_DELAY_MS
-    from lumotree.sglang.patches.prefill_delayer_slots import MARK
-
-    object.__setattr__(server_args, MARK, True)  # its queue trigger alone (pickled with the arguments to the scheduler)
-    logger.info("LUMOTREE_SUFFIX: SGLang's prefill delayer on, its queue trigger alone (queue min ratio %s, at most %s "
-                "ms): one-request prefills batch; --prefill-delayer-max-delay-ms 0 alone serves without it, "
-                "--enable-prefill-delayer serves SGLang's delayer with its slot trigger",
+    logger.info("LUMOTREE_SUFFIX: SGLang's prefill delayer on (queue min ratio %s, at most %s ms): one-request "
+                "prefills batch; --prefill-delayer-max-delay-ms 0 alone serves without it",
                 PREFILL_DELAYER_QUEUE_MIN_RATIO, PREFILL_DELAYER_MAX_DELAY_MS)
     return True
 

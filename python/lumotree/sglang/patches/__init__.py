@@ -1,8 +1,7 @@
 """Hooks into SGLang that no registry covers yet: one target per file, each with why / how /
-remove-when in its header. Installed only while a LUMOTREE server runs, except five in every process:
-``no_buffer_overlap`` (a no-op for other launches), ``prefill_delayer_gather``, ``prefill_delayer_idle``,
-``prefill_delayer_early`` (no-ops for servers without SGLang's prefill delayer) and ``prefill_delayer_slots`` (a
-no-op but on the delayer LUMOTREE_SUFFIX turns on by default)."""
+remove-when in its header. Installed only while a LUMOTREE server runs, except four in every process:
+``no_buffer_overlap`` (a no-op for other launches), ``prefill_delayer_gather``, ``prefill_delayer_idle`` and
+``prefill_delayer_early`` (no-ops for servers without SGLang's prefill delayer)."""
 from __future__ import annotations
 
 _installed = set()  # (target, the hook's module, its qualified name)

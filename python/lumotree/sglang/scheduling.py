@@ -124,7 +124,10 @@ def default_prefill_delayer(server_args) -> bool:
     (:mod:`lumotree.sglang.patches.prefill_delayer_gather`) and its verdict asked before the waiting queue is ranked
     (:mod:`lumotree.sglang.patches.prefill_delayer_early`), LUMOTREE_SUFFIX served 1.39x no speculation and 1.44x
     SGLang's NGRAM at 16 draft tokens, p95 0.93 s against 1.04 (run ``32-agents-early-delayer``). Below ten running
-    requests the queue trigger never holds a prefill (a tenth of the batch rounds to none)."""
+    requests the queue trigger never holds a prefill (a tenth of the batch rounds to none). SGLang's slot trigger
+    comes with the delayer (a prefill held up to 30 passes while fewer slots are free than the largest recent prefill
+    batch): a default without it was served beside this one and made 32 agents 17 % slower, their p95 above no
+    speculation's (runs ``32-agents-slot-trigger``, ``8-agents-slot-trigger``), and was removed."""
     if (getattr(server_args, "enable_prefill_delayer", False)
             or getattr(server_args, "prefill_delayer_queue_min_ratio", None) is not None
             or getattr(server_args, "prefill_delayer_max_delay_ms", None) is not None):

@@ -866,3 +866,61 @@ def test_a_request_leaving_while_admissions_run_leaves_without_waiting():
     assert finished == ["old", "n0"] and not background._finishes
     b = inline.batch_get(*args)
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+class HeldBatches(HeldIndexing):
+    """The C++ drafter with each admission batch's ``index_staged`` held until the event of its first request is set
+    (``gates``; a batch without one runs at once)."""
+
+    def __init__(self, real, gates):
+        super().__init__(real)
+        self.gates = gates
+
+    def index_staged(self, staged):
+        gate = self.gates.get(list(staged.rids)[0])
+        if gate is not None:
+            gate.wait(10)
+        self.real.index_staged(staged)
+        self.indexed.append(list(staged.rids))
+
+
+@pytest.mark.parametrize("drop", [1, 3])
+def test_a_rewind_of_an_admitted_request_does_not_wait_for_later_admissions(drop):
+    """A request admitted with one prefill batch, decoded once while its prompt was indexing (its tokens kept for its
+    commit), whose context then moves back (SGLang's overlap scheduler when a prefill ran in between) while a later
+    prefill batch indexes: the step returns without waiting for that later batch -- a rewind within the kept tokens
+    drops them (1 token of 2), a longer one (3) waits for the request's own commit alone. The context the drafter then
+    holds is the server's."""
+    import threading
+
+    from lumotree.sglang.suffix import SuffixCorpus
+
+    rng = random.Random(5 + drop)
+    running, prompt = motif_tokens(rng, 200), motif_tokens(rng, 120)
+    later = {f"m{i}": motif_tokens(rng, 150) for i in range(3)}
+    c = SuffixCorpus(8)
+    c.batch_get(["run"], [running[:150]], [150])
+    gates = {"n0": threading.Event(), "m0": threading.Event()}
+    held = HeldBatches(c._drafter, gates)
+    c.drafter = held
+    c.admit_batch([("n0", prompt, len(prompt))])
+    first = prompt + [7, 8]
+    c.batch_get(["run", "n0"], [running[:152], first], [152, len(first)])
+    assert c.undrafted == [1]  # still indexing: drafted nothing, its two tokens kept
+    c.admit_batch([(rid, t, len(t)) for rid, t in later.items()])  # a later prefill batch, held
+    gates["n0"].set()
+    c._staged[0][0].result(10)  # n0's batch indexed, not yet committed
+    moved = (prompt + [7, 9]) if drop == 1 else (prompt[:-1] + [5, 6, 4])
+    done = []
+    step = threading.Thread(target=lambda: done.append(c.batch_get(["run", "n0"], [running[:154], moved],
+                                                                     [154, len(moved)])))
+    step.start()
+    step.join(5)
+    finished = not step.is_alive()
+    gates["m0"].set()
+    step.join(10)
+    assert finished, "the step waited for a later prefill batch's indexing"
+    assert held.indexed[0] == ["n0"]  # its own batch first, the later one after the step
+    assert done and int(done[0][0][8]) == moved[-1]  # n0's draft starts at the server's last token
+    assert c.stats["rewinds"] == 1 and c.stats["rewound_tokens"] == drop
+    c.wait_admissions()
+    assert c.drafter.context("n0")[-len(moved):] == moved

@@ -373,15 +373,20 @@ class SuffixCorpus(HostCorpus):
 
     def _wait_for(self, rid) -> None:
         """Request ``rid`` is about to be touched (appended, rewound, restarted, drafted in line): if its admission is
-        still indexing, wait for it."""
+        still indexing, wait for it -- and for the admissions staged before it, which commit first --, not for those
+        staged after it (a later prefill batch's: 32 agents' turns indexing together held the scheduler's thread for
+        all of them)."""
         if rid in self._admitting:
-            self._settle(block=True)
+            self._settle(block=True, until=rid)
 
-    def _settle(self, block: bool) -> None:
-        """Commit the background admissions that are done, oldest first (``block``: all of them, waiting), then hand
-        over their requests that left meanwhile, in the order they left (:meth:`_finish`)."""
+    def _settle(self, block: bool, until=None) -> None:
+        """Commit the background admissions that are done, oldest first (``block``: all of them, waiting; with
+        ``until``: only until request ``until`` is committed), then hand over their requests that left meanwhile, in
+        the order they left (:meth:`_finish`)."""
         while self._staged:
             future, staged, rids = self._staged[0]
+            if until is not None and until not in self._admitting:
+                break
             if not block and not future.done():
                 break
             self._staged.popleft()
@@ -498,6 +503,10 @@ class SuffixCorpus(HostCorpus):
         self._pending.setdefault(rid, []).extend(tokens)  # indexed with the step's drafts (_step_appends)
 
     def _rewind(self, rid, drop):
+        pending = self._pending.get(rid)
+        if pending and drop <= len(pending):  # only tokens not yet handed to the drafter: they are not handed over
+            del pending[len(pending) - drop:]  # (no wait for an admission still indexing, no call)
+            return
         self._flush(rid)
         self.drafter.rewind(rid, drop)
 

@@ -291,6 +291,8 @@ DRAFT_WAIT_TIMING_LINE = re.compile(r"LumoTree draft-wait timing: batch bucket (
                                     r"ms over (\d+) steps, total ([\d.]+) ms")
 DRAFT_NATIVE_TIMING_LINE = re.compile(r"LumoTree draft-native timing: batch bucket (\d+): median ([\d.]+) ms, p95 "
                                       r"([\d.]+) ms over (\d+) steps, total ([\d.]+) ms")
+DRAFT_HELD_TIMING_LINE = re.compile(r"LumoTree draft-held timing: batch bucket (\d+): median ([\d.]+) ms, p95 "
+                                    r"([\d.]+) ms over (\d+) steps, total ([\d.]+) ms")
 ADMISSION_TIMING_LINE = re.compile(r"LumoTree admission timing: batch bucket (\d+): median ([\d.]+) ms, p95 ([\d.]+) "
                                    r"ms over (\d+) batches, total ([\d.]+) ms")
 

@@ -435,3 +435,50 @@ def test_measure_times_the_wait_for_the_last_step_apart_from_the_drafting(monkey
     adm = draft_timing.DraftTimer(every=1000)
     draft_timing.measure(draft, "w", on_gpu, timer=adm)
     assert synced == [1] and adm.samples[4] == [1.0]
+
+
+def test_measure_times_the_preparation_s_waits_for_admissions_apart(monkeypatch, tmp_path):
+    """Every timed preparation adds its waits for background admissions (add_held, zero where none) to HELD; a wait
+    outside a preparation, or with timing off, is not counted; the log reader reads the HELD lines apart."""
+    held, drafts = draft_timing.DraftTimer(every=1000), draft_timing.DraftTimer(every=1000)
+    monkeypatch.setattr(draft_timing, "HELD", held)
+    monkeypatch.setattr(draft_timing, "TIMER", drafts)
+    monkeypatch.setattr(draft_timing, "_on", True)
+    batch = SimpleNamespace(reqs=[0] * 20)
+
+    def waits(worker, b):
+        draft_timing.add_held(0.003)
+        draft_timing.add_held(0.002)
+        return "drafts"
+
+    draft_timing.add_held(0.5)  # between preparations: not this step's
+    assert draft_timing.measure(waits, "w", batch) == "drafts"
+    assert draft_timing.measure(lambda w, b: "none", "w", batch) == "none"
+    assert [round(x, 6) for x in held.samples[32]] == [5.0, 0.0] and len(drafts.samples[32]) == 2
+    draft_timing.measure(waits, "w", batch, timer=draft_timing.DraftTimer(every=1000))  # an admission: not a step
+    assert len(held.samples[32]) == 2
+    lines = []
+    line = draft_timing.DraftTimer(every=1, log=lambda fmt, *a: lines.append(fmt % a), what="draft-held")
+    line.add(32, 5e-3)
+    log = tmp_path / "server.log"
+    log.write_text(lines[0] + "\nLumoTree draft timing: batch bucket 32: median 1.000 ms, p95 1.000 ms over 1 steps, "
+                   "total 1.0 ms\n")
+    ss = load_script("serving", "sglang_server")
+    assert ss.draft_timing(str(log), ss.DRAFT_HELD_TIMING_LINE) == {"32": dict(median_ms=5.0, p95_ms=5.0, steps=1,
+                                                                              total_ms=5.0)}
+    assert ss.draft_timing(str(log))["32"]["median_ms"] == 1.0
+
+
+def test_a_corpus_wait_for_an_admission_is_reported_as_held(monkeypatch):
+    """SuffixCorpus._wait_for reports the time it blocked on a request still admitting, and nothing otherwise."""
+    from lumotree.sglang.suffix import SuffixCorpus
+
+    got = []
+    monkeypatch.setattr(draft_timing, "add_held", got.append)
+    c = SuffixCorpus(8)
+    c._wait_for("nobody")
+    assert got == []
+    c.admit_batch([("a", [1, 2, 3, 4], 4)])
+    assert "a" in c._admitting  # until a drafter call commits it, whatever the background thread has done by now
+    c._wait_for("a")
+    assert len(got) == 1 and got[0] >= 0 and "a" not in c._admitting

@@ -26,7 +26,10 @@ for that step's GPU work: time on the scheduler's thread, but the GPU's, not the
 it first (the current stream, which that copy waits on) and times the wait apart (:data:`WAIT`, ``LumoTree draft-wait
 timing: ...``), so that :data:`TIMER` holds the host work alone. Inside it LUMOTREE_SUFFIX's one call into the C++
 drafter per step (``step_layout``: the step's appends, drafts and their layout, the GIL released) is timed apart too
-(:data:`NATIVE`, ``LumoTree draft-native timing: ...``): the rest of :data:`TIMER` is the Python around it.
+(:data:`NATIVE`, ``LumoTree draft-native timing: ...``): the rest of :data:`TIMER` is the Python around it. And the
+part of :data:`TIMER` a step spends blocked on admissions still indexing in the background
+(:meth:`lumotree.sglang.suffix.SuffixCorpus._wait_for`, reported through :func:`add_held`) is timed apart per step, zero
+where it did not wait (:data:`HELD`, ``LumoTree draft-held timing: ...``).
 """
 from __future__ import annotations
 
@@ -72,7 +75,15 @@ TIMER = DraftTimer()
 WAIT = DraftTimer(what="draft-wait")
 NATIVE = DraftTimer(what="draft-native")
 ADMISSIONS = DraftTimer(every=16, what="admission", unit="batches")
+HELD = DraftTimer(what="draft-held")
 _on = enabled()
+_held = [0.0]  # seconds the draft preparation in progress waited for background admissions
+
+
+def add_held(seconds: float) -> None:
+    """A wait of the draft preparation in progress for admissions indexing in the background (:data:`HELD`)."""
+    if _on:
+        _held[0] += seconds
 
 
 def wait_for_last_step(batch) -> bool:
@@ -98,8 +109,11 @@ def measure(fn, worker, batch, *args, timer=None, **kwargs):
         t1 = time.perf_counter()
         WAIT.add(len(batch.reqs), t1 - t0)
         t0 = t1
+    _held[0] = 0.0
     out = fn(worker, batch, *args, **kwargs)
     (timer or TIMER).add(len(batch.reqs), time.perf_counter() - t0)
+    if timer is None:
+        HELD.add(len(batch.reqs), _held[0])
     return out
 
 

@@ -18,6 +18,7 @@ import concurrent.futures
 import functools
 import logging
 import os
+import time
 import weakref
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -377,7 +378,9 @@ class SuffixCorpus(HostCorpus):
         staged after it (a later prefill batch's: 32 agents' turns indexing together held the scheduler's thread for
         all of them)."""
         if rid in self._admitting:
+            t0 = time.perf_counter()
             self._settle(block=True, until=rid)
+            draft_timing.add_held(time.perf_counter() - t0)
 
     def _settle(self, block: bool, until=None) -> None:
         """Commit the background admissions that are done, oldest first (``block``: all of them, waiting; with

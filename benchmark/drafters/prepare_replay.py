@@ -16,6 +16,14 @@ form and batch bucket: the steps and their median preparation, drafter call and 
         --replies benchmark/results/agents_32_finish_block_replies_h200.json.gz --reference none/32 --agents 32 \\
         --form both --out benchmark/results/prepare_replay_cpu.json
 
+``--background`` replays it as served instead (one form): each prefill batch's admissions left indexing in the
+background, the overlap scheduler's doubled tokens after a prefill (a rewind the step after), ``--gpu-ms`` slept after
+each step for the rest of a served step; rows add each bucket's 95th percentile, maximum and total:
+
+    python3 benchmark/drafters/prepare_replay.py \
+        --replies benchmark/results/agents_32_finish_block_replies_h200.json.gz --reference none/32 --agents 32 \
+        --form parts --background --gpu-ms 4 --out benchmark/results/prepare_replay_background_cpu.json
+
 A measurement of this machine's CPU, not of a server: no GPU work, no scheduler around it (served at 32 agents on H200
 hosts the same Python took 2.5-3x as long: 1.27 ms in the views form, 0.96 in the parts form, two machines).
 """
@@ -53,10 +61,16 @@ def prepare_views(worker, batch):
     return corpus.batch_get(req_ids, views, totals, full)
 
 
-def replay(per_session, agents: int, nodes: int, forms):
+def replay(per_session, agents: int, nodes: int, forms, background: bool = False, gpu_ms: float = 0.0):
     """Serve every session's turns closed-loop with one corpus per form (each form's preparation timed on its own
     corpus, the same inputs); the drafts of the first form decide what is accepted and must equal the others'.
-    Returns ``{form: [(batch, prepare s, drafter call s), ...]}`` and the decode steps."""
+    ``background``: one form; the turns admitted between two decode steps are one prefill batch, left indexing in the
+    background as a server leaves them (a step drafts nothing for a request still indexing and waits where it must),
+    and the step after a prefill hands each request that was running before it the last round's tokens twice, as
+    SGLang's overlap scheduler does (its ``output_ids`` already hold them; the next step they are gone again: a
+    rewind). ``gpu_ms``: the rest of a served step after its preparation (the verify and the scheduler's other work),
+    slept after each step, during which background indexing goes on. Returns ``{form: [(batch, prepare s, drafter
+    call s), ...]}`` and the decode steps."""
     import numpy as np
     import torch
     from acceptance_replay import accepted, parents_from_mask
@@ -79,22 +93,34 @@ def replay(per_session, agents: int, nodes: int, forms):
     draft_timing.timed = timed
     samples = {f: [] for f in forms}
     queue, running, free, steps = list(range(len(per_session)))[::-1], {}, list(range(agents))[::-1], 0
+    fresh = []  # the turns admitted since the last decode step: one prefill batch
     try:
         def admit(agent, s, t):
             prompt, output = per_session[s][t]
             req = types.SimpleNamespace(rid=f"{s}-{t}", origin_input_ids=list(prompt), output_ids=[],
                                         inflight_middle_chunks=0)
-            for w in workers.values():
-                admit_prefilled(w, types.SimpleNamespace(reqs=[req]))
+            fresh.append(req)
             running[agent] = [req, output, [output[0]]]  # the prefill's token: spliced on, not yet in output_ids
 
         while queue or running:
             while free and queue:
                 admit(free.pop(), queue.pop(), 0)
-            for w in workers.values():
-                w.ngram_corpus.wait_admissions()  # a server drafts nothing for a request still indexing: not timed here
+            prefilled = {id(r) for r in fresh}
+            if fresh:
+                for w in workers.values():
+                    admit_prefilled(w, types.SimpleNamespace(reqs=list(fresh)))
+                fresh.clear()
+            if not background:
+                for w in workers.values():
+                    w.ngram_corpus.wait_admissions()  # a server drafts nothing for a request still indexing: not timed
             agents_now = sorted(running)
             reqs = [running[a][0] for a in agents_now]
+            # overlap after a prefill: the requests that ran before it hold the last round's tokens in output_ids too
+            doubled = ([a for a in agents_now if id(running[a][0]) not in prefilled] if background and prefilled
+                       else [])
+            doubled = [(running[a][0], len(running[a][0].output_ids), running[a][2]) for a in doubled]
+            for r, _, pending in doubled:
+                r.output_ids.extend(pending)
             acc = torch.zeros(len(reqs) * nodes, dtype=torch.int64)
             lens = torch.zeros(len(reqs), dtype=torch.int64)
             for i, a in enumerate(agents_now):
@@ -109,6 +135,10 @@ def replay(per_session, agents: int, nodes: int, forms):
                 t0 = time.perf_counter()
                 got[f] = prepare[f](workers[f], batch)
                 samples[f].append((len(reqs), time.perf_counter() - t0, sum(calls)))
+            for r, n, _ in doubled:
+                del r.output_ids[n:]
+            if gpu_ms:
+                time.sleep(gpu_ms / 1e3)
             first = got[forms[0]]
             for f in forms[1:]:
                 if not (np.array_equal(first[0], got[f][0]) and np.array_equal(first[1], got[f][1])):
@@ -148,10 +178,13 @@ def rows(samples) -> list:
     for form, got in samples.items():
         for b in sorted({bucket(n) for n, _, _ in got}):
             xs = [(p, c) for n, p, c in got if bucket(n) == b]
+            ps = sorted(p for p, _ in xs)
             out.append(dict(form=form, batch_bucket=b, steps=len(xs),
-                            prepare_ms=round(statistics.median(p for p, _ in xs) * 1e3, 3),
+                            prepare_ms=round(statistics.median(ps) * 1e3, 3),
                             drafter_call_ms=round(statistics.median(c for _, c in xs) * 1e3, 3),
-                            python_ms=round(statistics.median(p - c for p, c in xs) * 1e3, 3)))
+                            python_ms=round(statistics.median(p - c for p, c in xs) * 1e3, 3),
+                            prepare_p95_ms=round(ps[min(len(ps) - 1, int(0.95 * len(ps)))] * 1e3, 3),
+                            prepare_max_ms=round(ps[-1] * 1e3, 3), prepare_total_ms=round(sum(ps) * 1e3, 1)))
     return out
 
 
@@ -163,18 +196,28 @@ def main(argv=None):
     ap.add_argument("--agents", type=int, default=32)
     ap.add_argument("--nodes", type=int, default=32)
     ap.add_argument("--form", choices=(*FORMS, "both"), default="both")
+    ap.add_argument("--background", action="store_true",
+                    help="admissions indexed in the background as served, the overlap scheduler's doubled tokens "
+                         "after a prefill (one --form)")
+    ap.add_argument("--gpu-ms", type=float, default=0.0,
+                    help="with --background: ms slept after each step for the rest of a served step")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    if args.background and args.form == "both":
+        ap.error("--background replays one --form: a step drafts nothing for a request still indexing, whose timing "
+                 "differs between two corpora")
     from acceptance_replay import served_turns, write_result
 
     forms = FORMS if args.form == "both" else (args.form,)
     t0 = time.perf_counter()
-    samples, steps = replay(served_turns(args), args.agents, args.nodes, forms)
+    samples, steps = replay(served_turns(args), args.agents, args.nodes, forms, background=args.background,
+                            gpu_ms=args.gpu_ms)
     got = rows(samples)
     for r in got:
         print(r, flush=True)
     return write_result(__file__, argv, args.out, reference=args.reference, nodes=args.nodes, decode_steps=steps,
-                        seconds=round(time.perf_counter() - t0, 1), rows=got)
+                        background=args.background, gpu_ms=args.gpu_ms, seconds=round(time.perf_counter() - t0, 1),
+                        rows=got)
 
 
 if __name__ == "__main__":

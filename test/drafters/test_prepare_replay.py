@@ -41,3 +41,41 @@ def test_both_forms_draft_the_same_and_serve_every_turn(agents):
     rows = pr.rows(samples)
     assert {r["form"] for r in rows} == {"parts", "views"}
     assert all(r["prepare_ms"] >= 0 and r["steps"] > 0 for r in rows)
+
+
+def test_the_background_replay_serves_every_turn_and_doubles_tokens_after_a_prefill(monkeypatch):
+    """--background: admissions left indexing, and the step after a prefill hands the requests that ran before it the
+    last round's tokens twice (so the corpus rewinds them the step after); every turn is still served to its end."""
+    pytest.importorskip("sglang")
+    pr = pytest.importorskip("prepare_replay")
+    from lumotree.sglang.suffix import HostCorpus
+
+    seen = []
+    real = HostCorpus.step_get
+
+    def spy(self, req_ids, parts, depth):
+        seen.append([len(p) + len(o) + len(e) for p, o, e in parts])
+        return real(self, req_ids, parts, depth)
+
+    monkeypatch.setattr(HostCorpus, "step_get", spy)
+    per_session = sessions(n=5, turns=3, seed=1)
+    samples, steps = pr.replay(per_session, 3, 8, ("parts",), background=True, gpu_ms=0.5)
+    assert len(samples["parts"]) == steps == len(seen) > 0
+    assert all(r["prepare_p95_ms"] <= r["prepare_max_ms"] for r in pr.rows(samples))
+    monkeypatch.setattr(HostCorpus, "step_get", real)
+    import lumotree.sglang.suffix as sx
+
+    rewinds = []
+    for background in (False, True):  # without --background nothing is doubled: no rewinds; with it the corpus rewinds
+        made = []
+        real_init = sx.SuffixCorpus.__init__
+
+        def init(self, *a, **k):
+            real_init(self, *a, **k)
+            made.append(self)
+
+        monkeypatch.setattr(sx.SuffixCorpus, "__init__", init)
+        pr.replay(per_session, 3, 8, ("parts",), background=background)
+        rewinds.append(sum(c.stats["rewinds"] for c in made))
+        monkeypatch.setattr(sx.SuffixCorpus, "__init__", real_init)
+    assert rewinds[0] == 0 and rewinds[1] > 0, rewinds

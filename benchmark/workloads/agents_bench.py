@@ -804,12 +804,13 @@ def markdown(res) -> str:
             out.append("")
         from lumotree.sglang.step_timing import SECTIONS  # the sections inside those intervals, in its order
 
-        cols = [p for _, p in SECTIONS if any(f"{k}_{p}" in t.get(w, {}) for t in totals.values()
-                                                for k in ("decode", "prefill"))]
+        cols = [p for p in [p for _, p in SECTIONS] + ["gc"] if any(f"{k}_{p}" in t.get(w, {}) for t in totals.values()
+                                                                  for k in ("decode", "prefill"))]
         if cols:
             out += [f"Sections inside those intervals ({w}), seconds (nested: model and sampling inside forward, "
                     "mamba_cow inside model, prep_extend and tree_match inside schedule, the tree's and event_sync "
-                    "inside result; lt_*: LumoTree's worker's prefill admissions and finish marks):", "",
+                    "inside result; lt_*: LumoTree's worker's prefill admissions and finish marks; gc: the scheduler "
+                    "process's garbage collections, wherever they fell):", "",
                     "| server: kind | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
             for n, t in totals.items():
                 got = t.get(w, {})

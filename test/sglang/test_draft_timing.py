@@ -9,6 +9,19 @@ from utils import load_script
 from lumotree.sglang import draft_timing
 
 
+@pytest.fixture(autouse=True)
+def _gc_callbacks_restored():
+    """The step timer's first run_batch adds its gc callback to this process: taken off again after each test."""
+    import gc
+
+    from lumotree.sglang import step_timing
+
+    before, state = list(gc.callbacks), dict(step_timing._gc)
+    yield
+    gc.callbacks[:] = before
+    step_timing._gc.update(state)
+
+
 def test_timer_logs_a_line_per_bucket_every_n_steps_and_the_log_reader_reads_them(tmp_path):
     lines = []
     t = draft_timing.DraftTimer(every=4, log=lambda fmt, *a: lines.append(fmt % a))
@@ -482,3 +495,47 @@ def test_a_corpus_wait_for_an_admission_is_reported_as_held(monkeypatch):
     assert "a" in c._admitting  # until a drafter call commits it, whatever the background thread has done by now
     c._wait_for("a")
     assert len(got) == 1 and got[0] >= 0 and "a" not in c._admitting
+
+
+def test_the_scheduler_s_garbage_collections_are_charged_to_the_interval_they_fall_in(monkeypatch):
+    """The first run_batch adds the gc callback (once); a collection inside an interval is charged to it as ``gc`` and
+    goes to ``<kind>_gc`` when the interval closes; a collection with no interval open is not counted."""
+    import gc
+
+    from lumotree.sglang import step_timing
+
+    monkeypatch.setattr(step_timing, "TIMERS", {p: draft_timing.DraftTimer(every=1000, log=lambda *a: None)
+                                                for p in step_timing.PARTS})
+    monkeypatch.setattr(step_timing, "TOTALS", {k: [0.0, 0] for k in step_timing.KINDS})
+    monkeypatch.setattr(step_timing, "_interval", {"start": None, "kind": None, "idle": False, "parts": {}, "tokens": 0})
+    monkeypatch.setattr(step_timing, "PART_TOTALS", {})
+    monkeypatch.setattr(step_timing, "TOKENS", {k: [0, 0] for k in step_timing.KINDS})
+    monkeypatch.setattr(step_timing, "_last", {"start": None})
+    monkeypatch.setattr(step_timing, "_logged", {"at": 1e18})
+    monkeypatch.setattr(step_timing, "_gc", {"t0": None, "on": False})
+    now = [0.0]
+    monkeypatch.setattr(step_timing, "_clock", lambda: now[0])
+    before, enabled = list(gc.callbacks), gc.isenabled()
+    gc.disable()  # no collection of the test process's own between the stand-in ones
+    try:
+        step_timing.gc_callback("start", {"generation": 0})  # before any interval: not counted
+        now[0] += 0.5
+        step_timing.gc_callback("stop", {"generation": 0})
+        mode = SimpleNamespace(is_decode=lambda: True, is_extend=lambda: False)
+        dec = SimpleNamespace(forward_mode=mode, reqs=[0] * 4)
+
+        def collect_inside(self, b):  # a launch during which a full collection takes 30 ms
+            step_timing.gc_callback("start", {"generation": 2})
+            now[0] += 0.03
+            step_timing.gc_callback("stop", {"generation": 2})
+
+        for t in (1.0, 2.0, 3.0):
+            now[0] = t
+            step_timing.run_batch(collect_inside, "s", dec)
+        assert gc.callbacks.count(step_timing.gc_callback) == 1
+        got = step_timing.PART_TOTALS["decode_gc"]
+        assert round(got[0], 6) == 60.0 and got[1] == 2  # two closed decode intervals, 30 ms each (ms)
+    finally:
+        gc.callbacks[:] = before
+        if enabled:
+            gc.enable()

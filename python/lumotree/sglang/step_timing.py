@@ -44,7 +44,10 @@ Per batch bucket, decode batches only (a prefill between two decode steps breaks
   :func:`lumotree.sglang.suffix_sizes.widen_result`) -- :func:`lap_size`; ``dv_choose`` / ``dv_live``: an adaptive
   LUMOTREE_SUFFIX worker's per-step choice (the policy and the admissions' check) and its note of the step's live
   rows (:class:`~lumotree.sglang.worker.StepLedger`), any decode step;
-* ``input``: ``Scheduler.process_input_requests`` (new requests, aborts).
+* ``input``: ``Scheduler.process_input_requests`` (new requests, aborts);
+* ``gc``: the scheduler process's garbage collections (a ``gc.callbacks`` entry added at its first ``run_batch``),
+  charged to the interval they fall in only (``<kind>_gc``): SGLang unfreezes the collector after its CUDA-graph
+  capture, so a full collection walks the whole heap of a serving process wherever it falls.
 
 Per batch bucket (the next power of two) each part logs a line per ``REPORT_EVERY`` samples,
 ``LumoTree step-<part> timing: batch bucket B: median X ms, p95 Y ms over N steps, total Z ms``, which
@@ -119,6 +122,7 @@ TOKENS: Dict[str, list] = {k: [0, 0] for k in KINDS}  # prompt tokens the interv
 _logged = {"at": 0.0}
 _clock, _wall = time.perf_counter, time.time  # (tests set them)
 _on = False  # installed (measure times only then)
+_gc = {"t0": None, "on": False}  # a collection in progress; the callback added (the scheduler process's first batch)
 
 
 def enabled(env=os.environ) -> bool:
@@ -218,7 +222,21 @@ def on_idle(original, self, *args, **kwargs):
     return original(self, *args, **kwargs)
 
 
+def gc_callback(phase: str, info: dict) -> None:
+    """``gc.callbacks`` entry: each collection's wall time charged to the interval it falls in (``gc``)."""
+    if phase == "start":
+        _gc["t0"] = _clock()
+    elif _gc["t0"] is not None:
+        _charge("gc", _clock() - _gc["t0"])
+        _gc["t0"] = None
+
+
 def run_batch(original, self, batch, *args, **kwargs):
+    if not _gc["on"]:  # the scheduler's process (the hooks are registered in every process of the server)
+        import gc
+
+        gc.callbacks.append(gc_callback)
+        _gc["on"] = True
     bs = _decode_size(batch)
     t0 = _clock()
     _account(t0, batch)

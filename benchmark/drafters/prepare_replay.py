@@ -116,9 +116,8 @@ def replay(per_session, agents: int, nodes: int, forms, background: bool = False
             agents_now = sorted(running)
             reqs = [running[a][0] for a in agents_now]
             # overlap after a prefill: the requests that ran before it hold the last round's tokens in output_ids too
-            doubled = ([a for a in agents_now if id(running[a][0]) not in prefilled] if background and prefilled
-                       else [])
-            doubled = [(running[a][0], len(running[a][0].output_ids), running[a][2]) for a in doubled]
+            doubled = [(r, len(r.output_ids), running[a][2]) for a, r in zip(agents_now, reqs)
+                       if background and id(r) not in prefilled] if prefilled else []
             for r, _, pending in doubled:
                 r.output_ids.extend(pending)
             acc = torch.zeros(len(reqs) * nodes, dtype=torch.int64)

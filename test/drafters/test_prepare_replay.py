@@ -65,8 +65,9 @@ def test_the_background_replay_serves_every_turn_and_doubles_tokens_after_a_pref
     monkeypatch.setattr(HostCorpus, "step_get", real)
     import lumotree.sglang.suffix as sx
 
-    rewinds = []
-    for background in (False, True):  # without --background nothing is doubled: no rewinds; with it the corpus rewinds
+    rewinds, twice = [], []
+    # without --background nothing is doubled; with it the corpus takes each doubled splice once (no rewinds either way)
+    for background in (False, True):
         made = []
         real_init = sx.SuffixCorpus.__init__
 
@@ -77,5 +78,6 @@ def test_the_background_replay_serves_every_turn_and_doubles_tokens_after_a_pref
         monkeypatch.setattr(sx.SuffixCorpus, "__init__", init)
         pr.replay(per_session, 3, 8, ("parts",), background=background)
         rewinds.append(sum(c.stats["rewinds"] for c in made))
+        twice.append(sum(c.stats["spliced_twice"] for c in made))
         monkeypatch.setattr(sx.SuffixCorpus, "__init__", real_init)
-    assert rewinds[0] == 0 and rewinds[1] > 0, rewinds
+    assert rewinds == [0, 0] and twice[0] == 0 and twice[1] > 0, (rewinds, twice)

@@ -735,7 +735,8 @@ def test_global_window_benchmark_times_finishes_while_filling_and_full(tmp_path)
 
 
 class HeldIndexing:
-    """The C++ drafter with its ``index_staged`` held until ``release`` is set (it must run off the main thread)."""
+    """The C++ drafter with its ``index_async`` held until ``release`` is set: the batch is indexed (the C++
+    ``index_staged``, which marks it ready) on a thread of the test's once released."""
 
     def __init__(self, real):
         import threading
@@ -745,12 +746,17 @@ class HeldIndexing:
     def __getattr__(self, name):
         return getattr(self.real, name)
 
-    def index_staged(self, staged):
+    def index_async(self, staged):
         import threading
 
-        assert threading.current_thread() is not threading.main_thread()
+        threading.Thread(target=self._index, args=(staged,), daemon=True).start()
+
+    def _index(self, staged):
         self.entered.set()
         self.release.wait(10)
+        self._run(staged)
+
+    def _run(self, staged):
         self.real.index_staged(staged)
         self.indexed.append(list(staged.rids))
 
@@ -803,16 +809,17 @@ def test_a_background_admission_error_is_raised_at_the_next_drafter_call():
     corpus = SuffixCorpus(8)
     real = corpus._drafter
 
-    class Failing:
+    class Failing:  # the indexing runs; what it raised comes back from wait_staged, as the C++ drafter rethrows it
         def __getattr__(self, name):
             return getattr(real, name)
 
-        def index_staged(self, staged):
+        def wait_staged(self, staged):
+            real.wait_staged(staged)
             raise RuntimeError("admission failed")
 
     corpus.drafter = Failing()
     corpus.admit_batch([("a", [1, 2, 3], 3), ("b", [4, 5, 6], 3)])
-    corpus._staged[0][0].exception(10)  # the indexing has failed
+    real.drain()  # the indexing has run
     with pytest.raises(RuntimeError, match="admission failed"):
         corpus.batch_get(["a"], [[1, 2, 3]], [3])
     assert not corpus._staged and not corpus._admitting  # raised once; the corpus goes on
@@ -826,7 +833,7 @@ def test_the_python_drafter_admits_in_line(monkeypatch):
     monkeypatch.setenv("LUMOTREE_OPS", "naive")
     corpus = SuffixCorpus(8)
     corpus.admit_batch([("a", [1, 2, 3, 1, 2], 5), ("b", [4, 5, 6], 3)])
-    assert not corpus._staged and not corpus._admitting and corpus._executor is None
+    assert not corpus._staged and not corpus._admitting
     assert corpus.drafter.stats["starts"] == 2
 
 
@@ -875,12 +882,22 @@ class HeldBatches(HeldIndexing):
         super().__init__(real)
         self.gates = gates
 
-    def index_staged(self, staged):
+    def index_async(self, staged):  # in order, as the C++ drafter's one thread: a batch waits for those before it
+        import threading
+
+        prev = self._last
+        self._last = threading.Thread(target=self._gated, args=(staged, prev), daemon=True)
+        self._last.start()
+
+    _last = None
+
+    def _gated(self, staged, prev):
+        if prev is not None:
+            prev.join(20)
         gate = self.gates.get(list(staged.rids)[0])
         if gate is not None:
             gate.wait(10)
-        self.real.index_staged(staged)
-        self.indexed.append(list(staged.rids))
+        self._run(staged)
 
 
 @pytest.mark.parametrize("drop", [1, 3])
@@ -908,7 +925,7 @@ def test_a_rewind_of_an_admitted_request_does_not_wait_for_later_admissions(drop
     assert c.undrafted == [1]  # still indexing: drafted nothing, its two tokens kept
     c.admit_batch([(rid, t, len(t)) for rid, t in later.items()])  # a later prefill batch, held
     gates["n0"].set()
-    c._staged[0][0].result(10)  # n0's batch indexed, not yet committed
+    held.real.wait_staged(c._staged[0][0])  # n0's batch indexed, not yet committed
     moved = (prompt + [7, 9]) if drop == 1 else (prompt[:-1] + [5, 6, 4])
     done = []
     step = threading.Thread(target=lambda: done.append(c.batch_get(["run", "n0"], [running[:154], moved],
@@ -924,3 +941,68 @@ def test_a_rewind_of_an_admitted_request_does_not_wait_for_later_admissions(drop
     assert c.stats["rewinds"] == 1 and c.stats["rewound_tokens"] == drop
     c.wait_admissions()
     assert c.drafter.context("n0")[-len(moved):] == moved
+
+
+def test_index_async_indexes_on_the_drafter_s_own_thread_without_the_gil():
+    """``index_async`` indexes a staged batch on the C++ drafter's own thread: it becomes ``ready`` while the caller
+    holds the GIL in a Python loop that never lets a Python thread in (switch interval 10 s) -- a Python admissions
+    thread needed the GIL to start and to report -- and the committed requests draft as after ``start_batch``."""
+    import sys
+    import time
+
+    rng = random.Random(3)
+    prompts = {f"r{i}": motif_tokens(rng, 400) for i in range(4)}
+    kw = dict(max_match=8, max_spec=24, global_tokens=1 << 12, min_prob=0.0, retired_tokens=1 << 12)
+    a, b = S.NativeSuffixDrafter(threads=2, **kw), S.NativeSuffixDrafter(**kw)
+    a.start_batch(list(prompts), list(prompts.values()))
+    staged = b.stage_batch(list(prompts), list(prompts.values()))
+    assert not staged.ready
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)
+    try:
+        b.index_async(staged)
+        deadline = time.perf_counter() + 5.0
+        while not staged.ready and time.perf_counter() < deadline:
+            pass  # holds the GIL: no Python thread could run here
+        ready = staged.ready
+    finally:
+        sys.setswitchinterval(old)
+    assert ready, "the staged batch was not indexed while the caller held the GIL"
+    with pytest.raises(RuntimeError, match="indexed already"):
+        b.index_async(staged)
+    b.wait_staged(staged)
+    b.commit_staged(staged)
+    for rid in prompts:
+        same(a.draft(rid, 16), b.draft(rid, 16))
+
+
+def test_index_async_keeps_the_order_and_drain_waits_for_every_batch():
+    """Batches handed to ``index_async`` are indexed in order on one thread; ``drain`` returns when all are, and each
+    commits as after ``start_batch`` (a next turn's batch adopting the trie a batch before it left)."""
+    rng = random.Random(4)
+    first = motif_tokens(rng, 300)
+    kw = dict(max_match=8, max_spec=24, global_tokens=1 << 12, min_prob=0.0, retired_tokens=1 << 14)
+    a, b = S.NativeSuffixDrafter(**kw), S.NativeSuffixDrafter(**kw)
+    batches = [{f"t{k}-{i}": motif_tokens(rng, 200) for i in range(3)} for k in range(5)]
+    a.start("s", first)
+    b.start("s", first)
+    a.finish("s", first[-20:])
+    b.finish("s", first[-20:])
+    batches[0]["s2"] = first + motif_tokens(rng, 50)  # a next turn: adopts "s"'s trie
+    staged = [b.stage_batch(list(x), list(x.values())) for x in batches[:1]]
+    for x in batches:
+        a.start_batch(list(x), list(x.values()))
+    b.index_async(staged[0])
+    for x in batches[1:]:
+        st = b.stage_batch(list(x), list(x.values()))
+        b.index_async(st)
+        staged.append(st)
+    b.drain()
+    assert all(st.ready for st in staged)
+    for st in staged:
+        b.wait_staged(st)
+        b.commit_staged(st)
+    assert a.stats == b.stats and b.stats["adopted"] == 1
+    for x in batches:
+        for rid in x:
+            same(a.draft(rid, 16), b.draft(rid, 16))

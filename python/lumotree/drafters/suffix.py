@@ -479,6 +479,20 @@ class NativeSuffixDrafter:
         admission threads)."""
         self._d.index_staged(staged)
 
+    def index_async(self, staged) -> None:
+        """:meth:`index_staged` on the drafter's own background thread (a C++ one: nothing of it waits for the GIL),
+        batches in the order handed over; the caller goes on and polls ``staged.ready``, then :meth:`wait_staged`."""
+        self._d.index_async(staged)
+
+    def wait_staged(self, staged) -> None:
+        """Wait until :meth:`index_async`'s (or :meth:`index_staged`'s) indexing of ``staged`` has run (the GIL
+        released); raises what it raised."""
+        self._d.wait_staged(staged)
+
+    def drain(self) -> None:
+        """Wait until every batch handed to :meth:`index_async` has been indexed (before a fork)."""
+        self._d.drain()
+
     def commit_staged(self, staged) -> None:
         """The indexed requests of :meth:`stage_batch` join the drafter."""
         self._d.commit_staged(staged)

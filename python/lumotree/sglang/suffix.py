@@ -14,7 +14,6 @@ with every accepted token; when the request leaves the batch its output joins th
 from __future__ import annotations
 
 import collections
-import concurrent.futures
 import functools
 import logging
 import os
@@ -129,7 +128,7 @@ class HostCorpus:
         self._outputs: Dict[object, List[int]] = {}  # tokens appended after admission (its output)
         self._tail: Dict[object, List[int]] = {}  # the last <= TAIL of those context tokens
         self._undecoded: Dict[object, None] = {}  # admitted with their prefill (admit), not yet in a decode step
-        self.stats = dict(starts=0, rewinds=0, rewound_tokens=0, restarts=0)
+        self.stats = dict(starts=0, rewinds=0, rewound_tokens=0, restarts=0, spliced_twice=0)
 
     def _start(self, rid, tokens: List[int]) -> None:
         pass
@@ -257,9 +256,14 @@ class HostCorpus:
         """:meth:`_observe` of request ``rid``'s context ``prompt + out + extra`` as :meth:`step_get` hands it over.
         The common case -- the tail it checks is still the context's at the same positions, and the context did not
         shrink -- appends the new tokens here; any other (first sight, a rewind, a restart) goes through
-        :meth:`window`, :func:`last_tokens` and :meth:`_observe` as before."""
-        total = len(prompt) + len(out) + len(extra)
+        :meth:`window`, :func:`last_tokens` and :meth:`_observe` as before.
+
+        A splice the output already holds is taken once (:meth:`_spliced_twice`)."""
         seen = self._seen.get(rid)
+        if extra and seen is not None and self._spliced_twice(prompt, out, extra, seen):
+            extra = ()
+            self.stats["spliced_twice"] += 1
+        total = len(prompt) + len(out) + len(extra)
         if seen is not None and total >= seen:
             tail = self._tail[rid]
             n = total - seen + len(tail)  # the view from the tail's first token on (window())
@@ -275,6 +279,24 @@ class HostCorpus:
                     return int(view[-1])
         view = last_tokens(prompt, out, extra, self.window(rid, total, depth))
         return self._observe(rid, view, total, lambda: last_tokens(prompt, out, extra, depth))
+
+    @staticmethod
+    def _spliced_twice(prompt, out, extra, seen: int) -> bool:
+        """Whether the last round's tokens (``extra``) are in ``out`` already: exactly they follow the ``seen`` tokens
+        observed at the request's last drafted step. SGLang's overlap scheduler processes a round's results while it
+        launches the next round, so a drafted step normally finds ``out`` ending where the corpus's view ended and the
+        round after it spliced on; when a prefill batch ran between two decode steps, the round's results were
+        processed during it, and the round arrives twice (its NGRAM worker splices it regardless).
+
+        Why: taken twice, the doubled round was indexed into the request's trie and drafted from (a context that
+        repeats itself), and the next step rewound it -- the C++ drafter's cursor rebuilt and the Python's slow path,
+        for every request running across each prefill: at 32 concurrent agents, a prefill every second or third
+        decode step, about 8 rewinds per drafted step and a third of the drafter's time (the preparation replayed
+        on the CPU, ``benchmark/drafters/prepare_replay.py --background``). A coincidence (tokens of steps the corpus
+        did not see -- no-draft steps -- equal to the round's) takes the context one round short for a step, its last
+        token still the server's (the tokens compared equal), and the next step appends the rest."""
+        past = len(prompt) + len(out) - seen
+        return 0 < past == len(extra) and past <= len(out) and out[len(out) - past:] == list(extra)
 
     def _leave_undecoded(self, req_ids) -> None:
         if self._undecoded:  # admitted with a prefill: decoding now, or gone without a decode step
@@ -338,22 +360,20 @@ class SuffixCorpus(HostCorpus):
         self.kw = dict(max_match=max_match, max_spec=max_spec, global_tokens=global_tokens, min_prob=min_prob,
                        retired_tokens=retired_tokens)
         self.threads = drafter_threads()
-        # a prefill batch's admissions indexed in the background, oldest first: [future, staged starts, their rids]
+        # a prefill batch's admissions indexed in the background, oldest first: [staged starts, their rids]
         self._staged: collections.deque = collections.deque()
         self._admitting: Dict[object, None] = {}  # requests staged and not yet committed (drafting nothing meanwhile)
-        self._executor: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._finishes: List[Tuple[object, List[int]]] = []  # admitting requests that left before their commit
         self.undrafted: List[int] = []  # rows of the last batch_get that drafted nothing: their admission was indexing
         self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
         self._pending: Dict[object, List[int]] = {}  # a step's appends, handed over with its drafts
         self._starts: Optional[List[Tuple[object, List[int]]]] = None  # a prefill batch's admissions (admit_batch)
-        if self._native():
-            self._admissions_thread()
         _CORPORA.add(self)
 
     def _native(self) -> bool:
-        """The C++ drafter (its calls release the GIL; its admissions can be indexed on another thread)."""
-        return all(hasattr(self._drafter, a) for a in ("stage_batch", "index_staged", "commit_staged", "step_layout"))
+        """The C++ drafter (its calls release the GIL; its admissions are indexed on its own background thread)."""
+        return all(hasattr(self._drafter, a) for a in ("stage_batch", "index_async", "wait_staged", "commit_staged",
+                                                       "step_layout"))
 
     @property
     def drafter(self):
@@ -387,14 +407,14 @@ class SuffixCorpus(HostCorpus):
         ``until``: only until request ``until`` is committed), then hand over their requests that left meanwhile, in
         the order they left (:meth:`_finish`)."""
         while self._staged:
-            future, staged, rids = self._staged[0]
+            staged, rids = self._staged[0]
             if until is not None and until not in self._admitting:
                 break
-            if not block and not future.done():
+            if not block and not staged.ready:
                 break
             self._staged.popleft()
             try:
-                future.result()
+                self._drafter.wait_staged(staged)  # raises what the indexing raised
                 self._drafter.commit_staged(staged)
             finally:  # committed or failed: the requests are no longer admitting either way
                 for rid in rids:
@@ -414,8 +434,8 @@ class SuffixCorpus(HostCorpus):
 
     def admit_batch(self, items) -> None:
         """A prefill batch's admissions in one call. With the C++ drafter their prompts are indexed in the background
-        (``stage_batch`` here -- the checks and the adoptions of finished turns' tries --, ``index_staged`` on the
-        admissions thread, without the GIL, ``commit_staged`` at the first drafter call after it is done): the
+        (``stage_batch`` here -- the checks and the adoptions of finished turns' tries --, ``index_async`` on the
+        drafter's own C++ thread, without the GIL, ``commit_staged`` at the first drafter call after it is done): the
         scheduler's thread goes on -- the prefill's results, the next batch -- and a decode step that drafts before
         a request's commit drafts nothing for that request (its root alone, :attr:`undrafted`) instead of waiting.
         Why: a prompt's indexing takes milliseconds -- 32 new 3k-token prompts 105-240 ms on this project's 2-CPU
@@ -438,8 +458,8 @@ class SuffixCorpus(HostCorpus):
         rids = [rid for rid, _ in starts]
         self._settle(block=any(rid in self._admitting for rid in rids))  # a request admitted again: its first commit
         staged = self._drafter.stage_batch(rids, [tokens for _, tokens in starts])
-        future = self._admissions_thread().submit(self._drafter.index_staged, staged)
-        self._staged.append((future, staged, rids))
+        self._drafter.index_async(staged)
+        self._staged.append((staged, rids))
         self._admitting.update(dict.fromkeys(rids))
 
     def admitting(self, req_ids) -> bool:
@@ -454,14 +474,6 @@ class SuffixCorpus(HostCorpus):
                 return False
             seen = True
         return seen
-
-    def _admissions_thread(self) -> concurrent.futures.ThreadPoolExecutor:
-        """The one background thread of :meth:`admit_batch`, started with the C++ drafter (starting it at the first
-        prefill cost that prefill ~6 ms on this project's CPU)."""
-        if self._executor is None:
-            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="lumotree-admissions")
-            self._executor.submit(int).result()  # the thread is up
-        return self._executor
 
     def _flush_starts(self, stop: bool) -> None:
         """Start the admissions deferred by :meth:`admit_batch` so far; ``stop``: and defer no more."""
@@ -577,10 +589,11 @@ _CORPORA: "weakref.WeakSet[SuffixCorpus]" = weakref.WeakSet()
 
 def _wait_all_admissions() -> None:
     """Before a fork: no admission is left running in the background (the child would not have its thread). The
-    futures stay as they are: an error one met is raised at the next drafter call, in the parent and in the child."""
-    futures = [f for c in list(_CORPORA) for f, _, _ in list(c._staged)]
-    if futures:
-        concurrent.futures.wait(futures)
+    staged batches stay as they are: an error one met is raised at the next drafter call, in the parent and in the
+    child."""
+    for c in list(_CORPORA):
+        if c._staged:
+            c._drafter.drain()
 
 
 if hasattr(os, "register_at_fork"):

@@ -21,8 +21,8 @@ background, the overlap scheduler's doubled tokens after a prefill (a rewind the
 each step for the rest of a served step; rows add each bucket's 95th percentile, maximum and total:
 
     python3 benchmark/drafters/prepare_replay.py \
-        --replies benchmark/results/agents_32_finish_block_replies_h200.json.gz --reference none/32 --agents 32 \
-        --form parts --background --gpu-ms 4 --out benchmark/results/prepare_replay_background_cpu.json
+        --replies benchmark/results/agents_32_delayer_replies_h200.json.gz --reference none/32 --agents 32 \
+        --nodes 16 --form parts --background --gpu-ms 4 --out OUT.json   # prepare_replay_background_cpu.json's runs
 
 A measurement of this machine's CPU, not of a server: no GPU work, no scheduler around it (served at 32 agents on H200
 hosts the same Python took 2.5-3x as long: 1.27 ms in the views form, 0.96 in the parts form, two machines).
@@ -70,7 +70,8 @@ def replay(per_session, agents: int, nodes: int, forms, background: bool = False
     SGLang's overlap scheduler does (its ``output_ids`` already hold them; the next step they are gone again: a
     rewind). ``gpu_ms``: the rest of a served step after its preparation (the verify and the scheduler's other work),
     slept after each step, during which background indexing goes on. Returns ``{form: [(batch, prepare s, drafter
-    call s), ...]}`` and the decode steps."""
+    call s), ...]}``, the decode steps, and the first form's drafting: request steps, the drafts they accepted (and per
+    request step), those that drafted nothing (``undrafted``: the admission still indexing), the corpus's stats."""
     import numpy as np
     import torch
     from acceptance_replay import accepted, parents_from_mask
@@ -94,6 +95,8 @@ def replay(per_session, agents: int, nodes: int, forms, background: bool = False
     samples = {f: [] for f in forms}
     queue, running, free, steps = list(range(len(per_session)))[::-1], {}, list(range(agents))[::-1], 0
     fresh = []  # the turns admitted since the last decode step: one prefill batch
+    # the first form's request steps, the drafts they accepted, and those that drafted nothing (admission indexing)
+    drafting = dict(request_steps=0, accepted_drafts=0, undrafted=0)
     try:
         def admit(agent, s, t):
             prompt, output = per_session[s][t]
@@ -134,6 +137,8 @@ def replay(per_session, agents: int, nodes: int, forms, background: bool = False
                 t0 = time.perf_counter()
                 got[f] = prepare[f](workers[f], batch)
                 samples[f].append((len(reqs), time.perf_counter() - t0, sum(calls)))
+                if f == forms[0]:
+                    drafting["undrafted"] += len(getattr(workers[f].ngram_corpus, "undrafted", ()))
             for r, n, _ in doubled:
                 del r.output_ids[n:]
             if gpu_ms:
@@ -150,6 +155,8 @@ def replay(per_session, agents: int, nodes: int, forms, background: bool = False
                 req.output_ids.extend(pending)  # overlap: the last round's tokens reach output_ids a step late
                 pos = len(req.output_ids)
                 k = accepted(list(drafts[i]), parents_from_mask(masks[i].tolist()), ref[pos:])
+                drafting["request_steps"] += 1
+                drafting["accepted_drafts"] += k
                 running[a][2] = list(ref[pos:pos + k + 1])
                 if pos + len(running[a][2]) >= len(ref):
                     done.append(a)
@@ -166,7 +173,10 @@ def replay(per_session, agents: int, nodes: int, forms, background: bool = False
                     free.append(a)
     finally:
         draft_timing.timed = real_timed
-    return samples, steps
+    corpus = workers[forms[0]].ngram_corpus
+    drafting["accepted_per_request_step"] = round(drafting["accepted_drafts"] / max(1, drafting["request_steps"]), 3)
+    drafting["corpus_stats"] = dict(corpus.stats)
+    return samples, steps, drafting
 
 
 def rows(samples) -> list:
@@ -209,12 +219,12 @@ def main(argv=None):
 
     forms = FORMS if args.form == "both" else (args.form,)
     t0 = time.perf_counter()
-    samples, steps = replay(served_turns(args), args.agents, args.nodes, forms, background=args.background,
+    samples, steps, drafting = replay(served_turns(args), args.agents, args.nodes, forms, background=args.background,
                             gpu_ms=args.gpu_ms)
     got = rows(samples)
     for r in got:
         print(r, flush=True)
-    return write_result(__file__, argv, args.out, reference=args.reference, nodes=args.nodes, decode_steps=steps,
+    return write_result(__file__, argv, args.out, reference=args.reference, nodes=args.nodes, decode_steps=steps, drafting=drafting,
                         background=args.background, gpu_ms=args.gpu_ms, seconds=round(time.perf_counter() - t0, 1),
                         rows=got)
 

@@ -32,7 +32,8 @@ def test_both_forms_draft_the_same_and_serve_every_turn(agents):
     pytest.importorskip("sglang")
     pr = pytest.importorskip("prepare_replay")
     per_session = sessions()
-    samples, steps = pr.replay(per_session, agents, 8, ("parts", "views"))
+    samples, steps, drafting = pr.replay(per_session, agents, 8, ("parts", "views"))
+    assert drafting["request_steps"] >= steps and drafting["undrafted"] == 0  # admissions waited for
     assert len(samples["parts"]) == len(samples["views"]) == steps > 0
     # every decode step of a turn advances each running request by at least one token: no more steps than tokens
     assert steps <= sum(len(reply) for turns in per_session for _, reply in turns)
@@ -59,7 +60,7 @@ def test_the_background_replay_serves_every_turn_and_doubles_tokens_after_a_pref
 
     monkeypatch.setattr(HostCorpus, "step_get", spy)
     per_session = sessions(n=5, turns=3, seed=1)
-    samples, steps = pr.replay(per_session, 3, 8, ("parts",), background=True, gpu_ms=0.5)
+    samples, steps, _ = pr.replay(per_session, 3, 8, ("parts",), background=True, gpu_ms=0.5)
     assert len(samples["parts"]) == steps == len(seen) > 0
     assert all(r["prepare_p95_ms"] <= r["prepare_max_ms"] for r in pr.rows(samples))
     monkeypatch.setattr(HostCorpus, "step_get", real)
@@ -76,8 +77,9 @@ def test_the_background_replay_serves_every_turn_and_doubles_tokens_after_a_pref
             made.append(self)
 
         monkeypatch.setattr(sx.SuffixCorpus, "__init__", init)
-        pr.replay(per_session, 3, 8, ("parts",), background=background)
+        _, _, drafting = pr.replay(per_session, 3, 8, ("parts",), background=background)
         rewinds.append(sum(c.stats["rewinds"] for c in made))
+        assert drafting["corpus_stats"] == made[0].stats
         twice.append(sum(c.stats["spliced_twice"] for c in made))
         monkeypatch.setattr(sx.SuffixCorpus, "__init__", real_init)
     assert rewinds == [0, 0] and twice[0] == 0 and twice[1] > 0, (rewinds, twice)

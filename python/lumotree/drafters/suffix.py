@@ -467,8 +467,9 @@ class NativeSuffixDrafter:
 
     def stage_batch(self, rids: Sequence, prompts: Sequence[Sequence[int]]):
         """A prefill batch's admissions, first part (on the caller's thread): the checks and the adoptions of finished
-        turns' tries; then :meth:`index_staged` (on any thread: it touches only the staged requests, so the drafter
-        serves the others meanwhile) and :meth:`commit_staged` (the requests join). The same as :meth:`start_batch`."""
+        turns' tries; then :meth:`index_async` (the drafter's own thread) or :meth:`index_staged` (any thread: it
+        touches only the staged requests, so the drafter serves the others meanwhile) and :meth:`commit_staged` (the
+        requests join). The same as :meth:`start_batch`."""
         # the token lists straight to pybind11 (its C-level conversion rejects non-integers too): a prefill batch's
         # prompts are converted on the scheduler's thread, 32 x 3k tokens ~3 ms on this project's CPU, a Python
         # comprehension first cost as much again

@@ -968,7 +968,6 @@ PYBIND11_MODULE(_host, m) {
   m.doc() = "LumoTree's host-side drafters in C++ (see csrc/host/suffix_drafter.cc)";
   py::class_<SuffixDrafter::Staged, std::shared_ptr<SuffixDrafter::Staged>>(m, "StagedStarts")
       .def_property_readonly("rids", [](const SuffixDrafter::Staged& st) { return st.rids; })
-      .def_property_readonly("indexed", [](const SuffixDrafter::Staged& st) { return st.indexed; })
       .def_property_readonly("committed", [](const SuffixDrafter::Staged& st) { return st.committed; })
       .def_property_readonly("ready", [](const SuffixDrafter::Staged& st) { return st.ready.load(); });
   py::class_<SuffixDrafter>(m, "SuffixDrafter")

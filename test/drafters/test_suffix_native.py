@@ -736,7 +736,8 @@ def test_global_window_benchmark_times_finishes_while_filling_and_full(tmp_path)
 
 class HeldIndexing:
     """The C++ drafter with its ``index_async`` held until ``release`` is set: the batch is indexed (the C++
-    ``index_staged``, which marks it ready) on a thread of the test's once released."""
+    ``index_staged``, which marks it ready) on a thread of the test's once released; ``indexed`` lists the batches in the
+    order they were handed to ``index_staged``."""
 
     def __init__(self, real):
         import threading
@@ -756,9 +757,9 @@ class HeldIndexing:
         self.release.wait(10)
         self._run(staged)
 
-    def _run(self, staged):
-        self.real.index_staged(staged)
+    def _run(self, staged):  # recorded before index_staged marks the batch ready: a caller that waited sees it
         self.indexed.append(list(staged.rids))
+        self.real.index_staged(staged)
 
 
 def test_prefill_admissions_are_indexed_in_the_background_and_drafted_once_committed():

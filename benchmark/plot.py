@@ -107,62 +107,67 @@ def agents():
     fig.savefig(os.path.join(DOCS, "agents_h200.png"), dpi=110)
 
 
-# the stacked parts of a decode step (medians per bucket; they need not add up to the step's median exactly)
-NONE_PARTS = [("schedule", lambda t: t["schedule"]), ("forward: init + forward + sample", lambda t: t["forward"]),
-              ("run_batch's rest", lambda t: t["launch"] - t["forward"]), ("result", lambda t: t["result"]),
-              ("loop's rest", lambda t: t["step"] - t["launch"] - t["schedule"] - t["result"])]
-NODRAFT_PARTS = [("schedule", lambda t: t["schedule"]), ("lengths (SGLang's wait)", lambda t: t["lengths"]),
-                 ("worker's bookkeeping", lambda t: t["worker"] - t["nodraft"]), ("nd_prep", lambda t: t["nd_prep"]),
-                 ("nd_init", lambda t: t["nd_init"]), ("nd_forward", lambda t: t["nd_forward"]),
-                 ("nd_sample", lambda t: t["nd_sample"]), ("nd_result", lambda t: t["nd_result"]),
-                 ("run_batch's rest", lambda t: t["launch"] - t["worker"] - t["lengths"]),
-                 ("result", lambda t: t["result"]),
-                 ("loop's rest", lambda t: t["step"] - t["launch"] - t["schedule"] - t["result"])]
+# where a decode step's time goes at 32 requests: per bar (label, server, the part that is the whole, [(part,
+# f(medians))]). Medians of each part over the steps that had it, so the parts need not add up to the whole's median
+# exactly; LUMOTREE_SUFFIX's loop parts are over its drafted and no-draft steps together, its worker's over one kind
+STEP_RUN = "32-agents-full-mask-skip"
+STEP_BARS = [
+    ("no speculation:\ndecode step", "none", "step",
+     [("schedule", lambda t: t["schedule"]), ("the target's forward (init + forward + sample)", lambda t: t["forward"]),
+      ("run_batch's rest", lambda t: t["launch"] - t["forward"]), ("result processing", lambda t: t["result"]),
+      ("the loop's rest", lambda t: t["step"] - t["launch"] - t["schedule"] - t["result"])]),
+    ("LUMOTREE_SUFFIX:\ndecode step (both kinds)", "lumotree-suffix", "step",
+     [("schedule", lambda t: t["schedule"]), ("SGLang's wait for the lengths", lambda t: t["lengths"]),
+      ("LumoTree's worker", lambda t: t["worker"]),
+      ("run_batch's rest", lambda t: t["launch"] - t["worker"] - t["lengths"]),
+      ("result processing", lambda t: t["result"]),
+      ("the loop's rest", lambda t: t["step"] - t["launch"] - t["schedule"] - t["result"])]),
+    ("LUMOTREE_SUFFIX:\nits drafted step\n(in the worker)", "lumotree-suffix", "drafted",
+     [("draft preparation (drafter + SGLang's inputs)", lambda t: t["dv_prepare"]),
+      ("the verify's launch", lambda t: t["verify"]), ("the post-verify CUDA graph", lambda t: t["post_verify"]),
+      ("lengths' publish, corpus, result", lambda t: t["dv_tail"]),
+      ("the drafted step's rest", lambda t: t["drafted"] - t["dv_prepare"] - t["verify"] - t["post_verify"]
+       - t["dv_tail"])]),
+    ("LUMOTREE_SUFFIX:\nits no-draft step\n(in the worker)", "lumotree-suffix", "nodraft",
+     [("no-draft: batch from the speculative one", lambda t: t["nd_prep"]),
+      ("no-draft: forward batch", lambda t: t["nd_init"]),
+      ("no-draft: decode graph launch", lambda t: t["nd_forward"]), ("no-draft: sampler", lambda t: t["nd_sample"]),
+      ("no-draft: result", lambda t: t["nd_result"])]),
+    ("SGLang NGRAM\n(16 tokens):\ndecode step", "ngram16", "step",
+     [("schedule", lambda t: t["schedule"]), ("SGLang's wait for the lengths", lambda t: t["lengths"]),
+      ("NGRAM: draft preparation", lambda t: t["spec_prep"]), ("the verify's launch", lambda t: t["verify"]),
+      ("NGRAM: sampler + state commit + KV move", lambda t: t["sample"] + t["state_commit"] + t["kv_move"]),
+      ("run_batch's rest", lambda t: t["launch"] - t["lengths"] - t["spec_prep"] - t["verify"] - t["sample"]
+       - t["state_commit"] - t["kv_move"]),
+      ("result processing", lambda t: t["result"]),
+      ("the loop's rest", lambda t: t["step"] - t["launch"] - t["schedule"] - t["result"])]),
+]
 
 
-def step_timing():
-    """Served decode steps at 32 agents (run "32-agents-step-parts"): each server's median wall time per decode step on
-    the scheduler's thread per batch bucket, the part of it in ``Scheduler.run_batch`` (the worker's launch), and the
-    no-draft step's parts stacked beside no speculation's decode step."""
-    run = next(r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]
-               if r["name"] == "32-agents-step-parts")
-    servers = [n for n in ("none", "ngram", "lumotree-suffix", "lumotree-suffix-nodraft") if n in run["servers"]]
-    buckets = ["1", "2", "4", "8", "16", "32"]
-    fig, axes = plt.subplots(1, 3, figsize=(17, 3.8), gridspec_kw=dict(width_ratios=[3, 3, 2.2]))
-    w = 0.8 / len(servers)
-    for ax, part, title in zip(axes, ("step", "launch"), ("decode step (run_batch to run_batch)",
-                                                         "its Scheduler.run_batch (launch)")):
-        for i, n in enumerate(servers):
-            got = run["servers"][n]["step_timing"].get(part, {})
-            xs = [j + (i - (len(servers) - 1) / 2) * w for j in range(len(buckets))]
-            vals = [got[b]["median_ms"] if b in got else 0 for b in buckets]
-            ax.bar(xs, vals, width=w, label=n)
-        ax.set(xticks=range(len(buckets)), xticklabels=buckets, xlabel="batch bucket (running requests, next power of 2)",
-               title=title, ylabel="median ms")
-    axes[0].legend(fontsize=7)
-    ax, labels, x = axes[2], [], 0
-    colors = {}
-    for b in ("1", "8", "32"):
-        for n, parts in (("none", NONE_PARTS), ("lumotree-suffix-nodraft", NODRAFT_PARTS)):
-            t = {p: v[b]["median_ms"] for p, v in run["servers"][n]["step_timing"].items() if b in v}
-            bottom = 0.0
-            for name, f in parts:
-                v = max(0.0, f(t))
-                c = colors.setdefault(name, plt.get_cmap("tab20")(len(colors) % 20))
-                ax.bar(x, v, bottom=bottom, color=c, label=name if name not in labels else None,
-                       hatch="//" if name == "loop's rest" else None)
-                labels.append(name)
-                bottom += v
-            ax.text(x, bottom, f"{t['step']:.2f}", ha="center", va="bottom", fontsize=7)
-            x += 1
-        x += 0.5
-    ticks = [i + 0.5 * (i // 2) for i in range(6)]
-    ax.set(xticks=ticks, xticklabels=["none\nb1", "no-draft\nb1", "none\nb8", "no-draft\nb8", "none\nb32",
-                                      "no-draft\nb32"], ylabel="median ms (stacked parts)",
-           title="no-draft step against no speculation's decode step")
+def step_timing(bucket="32"):
+    """Where a served decode step's time goes at 32 requests (run ``STEP_RUN``, the step timer's medians on the
+    scheduler's thread): no speculation's decode step, LUMOTREE_SUFFIX's (drafted and no-draft steps together) and its
+    two kinds of step inside its worker, SGLang's NGRAM at 16 tokens."""
+    run = next(r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"] if r["name"] == STEP_RUN)
+    fig, ax = plt.subplots(figsize=(13, 4.2))
+    colors, right = {}, 0.0
+    for y, (label, server, whole, parts) in enumerate(STEP_BARS):
+        t = {p: v[bucket]["median_ms"] for p, v in run["servers"][server]["step_timing"].items() if bucket in v}
+        left = 0.0
+        for name, f in parts:
+            v = max(0.0, f(t))
+            new = name not in colors
+            c = colors.setdefault(name, plt.get_cmap("tab20")(len(colors) % 20))
+            ax.barh(y, v, left=left, color=c, label=name if new else None)
+            left += v
+        ax.text(left, y, f" median {t[whole]:.2f} ms", va="center", fontsize=8)
+        right = max(right, left)
+    ax.set_xlim(0, 1.18 * right)
+    ax.set(yticks=range(len(STEP_BARS)), yticklabels=[b[0] for b in STEP_BARS], xlabel="median ms (stacked parts)",
+           title=f"32 SWE-agent-style sessions, tiny model, H200: a decode step at {bucket} requests (run {STEP_RUN})")
+    ax.invert_yaxis()
+    ax.tick_params(axis="y", labelsize=7)
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.suptitle("32 SWE-agent-style sessions, tiny model, H200 (LUMOTREE_SUFFIX mixes drafted and no-draft steps)",
-                 fontsize=9)
     fig.tight_layout()
     fig.savefig(os.path.join(DOCS, "step_timing_h200.png"), dpi=110)
 
@@ -178,13 +183,13 @@ PREFILL_PARTS = [("prefill: the target's forward", lambda t: t["prefill_forward"
 
 
 def intervals():
-    """32 agents (run "32-agents-sections"): each server's scheduler time over the phase's three repeats, its decode
+    """32 agents (run ``STEP_RUN``): each server's scheduler time over the phase's three repeats, its decode
     intervals and its prefill intervals split by the step timer's parts: the target's forward, the rest of
     ``run_batch`` (a speculative worker's own prefill work), scheduling, result processing, the loop's rest."""
-    run = next(r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]
-               if r["name"] == "32-agents-sections")
-    servers = [n for n in ("none", "ngram", "lumotree-suffix") if n in run["servers"]]
-    totals = {n: {k: v["seconds"] for k, v in run["servers"][n]["step_totals"]["32 agents"].items()} for n in servers}
+    run = next(r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"] if r["name"] == STEP_RUN)
+    servers = [n for n in ("none", "ngram16", "lumotree-suffix") if n in run["servers"]]
+    totals = {n: {k: v["seconds"] for k, v in run["servers"][n]["step_totals"]["32 agents"].items() if "seconds" in v}
+              for n in servers}
     fig, ax = plt.subplots(figsize=(12, 3.2))
     parts = [("decode intervals", lambda t: t["decode"])] + PREFILL_PARTS
     left = [0.0] * len(servers)
@@ -196,7 +201,7 @@ def intervals():
         ax.text(tot, i, f" {tot:.1f} s", va="center", fontsize=8)
     ax.set(yticks=range(len(servers)), yticklabels=servers,
            xlabel="scheduler seconds in decode and prefill intervals, three 32-agent phases",
-           xlim=(0, 1.15 * max(left)), title="32 agents: where the scheduler's time goes (one H200)")
+           xlim=(0, 1.15 * max(left)), title=f"32 agents: where the scheduler's time goes (one H200, run {STEP_RUN})")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(os.path.join(DOCS, "agents32_intervals_h200.png"), dpi=110)

@@ -45,6 +45,8 @@ class EdgeMap {
   void reserve(size_t n) {
     if (n > limit_) rehash(n);
   }
+  // the cache line of k's home slot on its way (append: a token's edges looked up together)
+  void prefetch(uint64_t k) const { __builtin_prefetch(&slots_[slot(k)]); }
   int32_t find(uint64_t k) const {
     for (size_t i = slot(k);; i = (i + 1) & mask_) {
       if (slots_[i].key == k) return slots_[i].val;
@@ -127,8 +129,10 @@ class SuffixTrie {
     std::vector<int32_t>& act = active_[seq];
     std::vector<int32_t>& nxt = scratch_;  // the cursor before this token, kept for the next: no allocation per token
     nxt.clear();
+    for (int32_t node : act) edge_.prefetch(key(node, token));
     nxt.push_back(child_or_new(0, token));
     for (int32_t node : act) nxt.push_back(child_or_new(node, token));
+    for (int32_t id : nxt) ++nodes_[id].count;  // after the lookups: the counts' cache misses overlap
     if (static_cast<int>(nxt.size()) > depth_ - 1) nxt.resize(std::max(0, depth_ - 1));
     act.swap(nxt);
     ++num_tokens_;
@@ -152,7 +156,7 @@ class SuffixTrie {
       nxt.clear();
       auto dec = [&](int32_t node) {
         int32_t c = edge_.at(key(node, t));
-        if (--count_[c] == 0) dead.push_back(c);
+        if (--nodes_[c].count == 0) dead.push_back(c);
         nxt.push_back(c);
       };
       dec(0);
@@ -162,7 +166,8 @@ class SuffixTrie {
     }
     for (int32_t c : dead) unlink(c);
     for (int32_t c : dead) {
-      first_child_[c] = last_child_[c] = next_sibling_[c] = prev_sibling_[c] = -1;
+      Node& n = nodes_[c];
+      n.first_child = n.last_child = n.next_sibling = n.prev_sibling = -1;
       free_.push_back(c);
     }
     num_tokens_ -= static_cast<int64_t>(tokens.size());
@@ -186,16 +191,16 @@ class SuffixTrie {
     }
     active_[seq].swap(act);
   }
-  bool has_children(int32_t node) const { return first_child_[node] >= 0; }
+  bool has_children(int32_t node) const { return nodes_[node].first_child >= 0; }
   // nodes of sequence seq's context suffixes of length 1, 2, ... (< depth): the same nodes find() of
   // those suffixes returns, kept up to date by append / set_cursor
   const std::vector<int32_t>& cursor(int seq) const { return active_[seq]; }
   // children in the order they first occurred: first_child(node), then next_sibling(child) until -1
-  int32_t first_child(int32_t node) const { return first_child_[node]; }
-  int32_t next_sibling(int32_t node) const { return next_sibling_[node]; }
-  Tok token(int32_t node) const { return token_[node]; }
-  int64_t count(int32_t node) const { return count_[node]; }
-  int64_t num_nodes() const { return static_cast<int64_t>(count_.size() - free_.size()); }
+  int32_t first_child(int32_t node) const { return nodes_[node].first_child; }
+  int32_t next_sibling(int32_t node) const { return nodes_[node].next_sibling; }
+  Tok token(int32_t node) const { return nodes_[node].token; }
+  int64_t count(int32_t node) const { return nodes_[node].count; }
+  int64_t num_nodes() const { return static_cast<int64_t>(nodes_.size() - free_.size()); }
   int64_t num_tokens() const { return num_tokens_; }
 
  private:
@@ -208,10 +213,9 @@ class SuffixTrie {
   }
   int32_t child_or_new(int32_t node, Tok token) {
     if (token >= (Tok(1) << 32)) throw std::invalid_argument("token ids must be < 2^32");
-    auto [id, fresh] = edge_.try_emplace(key(node, token), free_.empty() ? static_cast<int32_t>(count_.size())
+    auto [id, fresh] = edge_.try_emplace(key(node, token), free_.empty() ? static_cast<int32_t>(nodes_.size())
                                                                           : free_.back());
     if (fresh) add_node(node, token);
-    ++count_[id];
     return id;
   }
   void add_node(int32_t parent, Tok token) {
@@ -219,40 +223,44 @@ class SuffixTrie {
     if (!free_.empty()) {  // a removed node's id (child_or_new keyed the edge with it)
       id = free_.back();
       free_.pop_back();
-      count_[id] = 0;
-      token_[id] = token;
-      parent_[id] = parent;
+      Node& n = nodes_[id];
+      n.count = 0;
+      n.token = static_cast<uint32_t>(token);
+      n.parent = parent;
     } else {
-      id = static_cast<int32_t>(count_.size());
-      count_.push_back(0);
-      token_.push_back(token);
-      parent_.push_back(parent);
-      first_child_.push_back(-1);
-      last_child_.push_back(-1);
-      next_sibling_.push_back(-1);
-      prev_sibling_.push_back(-1);
+      id = static_cast<int32_t>(nodes_.size());
+      nodes_.push_back(Node{0, static_cast<uint32_t>(token), parent, -1, -1, -1, -1, 0});
     }
     if (parent < 0) return;
-    prev_sibling_[id] = last_child_[parent];
-    if (last_child_[parent] < 0) first_child_[parent] = id;
-    else next_sibling_[last_child_[parent]] = id;
-    last_child_[parent] = id;
+    Node& p = nodes_[parent];
+    nodes_[id].prev_sibling = p.last_child;
+    if (p.last_child < 0) p.first_child = id;
+    else nodes_[p.last_child].next_sibling = id;
+    p.last_child = id;
   }
   void unlink(int32_t c) {
-    int32_t p = parent_[c], prev = prev_sibling_[c], next = next_sibling_[c];
-    edge_.erase(key(p, token_[c]));
-    if (prev >= 0) next_sibling_[prev] = next;
-    else first_child_[p] = next;
-    if (next >= 0) prev_sibling_[next] = prev;
-    else last_child_[p] = prev;
+    const Node& n = nodes_[c];
+    int32_t p = n.parent, prev = n.prev_sibling, next = n.next_sibling;
+    edge_.erase(key(p, n.token));
+    if (prev >= 0) nodes_[prev].next_sibling = next;
+    else nodes_[p].first_child = next;
+    if (next >= 0) nodes_[next].prev_sibling = prev;
+    else nodes_[p].last_child = prev;
   }
   static constexpr size_t kBulk = 64;
   static constexpr size_t kOutputHeadroom = 1024;
   int depth_;
   int64_t num_tokens_ = 0;
-  std::vector<int64_t> count_;
-  std::vector<Tok> token_;
-  std::vector<int32_t> parent_, first_child_, last_child_, next_sibling_, prev_sibling_;
+  // a node's fields together (one half of a cache line): a lookup, an insertion and a draft's walk over a node's
+  // children each touch a node once instead of one array per field. Counts stay below 2^31 (a trie of that many
+  // tokens would take terabytes); tokens are < 2^32 (child, child_or_new)
+  struct Node {
+    int32_t count;
+    uint32_t token;
+    int32_t parent, first_child, last_child, next_sibling, prev_sibling, unused;
+  };
+  static_assert(sizeof(Node) == 32, "a node is half a cache line");
+  std::vector<Node> nodes_;
   std::vector<int32_t> free_;  // ids of removed nodes, reused
   EdgeMap edge_;
   std::vector<std::vector<int32_t>> active_;

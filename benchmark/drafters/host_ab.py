@@ -31,13 +31,36 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 
+_LOADED: list = []
+
+
 def load(path: str):
-    """A build of ``lumotree._host`` from its file (torch first: the build links its libraries)."""
+    """A build of ``lumotree._host`` from its file (torch first: the build links its libraries), as a module of its
+    own: under a name no other build has (Python keeps one extension module per name -- two builds loaded as
+    ``lumotree._host`` were one module, the first, and every pair timed that build against itself) and with its
+    own classes (the build's pybind11 types are module-local; a build from before that registered them for the
+    whole process, and a second such build cannot load beside it). Loaded from a copy of the file: the same file
+    twice -- a build against itself, the pairing's own noise -- would be one library to the dynamic loader."""
+    import shutil
+    import tempfile
+
     import torch  # noqa: F401
 
-    spec = importlib.util.spec_from_file_location("lumotree._host", path)
+    copy = os.path.join(tempfile.mkdtemp(prefix="host_ab"), os.path.basename(path))
+    shutil.copy2(path, copy)
+    spec = importlib.util.spec_from_file_location(f"lumotree_host_ab{len(_LOADED)}._host", copy)
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    try:
+        spec.loader.exec_module(mod)
+    except ImportError as e:
+        if "already registered" in str(e):
+            raise RuntimeError(f"{path}: this build registers its classes for the whole process, as another loaded "
+                               f"build does; one of the two must be a "
+                               f"build with module-local classes") from e
+        raise
+    if any(m.SuffixDrafter is mod.SuffixDrafter for m in _LOADED):
+        raise RuntimeError(f"{path}: its SuffixDrafter is an earlier build's class")
+    _LOADED.append(mod)
     return mod
 
 

@@ -974,11 +974,13 @@ static py::list step_batch_list(lumotree::SuffixDrafter& self, const std::vector
 PYBIND11_MODULE(_host, m) {
   using namespace lumotree;
   m.doc() = "LumoTree's host-side drafters in C++ (see csrc/host/suffix_drafter.cc)";
-  py::class_<SuffixDrafter::Staged, std::shared_ptr<SuffixDrafter::Staged>>(m, "StagedStarts")
+  // module-local types: two builds of this module load side by side in one process (benchmark/drafters/host_ab.py),
+  // each with its own classes and code; pybind11's registry is otherwise one per process, keyed by the C++ type
+  py::class_<SuffixDrafter::Staged, std::shared_ptr<SuffixDrafter::Staged>>(m, "StagedStarts", py::module_local())
       .def_property_readonly("rids", [](const SuffixDrafter::Staged& st) { return st.rids; })
       .def_property_readonly("committed", [](const SuffixDrafter::Staged& st) { return st.committed; })
       .def_property_readonly("ready", [](const SuffixDrafter::Staged& st) { return st.ready.load(); });
-  py::class_<SuffixDrafter>(m, "SuffixDrafter")
+  py::class_<SuffixDrafter>(m, "SuffixDrafter", py::module_local())
       .def(py::init<int, int, int64_t, double, int64_t, int>(), py::arg("max_match") = 16, py::arg("max_spec") = 16,
            py::arg("global_tokens") = int64_t(1) << 16, py::arg("min_prob") = 0.05,
            py::arg("retired_tokens") = int64_t(1) << 15, py::arg("threads") = 1)

@@ -83,3 +83,40 @@ def test_the_background_replay_serves_every_turn_and_doubles_tokens_after_a_pref
         twice.append(sum(c.stats["spliced_twice"] for c in made))
         monkeypatch.setattr(sx.SuffixCorpus, "__init__", real_init)
     assert rewinds == [0, 0] and twice[0] == 0 and twice[1] > 0, (rewinds, twice)
+
+
+def test_native_step_replay_makes_the_recorded_calls_again_and_drafts_alike():
+    """``benchmark/drafters/native_step_replay.py``: the C++ drafter's calls during the replay are recorded (admissions
+    staged and indexed, one ``step_layout`` per decode step, finishes) and made again on fresh drafters: the same drafts
+    on every replay and on any number of threads, as the corpus drafted them in the replay itself."""
+    pytest.importorskip("sglang")
+    from lumotree.drafters import suffix as S
+
+    if S._host_extension() is None:
+        pytest.skip("lumotree._host is not built")
+    import hashlib
+
+    nsr = pytest.importorskip("native_step_replay")
+    from lumotree.sglang import suffix as LS
+
+    drafted, real = hashlib.sha1(), LS.prepare_draft_tokens
+
+    def spy(worker, batch):  # what the replay's corpus drafted, step by step (prepare_replay imports it per replay)
+        tokens, mask = real(worker, batch)
+        drafted.update(tokens.tobytes())
+        drafted.update(mask.tobytes())
+        return tokens, mask
+
+    LS.prepare_draft_tokens = spy
+    try:
+        calls = nsr.record(sessions(), 4, 8)
+    finally:
+        LS.prepare_draft_tokens = real
+    names = [n for n, _ in calls]
+    assert names[0] == "init" and {"stage_batch", "index_async", "commit_staged", "step_layout", "finish"} <= set(names)
+    one = nsr.run(calls, threads=1)
+    again, two = nsr.run(calls, threads=1), nsr.run(calls, threads=2)
+    assert one[2] == again[2] == two[2] == drafted.hexdigest()[:16]  # the corpus's own drafts, step for step
+    steps = [n for n, _ in one[0]]
+    assert len(steps) == names.count("step_layout") and max(steps) <= 4
+    assert set(one[1]) >= {"index_staged", "step_layout"} and "index_async" not in one[1]

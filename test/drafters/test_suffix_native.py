@@ -525,6 +525,11 @@ def test_host_ab_pairs_two_builds_step_by_step(tmp_path):
     assert json.load(open(out)) == res and res["threads"] == [1, 2]
     assert res["step"]["count"] == 6 and res["admission"]["count"] == 3
     assert all(res[k]["a_median_ms"] > 0 and res[k]["b_over_a_median"] > 0 for k in ("step", "admission"))
+    # each side its own module and classes -- not the installed one, not each other (two builds loaded under one
+    # module name were one module: every pair had timed the first build against itself)
+    a, b = mod._LOADED[-2:]
+    assert len({id(a), id(b), id(S._host_extension())}) == 3
+    assert a.SuffixDrafter is not b.SuffixDrafter is not S._host_extension().SuffixDrafter
     kw = dict(max_match=4, max_spec=6, global_tokens=400, retired_tokens=0)
     with pytest.raises(RuntimeError, match="drafted differently"):
         mod.paired(S.NativeSuffixDrafter(min_prob=0.0, **kw), S.NativeSuffixDrafter(min_prob=0.5, **kw),

@@ -50,7 +50,7 @@ def record(per_session, agents: int, nodes: int) -> list:
 
     class Recorder:
         def __init__(self, d):
-            self._d, self._staged = d, {}
+            self._d, self._staged = d, []  # every staged batch, kept: an id() is an object's only while it lives
 
         def __getattr__(self, name):
             fn = getattr(self._d, name)
@@ -59,12 +59,15 @@ def record(per_session, agents: int, nodes: int) -> list:
 
             def call(*args):
                 got = fn(*args)
-                calls.append((name, [("staged", self._staged[id(a)]) if type(a).__name__ == "StagedStarts"
+                calls.append((name, [("staged", self._index(a)) if type(a).__name__ == "StagedStarts"
                                      else _plain(a) for a in args]))
                 if name == "stage_batch":
-                    self._staged[id(got)] = len(self._staged)
+                    self._staged.append(got)
                 return got
             return call
+
+        def _index(self, staged) -> int:
+            return next(i for i, s in enumerate(self._staged) if s is staged)
 
     def init(self, *args, **kw):
         real_init(self, *args, **kw)

@@ -31,7 +31,8 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 
-_LOADED: list = []
+_LOADED: list = []  # the builds loaded, in order
+_COPIES: list = []  # the folder of their copies
 
 
 def load(path: str):
@@ -46,7 +47,9 @@ def load(path: str):
 
     import torch  # noqa: F401
 
-    copy = os.path.join(tempfile.mkdtemp(prefix="host_ab"), os.path.basename(path))
+    if not _COPIES:
+        _COPIES.append(tempfile.TemporaryDirectory(prefix="host_ab"))  # removed with the process
+    copy = os.path.join(_COPIES[0].name, f"{len(_LOADED)}-{os.path.basename(path)}")
     shutil.copy2(path, copy)
     spec = importlib.util.spec_from_file_location(f"lumotree_host_ab{len(_LOADED)}._host", copy)
     mod = importlib.util.module_from_spec(spec)
@@ -55,8 +58,7 @@ def load(path: str):
     except ImportError as e:
         if "already registered" in str(e):
             raise RuntimeError(f"{path}: this build registers its classes for the whole process, as another loaded "
-                               f"build does; one of the two must be a "
-                               f"build with module-local classes") from e
+                               "build does; one of the two must be a build with module-local classes") from e
         raise
     if any(m.SuffixDrafter is mod.SuffixDrafter for m in _LOADED):
         raise RuntimeError(f"{path}: its SuffixDrafter is an earlier build's class")

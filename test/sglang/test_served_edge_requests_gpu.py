@@ -8,8 +8,6 @@ inside a step). After the abort the server answers the next request as before it
 import json
 import os
 import sys
-import threading
-import time
 import urllib.error
 
 import pytest
@@ -34,6 +32,43 @@ def _generate(url, text, params, rid=None):
         return 200, post(url + "/generate", payload)
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace")
+
+
+ABORT_AFTER_MAX = 4000  # the aborted request's max_new_tokens: it must end long before
+
+
+def _aborted_mid_way(url, text, max_new_tokens, rid="edge-abort"):
+    """Streams one greedy request and aborts it (``/abort_request``) as soon as a chunk with output arrived;
+    ``(status, finish reason of the last chunk -- or "error" --, whether it ended before max_new_tokens)``."""
+    import urllib.request
+
+    from sglang_server import post
+
+    payload = {"text": text, "rid": rid, "stream": True,
+               "sampling_params": dict(temperature=0.0, max_new_tokens=max_new_tokens, ignore_eos=True)}
+    req = urllib.request.Request(url + "/generate", data=json.dumps(payload).encode(),
+                                 headers={"Content-Type": "application/json"})
+    last, sent = None, False
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            for line in r:
+                line = line.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[len(b"data:"):].strip()
+                if data == b"[DONE]":
+                    break
+                last = json.loads(data)
+                if "error" in last:
+                    break
+                if not sent and last.get("meta_info", {}).get("completion_tokens", 0) > 0:
+                    post(url + "/abort_request", {"rid": rid})
+                    sent = True
+    except urllib.error.HTTPError as e:
+        return (e.code,)
+    if last is None or "error" in last:
+        return 200, "error", False
+    return 200, _reason(last), last["meta_info"]["completion_tokens"] < max_new_tokens
 
 
 def _chat(url, content, max_tokens):
@@ -101,20 +136,9 @@ def probe(url):
                          _reason(cut))
     out["stop_token_kept"] = status == 200 and cut["output_ids"] == rids[:j + 1]
 
-    # a request aborted mid-way, then the same unstopped request again
-    box = {}
-    th = threading.Thread(target=lambda: box.update(r=_generate(url, PROMPT * 4, dict(max_new_tokens=4000,
-                                                                                      ignore_eos=True),
-                                                                 rid="edge-abort")))
-    th.start()
-    time.sleep(0.5)
-    from sglang_server import post
-
-    post(url + "/abort_request", {"rid": "edge-abort"})
-    th.join(60)
-    assert not th.is_alive(), "the aborted request did not end"
-    status, body = box["r"]
-    out["aborted"] = (status, _reason(body))
+    # a request aborted mid-way (streamed; the abort sent once its first tokens arrived: a request drafted from a
+    # repetitive output can reach any fixed max_new_tokens before a timed abort), then the same unstopped request again
+    out["aborted"] = _aborted_mid_way(url, PROMPT * 4, ABORT_AFTER_MAX)
     status, again = _generate(url, PROMPT, dict(max_new_tokens=LONG, ignore_eos=True))
     out["after_abort_same_output"] = status == 200 and again["output_ids"] == ids
     return out
@@ -151,5 +175,6 @@ def test_edge_requests_served_as_without_speculation(tmp_path, none_probe, args)
     for server in (none_probe, got):
         assert server["stop_string"] == (200, True, "stop"), server["stop_string"]
         assert server["stop_token"] == (200, True, "stop"), server["stop_token"]
+        assert server["aborted"] == (200, "abort", True), server["aborted"]  # ended by the abort, mid-way
         assert server["after_abort_same_output"]
     assert got["stop_token_kept"] == none_probe["stop_token_kept"]

@@ -77,12 +77,12 @@ def agents():
     drafter's node records, another machine, where the 1.2x target was missed). Ratios compare within a group, not
     across groups (machines of the pool differ up to 1.8x)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
-    groups = [("1-agent-node-records", 1, "1 agent", {}),
-              ("8-agents-node-records", 8, "8 agents", {}),
-              ("32-agents-node-records", 32, "32 agents", {}),
-              ("32-agents-full-mask-skip", 32, "32 agents\n(another machine,\nthe code before)", {})]
-    rows = [dict(r, agents=label, config=rename.get(r["config"], r["config"])) for name, level, label, rename in groups
-            if name in runs for r in runs[name]["rows"] if r["agents"] == level and rename.get(r["config"], 1)]
+    groups = [("1-agent-node-records", 1, "1 agent"),
+              ("8-agents-node-records", 8, "8 agents"),
+              ("32-agents-node-records", 32, "32 agents"),
+              ("32-agents-full-mask-skip", 32, "32 agents\n(another machine,\nthe code before)")]
+    rows = [dict(r, agents=label) for name, level, label in groups if name in runs
+            for r in runs[name]["rows"] if r["agents"] == level]
     configs = list(dict.fromkeys(r["config"] for r in rows))
     levels = list(dict.fromkeys(r["agents"] for r in rows))
     fig, axes = plt.subplots(1, 2, figsize=(14, 3.8))

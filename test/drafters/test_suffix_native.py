@@ -529,7 +529,7 @@ def test_host_ab_pairs_two_builds_step_by_step(tmp_path):
     # module name were one module: every pair had timed the first build against itself)
     a, b = mod._LOADED[-2:]
     assert len({id(a), id(b), id(S._host_extension())}) == 3
-    assert a.SuffixDrafter is not b.SuffixDrafter is not S._host_extension().SuffixDrafter
+    assert len({id(a.SuffixDrafter), id(b.SuffixDrafter), id(S._host_extension().SuffixDrafter)}) == 3
     kw = dict(max_match=4, max_spec=6, global_tokens=400, retired_tokens=0)
     with pytest.raises(RuntimeError, match="drafted differently"):
         mod.paired(S.NativeSuffixDrafter(min_prob=0.0, **kw), S.NativeSuffixDrafter(min_prob=0.5, **kw),

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import urllib.error
+import urllib.request
 
 import pytest
 
@@ -40,8 +41,6 @@ ABORT_AFTER_MAX = 4000  # the aborted request's max_new_tokens: it must end long
 def _aborted_mid_way(url, text, max_new_tokens, rid="edge-abort"):
     """Streams one greedy request and aborts it (``/abort_request``) as soon as a chunk with output arrived;
     ``(status, finish reason of the last chunk -- or "error" --, whether it ended before max_new_tokens)``."""
-    import urllib.request
-
     from sglang_server import post
 
     payload = {"text": text, "rid": rid, "stream": True,

@@ -89,7 +89,11 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
     ``request_harmonic``: criteria that weigh each request's gain (there)."""
     from lumotree.sglang import adaptive
 
-    policy = None
+    policy = chooser = None
+    if mode == "request_quantile":  # LUMOTREE_SUFFIX's opt-in per-request choice, the served class
+        from lumotree.sglang.request_choice import RequestQuantile, RequestQuantileSettings
+
+        chooser = RequestQuantile(RequestQuantileSettings(**policy_kw))
     if mode == "policy":  # the served LUMOTREE_SUFFIX policy; lower-case keys: its settings, upper-case: the module's
         own = {k: v for k, v in policy_kw.items() if k in adaptive.POLICY_KEYS}
         saved = {k: getattr(adaptive, k) for k in policy_kw if k not in own}
@@ -159,6 +163,12 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
                 since[0] = 0 if tree else since[0] + 1
                 if since[0] > request_kw.get("probe_every", 16):  # a probe: the estimates of the batch refreshed
                     tree, since[0] = True, 0
+            elif mode == "request_quantile":  # the served class; the step-time ratio the model's (served: measured)
+                for late in pending:
+                    late()
+                pending = []
+                ratio = step_ms(b, True) / step_ms(b, False)
+                tree = chooser.decide([(s, st[0]) for s, st in rows], ratio)
             elif mode in ("score", "score_harmonic"):
                 for late in pending:
                     late()
@@ -178,13 +188,17 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
             clock_ms += t
             steps += 1
             drafted += tree
-            got = []
+            got, per_row = [], []
             for (s, st), k in zip(rows, ks):
                 adv = min(k + 1 if tree else 1, st[2] - st[1])
                 st[1] += adv
                 tokens += adv
                 if tree and (finishing or st[1] < st[2]):
                     got.append(adv - 1)
+                per_row.append(adv - 1 if st[1] < st[2] else None)  # a row that finished: no sample (as served)
+            if chooser is not None:
+                pending.append(functools.partial(chooser.observe, [(s, st[0]) for s, st in rows], tree, per_row,
+                                                 ratio))
             if policy is not None:
                 pending.append(lambda b=b, tree=tree, t=t, got=got: (
                     policy.observe_time(b, int(tree), t / 1e3), policy.observe_accept(int(tree), got)))
@@ -284,6 +298,10 @@ def main(argv=None):
                     help="JSON list of request_harmonic settings, one row each: weight (a drafted step's sample in a "
                          "request's average), drift (towards the mean of all rows per no-draft step), probe_every "
                          "(no-draft steps before a drafted one)")
+    ap.add_argument("--request-quantile-variants", default="[]",
+                    help="JSON list of settings of LUMOTREE_SUFFIX's opt-in per-request choice "
+                         "(lumotree.sglang.request_choice.RequestQuantileSettings fields; {} the defaults), one row "
+                         "each, and one on the same turns with no draft ever accepted")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     from acceptance_replay import served_turns
@@ -297,10 +315,14 @@ def main(argv=None):
              for kw in json.loads(args.request_variants)]
     rows += [serve(table, per_session, args.agents, "policy", args, finishing=f, **kw)
              for kw in json.loads(args.variants) for f in (True, False)]
+    quantiles = json.loads(args.request_quantile_variants)
+    rows += [serve(table, per_session, args.agents, "request_quantile", args, **kw) for kw in quantiles]
     # the same turns where no draft is ever accepted: what the policy's probes cost where speculation cannot pay
     missed = {key: [0] * len(ks) for key, ks in table.items()}
     rows += [dict(serve(missed, per_session, args.agents, "policy", args, **kw), drafts="never accepted")
              for kw in json.loads(args.variants)]
+    rows += [dict(serve(missed, per_session, args.agents, "request_quantile", args, **kw), drafts="never accepted")
+             for kw in quantiles]
     base = rows[0]["tokens_per_s"]
     for r in rows:
         r["x_none"] = round(r["tokens_per_s"] / base, 3)

@@ -661,6 +661,10 @@ CONFIGS["lumotree-sync"] = CONFIGS["lumotree"] + ["--disable-overlap-schedule"]
 # to set its per-step cost beside no speculation's on the same sessions (profiles)
 CONFIGS["lumotree-suffix-nodraft"] = CONFIGS["lumotree-suffix"] + [
     "--speculative-adaptive-config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_draft.json")]
+# LUMOTREE_SUFFIX with its opt-in per-request draft choice (lumotree.sglang.request_choice, its defaults): each decode
+# step drafts only where the request at the batch's 0.25 quantile of acceptance gains from it
+CONFIGS["lumotree-suffix-request-quantile"] = CONFIGS["lumotree-suffix"] + [
+    "--speculative-adaptive-config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "request_quantile.json")]
 # LUMOTREE_SUFFIX with the averaging and probing of LUMOTREE's policy (its own before adaptive.SUFFIX_SETTINGS): the
 # comparison that chose SUFFIX_SETTINGS on a CPU model, served
 CONFIGS["lumotree-suffix-mtp-policy"] = CONFIGS["lumotree-suffix"] + [

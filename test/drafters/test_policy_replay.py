@@ -129,3 +129,25 @@ def test_uncached_tokens_follow_the_radix_cache_and_cost_their_prefill():
     costed = pr.serve(table, per_session, 4, "none", a)
     assert costed["seconds"] > flat["seconds"] and costed["tokens"] == flat["tokens"]
     assert costed["latency_p95_ms"] - costed["latency_p50_ms"] > flat["latency_p95_ms"] - flat["latency_p50_ms"]
+
+
+def test_the_per_request_choice_protects_the_requests_whose_drafts_miss():
+    """LUMOTREE_SUFFIX's opt-in per-request choice (lumotree.sglang.request_choice, the served class) on the workload
+    above: two of eight sessions never have their drafts accepted. It serves every token, faster than no
+    speculation, with a tail below the fixed tree's; where no draft is ever accepted its probes back off and it
+    costs under 2 % against no speculation (probes every 16 no-draft steps without backing off cost more)."""
+    pr = pytest.importorskip("policy_replay")
+    per_session, table = workload(lambda t: 12)
+    for t in range(6):
+        for s in (0, 4):
+            table[(s, t)] = [0] * len(table[(s, t)])
+    a = args()
+    r = {m: pr.serve(table, per_session, 4, m, a) for m in ("none", "tree", "request_quantile")}
+    assert len({x["tokens"] for x in r.values()}) == 1
+    assert r["request_quantile"]["tokens_per_s"] > r["none"]["tokens_per_s"]
+    assert r["request_quantile"]["latency_p95_ms"] < r["tree"]["latency_p95_ms"]
+    missed = {key: [0] * len(ks) for key, ks in table.items()}
+    none = pr.serve(missed, per_session, 4, "none", a)["tokens_per_s"]
+    backoff = pr.serve(missed, per_session, 4, "request_quantile", a)["tokens_per_s"]
+    flat = pr.serve(missed, per_session, 4, "request_quantile", a, probe_max=16)["tokens_per_s"]
+    assert 0.98 * none < backoff < none and flat < backoff

@@ -548,7 +548,7 @@ def test_acceptance_leaves_out_rows_a_step_holds_after_they_finished(monkeypatch
     w.tree_policy.choose = lambda batch: 0
     w.activate_step_by_batch(4)
     w._ledger.note_live_rows(pool, batch.req_pool_indices)
-    assert w._ledger.pending[-1] == [0, False, None, ()]
+    assert w._ledger.pending[-1] == [0, False, None, (), None, None]
 
 
 def oracle_draws(p, levels):

@@ -288,3 +288,24 @@ def test_the_served_choice_is_summarised_in_the_log(monkeypatch, caplog):
         w.forward_batch_generation(batch(["a", "b"]))
     lines = [r.getMessage() for r in caplog.records if "last 4 decode steps" in r.getMessage()]
     assert len(lines) == 1 and "4 drafted; accepted drafts per request 2.33 (mean of 3 drafted steps' samples)" in lines[0]
+
+
+def test_the_per_request_choice_takes_the_batch_s_requests_and_their_own_acceptance(monkeypatch):
+    """With ``request_quantile`` (opt-in) the worker hands its ledger the batch's request ids; once both step times
+    are measured the chooser decides: two requests that accepted nothing make the next step a decode step although
+    the third copied 9 drafts, and a request's estimate comes from its own rows."""
+    from lumotree.sglang.request_choice import RequestQuantile, RequestQuantileSettings
+
+    w = worker(monkeypatch, [0, 1])
+    c = w._ledger.chooser = RequestQuantile(RequestQuantileSettings(quantile=0.25, weight=1.0))
+    for b, s in ((4, 0), (4, 1)):  # the policy's step times at the batch's bucket: a drafted step twice a decode step
+        for _ in range(adaptive.MIN_SAMPLES):
+            w.tree_policy.observe_time(b, s, 0.002 * (1 + s))
+    w.forward_batch_generation(batch(["a", "b", "c"]))
+    assert w.calls == [("tree", 3)] and w._ledger.pending[-1][4] == ["a", "b", "c"]  # the running mean: 4 drafts
+    w.on_verify_complete_cpu([0, 9, 0])
+    assert c.est == {"a": 0.0, "b": 9.0, "c": 0.0}
+    w.forward_batch_generation(batch(["a", "b", "c"]))
+    assert w.calls == [("tree", 3)] and w._decode_step.ran == [3]  # the quantile request gains nothing: no draft
+    w.forward_batch_generation(batch(["b", "d"]))  # d is new: it starts from the running mean (3 drafts)
+    assert w.calls[-1] == ("tree", 2)

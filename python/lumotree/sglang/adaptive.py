@@ -171,6 +171,7 @@ class PolicySettings:
 # policy-1-32-agents): 5 % less decode time than the module's settings at 1 agent by step counts, equal at 32
 SUFFIX_SETTINGS = PolicySettings(ema=0.05, probe_every=16, probe_max=256, probe_budget=0.01)
 POLICY_KEYS = ("ema", "probe_every", "probe_max", "probe_budget")  # what --speculative-adaptive-config may set
+REQUEST_KEY = "request_quantile"  # and LUMOTREE_SUFFIX's per-request choice (lumotree.sglang.request_choice.KEY)
 
 
 @dataclasses.dataclass
@@ -401,10 +402,10 @@ def policy_settings(server_args) -> PolicySettings:
     naming the flag for a value out of range or a key neither this nor :func:`candidate_steps` reads."""
     base = SUFFIX_SETTINGS if is_suffix(server_args) else PolicySettings.current()
     path, cfg = _config(server_args)
-    unknown = sorted(set(cfg) - {"candidate_steps", *POLICY_KEYS}) if isinstance(cfg, dict) else []
+    unknown = sorted(set(cfg) - {"candidate_steps", REQUEST_KEY, *POLICY_KEYS}) if isinstance(cfg, dict) else []
     if unknown:  # a misspelt setting would otherwise be ignored
         raise ValueError(f"--speculative-adaptive-config {path}: unknown keys {unknown} (LumoTree reads "
-                         f"candidate_steps and the policy's {', '.join(POLICY_KEYS)})")
+                         f"candidate_steps, the policy's {', '.join(POLICY_KEYS)} and LUMOTREE_SUFFIX's {REQUEST_KEY})")
     if not isinstance(cfg, dict) or not any(k in cfg for k in POLICY_KEYS):
         return base
     got = dataclasses.replace(base, **{k: cfg[k] for k in POLICY_KEYS if k in cfg})

@@ -656,7 +656,7 @@ def ngram_worker(make_corpus):
 
     import torch
 
-    from lumotree.sglang import adaptive, draft_timing, post_verify, step_timing, suffix_sizes
+    from lumotree.sglang import adaptive, draft_timing, post_verify, request_choice, step_timing, suffix_sizes
     from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.decode_step import DecodeStep
     from lumotree.sglang.finish import forward_marked, keep_out_of_cache
@@ -693,7 +693,10 @@ def ngram_worker(make_corpus):
                         steps, tree_name=("suffix tree (its bucket's size)" if self._sizes else
                                           f"{self.draft_token_num}-node suffix tree"),
                         settings=adaptive.policy_settings(server_args))
-                    self._ledger = StepLedger(self.tree_policy, self._overlap_consistent, adaptive.SUFFIX_TREE)
+                    by_requests = request_choice.settings_of(server_args)
+                    self._ledger = StepLedger(self.tree_policy, self._overlap_consistent, adaptive.SUFFIX_TREE,
+                                              chooser=None if by_requests is None else
+                                              request_choice.RequestQuantile(by_requests))
 
         def init_cuda_graphs(self):
             super().init_cuda_graphs()
@@ -757,19 +760,21 @@ def ngram_worker(make_corpus):
                 if batch.forward_mode.is_decode():
                     bs = batch.seq_lens.shape[0]
                     t = step_timing.lap(None, None, 0.0)  # timed only in the benchmark
-                    steps = ledger.choose(bs)
+                    rids = [req.rid for req in batch.reqs] if ledger.chooser is not None else None
+                    steps = ledger.choose(bs, rids)
                     # no draft: chosen, or every request's admission still indexing (the tree would draft nothing)
                     admitting = steps != 0 and self.ngram_corpus_admitting(batch)
                     step_timing.lap("dv_choose", batch, t)
                     if ((steps == 0 or admitting) and self._decode_step is not None
                             and self._decode_step.serves_ngram(batch, self.draft_token_num)):
-                        ledger.launched(bs, 0)
+                        ledger.launched(bs, 0, rids=rids)
                         on_publish = kwargs.get("on_publish", args[0] if args else None)
                         if admitting:  # not the policy's choice: timed apart as well (benchmark only)
                             return step_timing.measure("nodraft_admitting", batch, step_timing.measure, "nodraft",
                                                        batch, self._no_draft_decode, batch, on_publish)
                         return step_timing.measure("nodraft", batch, self._no_draft_decode, batch, on_publish)
-                    ledger.launched(bs, adaptive.SUFFIX_TREE)  # also where a no-draft step cannot decode the batch
+                    # also where a no-draft step cannot decode the batch
+                    ledger.launched(bs, adaptive.SUFFIX_TREE, rids=rids)
                     out = step_timing.measure("drafted", batch, self._drafted, batch, *args, **kwargs)
                     ledger.note_undrafted(getattr(self.ngram_corpus, "undrafted", ()))
                     return out

@@ -155,45 +155,62 @@ class StepLedger:
         consistent: the overlap scheduler with LumoTree's consistent cache (:meth:`note_live_rows` applies).
         first: the candidate taken as served before the first step (the configured tree).
         event: :class:`StepClock`'s event factory (tests).
+        chooser: a :class:`~lumotree.sglang.request_choice.RequestQuantile` that decides each step from the running
+            requests' own acceptance once the policy has step times of both candidates (LUMOTREE_SUFFIX, opt-in);
+            ``None``: the policy decides.
     """
 
     LOG_EVERY = 512  # decode steps between two summary lines in the server log (the served choice, for diagnosis)
 
-    def __init__(self, policy, consistent: bool = False, first: int = 0, event=None):
-        self.policy, self.consistent = policy, consistent
+    def __init__(self, policy, consistent: bool = False, first: int = 0, event=None, chooser=None):
+        self.policy, self.consistent, self.chooser = policy, consistent, chooser
         self.clock = StepClock(event)
-        # [steps, cold, live rows, undrafted rows] of decode steps not yet reported
+        # [steps, cold, live rows, undrafted rows, request ids, drafted/no-draft time ratio] of decode steps not
+        # yet reported (the last two for the chooser)
         self.pending = collections.deque(maxlen=8)
         self.prev = first
+        self._ratio = None  # the chooser's ratio of the step being chosen (None: the policy chose)
         # since the last summary line: decode steps, drafted ones, and the counted acceptance samples (sum, count)
         self._window = [0, 0, 0.0, 0]
 
-    def choose(self, batch_size: int):
-        """The policy's candidate for a decode step of ``batch_size`` requests, after it has taken the step times
-        the device has finished; ``None`` for an idle batch (which ends the last step's time sample)."""
+    def choose(self, batch_size: int, rids=None):
+        """The candidate for a decode step of ``batch_size`` requests (``rids``: their ids, which the chooser
+        reads), after the policy has taken the step times the device has finished; ``None`` for an idle batch
+        (which ends the last step's time sample)."""
         for b, s, seconds in self.clock.samples():
             self.policy.observe_time(b, s, seconds)
+        self._ratio = None
         if batch_size <= 0:
             self.clock.interrupt()
             return None
+        if self.chooser is not None and rids is not None and len(self.policy.candidates) == 2:
+            none, tree = self.policy.candidates
+            t_tree, t_none = self.policy.step_time(batch_size, tree), self.policy.step_time(batch_size, none)
+            if t_tree is not None and t_none:  # until both are measured somewhere the policy explores
+                self._ratio = t_tree / t_none
+                return tree if self.chooser.decide(rids, self._ratio) else none
         return self.policy.choose(batch_size)
 
-    def launched(self, batch_size: int, steps: int, cold: bool = False) -> None:
-        """A decode step serving candidate ``steps`` is launched now; ``cold``: its acceptance is not counted."""
+    def launched(self, batch_size: int, steps: int, cold: bool = False, rids=None) -> None:
+        """A decode step serving candidate ``steps`` is launched now; ``cold``: its acceptance is not counted;
+        ``rids``: its requests' ids in row order (the chooser's)."""
         # a step's time includes no prefill: batches ramp up through smaller buckets as a pass's requests are
         # admitted, and samples that held prefills once made a bucket-4 tree step "take" 55 ms against 13 ms
         # at bucket 8, and the bucket served no draft (27B shapes, batch 8, H200)
         self.clock.start(batch_size, steps)
-        self.pending.append([steps, cold, None, ()])
+        self.pending.append([steps, cold, None, (), rids, self._ratio])
         self.prev = steps
         w = self._window
         w[0] += 1
         w[1] += steps > 0
         if w[0] >= self.LOG_EVERY:
+            by_requests = "" if self.chooser is None else (
+                "; per-request choice (drafted, probes, no draft) %s, probe interval %d" % (
+                    self.chooser.decisions, self.chooser.interval))
             logger.info("LumoTree adaptive, last %d decode steps: %d drafted; accepted drafts per request %.2f (mean of "
-                        "%d drafted steps' samples); step ms per bucket and candidate %s", w[0], w[1],
+                        "%d drafted steps' samples); step ms per bucket and candidate %s%s", w[0], w[1],
                         w[2] / max(1, w[3]), w[3],
-                        {b: v["step_ms"] for b, v in self.policy.table()["buckets"].items()})
+                        {b: v["step_ms"] for b, v in self.policy.table()["buckets"].items()}, by_requests)
             self._window = [0, 0, 0.0, 0]
 
     def note_live_rows(self, req_to_token_pool, req_pool_indices) -> None:
@@ -232,12 +249,17 @@ class StepLedger:
     def accepted(self, num_correct_drafts_per_req, default_steps: int) -> None:
         """The accepted drafts per request of the oldest reported step (results arrive in launch order, one
         step late under the overlap scheduler), into the policy unless the step was cold or drafted nothing."""
-        steps, cold, live, skip = self.pending.popleft() if self.pending else (default_steps, False, None, ())
+        entry = self.pending.popleft() if self.pending else (default_steps, False, None, (), None, None)
+        steps, cold, live, skip, rids, ratio = entry
         if cold:
             return
         drafts = list(num_correct_drafts_per_req)
-        if live is not None and len(live) == len(drafts):  # the step's results are in: so is its copy
-            drafts = [d for i, (d, running) in enumerate(zip(drafts, live.tolist())) if running and i not in skip]
+        live = live.tolist() if live is not None and len(live) == len(drafts) else None  # results in: so is the copy
+        if self.chooser is not None and rids is not None and len(rids) == len(drafts):
+            self.chooser.observe(rids, steps > 0, [None if i in skip or (live is not None and not live[i]) else d
+                                                   for i, d in enumerate(drafts)], ratio)
+        if live is not None:
+            drafts = [d for i, (d, running) in enumerate(zip(drafts, live)) if running and i not in skip]
         elif skip:
             drafts = [d for i, d in enumerate(drafts) if i not in skip]
         if steps > 0 and drafts:

@@ -22,6 +22,15 @@ def workload(k_of_turn, sessions=8, turns=6, length=64):
     return per_session, table
 
 
+def two_stuck_sessions():
+    """Eight sessions of six turns; two (0 and 4) never have their drafts accepted, the others accept 12 a step."""
+    per_session, table = workload(lambda t: 12)
+    for t in range(6):
+        for s in (0, 4):
+            table[(s, t)] = [0] * len(table[(s, t)])
+    return per_session, table
+
+
 @pytest.mark.parametrize("k, tree_wins", [(8, True), (0, False)])
 def test_modes_serve_every_token_and_the_oracle_is_never_worse(k, tree_wins):
     pr = pytest.importorskip("policy_replay")
@@ -88,10 +97,7 @@ def test_criteria_that_weigh_each_request_protect_the_one_whose_drafts_miss():
     least a decode step's rate, so no turn is slower than without speculation; harmonic and the per-request average
     still draft where it pays and stay faster than no speculation, their tail below the fixed tree's."""
     pr = pytest.importorskip("policy_replay")
-    per_session, table = workload(lambda t: 12)
-    for t in range(6):
-        for s in (0, 4):
-            table[(s, t)] = [0] * len(table[(s, t)])
+    per_session, table = two_stuck_sessions()
     a = args()
     r = {m: pr.serve(table, per_session, 4, m, a) for m in ("none", "tree") + pr.CRITERIA[:3]}
     r["request"] = pr.serve(table, per_session, 4, "request_harmonic", a, weight=0.8, drift=0.05, probe_every=16)
@@ -137,10 +143,7 @@ def test_the_per_request_choice_protects_the_requests_whose_drafts_miss():
     speculation, with a tail below the fixed tree's; where no draft is ever accepted its probes back off and it
     costs under 2 % against no speculation (probes every 16 no-draft steps without backing off cost more)."""
     pr = pytest.importorskip("policy_replay")
-    per_session, table = workload(lambda t: 12)
-    for t in range(6):
-        for s in (0, 4):
-            table[(s, t)] = [0] * len(table[(s, t)])
+    per_session, table = two_stuck_sessions()
     a = args()
     r = {m: pr.serve(table, per_session, 4, m, a) for m in ("none", "tree", "request_quantile")}
     assert len({x["tokens"] for x in r.values()}) == 1

@@ -360,9 +360,18 @@ bad = sys.argv[2] + "/bad.json"
 json.dump({"candidate_steps": [0, 2]}, open(bad, "w"))
 bad_policy = sys.argv[2] + "/bad_policy.json"
 json.dump({"candidate_steps": [0, 1], "ema": 2}, open(bad_policy, "w"))
+quantile = sys.argv[2] + "/quantile.json"
+json.dump({"candidate_steps": [0, 1], "request_quantile": {"quantile": 0.5}}, open(quantile, "w"))
+bad_quantile = sys.argv[2] + "/bad_quantile.json"
+json.dump({"candidate_steps": [0, 1], "request_quantile": {"quantile": 2}}, open(bad_quantile, "w"))
+mtp_quantile = sys.argv[2] + "/mtp_quantile.json"
+json.dump({"candidate_steps": [0, 3], "request_quantile": {}}, open(mtp_quantile, "w"))
 for extra in ([], ["--speculative-adaptive"], ["--speculative-adaptive-config", bad],
               ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive"], ["--tp-size", "2"],
-              ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive-config", bad_policy]):
+              ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive-config", bad_policy],
+              ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive-config", quantile],
+              ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive-config", bad_quantile],
+              ["--speculative-adaptive-config", mtp_quantile]):
     try:
         sa = prepare_server_args(base + extra)
         print("RESULT ok", adaptive_tree_size(sa), sa.speculative_adaptive, sa.speculative_num_draft_tokens)
@@ -375,13 +384,14 @@ def test_lumotree_is_adaptive_by_default_and_checks_the_adaptive_flags(tmp_path)
     """A LUMOTREE server chooses its tree size per step by default; ``--speculative-adaptive`` is
     accepted, on LUMOTREE_SUFFIX too (and SGLang's chain-only controller kept off, so its draft-token sizing does
     not apply to the tree); a config naming a tree it cannot serve, or a policy setting out of range, fails at
-    parsing; with more than one GPU per model the tree is fixed (ranks must not choose differently)."""
+    parsing; with more than one GPU per model the tree is fixed (ranks must not choose differently). LUMOTREE_SUFFIX's
+    per-request choice is checked there too."""
     if not os.path.isfile(os.path.join(CKPT, "config.json")):
         pytest.skip("tiny checkpoint not in this checkout")
     out = subprocess.run([sys.executable, "-c", ADAPTIVE_SCRIPT, CKPT, str(tmp_path)], capture_output=True,
                          text=True, timeout=600, cwd=ROOT)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert len(lines) == 6, out.stdout[-2000:] + out.stderr[-4000:]
+    assert len(lines) == 9, out.stdout[-2000:] + out.stderr[-4000:]
     assert lines[0] == "ok True False 6", lines[0]
     assert lines[4] == "ok False False 6", lines[4]  # --tp-size 2: the configured tree on every step
     assert lines[1] == "ok True False 6", lines[1]
@@ -389,6 +399,10 @@ def test_lumotree_is_adaptive_by_default_and_checks_the_adaptive_flags(tmp_path)
     assert lines[3] == "ok True False 6", lines[3]  # LUMOTREE_SUFFIX: adaptive too (its tree or no draft)
     # a policy setting out of range fails at parsing too, naming the flag
     assert "--speculative-adaptive-config" in lines[5] and "ema in (0, 1]" in lines[5], lines[5]
+    # LUMOTREE_SUFFIX's opt-in per-request choice: accepted; out of range or on a LUMOTREE server it fails, by name
+    assert lines[6] == "ok True False 6", lines[6]
+    assert "--speculative-adaptive-config" in lines[7] and "quantile in [0, 1)" in lines[7], lines[7]
+    assert "--speculative-adaptive-config" in lines[8] and "LUMOTREE_SUFFIX's per-request" in lines[8], lines[8]
 
 
 def test_hooks_on_one_target_all_register_once_each():

@@ -72,6 +72,11 @@ def test_probes_come_after_probe_every_no_draft_steps_and_back_off_while_they_fi
         pass
     c.observe(rids, True, [5, 5], 2.0)
     assert c.interval == 4 and c.decide(rids, 2.0)
+    # a step the quantile drafts restarts the interval even where the probe's own result has not come back yet
+    # (overlap: it arrives a step late)
+    c.interval = 16
+    c.observe(rids, True, [5, 5], 2.0)
+    assert c.decide(rids, 2.0) and c.interval == 4
 
 
 def test_estimates_are_bounded():

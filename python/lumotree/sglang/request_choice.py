@@ -99,8 +99,8 @@ class RequestQuantile:
     def decide(self, rids: Sequence, ratio: float) -> bool:
         """Whether the next decode step of the requests ``rids`` drafts; ``ratio``: the drafted step's time over the
         no-draft step's at the batch's bucket."""
-        if self.pays(rids, ratio):
-            self.since, self._probe = 0, False
+        if self.pays(rids, ratio):  # drafting pays again: so would the next probe (the interval restarts)
+            self.since, self._probe, self.interval = 0, False, self.settings.probe_every
             self.decisions[0] += 1
             return True
         self.since += 1

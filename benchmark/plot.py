@@ -72,17 +72,20 @@ def agents():
     """Concurrent agents: tokens/s and p95 turn latency per server, one group per (run, concurrency), every server in
     the mode its flags alone give (LUMOTREE_SUFFIX: its default prefill delayer and the delayer's hooks, its adaptive
     choice of no draft, prefill graphs on), the median of 3 flushed repeats with the servers up at once and served in
-    turn: 1, 8 and 32 agents from runs "1-agent-node-records", "8-agents-node-records" and "32-agents-node-records"
-    (the code of now, one machine), and 32 agents again from run "32-agents-full-mask-skip" (the code before the
-    drafter's node records, another machine, where the 1.2x target was missed). Ratios compare within a group, not
-    across groups (machines of the pool differ up to 1.8x)."""
+    turn: 1, 8 and 32 agents from runs "1-agent-request-choice", "8-agents-request-choice" and
+    "32-agents-request-choice" (one machine; LUMOTREE_SUFFIX's per-request choice, now its default, beside the
+    batch-wide choice it replaced), and 32 agents again from run "32-agents-node-records" (the code before, another
+    machine). Ratios compare within a group, not across groups (machines of the pool differ up to 1.8x)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
-    groups = [("1-agent-node-records", 1, "1 agent"),
-              ("8-agents-node-records", 8, "8 agents"),
-              ("32-agents-node-records", 32, "32 agents"),
-              ("32-agents-full-mask-skip", 32, "32 agents\n(another machine,\nthe code before)")]
-    rows = [dict(r, agents=label) for name, level, label in groups if name in runs
-            for r in runs[name]["rows"] if r["agents"] == level]
+    groups = [("1-agent-request-choice", 1, "1 agent"),
+              ("8-agents-request-choice", 8, "8 agents"),
+              ("32-agents-request-choice", 32, "32 agents"),
+              ("32-agents-node-records", 32, "32 agents\n(another machine,\nthe code before)")]
+    names = {"lumotree-suffix-request-quantile": "LUMOTREE_SUFFIX (its default: the per-request choice)",
+             "lumotree-suffix": "LUMOTREE_SUFFIX, the batch-wide choice (removed)", "none": "no speculation",
+             "ngram16": "SGLang NGRAM, 16 tokens"}
+    rows = [dict(r, agents=label, config=names.get(r["config"], r["config"])) for name, level, label in groups
+            if name in runs for r in runs[name]["rows"] if r["agents"] == level]
     configs = list(dict.fromkeys(r["config"] for r in rows))
     levels = list(dict.fromkeys(r["agents"] for r in rows))
     fig, axes = plt.subplots(1, 2, figsize=(14, 3.8))

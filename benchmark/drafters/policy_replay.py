@@ -90,11 +90,13 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
     from lumotree.sglang import adaptive
 
     policy = chooser = None
-    if mode == "request_quantile":  # LUMOTREE_SUFFIX's opt-in per-request choice, the served class
+    if mode == "request_quantile":  # LUMOTREE_SUFFIX's per-request choice, the served class
         from lumotree.sglang.request_choice import RequestQuantile, RequestQuantileSettings
 
         chooser = RequestQuantile(RequestQuantileSettings(**policy_kw))
-    if mode == "policy":  # the served LUMOTREE_SUFFIX policy; lower-case keys: its settings, upper-case: the module's
+    # the batch-wide policy (LUMOTREE_SUFFIX's before its per-request choice); lower-case keys: its settings,
+    # upper-case: the module's
+    if mode == "policy":
         own = {k: v for k, v in policy_kw.items() if k in adaptive.POLICY_KEYS}
         saved = {k: getattr(adaptive, k) for k in policy_kw if k not in own}
         for k in saved:
@@ -299,7 +301,7 @@ def main(argv=None):
                          "request's average), drift (towards the mean of all rows per no-draft step), probe_every "
                          "(no-draft steps before a drafted one)")
     ap.add_argument("--request-quantile-variants", default="[]",
-                    help="JSON list of settings of LUMOTREE_SUFFIX's opt-in per-request choice "
+                    help="JSON list of settings of LUMOTREE_SUFFIX's per-request choice "
                          "(lumotree.sglang.request_choice.RequestQuantileSettings fields; {} the defaults), one row "
                          "each, and one on the same turns with no draft ever accepted")
     ap.add_argument("--out", default=None)

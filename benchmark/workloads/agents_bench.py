@@ -661,12 +661,14 @@ CONFIGS["lumotree-sync"] = CONFIGS["lumotree"] + ["--disable-overlap-schedule"]
 # to set its per-step cost beside no speculation's on the same sessions (profiles)
 CONFIGS["lumotree-suffix-nodraft"] = CONFIGS["lumotree-suffix"] + [
     "--speculative-adaptive-config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_draft.json")]
-# LUMOTREE_SUFFIX with its opt-in per-request draft choice (lumotree.sglang.request_choice, its defaults): each decode
-# step drafts only where the request at the batch's 0.25 quantile of acceptance gains from it
+# LUMOTREE_SUFFIX's per-request draft choice with its default settings written out (lumotree.sglang.request_choice):
+# since that choice is the default, the same server as lumotree-suffix; runs *-request-choice served it under this
+# name beside the batch-wide choice it replaced
 CONFIGS["lumotree-suffix-request-quantile"] = CONFIGS["lumotree-suffix"] + [
     "--speculative-adaptive-config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "request_quantile.json")]
 # LUMOTREE_SUFFIX with the averaging and probing of LUMOTREE's policy (its own before adaptive.SUFFIX_SETTINGS): the
-# comparison that chose SUFFIX_SETTINGS on a CPU model, served
+# comparison that chose SUFFIX_SETTINGS on a CPU model, served when the policy alone chose each step (now the
+# per-request choice decides once the policy has timed both candidates)
 CONFIGS["lumotree-suffix-mtp-policy"] = CONFIGS["lumotree-suffix"] + [
     "--speculative-adaptive-config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "mtp_policy.json")]
 

@@ -138,7 +138,7 @@ def test_uncached_tokens_follow_the_radix_cache_and_cost_their_prefill():
 
 
 def test_the_per_request_choice_protects_the_requests_whose_drafts_miss():
-    """LUMOTREE_SUFFIX's opt-in per-request choice (lumotree.sglang.request_choice, the served class) on the workload
+    """LUMOTREE_SUFFIX's per-request choice (lumotree.sglang.request_choice, the served class) on the workload
     above: two of eight sessions never have their drafts accepted. It serves every token, faster than no
     speculation, with a tail below the fixed tree's; where no draft is ever accepted its probes back off and it
     costs under 2 % against no speculation (probes every 16 no-draft steps without backing off cost more)."""

@@ -399,7 +399,7 @@ def test_lumotree_is_adaptive_by_default_and_checks_the_adaptive_flags(tmp_path)
     assert lines[3] == "ok True False 6", lines[3]  # LUMOTREE_SUFFIX: adaptive too (its tree or no draft)
     # a policy setting out of range fails at parsing too, naming the flag
     assert "--speculative-adaptive-config" in lines[5] and "ema in (0, 1]" in lines[5], lines[5]
-    # LUMOTREE_SUFFIX's opt-in per-request choice: accepted; out of range or on a LUMOTREE server it fails, by name
+    # LUMOTREE_SUFFIX's per-request choice's settings: accepted; out of range or on a LUMOTREE server it fails, by name
     assert lines[6] == "ok True False 6", lines[6]
     assert "--speculative-adaptive-config" in lines[7] and "quantile in [0, 1)" in lines[7], lines[7]
     assert "--speculative-adaptive-config" in lines[8] and "LUMOTREE_SUFFIX's per-request" in lines[8], lines[8]

@@ -1,5 +1,5 @@
-"""LUMOTREE_SUFFIX's opt-in per-request draft choice (lumotree.sglang.request_choice): the batch's quantile request
-decides, estimates per request from its own drafted steps, probes that back off, the config's checks, and the
+"""LUMOTREE_SUFFIX's per-request draft choice, its default (lumotree.sglang.request_choice): the batch's quantile
+request decides, estimates per request from its own drafted steps, probes that back off, the config's checks, and the
 ledger feeding it the rows of each step one step late."""
 import json
 import os
@@ -97,9 +97,16 @@ def _args(tmp_path, cfg, algorithm="LUMOTREE_SUFFIX"):
 
 
 def test_the_config_key_and_its_errors_name_the_flag(tmp_path):
+    # the default of a LUMOTREE_SUFFIX server that chooses between no draft and its tree; none for any other server
     assert settings_of(SimpleNamespace(speculative_algorithm="LUMOTREE_SUFFIX", speculative_adaptive_config=None)) \
-        is None
-    assert settings_of(_args(tmp_path, {"candidate_steps": [0, 1]})) is None
+        == RequestQuantileSettings()
+    assert settings_of(_args(tmp_path, {"candidate_steps": [0, 1]})) == RequestQuantileSettings()
+    assert settings_of(_args(tmp_path, {"candidate_steps": [0]})) is None  # pinned to no draft
+    assert settings_of(_args(tmp_path, {"candidate_steps": [1]})) is None  # pinned to its tree
+    assert settings_of(SimpleNamespace(speculative_algorithm="LUMOTREE_SUFFIX", speculative_adaptive_config=None,
+                                       tp_size=2)) is None  # more than one GPU: the configured tree on every step
+    assert settings_of(SimpleNamespace(speculative_algorithm="LUMOTREE", speculative_adaptive_config=None,
+                                       speculative_num_steps=3)) is None
     sa = _args(tmp_path, {"candidate_steps": [0, 1], "request_quantile": {}})
     assert settings_of(sa) == RequestQuantileSettings()
     assert adaptive.policy_settings(sa) == adaptive.SUFFIX_SETTINGS  # the key is known to the policy's check
@@ -179,15 +186,20 @@ def test_the_ledger_hands_the_chooser_no_sample_for_finished_or_undrafted_rows()
     assert ledger.policy.accepts[-1] == (1, [5])
 
 
-def test_the_benchmark_s_config_serves_the_defaults():
-    """agents_bench's lumotree-suffix-request-quantile: LUMOTREE_SUFFIX with the per-request choice at its defaults
-    and the policy's own settings (for its step times)."""
+def test_flags_alone_serve_the_choice_the_benchmark_s_config_writes_out():
+    """A LUMOTREE_SUFFIX server with its flags alone chooses each step as agents_bench's
+    lumotree-suffix-request-quantile (the config the served runs *-request-choice passed): the per-request choice at
+    its defaults, the same candidates and the policy's own settings (for its step times)."""
     workloads = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "workloads")
     path = os.path.join(workloads, "request_quantile.json")
-    sa = SimpleNamespace(speculative_algorithm="LUMOTREE_SUFFIX", speculative_num_steps=0,
-                         speculative_adaptive_config=path)
-    assert settings_of(sa) == RequestQuantileSettings()
-    assert adaptive.policy_settings(sa) == adaptive.SUFFIX_SETTINGS and adaptive.candidate_steps(sa) == [0, 1]
+    written = SimpleNamespace(speculative_algorithm="LUMOTREE_SUFFIX", speculative_num_steps=0,
+                              speculative_adaptive_config=path)
+    alone = SimpleNamespace(speculative_algorithm="LUMOTREE_SUFFIX", speculative_num_steps=0,
+                            speculative_adaptive_config=None)
+    for sa in (written, alone):
+        assert settings_of(sa) == RequestQuantileSettings()
+        assert adaptive.policy_settings(sa) == adaptive.SUFFIX_SETTINGS and adaptive.candidate_steps(sa) == [0, 1]
+        assert adaptive.adaptive_tree_size(sa)
     sys.path.insert(0, workloads)
     import agents_bench
 

@@ -5,6 +5,7 @@ device's step times and the measured acceptance; a no-draft step is a decode for
 the flags. On CPU with SGLang's NGRAM worker replaced (its C++ n-gram ops need sgl_kernel's CUDA build);
 the served step is ``test_served_no_draft_gpu.py``."""
 import json
+import os
 import sys
 from types import SimpleNamespace
 
@@ -291,7 +292,7 @@ def test_the_served_choice_is_summarised_in_the_log(monkeypatch, caplog):
 
 
 def test_the_per_request_choice_takes_the_batch_s_requests_and_their_own_acceptance(monkeypatch):
-    """With ``request_quantile`` (opt-in) the worker hands its ledger the batch's request ids; once both step times
+    """With the per-request choice (the default) the worker hands its ledger the batch's request ids; once both step times
     are measured the chooser decides: two requests that accepted nothing make the next step a decode step although
     the third copied 9 drafts, and a request's estimate comes from its own rows."""
     from lumotree.sglang.request_choice import RequestQuantile, RequestQuantileSettings
@@ -309,3 +310,28 @@ def test_the_per_request_choice_takes_the_batch_s_requests_and_their_own_accepta
     assert w.calls == [("tree", 3)] and w._decode_step.ran == [3]  # the quantile request gains nothing: no draft
     w.forward_batch_generation(batch(["b", "d"]))  # d is new: it starts from the running mean (3 drafts)
     assert w.calls[-1] == ("tree", 2)
+
+
+def test_a_suffix_server_chooses_per_request_by_default_and_not_when_pinned(monkeypatch):
+    """The worker's own construction: a LUMOTREE_SUFFIX server with its flags alone gets the per-request choice
+    (lumotree.sglang.request_choice at its defaults) on its ledger; pinned to one candidate, none; a LUMOTREE_SUFFIX
+    server on two GPUs serves its tree on every step (no policy)."""
+    from lumotree.sglang.request_choice import RequestQuantileSettings
+    from lumotree.sglang.suffix import ngram_worker
+
+    base = ngram_base(monkeypatch, [])
+    monkeypatch.setattr(base, "__init__", lambda self, server_args, *a, **k: setattr(self, "draft_token_num", N),
+                        raising=False)
+
+    def build(tmp=None, **kw):
+        sa = SimpleNamespace(speculative_algorithm="LUMOTREE_SUFFIX", speculative_adaptive_config=tmp,
+                             speculative_num_steps=0, speculative_num_draft_tokens=N, **kw)
+        return ngram_worker(lambda server_args: Corpus())(sa)
+
+    w = build()
+    assert w.tree_policy.candidates == [0, 1] and w._ledger.chooser.settings == RequestQuantileSettings()
+    pinned = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "workloads", "no_draft.json")
+    w = build(pinned)
+    assert w.tree_policy.candidates == [0] and w._ledger.chooser is None
+    w = build(tp_size=2)
+    assert w.tree_policy is None and w._ledger is None

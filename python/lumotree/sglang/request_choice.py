@@ -1,9 +1,10 @@
-"""The per-step draft choice of a LUMOTREE_SUFFIX server from each running request's own acceptance (opt-in:
-``--speculative-adaptive-config`` with ``{"candidate_steps": [0, 1], "request_quantile": {...}}``).
+"""The per-step draft choice of a LUMOTREE_SUFFIX server from each running request's own acceptance: the server's
+default (settings: ``--speculative-adaptive-config`` with ``{"candidate_steps": [0, 1], "request_quantile": {...}}``).
 
-Why: the served policy (:class:`lumotree.sglang.adaptive.TreeSizePolicy`) drafts a decode step when the batch's
-*mean* acceptance makes the tree pay for the batch's tokens per second. At 32 concurrent agents that mean is carried
-by the few requests copying long runs (5-20 drafts a step) while most of the batch writes text no draft foresees --
+Why: the batch-wide choice (:class:`lumotree.sglang.adaptive.TreeSizePolicy` alone, as LUMOTREE servers choose)
+drafts a decode step when the batch's *mean* acceptance makes the tree pay for the batch's tokens per second. At
+32 concurrent agents that mean is carried by the few requests copying long runs (5-20 drafts a step) while most of
+the batch writes text no draft foresees --
 every session's second turn arrives at once and writes new text --, so the server keeps drafting and those requests
 advance one token per drafted step, ~1.8x a decode step (run ``32-agents-nodraft-floor``: those second turns took
 748 ms median against 503 on the same server pinned to its no-draft step and 512 without speculation; they are the
@@ -16,10 +17,11 @@ step. After ``probe_every`` no-draft steps in a row it drafts one step (a probe:
 the interval doubles, up to ``probe_max``, each time a probe leaves the batch's quantile below the break-even, and
 returns to ``probe_every`` when it does not.
 
-On the project's CPU model of the served 32-agent streams (``benchmark/drafters/policy_replay.py``, mode
-``request_quantile``, the same class; ``benchmark/results/policy_criteria_cpu.json``) this choice served more tokens
-per second than the served policy and a lower p95 turn latency in most step-time settings; see
-``docs/performance.md``. **Not yet served on a GPU**: it stays opt-in until a served run shows it.
+Served (tiny model, one H200, runs ``*-request-choice`` of ``benchmark/results/agents_h200.json``), against the
+batch-wide choice it replaced: +2.4 / +4.8 / +2.5 % tokens/s at 32 / 8 / 1 concurrent agents (the repeats' means),
+p95 turn latency over all turns 0.876 against 0.967 s at 32 agents (no speculation 0.914); see ``docs/performance.md``.
+Designed on the project's CPU model of the served 32-agent streams (``benchmark/drafters/policy_replay.py``, mode
+``request_quantile``, the same class; ``benchmark/results/policy_criteria_cpu.json``).
 
 Pure Python, host-only; the worker's :class:`lumotree.sglang.worker.StepLedger` calls :meth:`decide` before a decode
 step with the batch's request ids and :meth:`observe` when the step's accepted drafts per request are on the host.
@@ -143,18 +145,26 @@ class RequestQuantile:
 
 
 def settings_of(server_args) -> Optional[RequestQuantileSettings]:
-    """The ``request_quantile`` settings of ``--speculative-adaptive-config`` (a JSON object of
-    :class:`RequestQuantileSettings`' fields, ``{}`` for the defaults); ``None`` without the key. Raises ``ValueError``
-    naming the flag for a value out of range, an unknown field, or a server other than LUMOTREE_SUFFIX's adaptive one."""
+    """The per-request choice's settings for a server: a LUMOTREE_SUFFIX server that chooses between no draft and
+    its suffix tree (its default; ``--speculative-adaptive-config`` with ``candidate_steps`` ``[0, 1]``) has them,
+    :class:`RequestQuantileSettings`' defaults or those the config's ``request_quantile`` object sets; ``None`` for
+    any other server (a LUMOTREE one, a LUMOTREE_SUFFIX one pinned to one candidate or not adaptive). Raises
+    ``ValueError`` naming the flag for a value out of range, an unknown field, or the key on a server that does not
+    choose between no draft and the suffix tree."""
     from lumotree.sglang import adaptive
 
     path, cfg = adaptive._config(server_args)
-    if not isinstance(cfg, dict) or KEY not in cfg:
-        return None
+    given = isinstance(cfg, dict) and KEY in cfg
     where = f"--speculative-adaptive-config {path}"
     if not adaptive.is_suffix(server_args):
-        raise ValueError(f"{where}: {KEY} is LUMOTREE_SUFFIX's per-request draft choice; this server is "
-                         f"--speculative-algorithm {getattr(server_args, 'speculative_algorithm', None)}")
+        if given:
+            raise ValueError(f"{where}: {KEY} is LUMOTREE_SUFFIX's per-request draft choice; this server is "
+                             f"--speculative-algorithm {getattr(server_args, 'speculative_algorithm', None)}")
+        return None
+    if not given:
+        chooses = adaptive.adaptive_tree_size(server_args) and (
+            adaptive.candidate_steps(server_args) == [0, adaptive.SUFFIX_TREE])
+        return RequestQuantileSettings() if chooses else None
     got = cfg[KEY]
     fields = {f.name for f in dataclasses.fields(RequestQuantileSettings)}
     if not isinstance(got, dict) or set(got) - fields:

@@ -665,10 +665,11 @@ def ngram_worker(make_corpus):
 
     class HostCorpusWorker(NGRAMWorker):
         """SGLang's NGRAM worker over a :class:`HostCorpus`. **Adaptive** (LUMOTREE_SUFFIX, by default where
-        :func:`~lumotree.sglang.adaptive.adaptive_tree_size` allows it): each decode step the
-        :class:`~lumotree.sglang.adaptive.TreeSizePolicy` chooses between the suffix tree (candidate 1) and no
-        draft (0), from the step times the device measured (:class:`~lumotree.sglang.worker.StepLedger`) and the
-        measured acceptance. A no-draft step is the target's decode forward through decode CUDA graphs of its own
+        :func:`~lumotree.sglang.adaptive.adaptive_tree_size` allows it): each decode step is the suffix tree
+        (candidate 1) or no draft (0): the :class:`~lumotree.sglang.adaptive.TreeSizePolicy` times both on the
+        device (:class:`~lumotree.sglang.worker.StepLedger`), and once both are timed the per-request choice
+        (:class:`~lumotree.sglang.request_choice.RequestQuantile`) decides from the running requests' own
+        acceptance. A no-draft step is the target's decode forward through decode CUDA graphs of its own
         (:meth:`lumotree.sglang.decode_step.DecodeStep.run_ngram`): no host drafting, no copy of the last step's
         tokens to the host (so the overlap scheduler overlaps it), no tree verify. Why: a drafted step of the
         NGRAM loop waits for the previous step's tokens on the host, drafts, and verifies ``bs x nodes`` tokens;

@@ -156,7 +156,7 @@ class StepLedger:
         first: the candidate taken as served before the first step (the configured tree).
         event: :class:`StepClock`'s event factory (tests).
         chooser: a :class:`~lumotree.sglang.request_choice.RequestQuantile` that decides each step from the running
-            requests' own acceptance once the policy has step times of both candidates (LUMOTREE_SUFFIX, opt-in);
+            requests' own acceptance once the policy has step times of both candidates (LUMOTREE_SUFFIX);
             ``None``: the policy decides.
     """
 

@@ -191,11 +191,14 @@ class DecodeStep:
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
+        from lumotree.sglang.patches.future_map_host_lengths import publish_known
+
         t = step_timing.lap(None, None, 0.0)  # sections timed only in the benchmark
         bs = batch.seq_lens.shape[0]
         new_seq_lens = batch.seq_lens + 1
-        if on_publish is not None:
-            on_publish(new_seq_lens)
+        if on_publish is not None:  # the host holds these lengths too: the next step need not wait for their copy
+            publish_known(on_publish, new_seq_lens, getattr(batch, "req_pool_indices_cpu", None),
+                          batch.seq_lens_cpu + 1 if batch.seq_lens_cpu is not None else None)
         dec = copy.copy(batch)  # the scheduler's batch keeps its speculative view
         dec.forward_mode = ForwardMode.DECODE
         dec.spec_algorithm = SpeculativeAlgorithm.NONE

@@ -353,6 +353,10 @@ def register() -> None:
     prefill_delayer_gather.install()
     prefill_delayer_idle.install()
     prefill_delayer_early.install()
+    if os.environ.get(ENV_ACTIVE) == "1":  # before the step timer's hook on the same method, which then times it too
+        from lumotree.sglang.patches import future_map_host_lengths
+
+        future_map_host_lengths.install()
     if os.environ.get("LUMOTREE_BENCH_ORACLE_P"):
         _register_oracle(SpeculativeAlgorithm, get_spec, float(os.environ["LUMOTREE_BENCH_ORACLE_P"]))
     from lumotree.sglang import draft_oracle  # benchmark only: a no-op unless LUMOTREE_BENCH_DRAFT_ORACLE_P is set

@@ -176,7 +176,10 @@ def publish_prefill_early(batch, args: tuple, kwargs: dict) -> tuple:
     mode = batch.forward_mode
     if on_publish is None or not mode.is_extend() or mode.is_target_verify():
         return args, kwargs
-    on_publish(batch.seq_lens.clone())
+    from lumotree.sglang.patches.future_map_host_lengths import publish_known
+
+    publish_known(on_publish, batch.seq_lens.clone(), getattr(batch, "req_pool_indices_cpu", None),
+                  getattr(batch, "seq_lens_cpu", None))  # the host holds them: the next step need not wait for a copy
     if positional:
         return (None, *args[1:]), kwargs
     return args, {**kwargs, "on_publish": None}

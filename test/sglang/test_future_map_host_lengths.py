@@ -53,13 +53,14 @@ def resolve(fm, rows, calls):
     return b
 
 
-def test_host_published_lengths_resolve_as_the_device_copy_does_without_sglang_s_method():
+def test_host_published_lengths_resolve_as_the_device_copy_does_without_sglang_s_method(caplog):
     fm, calls = future_map(), Calls()
     # a prefill of rows 3, 5 (host lengths known), then a no-draft step of rows 1, 2 (old + 1)
     hl.publish_known(publisher(fm, [3, 5]), torch.tensor([40, 7]), torch.tensor([3, 5]), torch.tensor([40, 7]))
     hl.publish_known(publisher(fm, [1, 2]), torch.tensor([11, 12]), torch.tensor([1, 2]), torch.tensor([11, 12]))
-    got = resolve(fm, [2, 3, 1, 5], calls)
-    assert calls.n == 0  # no device copy waited for
+    with caplog.at_level(logging.INFO, logger=hl.__name__):
+        got = resolve(fm, [2, 3, 1, 5], calls)
+    assert calls.n == 0 and hl.SERVED_LINE in caplog.text  # no device copy waited for; said once in the log
     want = batch([2, 3, 1, 5])
     ORIGINAL_RESOLVE(fm, want)
     assert got.seq_lens_cpu.tolist() == want.seq_lens_cpu.tolist() == [12, 40, 11, 7]
@@ -106,7 +107,7 @@ def test_the_periodic_comparison_turns_a_wrong_record_off(monkeypatch, caplog):
         for _ in range(3):
             b = resolve(fm, [1, 2], calls)
     assert b.seq_lens_cpu.tolist() == [11, 12] and calls.n == 2  # the compared batch got SGLang's lengths
-    assert not fm.lumotree_host_lengths.on and "differ from the device's" in caplog.text
+    assert not fm.lumotree_host_lengths.on and hl.MISMATCH_LINE in caplog.text
     hl.publish_known(publisher(fm, [1, 2]), torch.tensor([12, 13]), torch.tensor([1, 2]), torch.tensor([12, 13]))
     assert resolve(fm, [1, 2], calls).seq_lens_cpu.tolist() == [12, 13] and calls.n == 3  # off for good
 

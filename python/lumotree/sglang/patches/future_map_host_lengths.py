@@ -33,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
 CHECK_EVERY = 64  # served batches between two comparisons with SGLang's device copy
+MISMATCH_LINE = "host lengths differ from the device's"  # the error's start, if a comparison finds a difference
+SERVED_LINE = "a speculative batch's lengths were all published from the host"  # logged once, at the first
 
 _pending = None  # (new_seq_lens tensor, rows_cpu, lens_cpu) of the publish being made by publish_known
 
@@ -110,14 +112,17 @@ def resolve_seq_lens_cpu(original, self, batch, *args, **kwargs):
     if lens is None or lens.shape[0] != fi.shape[0]:
         return original(self, batch, *args, **kwargs)
     rec.served += 1
+    if rec.served == 1:
+        logger.info("LumoTree: %s; its lengths taken from the host, without waiting for their device copy",
+                    SERVED_LINE)
     if rec.served % CHECK_EVERY == 0:
         out = original(self, batch, *args, **kwargs)
         rec.checked += 1
         if not torch.equal(batch.seq_lens_cpu.to(torch.int64), lens):
             rec.on = False
             rec.forget()
-            logger.error("LumoTree: host lengths %s differ from the device's %s for request-pool rows %s; served from "
-                         "the device from now on", lens.tolist()[:8], batch.seq_lens_cpu.tolist()[:8],
+            logger.error("LumoTree: %s (host %s, device %s, request-pool rows %s); taken from the device from now on",
+                         MISMATCH_LINE, lens.tolist()[:8], batch.seq_lens_cpu.tolist()[:8],
                          batch.req_pool_indices_cpu.tolist()[:8])
         return out
     self.publish_ready.wait()  # the schedule stream's gather below waits for the publish, the host does not

@@ -111,7 +111,7 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
         sessions = list(range(len(per_session)))
         queue = sessions[agents:]
         running = {}  # session -> [turn, pos, output length, when the turn was sent]
-        clock_ms, tokens, steps, drafted, pending, latencies = 0.0, 0, 0, 0, [], []
+        clock_ms, tokens, steps, drafted, pending, latencies, by_turn = 0.0, 0, 0, 0, [], [], {}
         calib = [0.0, 0.0]  # decayed accepted and expected drafts of drafted steps (score)
         req_est, req_mean, since = {}, [0.0, 0.0], [0]  # request_harmonic: per-turn averages, their mean, no-draft run
         request_kw = policy_kw if mode == "request_harmonic" else {}  # weight, drift, probe_every
@@ -221,6 +221,7 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
             for s in [s for s, st in running.items() if st[1] >= st[2]]:
                 turn, _, _, sent = running.pop(s)
                 latencies.append(clock_ms - sent)
+                by_turn.setdefault(turn, []).append(clock_ms - sent)
                 if turn + 1 < len(per_session[s]):
                     admit(s, turn + 1)
                 elif queue:
@@ -228,7 +229,8 @@ def serve(table, per_session, agents: int, mode: str, args, finishing: bool = Fa
         return dict(mode=mode, **({"policy": policy_kw} if policy_kw else {}),
                     **({"finishing_rows_counted": finishing} if mode == "policy" else {}), tokens=tokens, steps=steps,
                     drafted_steps=drafted, seconds=round(clock_ms / 1e3, 3),
-                    tokens_per_s=round(tokens / (clock_ms / 1e3), 1), **turn_latency(latencies))
+                    tokens_per_s=round(tokens / (clock_ms / 1e3), 1), **turn_latency(latencies),
+                    latency_p50_ms_by_turn=[turn_latency(by_turn[k])["latency_p50_ms"] for k in sorted(by_turn)])
     finally:
         if policy is not None:
             for k, v in saved.items():

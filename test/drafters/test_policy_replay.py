@@ -134,6 +134,9 @@ def test_uncached_tokens_follow_the_radix_cache_and_cost_their_prefill():
     a.prefill_ms_per_1k = 20.0
     costed = pr.serve(table, per_session, 4, "none", a)
     assert costed["seconds"] > flat["seconds"] and costed["tokens"] == flat["tokens"]
+    # per turn index the median latency: the turns with 1,000 uncached prompt tokens (odd ones) wait for their prefill
+    by_turn = costed["latency_p50_ms_by_turn"]
+    assert len(by_turn) == len(per_session[0]) and min(by_turn[1::2]) > max(by_turn[0::2])
     assert costed["latency_p95_ms"] - costed["latency_p50_ms"] > flat["latency_p95_ms"] - flat["latency_p50_ms"]
 
 

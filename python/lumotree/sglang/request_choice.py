@@ -2,20 +2,19 @@
 default (settings: ``--speculative-adaptive-config`` with ``{"candidate_steps": [0, 1], "request_quantile": {...}}``).
 
 Why: the batch-wide choice (:class:`lumotree.sglang.adaptive.TreeSizePolicy` alone, as LUMOTREE servers choose)
-drafts a decode step when the batch's *mean* acceptance makes the tree pay for the batch's tokens per second. At
-32 concurrent agents that mean is carried by the few requests copying long runs (5-20 drafts a step) while most of
-the batch writes text no draft foresees --
-every session's second turn arrives at once and writes new text --, so the server keeps drafting and those requests
-advance one token per drafted step, ~1.8x a decode step (run ``32-agents-nodraft-floor``: those second turns took
-748 ms median against 503 on the same server pinned to its no-draft step and 512 without speculation; they are the
-32-agent p95). This choice drafts a step only when the request at the batch's ``quantile`` of acceptance gains from
-it: ``1 + a_q >= T_tree / T_none`` (``T``: the policy's measured step times at the batch's bucket), where ``a_q`` is
-that quantile of the requests' own estimates -- an average of each request's accepted drafts over its drafted steps
-(``weight`` per new sample; a request first seen takes the running mean of all requests' samples, so a new turn
-starts drafting as the server's turns have lately paid), drifting back towards that mean by ``drift`` per no-draft
-step. After ``probe_every`` no-draft steps in a row it drafts one step (a probe: its samples refresh the estimates);
-the interval doubles, up to ``probe_max``, each time a probe leaves the batch's quantile below the break-even, and
-returns to ``probe_every`` when it does not.
+drafts a decode step when the batch's *mean* acceptance makes the tree pay for the batch's tokens per second. At 32
+concurrent agents that mean is carried by the few requests copying long runs (5-20 drafts a step) while most of the
+batch writes text no draft foresees -- every session's second turn arrives at once and writes new text --, so the
+server keeps drafting and those requests advance one token per drafted step, ~1.8x a decode step (run
+``32-agents-nodraft-floor``: those second turns took 748 ms median against 503 on the same server pinned to its
+no-draft step and 512 without speculation; they are the 32-agent p95). This choice drafts a step only when the
+request at the batch's ``quantile`` of acceptance gains from it: ``1 + a_q >= T_tree / T_none`` (``T``: the policy's
+measured step times at the batch's bucket), where ``a_q`` is that quantile of the requests' own estimates -- an
+average of each request's accepted drafts over its drafted steps (``weight`` per new sample; a request first seen
+takes the running mean of all requests' samples, so a new turn starts drafting as the server's turns have lately
+paid), drifting back towards that mean by ``drift`` per no-draft step. After ``probe_every`` no-draft steps in a row
+it drafts one step (a probe: its samples refresh the estimates); the interval doubles, up to ``probe_max``, each
+time a probe leaves the batch's quantile below the break-even, and returns to ``probe_every`` when it does not.
 
 Served (tiny model, one H200, runs ``*-request-choice`` of ``benchmark/results/agents_h200.json``), against the
 batch-wide choice it replaced: +2.4 / +4.8 / +2.5 % tokens/s at 32 / 8 / 1 concurrent agents (the repeats' means),

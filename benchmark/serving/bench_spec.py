@@ -124,6 +124,9 @@ CONFIGS = {
         "--speculative-adaptive-config", os.path.join(HERE, "fixed_tree.json")],
     "lumotree-chain-fixed": spec("LUMOTREE", 3, 1, 4) + [
         "--speculative-adaptive-config", os.path.join(HERE, "fixed_tree.json")],
+    # LUMOTREE's chain choosing its depth too (no draft, 1, 2 or 3 draft steps per decode step; opt-in)
+    "lumotree-chain-depths": spec("LUMOTREE", 3, 1, 4) + [
+        "--speculative-adaptive-config", os.path.join(HERE, "chain_depths.json")],
 }
 
 
@@ -148,10 +151,15 @@ def config_env(name: str) -> dict:
 
 def adapts(name: str) -> bool:
     """Whether the configuration's server picks its tree size from measured acceptance: LUMOTREE's MTP
-    configurations (adaptive by default) but the fixed-tree ones, and SGLang's ``--speculative-adaptive``."""
+    configurations (adaptive by default) but the fixed-tree ones (a config of one candidate), and SGLang's
+    ``--speculative-adaptive``."""
     args = CONFIGS[name]
-    lumotree = "LUMOTREE" in args and "--speculative-adaptive-config" not in args
-    return lumotree or "--speculative-adaptive" in args
+    if "LUMOTREE" in args:
+        if "--speculative-adaptive-config" not in args:
+            return True
+        with open(args[args.index("--speculative-adaptive-config") + 1]) as f:
+            return len(json.load(f).get("candidate_steps", [])) > 1
+    return "--speculative-adaptive" in args
 
 
 def write_config(out, shape):

@@ -824,3 +824,97 @@ def test_the_benchmark_s_mtp_policy_config_pins_lumotree_s_settings():
                          speculative_adaptive_config=path)
     assert adaptive.policy_settings(sa) == adaptive.PolicySettings.current() != adaptive.SUFFIX_SETTINGS
     assert adaptive.candidate_steps(sa) == [0, 1]
+
+
+def test_a_chain_s_depth_candidates_parse_and_trees_refuse_them(tmp_path):
+    cfg = tmp_path / "depths.json"
+    cfg.write_text(json.dumps({"candidate_steps": [0, 1, 3]}))
+    chain = SimpleNamespace(speculative_algorithm="LUMOTREE", speculative_num_steps=3, speculative_eagle_topk=1,
+                            speculative_adaptive_config=str(cfg))
+    assert adaptive.candidate_steps(chain) == [0, 1, 3]
+    tree = SimpleNamespace(**{**vars(chain), "speculative_eagle_topk": 2})
+    with pytest.raises(ValueError, match=r"--speculative-adaptive-config .*candidate_steps \[1\] cannot be served.*"
+                                         r"--speculative-eagle-topk 1"):
+        adaptive.candidate_steps(tree)
+    chain.speculative_adaptive_config = None
+    assert adaptive.candidate_steps(chain) == [0, 3]  # the default: the configured chain or none
+
+
+def test_chain_accept_and_its_inverse():
+    assert adaptive.chain_accept(0.8, 3) == pytest.approx(0.8 + 0.64 + 0.512)
+    assert adaptive.chain_accept(1.0, 2) == 2 and adaptive.chain_accept(0.0, 3) == 0
+    for k in (1, 2, 3, 5):
+        for p in (0.1, 0.5, 0.8, 0.95):
+            assert adaptive.chain_p(adaptive.chain_accept(p, k), k) == pytest.approx(p, abs=1e-6)
+    assert adaptive.chain_p(0.0, 3) == 0.0 and adaptive.chain_p(3.0, 3) == 1.0 and adaptive.chain_p(-1, 3) == 0.0
+
+
+def test_shallower_chains_read_their_acceptance_from_the_deepest_s():
+    two = TreeSizePolicy([0, 3])
+    two.observe_accept(3, [2, 1, 3])
+    assert two.accept == pytest.approx(2.0) and two.tokens_per_step(3) == pytest.approx(3.0)
+    p = TreeSizePolicy([0, 1, 3])
+    p.observe_accept(3, [0.8 + 0.64 + 0.512] * 4)  # the deepest chain at p = 0.8
+    assert p.tokens_per_step(3) == pytest.approx(1 + 0.8 + 0.64 + 0.512)
+    assert p.tokens_per_step(1) == pytest.approx(1.8) and p.tokens_per_step(0) == 1.0
+    q = TreeSizePolicy([0, 1, 3])
+    q.observe_accept(1, [1, 1, 1, 0, 1])  # a one-step chain accepting 0.8: as the three-step chain would have
+    assert q.accept == pytest.approx(0.8 + 0.64 + 0.512) and q.tokens_per_step(1) == pytest.approx(1.8)
+
+
+def leading_successes(rng, p, most):
+    """The controlled acceptance of a ``most``-step chain: the leading successes of Bernoulli(``p``) draws."""
+    k = 0
+    while k < most and rng.random() < p:
+        k += 1
+    return k
+
+
+@pytest.mark.parametrize("times,want", [
+    pytest.param({0: 10.0, 1: 12.0, 3: 25.0}, 1, id="large-batch-shallow-chain"),  # 1.8/12 > 2.95/25 > 1/10
+    pytest.param({0: 7.4, 1: 9.0, 3: 10.5}, 3, id="small-batch-deepest-chain"),   # 2.95/10.5 > 1.8/9
+    pytest.param({0: 10.0, 1: 19.0, 3: 40.0}, 0, id="no-chain-pays"),            # 1/10 > 1.8/19 > 2.95/40
+])
+def test_a_policy_of_chain_depths_serves_the_depth_of_most_tokens_per_second(times, want):
+    rng = random.Random(0)
+    p = TreeSizePolicy([0, 1, 3])
+    counts, prev = {0: 0, 1: 0, 3: 0}, 3
+    for i in range(600):
+        s = p.choose(8)
+        p.observe_time(8, s, times[s] / 1e3 * (1 + 0.02 * rng.random()))
+        if s and prev != 0:  # a chain right after a no-draft step drafts from zeros: not counted
+            p.observe_accept(s, [leading_successes(rng, 0.8, s) for _ in range(8)])
+        prev = s
+        if i >= 200:
+            counts[s] += 1
+    assert counts[want] > 0.9 * sum(counts.values()), counts
+
+
+def test_the_worker_builds_shallower_chains_with_their_own_tokens_and_attributes_their_acceptance(monkeypatch):
+    pytest.importorskip("sglang")
+    from lumotree.sglang.worker import StepLedger, candidate_tokens, worker_class
+
+    assert [candidate_tokens(s, 3, 4) for s in (0, 1, 2, 3)] == [1, 2, 3, 4]
+    assert candidate_tokens(3, 3, 6) == 6 and candidate_tokens(0, 3, 6) == 1  # a tree's own size; no draft: the root
+    w = object.__new__(worker_class())
+    switched = []
+
+    def apply_runtime_state(state):
+        switched.append(state)
+        w.speculative_num_steps = state
+
+    w.apply_runtime_state = apply_runtime_state
+    w.speculative_num_steps = 3
+    w.tree_policy = TreeSizePolicy([0, 1, 3])
+    w._tree_states = {0: 0, 1: 1, 3: 3}
+    w._ledger = StepLedger(w.tree_policy, first=3, event=DeviceClock().event)
+    w._step_chosen = False
+    chosen = iter([1, 3])
+    w.tree_policy.choose = lambda batch: next(chosen)
+    w.activate_step_by_batch(4)
+    w.activate_step_by_batch(4)
+    assert switched == [1, 3] and [e[0] for e in w._ledger.pending] == [1, 3]
+    w.on_verify_complete_cpu([1, 1, 1, 1])  # the one-step chain's: every draft accepted -> the deepest's 3
+    assert w.tree_policy.accept == pytest.approx(3.0)
+    w.on_verify_complete_cpu([0, 0, 0, 0])
+    assert w.tree_policy.accept == pytest.approx(3.0 * (1 - adaptive.EMA))

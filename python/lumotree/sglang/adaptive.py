@@ -76,7 +76,12 @@ Candidates are tree sizes named by their draft steps (SGLang's runtime states ar
 NGRAM loop, :mod:`lumotree.sglang.suffix`) has one tree size, ``--speculative-num-draft-tokens`` nodes
 drafted on the host: its candidates are ``0`` and ``1`` (:data:`SUFFIX_TREE`), the suffix tree.
 ``--speculative-adaptive-config FILE`` (JSON ``{"candidate_steps": [...]}``, a subset of those two)
-restricts them; one candidate serves a fixed tree.
+restricts them; one candidate serves a fixed tree. A LUMOTREE chain (``--speculative-eagle-topk 1``) may also list
+shallower chains (``[0, 1, 3]``: no draft, a one-step chain, the three-step one): the verify's tokens grow with
+``batch x (steps + 1)``, so at large batches a shallower chain can pay where the deepest breaks even. Their
+acceptance is the deepest chain's read through a per-depth acceptance ``p`` (a ``k``-step chain accepts
+``p + ... + p^k`` drafts per request, :func:`chain_accept`): each drafted step's sample enters the one estimate as
+the deepest chain would have accepted it, and a candidate's tokens per step come from it. Opt-in, **not yet served**.
 """
 from __future__ import annotations
 
@@ -207,6 +212,10 @@ class TreeSizePolicy:
             raise ValueError(f"candidate draft steps must be non-negative integers, got {list(candidates)}")
         self.candidates: List[int] = cands
         self.accept: Optional[float] = prior_accept
+        # chains of several depths (a LUMOTREE chain's shallower candidates): ``accept`` is the deepest chain's, and
+        # the others' are read from it and into it through a per-depth acceptance (chain_accept)
+        drafting = [c for c in cands if c > 0]
+        self._deepest: Optional[int] = drafting[-1] if len(drafting) > 1 else None
         self.buckets: Dict[int, _Bucket] = {}
         self._measured: Dict[int, set] = {c: set() for c in cands}  # buckets with MIN_SAMPLES times of a candidate
         self._borrows = False  # a bucket has measured every candidate: later buckets borrow (_choose)
@@ -219,7 +228,10 @@ class TreeSizePolicy:
         """Expected tokens a request gains per step with ``steps`` draft steps."""
         if steps == 0:
             return 1.0
-        return 1.0 + (self.accept if self.accept is not None else 0.0)
+        a = self.accept if self.accept is not None else 0.0
+        if self._deepest is not None and steps != self._deepest:
+            a = chain_accept(chain_p(a, self._deepest), steps)
+        return 1.0 + a
 
     def _bucket(self, batch: int) -> _Bucket:
         b = bucket(batch)
@@ -245,6 +257,9 @@ class TreeSizePolicy:
         """Accepted draft tokens per request of one step served with ``steps`` draft steps."""
         if steps == 0 or not accepted_drafts:
             return
+        if self._deepest is not None and steps != self._deepest:  # as the deepest chain would have accepted
+            same = chain_accept(chain_p(sum(accepted_drafts) / len(accepted_drafts), steps), self._deepest)
+            accepted_drafts = [same] * len(accepted_drafts)
         a = sum(accepted_drafts) / len(accepted_drafts)
         if self._gap is None:
             self.accept = _ema(self.accept, a, self.settings.ema)
@@ -363,6 +378,27 @@ class TreeSizePolicy:
             for b, st in sorted(self.buckets.items())}}
 
 
+def chain_accept(p: float, steps: int) -> float:
+    """Accepted drafts per request of a ``steps``-step chain whose every draft is accepted with probability ``p``
+    given its parent was: ``p + p^2 + ... + p^steps`` (what a shallower chain accepts, read from a deeper one's
+    acceptance; the benchmark's controlled acceptance is exactly this)."""
+    return sum(p ** i for i in range(1, steps + 1))
+
+
+def chain_p(accepted: float, steps: int) -> float:
+    """The per-draft ``p`` at which a ``steps``-step chain accepts ``accepted`` drafts per request
+    (:func:`chain_accept`'s inverse; 0 at or below 0, 1 at or above ``steps``)."""
+    if accepted <= 0:
+        return 0.0
+    if accepted >= steps:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if chain_accept(mid, steps) < accepted else (lo, mid)
+    return (lo + hi) / 2
+
+
 def adaptive_tree_size(server_args) -> bool:
     """Whether a LUMOTREE or LUMOTREE_SUFFIX server chooses its tree size per step: by default, except with
     ``--enable-multi-layer-eagle``, the decode-exact mode, and more than one GPU per model (``--tp-size`` /
@@ -421,24 +457,29 @@ def policy_settings(server_args) -> PolicySettings:
 def candidate_steps(server_args) -> List[int]:
     """The candidates a LUMOTREE server may serve: ``[0, --speculative-num-steps]`` in draft steps (0 = no draft);
     a LUMOTREE_SUFFIX server's ``[0, 1]``, 1 its suffix tree of ``--speculative-num-draft-tokens`` nodes. Or
-    those of ``--speculative-adaptive-config`` (``{"candidate_steps": [...]}``, a subset). Raises ``ValueError``
-    naming the flag for a config that cannot be served."""
+    those of ``--speculative-adaptive-config`` (``{"candidate_steps": [...]}``, a subset; a LUMOTREE chain --
+    ``--speculative-eagle-topk 1`` -- also shallower chains, any of ``0 .. --speculative-num-steps``). Raises
+    ``ValueError`` naming the flag for a config that cannot be served."""
     suffix = is_suffix(server_args)
     steps = SUFFIX_TREE if suffix else int(server_args.speculative_num_steps or 0)
     full = [0, steps] if steps > 0 else [0]
+    chain = not suffix and int(getattr(server_args, "speculative_eagle_topk", None) or 1) == 1
+    servable = list(range(steps + 1)) if chain else full
     path, cfg = _config(server_args)
     if cfg is None:
         return full
     what = (f"a LUMOTREE_SUFFIX server reads {{\"candidate_steps\": [...]}} from {full} (0: no draft, "
             f"{SUFFIX_TREE}: its suffix tree)" if suffix else
-            f'a LUMOTREE server reads {{"candidate_steps": [...]}} with draft steps from {full}')
+            f'a LUMOTREE server reads {{"candidate_steps": [...]}} with draft steps from {servable}')
     got = cfg.get("candidate_steps") if isinstance(cfg, dict) else None
     if not isinstance(got, list) or not got or not all(isinstance(s, int) and not isinstance(s, bool) for s in got):
         raise ValueError(f"--speculative-adaptive-config {path}: {what}; got {cfg!r}")
-    bad = sorted(set(got) - set(full))
+    bad = sorted(set(got) - set(servable))
     if bad:
         served = (f"a LUMOTREE_SUFFIX server drafts its suffix tree ({SUFFIX_TREE}) or none (0)" if suffix else
-                  f"a LUMOTREE server drafts its --speculative-num-steps {steps} tree or none (0)")
+                  f"a LUMOTREE chain drafts 0 to --speculative-num-steps {steps} steps" if chain else
+                  f"a LUMOTREE tree (--speculative-eagle-topk above 1) drafts its --speculative-num-steps {steps} "
+                  f"steps or none (0): shallower candidates serve chains (--speculative-eagle-topk 1)")
         raise ValueError(f"--speculative-adaptive-config {path}: candidate_steps {bad} cannot be served; "
-                         f"{served}: use a subset of {full}")
+                         f"{served}: use a subset of {servable}")
     return sorted(set(got))

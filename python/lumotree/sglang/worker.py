@@ -7,7 +7,9 @@ with no draft -- SGLang's one-node verify (``EAGLEWorkerV2._build_trivial_verify
 root accepted and one token sampled from the target's logits: a decode step), with its own
 target-verify CUDA graphs -- and switches between the two before each decode step as
 :class:`~lumotree.sglang.adaptive.TreeSizePolicy` says. A switch swaps prebuilt attention backends
-and graph runners (SGLang's ``apply_runtime_state``); nothing is captured while serving.
+and graph runners (SGLang's ``apply_runtime_state``); nothing is captured while serving. A chain whose
+``--speculative-adaptive-config`` lists shallower chains too (``[0, 1, 3]``) holds a runtime state for each, its
+verify ``steps + 1`` tokens (:func:`candidate_tokens`).
 
 A no-draft step is a decode step: the target model's decode forward through decode CUDA graphs of its
 own (:mod:`lumotree.sglang.decode_step`), not SGLang's one-node verify, wherever the batch allows it
@@ -86,6 +88,15 @@ def decode_step_graph_bs(server_args, cuda_graph_bs):
     if sorted(int(b) for b in cuda_graph_bs) != sorted(default(server_args.speculative_algorithm)):
         return cuda_graph_bs  # the user's list
     return default(None)
+
+
+def candidate_tokens(steps: int, configured_steps: int, configured_tokens: int) -> int:
+    """The verify's tokens per request of a candidate of ``steps`` draft steps: the configured tree's, one for no
+    draft (the root), ``steps + 1`` for a shallower chain (:func:`lumotree.sglang.adaptive.candidate_steps` allows
+    those on chains alone)."""
+    if steps == configured_steps:
+        return configured_tokens
+    return 1 if steps == 0 else steps + 1
 
 
 @contextlib.contextmanager
@@ -375,7 +386,8 @@ def worker_class():
                         graph_bs = one_node_verify_graph_bs(cuda_graph_bs, self._decodes) if steps == 0 else cuda_graph_bs
                         with skip, capture_sizes(self._target_worker.model_runner.server_args, graph_bs):
                             self._tree_states[steps] = self.build_adaptive_runtime_state(
-                                steps, 1 if steps == 0 else self.speculative_num_draft_tokens,
+                                steps, candidate_tokens(steps, self.speculative_num_steps,
+                                                        self.speculative_num_draft_tokens),
                                 cuda_graph_bs=graph_bs)
                         logger.info("LumoTree adaptive: runtime state for %d draft steps built in %.1f s", steps,
                                     time.perf_counter() - tic)

@@ -366,12 +366,12 @@ def test_step_clock_under_the_overlap_pipeline_times_each_step_s_own_candidate(h
         assert statistics.median(own) == pytest.approx(want), got
 
 
-def test_worker_attributes_step_times_and_switches_states(monkeypatch):
-    pytest.importorskip("sglang")
+def bookkeeping_worker(candidates, dev):
+    """A LUMOTREE worker object without a GPU, configured for 3 draft steps: only the adaptive bookkeeping runs;
+    ``switched`` lists the runtime states applied (each state is its draft steps)."""
     from lumotree.sglang.worker import StepLedger, worker_class
 
-    cls = worker_class()
-    w = object.__new__(cls)  # no GPU: only the adaptive bookkeeping is exercised
+    w = object.__new__(worker_class())
     switched = []
 
     def apply_runtime_state(state):
@@ -380,11 +380,17 @@ def test_worker_attributes_step_times_and_switches_states(monkeypatch):
 
     w.apply_runtime_state = apply_runtime_state
     w.speculative_num_steps = 3
-    w.tree_policy = TreeSizePolicy([0, 3])
-    w._tree_states = {0: 0, 3: 3}
-    dev = DeviceClock()
+    w.tree_policy = TreeSizePolicy(candidates)
+    w._tree_states = {c: c for c in candidates}
     w._ledger = StepLedger(w.tree_policy, first=3, event=dev.event)
     w._step_chosen = False
+    return w, switched
+
+
+def test_worker_attributes_step_times_and_switches_states(monkeypatch):
+    pytest.importorskip("sglang")
+    dev = DeviceClock()
+    w, switched = bookkeeping_worker([0, 3], dev)
     monkeypatch.setattr(adaptive, "RUN", 1)  # one step per exploration run: a switch on every step
 
     def launch(t, batch):
@@ -892,23 +898,11 @@ def test_a_policy_of_chain_depths_serves_the_depth_of_most_tokens_per_second(tim
 
 def test_the_worker_builds_shallower_chains_with_their_own_tokens_and_attributes_their_acceptance(monkeypatch):
     pytest.importorskip("sglang")
-    from lumotree.sglang.worker import StepLedger, candidate_tokens, worker_class
+    from lumotree.sglang.worker import candidate_tokens
 
     assert [candidate_tokens(s, 3, 4) for s in (0, 1, 2, 3)] == [1, 2, 3, 4]
     assert candidate_tokens(3, 3, 6) == 6 and candidate_tokens(0, 3, 6) == 1  # a tree's own size; no draft: the root
-    w = object.__new__(worker_class())
-    switched = []
-
-    def apply_runtime_state(state):
-        switched.append(state)
-        w.speculative_num_steps = state
-
-    w.apply_runtime_state = apply_runtime_state
-    w.speculative_num_steps = 3
-    w.tree_policy = TreeSizePolicy([0, 1, 3])
-    w._tree_states = {0: 0, 1: 1, 3: 3}
-    w._ledger = StepLedger(w.tree_policy, first=3, event=DeviceClock().event)
-    w._step_chosen = False
+    w, switched = bookkeeping_worker([0, 1, 3], DeviceClock())
     chosen = iter([1, 3])
     w.tree_policy.choose = lambda batch: next(chosen)
     w.activate_step_by_batch(4)

@@ -366,12 +366,16 @@ bad_quantile = sys.argv[2] + "/bad_quantile.json"
 json.dump({"candidate_steps": [0, 1], "request_quantile": {"quantile": 2}}, open(bad_quantile, "w"))
 mtp_quantile = sys.argv[2] + "/mtp_quantile.json"
 json.dump({"candidate_steps": [0, 3], "request_quantile": {}}, open(mtp_quantile, "w"))
+depths = sys.argv[2] + "/depths.json"
+json.dump({"candidate_steps": [0, 1, 3]}, open(depths, "w"))
+chain = ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 for extra in ([], ["--speculative-adaptive"], ["--speculative-adaptive-config", bad],
               ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive"], ["--tp-size", "2"],
               ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive-config", bad_policy],
               ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive-config", quantile],
               ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive-config", bad_quantile],
-              ["--speculative-adaptive-config", mtp_quantile]):
+              ["--speculative-adaptive-config", mtp_quantile],
+              chain + ["--speculative-adaptive-config", depths], ["--speculative-adaptive-config", depths]):
     try:
         sa = prepare_server_args(base + extra)
         print("RESULT ok", adaptive_tree_size(sa), sa.speculative_adaptive, sa.speculative_num_draft_tokens)
@@ -385,13 +389,13 @@ def test_lumotree_is_adaptive_by_default_and_checks_the_adaptive_flags(tmp_path)
     accepted, on LUMOTREE_SUFFIX too (and SGLang's chain-only controller kept off, so its draft-token sizing does
     not apply to the tree); a config naming a tree it cannot serve, or a policy setting out of range, fails at
     parsing; with more than one GPU per model the tree is fixed (ranks must not choose differently). LUMOTREE_SUFFIX's
-    per-request choice is checked there too."""
+    per-request choice is checked there too, and a chain's shallower depths (a tree's fail by name)."""
     if not os.path.isfile(os.path.join(CKPT, "config.json")):
         pytest.skip("tiny checkpoint not in this checkout")
     out = subprocess.run([sys.executable, "-c", ADAPTIVE_SCRIPT, CKPT, str(tmp_path)], capture_output=True,
                          text=True, timeout=600, cwd=ROOT)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert len(lines) == 9, out.stdout[-2000:] + out.stderr[-4000:]
+    assert len(lines) == 11, out.stdout[-2000:] + out.stderr[-4000:]
     assert lines[0] == "ok True False 6", lines[0]
     assert lines[4] == "ok False False 6", lines[4]  # --tp-size 2: the configured tree on every step
     assert lines[1] == "ok True False 6", lines[1]
@@ -403,6 +407,9 @@ def test_lumotree_is_adaptive_by_default_and_checks_the_adaptive_flags(tmp_path)
     assert lines[6] == "ok True False 6", lines[6]
     assert "--speculative-adaptive-config" in lines[7] and "quantile in [0, 1)" in lines[7], lines[7]
     assert "--speculative-adaptive-config" in lines[8] and "LUMOTREE_SUFFIX's per-request" in lines[8], lines[8]
+    # a chain may choose its depth too; the topk-2 tree may not, and fails at parsing naming the flags
+    assert lines[9] == "ok True False 4", lines[9]
+    assert "--speculative-adaptive-config" in lines[10] and "--speculative-eagle-topk 1" in lines[10], lines[10]
 
 
 def test_hooks_on_one_target_all_register_once_each():

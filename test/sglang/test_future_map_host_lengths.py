@@ -29,6 +29,12 @@ class Calls:
         return ORIGINAL_RESOLVE(fm, batch)
 
 
+@pytest.fixture(autouse=True)
+def no_first_checks(monkeypatch):
+    """The tests count SGLang's method's calls: no comparison of the first batches unless a test asks for it."""
+    monkeypatch.setattr(hl, "CHECK_FIRST", 0)
+
+
 def future_map(pool=16):
     return FutureMap(torch.device("cpu"), SpeculativeAlgorithm.from_string("NGRAM"),
                      SimpleNamespace(req_to_token=torch.zeros(pool, 8, dtype=torch.int32)))
@@ -160,3 +166,12 @@ def test_installed_on_both_methods():
         for t in targets:
             HookRegistry._hooks[t] = saved[t]
         patches.forget(*targets)
+
+
+def test_a_server_s_first_batches_served_from_the_host_are_each_compared(monkeypatch):
+    monkeypatch.setattr(hl, "CHECK_FIRST", 2)
+    fm, calls = future_map(), Calls()
+    hl.publish_known(publisher(fm, [1]), torch.tensor([11]), torch.tensor([1]), torch.tensor([11]))
+    for n in (1, 2, 2, 2):  # the first two compared (SGLang's method ran), then served from the host alone
+        assert resolve(fm, [1], calls).seq_lens_cpu.tolist() == [11] and calls.n == n
+    assert fm.lumotree_host_lengths.checked == 2 and fm.lumotree_host_lengths.on

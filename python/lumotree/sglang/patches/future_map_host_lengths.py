@@ -16,8 +16,9 @@ for the one ``publish`` call it makes; the publish hook then records them per re
 on the device alone). The resolve hook serves a batch whose rows are all recorded from the record: the device
 lengths gathered as SGLang gathers them (its stream still waits for the publish event, without a host sync), the
 host lengths from the record; otherwise, or with SGLang's debug asserts, without the CPU mirror, or on HIP,
-SGLang's method. Every :data:`CHECK_EVERY`-th served batch also runs SGLang's method and compares: a difference
-turns the record off for the process, with an error in the log (a wrong host length would misplace KV slots).
+SGLang's method. The first :data:`CHECK_FIRST` batches served so and every :data:`CHECK_EVERY`-th after also run
+SGLang's method and compare: a difference turns the record off for the process, with an error in the log (a wrong
+host length would misplace KV slots).
 
 Remove when: SGLang's overlap scheduler takes host lengths from a worker that knows them (or its spec-V2 resolve
 stops synchronizing for them).
@@ -33,6 +34,7 @@ logger = logging.getLogger(__name__)
 
 FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
 CHECK_EVERY = 64  # served batches between two comparisons with SGLang's device copy
+CHECK_FIRST = 16  # and the first this many, each (a server's first steps show a wrong record at once)
 MISMATCH_LINE = "host lengths differ from the device's"  # the error's start, if a comparison finds a difference
 SERVED_LINE = "a speculative batch's lengths were all published from the host"  # logged once, at the first
 
@@ -115,7 +117,7 @@ def resolve_seq_lens_cpu(original, self, batch, *args, **kwargs):
     if rec.served == 1:
         logger.info("LumoTree: %s; its lengths taken from the host, without waiting for their device copy",
                     SERVED_LINE)
-    if rec.served % CHECK_EVERY == 0:
+    if rec.served <= CHECK_FIRST or rec.served % CHECK_EVERY == 0:
         out = original(self, batch, *args, **kwargs)
         rec.checked += 1
         if not torch.equal(batch.seq_lens_cpu.to(torch.int64), lens):

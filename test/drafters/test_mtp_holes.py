@@ -101,3 +101,10 @@ def test_script_runs_and_full_is_its_own_baseline(tmp_path):
                                             for f in ("masked", "zero", "stale")}
     assert all(r["positions"] == 48 - 16 - 1 - 3 for r in res["rows"])
     assert all(0 <= r["accepted_drafts"] <= 3 for r in res["rows"])
+
+
+def test_script_refuses_positions_beyond_the_trained_windows():
+    mh = load_script("drafters", "mtp_holes")
+    assert mh.trained_length(CKPT) == 512
+    with pytest.raises(SystemExit):
+        mh.main(["--model", CKPT, "--prompt", "256", "--gen", "300", "--stretches", "8"])

@@ -19,8 +19,10 @@ own (:mod:`lumotree.sglang.decode_step`), not SGLang's one-node verify, wherever
 :func:`cold_draft_input`), and so are its draft CUDA graphs at start-up. The price: the MTP layer's
 KV cache has no entries for the tokens decoded without a draft, so a request that lives through a no-draft stretch drafts from a
 cold start and with those holes when drafting resumes -- which the policy only does when drafting
-pays at that batch size. The acceptance of the first drafted step after such a stretch is not
-counted (its draft comes from a stub).
+pays at that batch size. The holes' slots are zeroed before each no-draft step (:mod:`lumotree.sglang.mtp_entries`:
+left alone they hold a finished request's entries, which cost the trained tiny model's MTP head more acceptance than
+no entries). The acceptance of the first drafted step after such a stretch is not counted (its draft comes from a
+stub).
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import types
 import torch
 
 from lumotree.sglang import adaptive, step_timing
+from lumotree.sglang.mtp_entries import MtpEntries
 from lumotree.sglang.scheduling import publish_prefill_early
 
 logger = logging.getLogger(__name__)
@@ -345,8 +348,10 @@ def worker_class():
             self._step_chosen = False  # this decode step's tree size is chosen already
             self._overlap_consistent = self._ledger.consistent
             self._draft_oracle = draft_oracle.probability() is not None  # benchmark only
+            self._mtp_entries = None  # the MTP layer's entries of tokens decoded without a draft, zeroed
             if self.tree_policy is not None and 0 in self.tree_policy.candidates:
                 self._skip_draft_extend_without_draft()
+                self._mtp_entries = MtpEntries.of_runner(self._draft_worker.draft_runner)
 
         def _skip_draft_extend_without_draft(self):
             dw = self._draft_worker
@@ -419,8 +424,12 @@ def worker_class():
                 self._ledger.clock.interrupt()
                 args, kwargs = publish_prefill_early(batch, args, kwargs)  # its lengths are known: publish, launch
             elif self.tree_policy is not None and not batch.forward_mode.is_idle():
-                self.activate_step_by_batch(batch.seq_lens.shape[0])
+                bs = batch.seq_lens.shape[0]
+                self.activate_step_by_batch(bs)
                 self._step_chosen = True  # SGLang's loop asks again: the choice stands
+                if self.speculative_num_steps == 0 and getattr(self, "_mtp_entries", None) is not None:
+                    # no draft-extend writes this token's MTP entry: zero the stale one in its slot
+                    self._mtp_entries.clear(batch.req_pool_indices[:bs], batch.seq_lens)
                 if self._decode_step is not None and self.speculative_num_steps == 0 and self._decode_step.serves(batch):
                     self._step_chosen = False
                     return step_timing.measure("nodraft", batch, self._no_draft_decode, batch,

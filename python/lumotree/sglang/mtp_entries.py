@@ -1,0 +1,67 @@
+"""The MTP layer's KV entries of tokens a LUMOTREE server decodes without a draft: zeroed, not left stale.
+
+A no-draft step skips the MTP layer's draft-extend (:mod:`lumotree.sglang.worker`: it costs what a decode step
+costs), so the draft model writes no key and value at the token's KV slot. SGLang's draft KV pool shares the
+target's slot numbering, and a slot a finished request freed keeps what the draft model last wrote there: after a
+no-draft stretch, the request's later drafts attend over another request's entries at those positions. What that
+costs, on the committed tiny model's trained MTP head replayed on the CPU (``benchmark/drafters/mtp_holes.py``, a
+3-step chain, ``benchmark/results/mtp_holes_text_cpu.json``): after 64 / 192 no-draft steps the accept length is
+0.977 / 0.917 of a fully written cache with stale entries, 0.996 / 0.965 with zeroed ones, which read like entries
+left out of the attention (0.995 / 0.965); on the model's own greedy outputs 0.979 / 0.867 against 1.000 / 0.955.
+
+So before a no-draft step :class:`MtpEntries` zeroes the draft model's key and value at each request's slot of the
+step's token (``req_to_token[row, seq_len]``, the slot SGLang's speculative preparation gave the step's input) in
+every attention layer of the draft model, through the pool's own ``set_kv_buffer`` (its layout, dtype and
+quantization). A few small launches per step; the slot is the request's own until it is freed, and a later owner
+writes its own entry there.
+"""
+from __future__ import annotations
+
+import logging
+from typing import List
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class MtpEntries:
+    """Zeroes a draft model's KV entries at given request positions (see the module docstring)."""
+
+    def __init__(self, pool, layers: List, req_to_token: torch.Tensor, max_rows: int):
+        self.pool = pool
+        self.layers = list(layers)
+        self.req_to_token = req_to_token
+        self.max_rows = int(max_rows)
+        # one zero block per distinct (k heads, k dim, v heads, v dim), sliced per call
+        self._zeros = {}
+        for layer in self.layers:
+            key = (layer.tp_k_head_num, layer.qk_head_dim, layer.tp_v_head_num, layer.v_head_dim)
+            if key not in self._zeros:
+                dtype, device = pool.dtype, req_to_token.device
+                self._zeros[key] = (torch.zeros(self.max_rows, key[0], key[1], dtype=dtype, device=device),
+                                    torch.zeros(self.max_rows, key[2], key[3], dtype=dtype, device=device))
+        self.cleared = 0  # steps whose entries were zeroed (diagnostics, tests)
+
+    @classmethod
+    def of_runner(cls, draft_runner) -> "MtpEntries":
+        """The entries of ``draft_runner``'s model (SGLang's draft ``ModelRunner``): its attention layers, its KV
+        pool and request-to-token map."""
+        from sglang.srt.layers.radix_attention import RadixAttention
+
+        layers = [m for m in draft_runner.model.modules() if isinstance(m, RadixAttention)]
+        rt = draft_runner.req_to_token_pool.req_to_token
+        return cls(draft_runner.token_to_kv_pool, layers, rt, rt.shape[0])
+
+    def clear(self, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> None:
+        """Zero the entries at position ``seq_lens[i]`` of request row ``req_pool_indices[i]`` `[bs]`."""
+        bs = req_pool_indices.shape[0]
+        if bs == 0 or not self.layers:
+            return
+        if bs > self.max_rows:
+            raise ValueError(f"{bs} rows exceed the {self.max_rows} request rows the draft pool was built for")
+        locs = self.req_to_token[req_pool_indices.to(torch.int64), seq_lens.to(torch.int64)].to(torch.int64)
+        for layer in self.layers:
+            zk, zv = self._zeros[(layer.tp_k_head_num, layer.qk_head_dim, layer.tp_v_head_num, layer.v_head_dim)]
+            self.pool.set_kv_buffer(layer, locs, zk[:bs], zv[:bs])
+        self.cleared += 1

@@ -1,0 +1,83 @@
+"""lumotree.sglang.mtp_entries: a no-draft step zeroes the draft model's KV at its tokens' slots, in every attention
+layer of the draft model, through SGLang's own pool; nothing else in the pool changes; only no-draft steps do it."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+
+
+def _pool_and_layers(start_layer=5, layers=2, size=64):
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    pool = MHATokenToKVPool(size=size, page_size=1, dtype=torch.bfloat16, head_num=2, head_dim=8, layer_num=layers,
+                            device="cpu", enable_memory_saver=False, start_layer=start_layer,
+                            end_layer=start_layer + layers - 1)
+    g = torch.Generator().manual_seed(0)
+    for buf in list(pool.k_buffer) + list(pool.v_buffer):
+        buf.copy_(torch.randn(buf.shape, generator=g).to(buf.dtype))
+    attn = [RadixAttention(num_heads=4, head_dim=8, scaling=1.0, num_kv_heads=2, layer_id=start_layer + i)
+            for i in range(layers)]
+    return pool, attn
+
+
+def test_clear_zeroes_exactly_the_slots_of_the_requests_positions():
+    from lumotree.sglang.mtp_entries import MtpEntries
+
+    pool, attn = _pool_and_layers()
+    req_to_token = torch.arange(1, 65, dtype=torch.int32)[torch.randperm(64, generator=torch.Generator().manual_seed(1))]
+    req_to_token = req_to_token.view(4, 16)  # 4 request rows of 16 positions, slots 1..64 shuffled
+    keep_k = [b.clone() for b in pool.k_buffer]
+    keep_v = [b.clone() for b in pool.v_buffer]
+    e = MtpEntries(pool, attn, req_to_token, max_rows=4)
+    rows, lens = torch.tensor([2, 0, 3]), torch.tensor([5, 11, 0])
+    e.clear(rows, lens)
+    slots = {int(req_to_token[2, 5]), int(req_to_token[0, 11]), int(req_to_token[3, 0])}
+    for before, after in zip(keep_k + keep_v, list(pool.k_buffer) + list(pool.v_buffer)):
+        for s in range(after.shape[0]):
+            if s in slots:
+                assert not after[s].any(), s
+            else:
+                assert torch.equal(after[s], before[s]), s
+    assert e.cleared == 1
+
+
+def test_of_runner_finds_the_draft_model_s_attention_layers():
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    from lumotree.sglang.mtp_entries import MtpEntries
+
+    pool, attn = _pool_and_layers()
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ModuleList(attn))
+    runner = SimpleNamespace(model=model, token_to_kv_pool=pool,
+                             req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(6, 16, dtype=torch.int32)))
+    e = MtpEntries.of_runner(runner)
+    assert e.layers == attn and all(isinstance(m, RadixAttention) for m in e.layers)
+    assert e.max_rows == 6 and e.pool is pool
+    with pytest.raises(ValueError, match="7 rows exceed the 6 request rows"):
+        e.clear(torch.arange(7), torch.zeros(7, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("chosen", [0, 3])
+def test_only_a_no_draft_step_clears_its_tokens_entries(monkeypatch, chosen):
+    from test_adaptive import TreeSizePolicy, bare_worker
+
+    from lumotree.sglang.worker import worker_class
+
+    w = bare_worker(worker_class(), TreeSizePolicy([0, 3]), overlap_consistent=False)
+    w.tree_policy.choose = lambda batch: chosen
+
+    def apply_runtime_state(state):
+        w.speculative_num_steps = state
+
+    w.apply_runtime_state = apply_runtime_state
+    calls = []
+    w._mtp_entries = SimpleNamespace(clear=lambda rows, lens: calls.append((rows.tolist(), lens.tolist())))
+    monkeypatch.setattr(type(w).__mro__[1], "forward_batch_generation", lambda self, batch, *a, **k: "sglang")
+    decode = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
+                             is_extend_in_batch=False, seq_lens=torch.tensor([9, 4, 7]),
+                             req_pool_indices=torch.tensor([5, 1, 2, 0]))  # padded past the batch's 3 rows
+    assert w._forward(decode) == "sglang"
+    assert calls == ([([5, 1, 2], [9, 4, 7])] if chosen == 0 else [])

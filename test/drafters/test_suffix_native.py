@@ -809,6 +809,33 @@ def test_prefill_admissions_are_indexed_in_the_background_and_drafted_once_commi
     assert background.undrafted == [] and np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
 
 
+def test_with_tensor_parallel_ranks_admissions_are_indexed_in_line():
+    """Every rank of a ``--tp-size`` > 1 server drafts the same batch and feeds its drafts to its shard of the verify:
+    whether an admission is still indexing must not depend on a rank's threads. Such a corpus indexes a prefill
+    batch's admissions in line (nothing handed to the background) and drafts them at once, as in-line admissions."""
+    import numpy as np
+    from types import SimpleNamespace
+
+    from lumotree.sglang.suffix import SuffixCorpus, drafts_alone
+
+    assert drafts_alone(SimpleNamespace(tp_size=1)) and not drafts_alone(SimpleNamespace(tp_size=2))
+    rng = random.Random(11)
+    prompts = {f"p{i}": motif_tokens(rng, 300) for i in range(4)}
+    items = [(rid, toks, len(toks)) for rid, toks in prompts.items()]
+    inline, ranked = SuffixCorpus(8), SuffixCorpus(8, background=False)
+    for rid, toks, n in items:
+        inline.admit(rid, toks, n)
+    held = HeldIndexing(ranked._drafter)
+    ranked.drafter = held
+    ranked.admit_batch(items)
+    assert not held.entered.is_set() and not ranked._admitting and not ranked._staged
+    rids = list(prompts)
+    views = [t[-8:] for t in prompts.values()]
+    totals = [len(t) for t in prompts.values()]
+    a, b = ranked.batch_get(rids, views, totals), inline.batch_get(rids, views, totals)
+    assert ranked.undrafted == [] and np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
 def test_a_background_admission_error_is_raised_at_the_next_drafter_call():
     from lumotree.sglang.suffix import SuffixCorpus
 

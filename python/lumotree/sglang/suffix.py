@@ -345,8 +345,14 @@ class SuffixCorpus(HostCorpus):
     GIL) when built, else the Python reference (:func:`~lumotree.drafters.suffix.make_suffix_drafter`)."""
 
     def __init__(self, draft_token_num: int, max_match: int = 8, max_spec: int = 24,
-                 global_tokens: int = 1 << 18, min_prob: float = 0.0, retired_tokens: int = 1 << 18):
+                 global_tokens: int = 1 << 18, min_prob: float = 0.0, retired_tokens: int = 1 << 18,
+                 background: bool = True):
         super().__init__(draft_token_num)
+        # background: a prefill batch's admissions indexed on the C++ drafter's thread (admit_batch). Off where several
+        # ranks draft the same batch (--tp-size > 1): SGLang's NGRAM loop drafts on every rank and feeds each rank's
+        # drafts to its shard of the verify, so the drafts must be equal on all ranks -- and whether an admission is
+        # still indexing when a step drafts (it then drafts nothing for that request) depends on each rank's threads
+        self.background = background
         # max_match / max_spec: a draft continues a match of at most 8 context tokens up to 24 levels deep (the
         # tries hold suffixes of max_match + max_spec = 32 tokens either way, so indexing costs the same): on the
         # agent benchmark's served token streams (benchmark/drafters/acceptance_replay.py) 16 / 16 limited a
@@ -452,8 +458,8 @@ class SuffixCorpus(HostCorpus):
         starts, self._starts = self._starts, None
         if not starts:
             return
-        if not self._native():
-            self._start_now(starts)  # the Python reference holds the GIL: nothing to overlap
+        if not self._native() or not self.background:
+            self._start_now(starts)  # the Python reference holds the GIL: nothing to overlap; or ranks must agree
             return
         rids = [rid for rid, _ in starts]
         self._settle(block=any(rid in self._admitting for rid in rids))  # a request admitted again: its first commit
@@ -849,4 +855,11 @@ def ngram_worker(make_corpus):
 
 def worker_class():
     """SGLang's NGRAM worker with :class:`SuffixCorpus` as its draft source."""
-    return ngram_worker(lambda sa: SuffixCorpus(sa.speculative_num_draft_tokens))
+    return ngram_worker(lambda sa: SuffixCorpus(sa.speculative_num_draft_tokens, background=drafts_alone(sa)))
+
+
+def drafts_alone(server_args) -> bool:
+    """Whether this server's scheduler is the only one that drafts its batches (``--tp-size`` 1): then admissions may
+    be indexed in the background (:class:`SuffixCorpus`); with tensor parallelism every rank drafts the same batch
+    and must draft the same trees."""
+    return (getattr(server_args, "tp_size", 1) or 1) == 1

@@ -388,7 +388,7 @@ def test_lumotree_is_adaptive_by_default_and_checks_the_adaptive_flags(tmp_path)
     """A LUMOTREE server chooses its tree size per step by default; ``--speculative-adaptive`` is
     accepted, on LUMOTREE_SUFFIX too (and SGLang's chain-only controller kept off, so its draft-token sizing does
     not apply to the tree); a config naming a tree it cannot serve, or a policy setting out of range, fails at
-    parsing; with more than one GPU per model the tree is fixed (ranks must not choose differently). LUMOTREE_SUFFIX's
+    parsing; with tensor parallelism it stays adaptive (the ranks choose alike, lumotree.sglang.shared_times). LUMOTREE_SUFFIX's
     per-request choice is checked there too, and a chain's shallower depths (a tree's fail by name)."""
     if not os.path.isfile(os.path.join(CKPT, "config.json")):
         pytest.skip("tiny checkpoint not in this checkout")
@@ -397,7 +397,7 @@ def test_lumotree_is_adaptive_by_default_and_checks_the_adaptive_flags(tmp_path)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
     assert len(lines) == 11, out.stdout[-2000:] + out.stderr[-4000:]
     assert lines[0] == "ok True False 6", lines[0]
-    assert lines[4] == "ok False False 6", lines[4]  # --tp-size 2: the configured tree on every step
+    assert lines[4] == "ok True False 6", lines[4]  # --tp-size 2: adaptive too, the ranks sharing rank 0's step times
     assert lines[1] == "ok True False 6", lines[1]
     assert "--speculative-adaptive-config" in lines[2] and "candidate_steps [2] cannot be served" in lines[2], lines[2]
     assert lines[3] == "ok True False 6", lines[3]  # LUMOTREE_SUFFIX: adaptive too (its tree or no draft)

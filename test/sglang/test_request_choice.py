@@ -104,7 +104,9 @@ def test_the_config_key_and_its_errors_name_the_flag(tmp_path):
     assert settings_of(_args(tmp_path, {"candidate_steps": [0]})) is None  # pinned to no draft
     assert settings_of(_args(tmp_path, {"candidate_steps": [1]})) is None  # pinned to its tree
     assert settings_of(SimpleNamespace(speculative_algorithm="LUMOTREE_SUFFIX", speculative_adaptive_config=None,
-                                       tp_size=2)) is None  # more than one GPU: the configured tree on every step
+                                       tp_size=2)) == RequestQuantileSettings()  # tensor-parallel ranks choose alike
+    assert settings_of(SimpleNamespace(speculative_algorithm="LUMOTREE_SUFFIX", speculative_adaptive_config=None,
+                                       dp_size=2)) is None  # data parallelism: the configured tree on every step
     assert settings_of(SimpleNamespace(speculative_algorithm="LUMOTREE", speculative_adaptive_config=None,
                                        speculative_num_steps=3)) is None
     sa = _args(tmp_path, {"candidate_steps": [0, 1], "request_quantile": {}})

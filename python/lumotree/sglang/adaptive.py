@@ -401,13 +401,15 @@ def chain_p(accepted: float, steps: int) -> float:
 
 def adaptive_tree_size(server_args) -> bool:
     """Whether a LUMOTREE or LUMOTREE_SUFFIX server chooses its tree size per step: by default, except with
-    ``--enable-multi-layer-eagle``, the decode-exact mode, and more than one GPU per model (``--tp-size`` /
-    ``--dp-size`` > 1: each rank measures its own step times, and ranks choosing differently would launch different
-    collectives), which serve the configured tree."""
+    ``--enable-multi-layer-eagle``, the decode-exact mode and data parallelism (``--dp-size`` > 1, DP attention:
+    its ranks run batches of their own, and ranks choosing differently would launch different collectives), which
+    serve the configured tree. Tensor-parallel ranks choose alike: their policies take rank 0's step times at the
+    same steps (:mod:`lumotree.sglang.shared_times`)."""
     from lumotree.sglang.exact import exact_mode
 
-    multi = (getattr(server_args, "tp_size", 1) or 1) > 1 or (getattr(server_args, "dp_size", 1) or 1) > 1
-    return not (getattr(server_args, "enable_multi_layer_eagle", False) or exact_mode(server_args) or multi)
+    data_parallel = ((getattr(server_args, "dp_size", 1) or 1) > 1
+                     or bool(getattr(server_args, "enable_dp_attention", False)))
+    return not (getattr(server_args, "enable_multi_layer_eagle", False) or exact_mode(server_args) or data_parallel)
 
 
 SUFFIX_TREE = 1  # LUMOTREE_SUFFIX's candidate for its draft tree (the NGRAM loop has one tree size and no draft steps)

@@ -662,7 +662,8 @@ def ngram_worker(make_corpus):
 
     import torch
 
-    from lumotree.sglang import adaptive, draft_timing, post_verify, request_choice, step_timing, suffix_sizes
+    from lumotree.sglang import (adaptive, draft_timing, post_verify, request_choice, shared_times, step_timing,
+                                 suffix_sizes)
     from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.decode_step import DecodeStep
     from lumotree.sglang.finish import forward_marked, keep_out_of_cache
@@ -703,7 +704,8 @@ def ngram_worker(make_corpus):
                     by_requests = request_choice.settings_of(server_args)
                     self._ledger = StepLedger(self.tree_policy, self._overlap_consistent, adaptive.SUFFIX_TREE,
                                               chooser=None if by_requests is None else
-                                              request_choice.RequestQuantile(by_requests))
+                                              request_choice.RequestQuantile(by_requests),
+                                              shared=shared_times.for_server(server_args))
 
         def init_cuda_graphs(self):
             super().init_cuda_graphs()

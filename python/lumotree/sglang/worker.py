@@ -35,7 +35,7 @@ import types
 
 import torch
 
-from lumotree.sglang import adaptive, step_timing
+from lumotree.sglang import adaptive, shared_times, step_timing
 from lumotree.sglang.mtp_entries import MtpEntries
 from lumotree.sglang.scheduling import publish_prefill_early
 
@@ -172,12 +172,16 @@ class StepLedger:
         chooser: a :class:`~lumotree.sglang.request_choice.RequestQuantile` that decides each step from the running
             requests' own acceptance once the policy has step times of both candidates (LUMOTREE_SUFFIX);
             ``None``: the policy decides.
+        shared: with tensor parallelism, the :class:`~lumotree.sglang.shared_times.SharedStepTimes` through which
+            every rank's policy takes rank 0's step times at the same steps; ``None`` on one GPU.
     """
 
     LOG_EVERY = 512  # decode steps between two summary lines in the server log (the served choice, for diagnosis)
 
-    def __init__(self, policy, consistent: bool = False, first: int = 0, event=None, chooser=None):
-        self.policy, self.consistent, self.chooser = policy, consistent, chooser
+    def __init__(self, policy, consistent: bool = False, first: int = 0, event=None, chooser=None, shared=None):
+        self.policy, self.consistent, self.chooser, self.shared = policy, consistent, chooser, shared
+        self.first = first
+        self.pinned = None  # the configured tree from an exchange that found the ranks' choices differing on
         self.clock = StepClock(event)
         # [steps, cold, live rows, undrafted rows, request ids, drafted/no-draft time ratio] of decode steps not
         # yet reported (the last two for the chooser)
@@ -191,12 +195,23 @@ class StepLedger:
         """The candidate for a decode step of ``batch_size`` requests (``rids``: their ids, which the chooser
         reads), after the policy has taken the step times the device has finished; ``None`` for an idle batch
         (which ends the last step's time sample)."""
-        for b, s, seconds in self.clock.samples():
+        samples = self.clock.samples()
+        if self.shared is not None and self.pinned is None:
+            from lumotree.sglang.shared_times import RanksDiverged
+
+            try:  # every rank takes rank 0's samples at the same steps
+                samples = self.shared.take(samples, getattr(self.policy, "accept", None), step=batch_size > 0)
+            except RanksDiverged as e:
+                logger.error("LumoTree adaptive: %s", e)
+                self.pinned, samples = self.first, []
+        for b, s, seconds in samples:
             self.policy.observe_time(b, s, seconds)
         self._ratio = None
         if batch_size <= 0:
             self.clock.interrupt()
             return None
+        if self.pinned is not None:
+            return self.pinned
         if self.chooser is not None and rids is not None and len(self.policy.candidates) == 2:
             none, tree = self.policy.candidates
             t_tree, t_none = self.policy.step_time(batch_size, tree), self.policy.step_time(batch_size, none)
@@ -212,6 +227,8 @@ class StepLedger:
         # admitted, and samples that held prefills once made a bucket-4 tree step "take" 55 ms against 13 ms
         # at bucket 8, and the bucket served no draft (27B shapes, batch 8, H200)
         self.clock.start(batch_size, steps)
+        if self.shared is not None:
+            self.shared.chose(batch_size, steps)
         self.pending.append([steps, cold, None, (), rids, self._ratio])
         self.prev = steps
         w = self._window
@@ -342,7 +359,8 @@ def worker_class():
             self.tree_policy = (adaptive.TreeSizePolicy(steps, settings=adaptive.policy_settings(server_args))
                                 if steps != [self.speculative_num_steps] else None)
             self._tree_states = {}
-            self._ledger = StepLedger(self.tree_policy, overlap_consistent(server_args), self.speculative_num_steps)
+            self._ledger = StepLedger(self.tree_policy, overlap_consistent(server_args), self.speculative_num_steps,
+                                      shared=shared_times.for_server(server_args) if self.tree_policy else None)
             self._decode_step = None  # the no-draft step as a decode forward (built with the CUDA graphs)
             self._decodes = one_token_decode(server_args)
             self._step_chosen = False  # this decode step's tree size is chosen already

@@ -8,40 +8,51 @@ import torch
 pytest.importorskip("sglang")
 
 
-def _pool_and_layers(start_layer=5, layers=2, size=64):
+def _pool_and_layers(start_layer=5, layers=2, size=64, device="cpu"):
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
     pool = MHATokenToKVPool(size=size, page_size=1, dtype=torch.bfloat16, head_num=2, head_dim=8, layer_num=layers,
-                            device="cpu", enable_memory_saver=False, start_layer=start_layer,
+                            device=device, enable_memory_saver=False, start_layer=start_layer,
                             end_layer=start_layer + layers - 1)
     g = torch.Generator().manual_seed(0)
     for buf in list(pool.k_buffer) + list(pool.v_buffer):
-        buf.copy_(torch.randn(buf.shape, generator=g).to(buf.dtype))
+        buf.copy_(torch.randn(buf.shape, generator=g).to(buf.dtype).to(buf.device))
     attn = [RadixAttention(num_heads=4, head_dim=8, scaling=1.0, num_kv_heads=2, layer_id=start_layer + i)
             for i in range(layers)]
     return pool, attn
 
 
-def test_clear_zeroes_exactly_the_slots_of_the_requests_positions():
+def _clear_zeroes_exactly_the_slots_of_the_requests_positions(device):
     from lumotree.sglang.mtp_entries import MtpEntries
 
-    pool, attn = _pool_and_layers()
+    pool, attn = _pool_and_layers(device=device)
     req_to_token = torch.arange(1, 65, dtype=torch.int32)[torch.randperm(64, generator=torch.Generator().manual_seed(1))]
-    req_to_token = req_to_token.view(4, 16)  # 4 request rows of 16 positions, slots 1..64 shuffled
+    req_to_token = req_to_token.view(4, 16).to(device)  # 4 request rows of 16 positions, slots 1..64 shuffled
     keep_k = [b.clone() for b in pool.k_buffer]
     keep_v = [b.clone() for b in pool.v_buffer]
     e = MtpEntries(pool, attn, req_to_token, max_rows=4)
-    rows, lens = torch.tensor([2, 0, 3]), torch.tensor([5, 11, 0])
+    rows, lens = torch.tensor([2, 0, 3], device=device), torch.tensor([5, 11, 0], device=device)
     e.clear(rows, lens)
     slots = {int(req_to_token[2, 5]), int(req_to_token[0, 11]), int(req_to_token[3, 0])}
     for before, after in zip(keep_k + keep_v, list(pool.k_buffer) + list(pool.v_buffer)):
+        before, after = before.cpu(), after.cpu()
         for s in range(after.shape[0]):
             if s in slots:
                 assert not after[s].any(), s
             else:
                 assert torch.equal(after[s], before[s]), s
     assert e.cleared == 1
+
+
+def test_clear_zeroes_exactly_the_slots_of_the_requests_positions():
+    _clear_zeroes_exactly_the_slots_of_the_requests_positions("cpu")
+
+
+@pytest.mark.gpu
+def test_clear_on_the_gpu_goes_through_sglang_s_store_kernel_alike():
+    """On CUDA SGLang's pool writes through its ``store_cache`` kernel, not the torch path the CPU test takes."""
+    _clear_zeroes_exactly_the_slots_of_the_requests_positions("cuda")
 
 
 def test_of_runner_finds_the_draft_model_s_attention_layers():

@@ -912,3 +912,35 @@ def test_the_worker_builds_shallower_chains_with_their_own_tokens_and_attributes
     assert w.tree_policy.accept == pytest.approx(3.0)
     w.on_verify_complete_cpu([0, 0, 0, 0])
     assert w.tree_policy.accept == pytest.approx(3.0 * (1 - adaptive.EMA))
+
+
+@pytest.mark.parametrize("why, kw", [("data parallelism", dict(dp_size=2)),
+                                     ("data parallelism", dict(enable_dp_attention=True)),
+                                     ("decode-exact", dict(enable_deterministic_inference=True)),
+                                     ("multi-layer-eagle", dict(enable_multi_layer_eagle=True))])
+@pytest.mark.parametrize("algorithm, configured", [("LUMOTREE", 3), ("LUMOTREE_SUFFIX", 1)])
+def test_a_fixed_tree_server_refuses_a_config_that_asks_it_to_choose(tmp_path, why, kw, algorithm, configured):
+    """A server that serves its configured tree on every step would ignore a config asking it to choose: it fails at
+    start-up naming the flag and why; a config of the configured tree alone, or none, passes."""
+    import json
+    from types import SimpleNamespace
+
+    def sa(cfg):
+        path = None
+        if cfg is not None:
+            path = tmp_path / "c.json"
+            path.write_text(json.dumps(cfg))
+        base = dict(speculative_algorithm=algorithm, speculative_num_steps=3, speculative_adaptive_config=path,
+                    tp_size=2, dp_size=1, enable_dp_attention=False, enable_multi_layer_eagle=False,
+                    enable_deterministic_inference=False)
+        base.update(kw)
+        return SimpleNamespace(**base)
+
+    assert not adaptive.adaptive_tree_size(sa(None))
+    with pytest.raises(ValueError, match=r"--speculative-adaptive-config .*" + why + r".* drop the flag"):
+        adaptive.check_fixed_tree_config(sa({"candidate_steps": [0, configured]}))
+    adaptive.check_fixed_tree_config(sa({"candidate_steps": [configured]}))
+    adaptive.check_fixed_tree_config(sa(None))
+    # a tensor-parallel server alone chooses: nothing to refuse
+    kw_tp = {k: (1 if k == "dp_size" else False) for k in kw}
+    adaptive.check_fixed_tree_config(SimpleNamespace(**{**vars(sa({"candidate_steps": [0, configured]})), **kw_tp}))

@@ -368,6 +368,8 @@ mtp_quantile = sys.argv[2] + "/mtp_quantile.json"
 json.dump({"candidate_steps": [0, 3], "request_quantile": {}}, open(mtp_quantile, "w"))
 depths = sys.argv[2] + "/depths.json"
 json.dump({"candidate_steps": [0, 1, 3]}, open(depths, "w"))
+both = sys.argv[2] + "/both.json"
+json.dump({"candidate_steps": [0, 3]}, open(both, "w"))
 chain = ["--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 for extra in ([], ["--speculative-adaptive"], ["--speculative-adaptive-config", bad],
               ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive"], ["--tp-size", "2"],
@@ -375,7 +377,8 @@ for extra in ([], ["--speculative-adaptive"], ["--speculative-adaptive-config", 
               ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive-config", quantile],
               ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive-config", bad_quantile],
               ["--speculative-adaptive-config", mtp_quantile],
-              chain + ["--speculative-adaptive-config", depths], ["--speculative-adaptive-config", depths]):
+              chain + ["--speculative-adaptive-config", depths], ["--speculative-adaptive-config", depths],
+              ["--tp-size", "2", "--dp-size", "2", "--speculative-adaptive-config", both]):
     try:
         sa = prepare_server_args(base + extra)
         print("RESULT ok", adaptive_tree_size(sa), sa.speculative_adaptive, sa.speculative_num_draft_tokens)
@@ -395,7 +398,9 @@ def test_lumotree_is_adaptive_by_default_and_checks_the_adaptive_flags(tmp_path)
     out = subprocess.run([sys.executable, "-c", ADAPTIVE_SCRIPT, CKPT, str(tmp_path)], capture_output=True,
                          text=True, timeout=600, cwd=ROOT)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert len(lines) == 11, out.stdout[-2000:] + out.stderr[-4000:]
+    assert len(lines) == 12, out.stdout[-2000:] + out.stderr[-4000:]
+    # data parallelism serves the configured tree: a config asking it to choose fails, naming the flag and why
+    assert "--speculative-adaptive-config" in lines[11] and "data parallelism" in lines[11], lines[11]
     assert lines[0] == "ok True False 6", lines[0]
     assert lines[4] == "ok True False 6", lines[4]  # --tp-size 2: adaptive too, the ranks sharing rank 0's step times
     assert lines[1] == "ok True False 6", lines[1]

@@ -412,6 +412,26 @@ def adaptive_tree_size(server_args) -> bool:
     return not (getattr(server_args, "enable_multi_layer_eagle", False) or exact_mode(server_args) or data_parallel)
 
 
+def check_fixed_tree_config(server_args) -> None:
+    """On a server that serves its configured tree on every step (:func:`adaptive_tree_size` false): raise
+    ``ValueError`` naming ``--speculative-adaptive-config`` if that flag asks for any other candidate -- the server
+    would ignore it. A config of the configured tree alone (``{"candidate_steps": [3]}``) is what it serves anyway."""
+    from lumotree.sglang.exact import exact_mode
+
+    path, cfg = _config(server_args)
+    if cfg is None or adaptive_tree_size(server_args):
+        return
+    configured = SUFFIX_TREE if is_suffix(server_args) else int(server_args.speculative_num_steps or 0)
+    got = cfg.get("candidate_steps") if isinstance(cfg, dict) else None
+    if got == [configured]:
+        return
+    why = ("the decode-exact mode (--enable-deterministic-inference)" if exact_mode(server_args) else
+           "--enable-multi-layer-eagle" if getattr(server_args, "enable_multi_layer_eagle", False) else
+           "data parallelism (--dp-size > 1 or --enable-dp-attention)")
+    raise ValueError(f"--speculative-adaptive-config {path}: {why} serves the configured tree on every step, so "
+                     f"{got!r} cannot be chosen from; drop the flag (or give {{\"candidate_steps\": [{configured}]}})")
+
+
 SUFFIX_TREE = 1  # LUMOTREE_SUFFIX's candidate for its draft tree (the NGRAM loop has one tree size and no draft steps)
 
 

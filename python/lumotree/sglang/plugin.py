@@ -211,13 +211,16 @@ def _spec_class():
 
             _handle_eagle_family(server_args)
             configure_server_args(server_args)
-            from lumotree.sglang.adaptive import adaptive_tree_size, candidate_steps, policy_settings
+            from lumotree.sglang.adaptive import (adaptive_tree_size, candidate_steps, check_fixed_tree_config,
+                                                  policy_settings)
             from lumotree.sglang.request_choice import settings_of
 
             if adaptive_tree_size(server_args):  # a bad --speculative-adaptive-config fails here
                 logger.info("LumoTree: adaptive tree size over %s draft steps (0 = no draft), %s",
                             candidate_steps(server_args), policy_settings(server_args))
                 settings_of(server_args)  # LUMOTREE_SUFFIX's alone: a LUMOTREE server with it fails here
+            else:
+                check_fixed_tree_config(server_args)  # asking a fixed-tree server to choose fails here
 
     return LumoTreeSpecAlgo
 
@@ -302,7 +305,8 @@ def _suffix_spec_class(lumotree_backend: bool = True, size_tree: bool = True):
                 from lumotree.sglang.scheduling import default_prefill_delayer
 
                 default_prefill_delayer(server_args)  # after configure_server_args: it reads the scheduler chosen
-                from lumotree.sglang.adaptive import adaptive_tree_size, candidate_steps, policy_settings
+                from lumotree.sglang.adaptive import (adaptive_tree_size, candidate_steps, check_fixed_tree_config,
+                                                      policy_settings)
                 from lumotree.sglang.request_choice import settings_of
 
                 if adaptive_tree_size(server_args):  # a bad --speculative-adaptive-config fails here
@@ -310,6 +314,8 @@ def _suffix_spec_class(lumotree_backend: bool = True, size_tree: bool = True):
                     logger.info("LUMOTREE_SUFFIX: adaptive, %s per decode step (0 = no draft, 1 = the suffix tree), %s%s",
                                 candidate_steps(server_args), policy_settings(server_args),
                                 "" if by_requests is None else f", chosen by each request's acceptance: {by_requests}")
+                else:
+                    check_fixed_tree_config(server_args)  # asking a fixed-tree server to choose fails here
 
     return LumoTreeSuffixSpecAlgo
 

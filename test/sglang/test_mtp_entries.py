@@ -69,6 +69,8 @@ def test_of_runner_finds_the_draft_model_s_attention_layers():
     assert e.max_rows == 6 and e.pool is pool
     with pytest.raises(ValueError, match="7 rows exceed the 6 request rows"):
         e.clear(torch.arange(7), torch.zeros(7, dtype=torch.int64))
+    runner.server_args = SimpleNamespace(enable_unified_memory=True)  # slots translated to physical ones: left alone
+    assert MtpEntries.of_runner(runner) is None
 
 
 @pytest.mark.parametrize("chosen", [0, 3])

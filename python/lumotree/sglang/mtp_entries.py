@@ -18,7 +18,7 @@ writes its own entry there.
 from __future__ import annotations
 
 import logging
-from typing import List
+from typing import List, Optional
 
 import torch
 
@@ -44,11 +44,15 @@ class MtpEntries:
         self.cleared = 0  # steps whose entries were zeroed (diagnostics, tests)
 
     @classmethod
-    def of_runner(cls, draft_runner) -> "MtpEntries":
+    def of_runner(cls, draft_runner) -> Optional["MtpEntries"]:
         """The entries of ``draft_runner``'s model (SGLang's draft ``ModelRunner``): its attention layers, its KV
-        pool and request-to-token map."""
+        pool and request-to-token map. ``None`` under ``--enable-unified-memory``, whose pools write physical slots
+        that a request's slot numbers are translated to (``KVWriteLoc``): the entries stay as they are there."""
         from sglang.srt.layers.radix_attention import RadixAttention
 
+        if getattr(getattr(draft_runner, "server_args", None), "enable_unified_memory", False):
+            logger.info("LumoTree: --enable-unified-memory: the MTP entries of no-draft steps are left as they are")
+            return None
         layers = [m for m in draft_runner.model.modules() if isinstance(m, RadixAttention)]
         rt = draft_runner.req_to_token_pool.req_to_token
         return cls(draft_runner.token_to_kv_pool, layers, rt, rt.shape[0])

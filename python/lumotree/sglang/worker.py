@@ -197,11 +197,9 @@ class StepLedger:
         (which ends the last step's time sample)."""
         samples = self.clock.samples()
         if self.shared is not None and self.pinned is None:
-            from lumotree.sglang.shared_times import RanksDiverged
-
             try:  # every rank takes rank 0's samples at the same steps
                 samples = self.shared.take(samples, getattr(self.policy, "accept", None), step=batch_size > 0)
-            except RanksDiverged as e:
+            except shared_times.RanksDiverged as e:
                 logger.error("LumoTree adaptive: %s", e)
                 self.pinned, samples = self.first, []
         for b, s, seconds in samples:

@@ -207,9 +207,35 @@ def intervals():
     fig.savefig(os.path.join(DOCS, "agents32_intervals_h200.png"), dpi=110)
 
 
+def mtp_holes():
+    """The MTP layer's missing entries (``benchmark/drafters/mtp_holes.py``): accept length x a fully written cache
+    per scenario and per way a hole is served, on the file's own text and on the model's greedy tokens."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    fills = [("stale", "stale (a finished request's)"), ("zero", "zeroed (LumoTree's no-draft step, not yet served)"),
+             ("masked", "left out of the attention")]
+    for ax, (name, title) in zip(axes, [("text", "the file's own text"), ("greedy", "the model's greedy tokens")]):
+        res = json.load(open(os.path.join(RES, f"mtp_holes_{name}_cpu.json")))
+        scen = [sc for sc in dict.fromkeys(r["scenario"] for r in res["rows"]) if sc != "full"]
+        for j, (fill, label) in enumerate(fills):
+            vals = [next(r["vs_full"] for r in res["rows"] if r["scenario"] == sc and r["fill"] == fill) for sc in scen]
+            ax.bar([i + (j - 1) * 0.27 for i in range(len(scen))], vals, width=0.27, label=label)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set(xticks=range(len(scen)), ylim=(0.8, 1.02), title=f"{title} (full: accept length "
+               f"{next(r['accept_length'] for r in res['rows'] if r['scenario'] == 'full'):.2f})",
+               xticklabels=[sc.replace("stretch-", "") + ("\nno-draft steps" if sc.startswith("stretch") else
+                                                            "'s entries\n(no draft-extend)") for sc in scen])
+    axes[0].set_ylabel("accept length x every entry written")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=3)
+    fig.suptitle("Missing MTP entries: the tiny model's trained MTP head, 3-step chain, CPU", fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.savefig(os.path.join(DOCS, "mtp_holes_cpu.png"), dpi=110)
+
+
 if __name__ == "__main__":
     select()
     served()
     agents()
     step_timing()
     intervals()
+    mtp_holes()

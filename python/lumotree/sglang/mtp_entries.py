@@ -33,14 +33,15 @@ class MtpEntries:
         self.layers = list(layers)
         self.req_to_token = req_to_token
         self.max_rows = int(max_rows)
-        # one zero block per distinct (k heads, k dim, v heads, v dim), sliced per call
-        self._zeros = {}
+        # per layer (layer, zero keys, zero values), sliced per call; layers of one shape share one zero block
+        zeros, self._targets = {}, []
         for layer in self.layers:
             key = (layer.tp_k_head_num, layer.qk_head_dim, layer.tp_v_head_num, layer.v_head_dim)
-            if key not in self._zeros:
+            if key not in zeros:
                 dtype, device = pool.dtype, req_to_token.device
-                self._zeros[key] = (torch.zeros(self.max_rows, key[0], key[1], dtype=dtype, device=device),
-                                    torch.zeros(self.max_rows, key[2], key[3], dtype=dtype, device=device))
+                zeros[key] = (torch.zeros(self.max_rows, key[0], key[1], dtype=dtype, device=device),
+                              torch.zeros(self.max_rows, key[2], key[3], dtype=dtype, device=device))
+            self._targets.append((layer, *zeros[key]))
         self.cleared = 0  # steps whose entries were zeroed (diagnostics, tests)
 
     @classmethod
@@ -65,7 +66,6 @@ class MtpEntries:
         if bs > self.max_rows:
             raise ValueError(f"{bs} rows exceed the {self.max_rows} request rows the draft pool was built for")
         locs = self.req_to_token[req_pool_indices.to(torch.int64), seq_lens.to(torch.int64)].to(torch.int64)
-        for layer in self.layers:
-            zk, zv = self._zeros[(layer.tp_k_head_num, layer.qk_head_dim, layer.tp_v_head_num, layer.v_head_dim)]
+        for layer, zk, zv in self._targets:
             self.pool.set_kv_buffer(layer, locs, zk[:bs], zv[:bs])
         self.cleared += 1

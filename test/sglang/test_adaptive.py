@@ -944,3 +944,63 @@ def test_a_fixed_tree_server_refuses_a_config_that_asks_it_to_choose(tmp_path, w
     # a tensor-parallel server alone chooses: nothing to refuse
     kw_tp = {k: (1 if k == "dp_size" else False) for k in kw}
     adaptive.check_fixed_tree_config(SimpleNamespace(**{**vars(sa({"candidate_steps": [0, configured]})), **kw_tp}))
+
+
+def measured_policy(accept=1.0, times=None):
+    """A [0, 3] policy with step times at buckets 8, 64, 128 (ms: no draft, tree): the tree pays at 8 only."""
+    p = TreeSizePolicy([0, 3])
+    for b, (t_none, t_tree) in (times or {8: (10.0, 12.0), 64: (15.0, 40.0), 128: (25.0, 80.0)}).items():
+        for _ in range(adaptive.MIN_SAMPLES):
+            p.observe_time(b, 0, t_none / 1e3)
+            p.observe_time(b, 3, t_tree / 1e3)
+    p.observe_accept(3, [accept])
+    return p
+
+
+def test_serves_answers_without_deciding():
+    p = measured_policy()
+    before = (p.table(), set(p.buckets))
+    assert [p.serves(b) for b in (1, 8, 16, 33, 64, 128, 512)] == [3, 3, 3, 0, 0, 0, 0]
+    assert (p.table(), set(p.buckets)) == before  # no bucket made, no choice, no probe counted
+    # the bucket's last choice is kept within the margin, as a decision there keeps it
+    p.accept = 1.64  # 64 x 2.64 / 40 ms = 4224 tok/s against 64 / 15 ms = 4267: the tree 1 % slower
+    assert p.serves(64) == 0
+    p.buckets[64].chosen = 3
+    assert p.serves(64) == 3
+    p.buckets[128].chosen = 3
+    p.accept = 0.5  # 128 x 1.5 / 80 ms = 2400 against 5120: no draft, beyond any margin
+    assert p.serves(128) == 0
+    assert TreeSizePolicy([0]).serves(64) == 0 and TreeSizePolicy([3]).serves(64) == 3
+
+
+def test_serves_knows_nothing_before_both_candidates_are_timed_and_a_draft_accepted():
+    p = TreeSizePolicy([0, 3])
+    assert p.serves(8) is None and p.may_draft(8, 16)
+    for _ in range(adaptive.MIN_SAMPLES):
+        p.observe_time(8, 0, 0.01)
+    assert p.serves(8) is None and p.may_draft(8, 16)
+    for _ in range(adaptive.MIN_SAMPLES):
+        p.observe_time(8, 3, 0.012)
+    assert p.serves(8) is None  # no drafted step's acceptance yet
+    p.observe_accept(3, [0.0])
+    assert p.serves(8) == 0 and not p.may_draft(8, 16)
+
+
+@pytest.mark.parametrize("low, high, want", [
+    (1, 1, True),        # bucket 1 borrows bucket 8's times: the tree pays
+    (8, 8, True),
+    (9, 40, True),       # buckets 16 (borrows 8) and 32 (borrows 64): 16 drafts
+    (33, 64, False),     # buckets 64 only
+    (40, 200, False),    # 64, 128; 256 is past every bucket that ran: capped at 128
+    (200, 300, False),   # beyond: the largest bucket's estimates
+    (4, 100, True),
+])
+def test_may_draft_between_the_prefill_alone_and_the_prefill_joining_the_last_batch(low, high, want):
+    assert measured_policy().may_draft(low, high) is want
+
+
+def test_may_draft_follows_acceptance_and_a_pinned_no_draft_never_drafts():
+    assert measured_policy(accept=0.0).may_draft(1, 128) is False  # drafts that miss: no bucket drafts
+    assert measured_policy(accept=3.0).may_draft(64, 128) is True  # 64 x 4 / 40 ms > 64 / 15 ms
+    assert TreeSizePolicy([0]).may_draft(1, 1) is False
+    assert TreeSizePolicy([0, 3]).may_draft(64, 128) is True  # nothing ran yet

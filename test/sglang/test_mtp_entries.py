@@ -55,6 +55,32 @@ def test_clear_on_the_gpu_goes_through_sglang_s_store_kernel_alike():
     _clear_zeroes_exactly_the_slots_of_the_requests_positions("cuda")
 
 
+def _clear_slots_zeroes_exactly_those_slots_in_blocks(device, monkeypatch):
+    from lumotree.sglang.mtp_entries import MtpEntries
+
+    monkeypatch.setattr(MtpEntries, "SLOTS", 4)
+    pool, attn = _pool_and_layers(device=device)
+    keep = [b.clone() for b in list(pool.k_buffer) + list(pool.v_buffer)]
+    e = MtpEntries(pool, attn, torch.zeros(2, 16, dtype=torch.int32, device=device), max_rows=2)
+    assert e.block == 4
+    slots = [3, 60, 17, 18, 19, 20, 41, 5, 9, 33]  # a prefill's prompt slots: 10, three writes of at most 4
+    e.clear_slots(torch.tensor(slots, dtype=torch.int32, device=device))
+    for before, after in zip(keep, list(pool.k_buffer) + list(pool.v_buffer)):
+        before, after = before.cpu(), after.cpu()
+        for s in range(after.shape[0]):
+            assert (not after[s].any()) if s in slots else torch.equal(after[s], before[s]), s
+    e.clear_slots(torch.zeros(0, dtype=torch.int64, device=device))  # an empty prefill: nothing
+
+
+def test_clear_slots_zeroes_exactly_those_slots_in_blocks(monkeypatch):
+    _clear_slots_zeroes_exactly_those_slots_in_blocks("cpu", monkeypatch)
+
+
+@pytest.mark.gpu
+def test_clear_slots_on_the_gpu(monkeypatch):
+    _clear_slots_zeroes_exactly_those_slots_in_blocks("cuda", monkeypatch)
+
+
 def test_of_runner_finds_the_draft_model_s_attention_layers():
     from sglang.srt.layers.radix_attention import RadixAttention
 

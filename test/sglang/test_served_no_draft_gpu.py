@@ -1,7 +1,8 @@
 """GPU, end to end: a LUMOTREE or LUMOTREE_SUFFIX server pinned to its no-draft step (``--speculative-adaptive-config
 {"candidate_steps": [0]}``: the target's decode forward through its own decode CUDA graphs,
 ``lumotree.sglang.decode_step``, no MTP draft-extend) on the committed tiny model, against the same
-server without speculation. Greedy, two batches: its tokens must be the no-speculation server's,
+server without speculation (LUMOTREE: its prefills without the MTP draft-extend too). Greedy, two batches: its
+tokens must be the no-speculation server's,
 token for token (the same decode kernels and graphs run). A batch asking for logprobs is served by
 the one-node verify instead (GDN decode kernels in place; LUMOTREE_SUFFIX: its suffix tree); its tokens must
 match closely."""
@@ -52,6 +53,8 @@ def test_no_draft_step_decodes_like_no_speculation(tmp_path, no_speculation, alg
     ref, _, ref_log = no_speculation
     got, meta, log = serve(tmp_path, algorithm.lower(), tree)
     assert "no-draft steps run as decode steps" in log
+    if algorithm == "LUMOTREE":  # its prefills skip the MTP draft-extend (no step drafts), their entries zeroed
+        assert "prefills whose decode steps serve no draft skip the MTP draft-extend" in log
     # its batches took their lengths from the host (lumotree.sglang.patches.future_map_host_lengths), and the record's
     # comparisons with SGLang's device copy (every 64th such batch) found no difference
     from lumotree.sglang.patches import future_map_host_lengths as hl

@@ -276,12 +276,14 @@ class TreeSizePolicy:
         with the batch: a small bucket's few samples, taken while a pass's batch ramps up, are the ones a
         stray prefill or compile inflates); ``None`` when no bucket has."""
         b = bucket(batch)
-        st = self._bucket(batch)
-        if st.samples[steps] < MIN_SAMPLES:
+        st = self.buckets.get(b)  # not created: a query (serves) reads buckets no step has run in
+        if st is None or st.samples[steps] < MIN_SAMPLES:
             known = self._measured[steps]
             if known:
                 b = min(known, key=lambda k: (abs(k.bit_length() - b.bit_length()), -k))
                 st = self.buckets[b]
+            elif st is None:
+                return None
         m = st.medians.get(steps)
         if m is None and st.times[steps]:
             m = statistics.median(st.times[steps])
@@ -349,6 +351,43 @@ class TreeSizePolicy:
             st.settle = 1 if other > 0 else 0
             return self._start_run(st, other, probe_run(batch, other))
         return best
+
+    def serves(self, batch: int) -> Optional[int]:
+        """The candidate a decision at ``batch`` would serve now outside exploration and probe runs -- the best
+        estimated rate, the bucket's last choice kept within ``MARGIN`` -- without deciding (nothing changes);
+        ``None`` while a candidate has no step-time estimate anywhere or no drafted step has been measured."""
+        if len(self.candidates) == 1:
+            return self.candidates[0]
+        if self.accept is None:
+            return None
+        rates = {c: self.rate(batch, c) for c in self.candidates}
+        if any(r is None for r in rates.values()):
+            return None
+        best = max(self.candidates, key=rates.__getitem__)
+        st = self.buckets.get(bucket(batch))
+        chosen = st.chosen if st is not None else None
+        if chosen is not None and chosen != best and rates[best] < (1 + MARGIN) * rates[chosen]:
+            best = chosen
+        return best
+
+    def may_draft(self, low: int, high: int) -> bool:
+        """Whether a decode step of ``low`` to ``high`` requests may draft by the current estimates: false only
+        when :meth:`serves` says no draft at every batch bucket from ``bucket(low)`` to ``bucket(high)`` (``high``
+        capped at the largest bucket a step has run in: larger ones borrow its estimates). Asked before a prefill
+        (:mod:`lumotree.sglang.worker`): its requests decode in a batch of at least themselves and at most
+        themselves plus the last decode step's."""
+        if self.candidates == [0]:
+            return False
+        ran = [b for b, st in self.buckets.items() if any(st.samples.values())]
+        if not ran:
+            return True
+        b = bucket(max(1, low))
+        end = max(b, min(bucket(max(low, high)), max(ran)))
+        while b <= end:
+            if self.serves(b) != 0:
+                return True
+            b *= 2
+        return False
 
     def _probe_floor(self, batch: int, best: int) -> int:
         """The fewest steps between probe runs for which a probe of a candidate that does not pay costs at

@@ -13,7 +13,8 @@ So before a no-draft step :class:`MtpEntries` zeroes the draft model's key and v
 step's token (``req_to_token[row, seq_len]``, the slot SGLang's speculative preparation gave the step's input) in
 every attention layer of the draft model, through the pool's own ``set_kv_buffer`` (its layout, dtype and
 quantization). A few small launches per step; the slot is the request's own until it is freed, and a later owner
-writes its own entry there.
+writes its own entry there. A prefill that skips the draft-extend (its decode steps serve no draft) zeroes its
+prompts' slots alike (:meth:`MtpEntries.clear_slots`).
 """
 from __future__ import annotations
 
@@ -28,19 +29,22 @@ logger = logging.getLogger(__name__)
 class MtpEntries:
     """Zeroes a draft model's KV entries at given request positions (see the module docstring)."""
 
+    SLOTS = 2048  # slots one write of :meth:`clear_slots` zeroes at most (its zero blocks' rows: ``max_rows`` or this)
+
     def __init__(self, pool, layers: List, req_to_token: torch.Tensor, max_rows: int):
         self.pool = pool
         self.layers = list(layers)
         self.req_to_token = req_to_token
         self.max_rows = int(max_rows)
         # per layer (layer, zero keys, zero values), sliced per call; layers of one shape share one zero block
+        self.block = max(self.max_rows, self.SLOTS)
         zeros, self._targets = {}, []
         for layer in self.layers:
             key = (layer.tp_k_head_num, layer.qk_head_dim, layer.tp_v_head_num, layer.v_head_dim)
             if key not in zeros:
                 dtype, device = pool.dtype, req_to_token.device
-                zeros[key] = (torch.zeros(self.max_rows, key[0], key[1], dtype=dtype, device=device),
-                              torch.zeros(self.max_rows, key[2], key[3], dtype=dtype, device=device))
+                zeros[key] = (torch.zeros(self.block, key[0], key[1], dtype=dtype, device=device),
+                              torch.zeros(self.block, key[2], key[3], dtype=dtype, device=device))
             self._targets.append((layer, *zeros[key]))
         self.cleared = 0  # steps whose entries were zeroed (diagnostics, tests)
 
@@ -68,4 +72,18 @@ class MtpEntries:
         locs = self.req_to_token[req_pool_indices.to(torch.int64), seq_lens.to(torch.int64)].to(torch.int64)
         for layer, zk, zv in self._targets:
             self.pool.set_kv_buffer(layer, locs, zk[:bs], zv[:bs])
+        self.cleared += 1
+
+    def clear_slots(self, locs: torch.Tensor) -> None:
+        """Zero the entries at KV slots ``locs`` `[n]` (a prefill's prompt tokens, whose draft-extend is skipped:
+        :mod:`lumotree.sglang.worker`), :attr:`block` slots per write."""
+        n = locs.shape[0]
+        if n == 0 or not self.layers:
+            return
+        locs = locs.to(torch.int64)
+        for start in range(0, n, self.block):
+            part = locs[start:start + self.block]
+            m = part.shape[0]
+            for layer, zk, zv in self._targets:
+                self.pool.set_kv_buffer(layer, part, zk[:m], zv[:m])
         self.cleared += 1

@@ -22,7 +22,8 @@ cold start and with those holes when drafting resumes -- which the policy only d
 pays at that batch size. The holes' slots are zeroed before each no-draft step (:mod:`lumotree.sglang.mtp_entries`:
 left alone they hold a finished request's entries, which cost the trained tiny model's MTP head more acceptance than
 no entries). The acceptance of the first drafted step after such a stretch is not counted (its draft comes from a
-stub).
+stub). A prefill skips the draft-extend over its prompts too where the decode steps its requests join will serve no
+draft by the policy's estimates (:meth:`LumoTreeWorker._prefill_without_draft`), their slots zeroed alike.
 """
 from __future__ import annotations
 
@@ -187,6 +188,7 @@ class StepLedger:
         # yet reported (the last two for the chooser)
         self.pending = collections.deque(maxlen=8)
         self.prev = first
+        self.last_batch = 0  # requests of the last decode step launched
         self._ratio = None  # the chooser's ratio of the step being chosen (None: the policy chose)
         # since the last summary line: decode steps, drafted ones, and the counted acceptance samples (sum, count)
         self._window = [0, 0, 0.0, 0]
@@ -228,7 +230,7 @@ class StepLedger:
         if self.shared is not None:
             self.shared.chose(batch_size, steps)
         self.pending.append([steps, cold, None, (), rids, self._ratio])
-        self.prev = steps
+        self.prev, self.last_batch = steps, batch_size
         w = self._window
         w[0] += 1
         w[1] += steps > 0
@@ -241,6 +243,14 @@ class StepLedger:
                         w[2] / max(1, w[3]), w[3],
                         {b: v["step_ms"] for b, v in self.policy.table()["buckets"].items()}, by_requests)
             self._window = [0, 0, 0.0, 0]
+
+    def may_draft(self, new: int) -> bool:
+        """Whether the decode steps after a prefill of ``new`` requests may draft: the policy's
+        :meth:`~lumotree.sglang.adaptive.TreeSizePolicy.may_draft` at ``new`` to ``new`` plus the last decode
+        step's requests; the pinned tree drafts."""
+        if self.pinned is not None:
+            return self.pinned > 0
+        return self.policy.may_draft(new, new + self.last_batch)
 
     def note_live_rows(self, req_to_token_pool, req_pool_indices) -> None:
         """With the overlap scheduler's consistent cache, right after a drafted step's forward (its finished rows
@@ -365,9 +375,14 @@ def worker_class():
             self._overlap_consistent = self._ledger.consistent
             self._draft_oracle = draft_oracle.probability() is not None  # benchmark only
             self._mtp_entries = None  # the MTP layer's entries of tokens decoded without a draft, zeroed
+            self._prefill_stub = False  # this prefill skips the MTP draft-extend (the steps after it serve no draft)
+            self._stub_rows = set()  # request rows whose draft input is a prefill's stub until they draft
+            self.prefills_without_draft = 0  # prefill batches that skipped the draft-extend (diagnostics, tests)
             if self.tree_policy is not None and 0 in self.tree_policy.candidates:
                 self._skip_draft_extend_without_draft()
                 self._mtp_entries = MtpEntries.of_runner(self._draft_worker.draft_runner)
+                if self._mtp_entries is not None:  # (unified memory: its stale entries would stay; always extend)
+                    self._skip_prefill_draft_extend_without_draft()
 
         def _skip_draft_extend_without_draft(self):
             dw = self._draft_worker
@@ -379,6 +394,55 @@ def worker_class():
                 return draft_extend(batch, batch_output)
 
             dw._draft_extend_for_decode = draft_extend_for_decode
+
+        def _skip_prefill_draft_extend_without_draft(self):
+            dw = self._draft_worker
+            draft_extend = dw._draft_extend_for_prefill
+
+            def draft_extend_for_prefill(batch, target_hidden_states, next_token_ids, mm_input_embeds=None):
+                if self._prefill_stub and not batch.forward_mode.is_idle():
+                    return self._prefill_without_draft(batch, next_token_ids)
+                return draft_extend(batch, target_hidden_states, next_token_ids, mm_input_embeds)
+
+            dw._draft_extend_for_prefill = draft_extend_for_prefill
+
+        def _choose_prefill_draft_extend(self, batch) -> None:
+            """Before a prefill: skip the MTP layer's draft-extend over its prompts where the decode steps its
+            requests join will serve no draft by the policy's estimates (:meth:`StepLedger.may_draft`); see
+            :meth:`_prefill_without_draft`."""
+            reqs = getattr(batch, "reqs", None) or ()
+            self._prefill_stub = bool(reqs) and self._mtp_entries is not None and not self._ledger.may_draft(len(reqs))
+            rows = [r.req_pool_idx for r in reqs]
+            if self._prefill_stub:
+                self._stub_rows.update(rows)
+            elif self._stub_rows:
+                self._stub_rows.difference_update(rows)
+
+        def _prefill_without_draft(self, batch, next_token_ids):
+            """The prefill's draft input without the MTP draft-extend: the first-level draft of a cold start
+            (:func:`cold_draft_input`, zero hidden states), as a no-draft decode step leaves it; the prompt's MTP
+            entries zeroed (:meth:`MtpEntries.clear_slots`: their slots may hold a finished request's). Why: that
+            draft-extend is what a prefill of a LUMOTREE server costs beyond no speculation's (+4-5 % from batch 32 on
+            at 27B shapes, H200), paid for drafts that the steps after it do not make. Its price where drafting
+            resumes for these requests: the first draft of each is cold, and the prompt's entries read as absent --
+            6.6 % less accept length over the first 64 positions after the prompt, 1.7 % over 380, on the trained
+            tiny model's MTP head (``benchmark/drafters/mtp_holes.py``, ``mtp_holes_text_cpu.json``)."""
+            from sglang.srt.speculative.eagle_info import EagleDraftInput
+            from sglang.srt.speculative.eagle_utils import get_draft_recurrent_hidden_state_spec
+
+            self._mtp_entries.clear_slots(batch.out_cache_loc)
+            bs = next_token_ids.shape[0]
+            p, idx = _cold_rows(self.topk, next_token_ids.device)
+            hidden_size, dtype = get_draft_recurrent_hidden_state_spec(self._draft_worker.draft_runner)
+            hidden = (None if hidden_size is None else
+                      torch.zeros((bs, hidden_size), dtype=dtype, device=next_token_ids.device))
+            self.prefills_without_draft += 1
+            if self.prefills_without_draft == 1:
+                logger.info("LumoTree adaptive: prefills whose decode steps serve no draft skip the MTP draft-extend "
+                            "(their prompts' MTP entries zeroed)")
+            return EagleDraftInput(topk_p=p.expand(bs, self.topk).clone(), topk_index=idx.expand(bs, self.topk).clone(),
+                                   hidden_states=hidden, bonus_tokens=next_token_ids, num_tokens_per_req=1,
+                                   num_tokens_for_logprob_per_req=1)
 
         def init_cuda_graphs(self):
             super().init_cuda_graphs()
@@ -439,6 +503,8 @@ def worker_class():
                 # a prefill between two decode steps: the one before it has no step time of its own
                 self._ledger.clock.interrupt()
                 args, kwargs = publish_prefill_early(batch, args, kwargs)  # its lengths are known: publish, launch
+                if getattr(self, "_mtp_entries", None) is not None:  # (only adaptive servers that can serve none)
+                    self._choose_prefill_draft_extend(batch)
             elif self.tree_policy is not None and not batch.forward_mode.is_idle():
                 bs = batch.seq_lens.shape[0]
                 self.activate_step_by_batch(bs)
@@ -446,12 +512,24 @@ def worker_class():
                 if self.speculative_num_steps == 0 and getattr(self, "_mtp_entries", None) is not None:
                     # no draft-extend writes this token's MTP entry: zero the stale one in its slot
                     self._mtp_entries.clear(batch.req_pool_indices[:bs], batch.seq_lens)
+                elif self.speculative_num_steps > 0 and getattr(self, "_stub_rows", None):
+                    self._note_stub_rows(batch)
                 if self._decode_step is not None and self.speculative_num_steps == 0 and self._decode_step.serves(batch):
                     self._step_chosen = False
                     return step_timing.measure("nodraft", batch, self._no_draft_decode, batch,
                                                kwargs.get("on_publish", args[0] if args else None))
                 return step_timing.measure("drafted", batch, super().forward_batch_generation, batch, *args, **kwargs)
             return super().forward_batch_generation(batch, *args, **kwargs)
+
+        def _note_stub_rows(self, batch) -> None:
+            """A drafted step: rows whose draft input is still a skipped prefill's stub draft cold; where the step
+            itself is not cold (it follows a drafted step) their acceptance is left out of its sample. After it
+            every row's draft input is its own draft-extend's."""
+            rows = self._stub_rows
+            stub = [i for i, r in enumerate(batch.reqs) if r.req_pool_idx in rows]
+            if stub and self._ledger.pending and not self._ledger.pending[-1][1]:
+                self._ledger.note_undrafted(stub)
+            rows.difference_update(r.req_pool_idx for r in batch.reqs)
 
         def _stub_skipped_draft_extend(self, batch, batch_output):
             super()._stub_skipped_draft_extend(batch, batch_output)

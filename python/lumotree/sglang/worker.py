@@ -411,7 +411,9 @@ def worker_class():
             requests join will serve no draft by the policy's estimates (:meth:`StepLedger.may_draft`); see
             :meth:`_prefill_without_draft`."""
             reqs = getattr(batch, "reqs", None) or ()
-            self._prefill_stub = bool(reqs) and self._mtp_entries is not None and not self._ledger.may_draft(len(reqs))
+            self._prefill_stub = (bool(reqs) and self._mtp_entries is not None
+                                  and getattr(batch, "out_cache_loc", None) is not None  # (the slots to zero)
+                                  and not self._ledger.may_draft(len(reqs)))
             rows = [r.req_pool_idx for r in reqs]
             if self._prefill_stub:
                 self._stub_rows.update(rows)

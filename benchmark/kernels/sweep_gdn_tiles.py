@@ -6,7 +6,9 @@ Why: on the H200 the served chain-4 verify + commit at batch 32 took 164 µs per
 states read once by the verify, read and written by the commit; ``served_forms_h200.json``): the commit ran at
 1.9x its floor and the verify's state pass at 2.5x its, and the commit's tiling (BV = 16, 4 warps) was chosen by a
 sweep of an earlier, one-layer form. Every config's outputs are checked against the default config's before it is
-timed (relative error below 1e-5, else the config is reported as wrong and not timed).
+timed (relative error below 1e-5, else the config is reported as wrong and not timed). Beside them the walk verify
+(one kernel, the state on-chip along each path; not served: it keeps no k / v / gates for the commit), against the
+mix verify's outputs.
 
     python3 benchmark/kernels/sweep_gdn_tiles.py --models qwen3.5-27b --trees chain-4,topk2-depth3 \
         --batches 1,8,32,64,128 --out benchmark/results/gdn_tiles_h200.json
@@ -34,6 +36,7 @@ VERIFY_BV = (16, 32, 64, 128)
 VERIFY_WARPS = (1, 2, 4)
 PREP_WARPS = (1, 2, 4)
 TOLERANCE = 1e-5
+WALK_TOLERANCE = 1e-4  # the walk's fp32 recurrence against the mix's tf32x3 dots
 
 
 def commit_cell(model, tree_name, B, layers, configs):
@@ -106,6 +109,15 @@ def verify_cell(model, tree_name, B, configs):
 
     ref = run(default).clone()
     res = {}
+    # the walk verify (the state on-chip along each path, no pass-1 matrices; no ring stores, which the served commit
+    # needs): is a one-kernel form faster at small batches?
+    from lumotree.ops.gdn_tree.verify import gdn_tree_walk_verify_fwd
+
+    slots = int(tree.depth.max().item()) + 1
+    walk = dict(A_log=A_log, a=a, dt_bias=dt_bias, b=b, use_qk_l2norm=True, state_indices=rows, num_slots=slots)
+    err = rel(ref, gdn_tree_walk_verify_fwd(q, k, v, pool, tree, **walk))
+    res["walk"] = (bench_graph(lambda: gdn_tree_walk_verify_fwd(q, k, v, pool, tree, out=out_buf, **walk))
+                   if err < WALK_TOLERANCE else f"wrong: rel. err {err:.1e}")
     for cfg in configs:
         if cfg[0] > max(16, V) or (q.is_cuda and cfg[0] < 16 * cfg[1]):
             continue
@@ -122,7 +134,7 @@ def verify_cell(model, tree_name, B, configs):
 
 
 def best(times, default):
-    timed = {c: t for c, t in times.items() if isinstance(t, float)}
+    timed = {c: t for c, t in times.items() if isinstance(t, float) and c != "walk"}
     if not timed:
         return None
     c = min(timed, key=timed.get)
@@ -155,7 +167,7 @@ def main():
                     row["commit"] = dict(best=best(times, d), us={f"BV{c[0]}-w{c[1]}": t for c, t in times.items()})
                 if "verify" in ops:
                     times, d = verify_cell(model, tree_name, B, verify_cfgs)
-                    row["verify"] = dict(best=best(times, d),
+                    row["verify"] = dict(best=best(times, d), walk_us=times.pop("walk"),
                                          us={f"BV{c[0]}-w{c[1]}-p{c[2]}": t for c, t in times.items()})
                 rows.append(row)
                 print(json.dumps({k: (v["best"] if isinstance(v, dict) else v) for k, v in row.items()}), flush=True)
@@ -168,14 +180,17 @@ def main():
                 triton=triton.__version__, python=platform.python_version(), seconds=round(time.time() - t0, 1),
                 layers=args.layers)
     json.dump(dict(meta=meta, rows=rows), open(args.out, "w"), indent=1)
-    print("| model | tree | batch | commit: default µs/layer -> best (config) | verify: default µs -> best (config) |")
-    print("|---|---|---|---|---|")
+    print("| model | tree | batch | commit: default µs/layer -> best (config) | verify: default µs -> best (config) "
+          "| walk verify µs |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         cells = []
         for op in ("commit", "verify"):
             b = r.get(op, {}).get("best")
             cells.append("-" if not b else f"{b['default_us'] or float('nan'):.1f} -> {b['us']:.1f} ({b['config']})")
-        print(f"| {r['model']} | {r['tree']} | {r['batch']} | {cells[0]} | {cells[1]} |")
+        w = r.get("verify", {}).get("walk_us", "-")
+        cells.append(f"{w:.1f}" if isinstance(w, float) else str(w))
+        print(f"| {r['model']} | {r['tree']} | {r['batch']} | {' | '.join(cells)} |")
 
 
 if __name__ == "__main__":

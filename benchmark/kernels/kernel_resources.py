@@ -108,6 +108,21 @@ def main():
     r = resources(commit.gdn_tree_commit_fwd_kernel, consts, 4, BATCH * 48 * 8)
     rows.append(dict(kernel="replay commit (public op)", BV=16, warps=4, **r))
     print(json.dumps(rows[-1]), flush=True)
+    # the tilings benchmark/kernels/sweep_gdn_tiles.py times: what limits each one's occupancy
+    for BV, warps in ((8, 1), (8, 2), (8, 4), (8, 8), (16, 1), (16, 2), (16, 8), (32, 2), (32, 4), (32, 8), (64, 4),
+                      (64, 8)):
+        consts = dict(SHAPE, BN=16, BK=128, BV=BV, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=False)
+        r = resources(commit.gdn_tree_commit_layers_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV),
+                      bf16_gates=False)
+        rows.append(dict(kernel="all-layer replay commit (per layer), swept tiling", BV=BV, warps=warps, **r))
+        print(json.dumps(rows[-1]), flush=True)
+    for BV, warps in ((16, 1), (32, 2), (32, 1), (128, 4)):
+        consts = dict(HK=16, HV=48, K=128, V=128, BT=16, BK=128, BV=BV, PRECISION="tf32x3", USE_QK_L2NORM=True,
+                      HAS_STATE_INDICES=True, STORE_RING=True)
+        r = resources(verify.gdn_tree_mix_apply_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV))
+        rows.append(dict(kernel="mix verify, pass 2 (transposed), swept tiling", BT=16, BV=BV, warps=warps,
+                         precision="tf32x3", **r))
+        print(json.dumps(rows[-1]), flush=True)
     for track in (False, True):  # as served without prefix-cache track rows in the step, and with them
         consts = dict(SHAPE, BN=16, BK=128, BV=16, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=track)
         r = resources(commit.gdn_tree_commit_layers_fwd_kernel, consts, 4, BATCH * 48 * 8, bf16_gates=False)

@@ -47,7 +47,7 @@ def worker(monkeypatch):
     w._mtp_entries = SimpleNamespace(clear_slots=lambda locs: cleared.append(locs.tolist()),
                                      clear=lambda rows, lens: None)
     w.cleared = cleared
-    w._prefill_stub, w._stub_rows, w.prefills_without_draft = False, set(), 0
+    w._prefill_stub, w._stub_rows, w._admitted, w.prefills_without_draft = False, set(), set(), 0
     runner = SimpleNamespace(spec_algorithm=SimpleNamespace(is_standalone=lambda: False),
                              model_config=SimpleNamespace(spec_hidden_size=HIDDEN, dtype=torch.bfloat16))
     w._draft_worker = SimpleNamespace(draft_runner=runner,
@@ -79,8 +79,6 @@ def test_a_prefill_joining_batches_that_serve_no_draft_skips_the_draft_extend(wo
     assert out.hidden_states.dtype == torch.bfloat16
     assert worker.cleared == [slots]  # the prompts' MTP entries zeroed
     assert worker._stub_rows == set(rows) and worker.prefills_without_draft == 1
-    # the next prefill of one request alone may draft (bucket 1 borrows bucket 8's times: the tree pays)
-    assert worker._forward(prefill([3], [7])) == "draft-extended" and worker._stub_rows == set(rows) - {3}
 
 
 @pytest.mark.parametrize("last_batch, pinned", [(0, None), (5, None), (100, 3)])
@@ -121,3 +119,17 @@ def test_stub_rows_in_a_cold_step_leave_with_it(worker):
     w._forward(decode([7, 2]))
     assert w._ledger.pending[-1][1] is True and w._ledger.pending[-1][3] == ()
     assert w._stub_rows == set(range(100, 139))
+
+
+def test_prefills_back_to_back_count_together_until_a_decode_step(worker):
+    """SGLang runs the prefills it can admit one after another, so the decode step after them holds them all: 12
+    requests alone would decode at bucket 16 (the tree pays), 12 + 30 at bucket 64 (no draft). A decode step starts
+    the count again."""
+    w = worker
+    assert w._forward(prefill(list(range(12)), [1])) == "draft-extended"
+    assert type(w._forward(prefill(list(range(12, 42)), [2]))).__name__ == "EagleDraftInput"
+    assert w._stub_rows == set(range(12, 42))
+    w.tree_policy.choose = lambda batch: 0
+    assert w._forward(decode(list(range(42)))) == "verified" and w._admitted == set()
+    w._ledger.last_batch = 0  # (as if they had all finished)
+    assert w._forward(prefill(list(range(50, 62)), [3])) == "draft-extended"

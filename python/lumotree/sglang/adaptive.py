@@ -374,8 +374,9 @@ class TreeSizePolicy:
         """Whether a decode step of ``low`` to ``high`` requests may draft by the current estimates: false only
         when :meth:`serves` says no draft at every batch bucket from ``bucket(low)`` to ``bucket(high)`` (``high``
         capped at the largest bucket a step has run in: larger ones borrow its estimates). Asked before a prefill
-        (:mod:`lumotree.sglang.worker`): its requests decode in a batch of at least themselves and at most
-        themselves plus the last decode step's."""
+        (:mod:`lumotree.sglang.worker`): its requests decode in a batch of at least those prefilled since the last
+        decode step (SGLang runs the prefills it can admit back to back) and at most those plus the last decode
+        step's."""
         if self.candidates == [0]:
             return False
         ran = [b for b, st in self.buckets.items() if any(st.samples.values())]

@@ -245,9 +245,9 @@ class StepLedger:
             self._window = [0, 0, 0.0, 0]
 
     def may_draft(self, new: int) -> bool:
-        """Whether the decode steps after a prefill of ``new`` requests may draft: the policy's
-        :meth:`~lumotree.sglang.adaptive.TreeSizePolicy.may_draft` at ``new`` to ``new`` plus the last decode
-        step's requests; the pinned tree drafts."""
+        """Whether the decode steps after the prefills of ``new`` requests since the last decode step may draft:
+        the policy's :meth:`~lumotree.sglang.adaptive.TreeSizePolicy.may_draft` at ``new`` to ``new`` plus the last
+        decode step's requests; the pinned tree drafts."""
         if self.pinned is not None:
             return self.pinned > 0
         return self.policy.may_draft(new, new + self.last_batch)
@@ -377,6 +377,7 @@ def worker_class():
             self._mtp_entries = None  # the MTP layer's entries of tokens decoded without a draft, zeroed
             self._prefill_stub = False  # this prefill skips the MTP draft-extend (the steps after it serve no draft)
             self._stub_rows = set()  # request rows whose draft input is a prefill's stub until they draft
+            self._admitted = set()  # request rows prefilled since the last decode step
             self.prefills_without_draft = 0  # prefill batches that skipped the draft-extend (diagnostics, tests)
             if self.tree_policy is not None and 0 in self.tree_policy.candidates:
                 self._skip_draft_extend_without_draft()
@@ -411,10 +412,12 @@ def worker_class():
             requests join will serve no draft by the policy's estimates (:meth:`StepLedger.may_draft`); see
             :meth:`_prefill_without_draft`."""
             reqs = getattr(batch, "reqs", None) or ()
+            rows = [r.req_pool_idx for r in reqs]
+            # SGLang runs the prefills it can admit back to back: the next decode step holds them all
+            self._admitted.update(rows)
             self._prefill_stub = (bool(reqs) and self._mtp_entries is not None
                                   and getattr(batch, "out_cache_loc", None) is not None  # (the slots to zero)
-                                  and not self._ledger.may_draft(len(reqs)))
-            rows = [r.req_pool_idx for r in reqs]
+                                  and not self._ledger.may_draft(len(self._admitted)))
             if self._prefill_stub:
                 self._stub_rows.update(rows)
             elif self._stub_rows:
@@ -509,6 +512,8 @@ def worker_class():
                     self._choose_prefill_draft_extend(batch)
             elif self.tree_policy is not None and not batch.forward_mode.is_idle():
                 bs = batch.seq_lens.shape[0]
+                if getattr(self, "_admitted", None):
+                    self._admitted.clear()
                 self.activate_step_by_batch(bs)
                 self._step_chosen = True  # SGLang's loop asks again: the choice stands
                 if self.speculative_num_steps == 0 and getattr(self, "_mtp_entries", None) is not None:

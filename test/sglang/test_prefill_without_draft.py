@@ -47,7 +47,7 @@ def worker(monkeypatch):
     w._mtp_entries = SimpleNamespace(clear_slots=lambda locs: cleared.append(locs.tolist()),
                                      clear=lambda rows, lens: None)
     w.cleared = cleared
-    w._prefill_stub, w._stub_rows, w._admitted, w.prefills_without_draft = False, set(), set(), 0
+    w._prefill_stub, w._stub_rows, w._admitted, w.prefills, w.prefills_without_draft = False, set(), set(), 0, 0
     runner = SimpleNamespace(spec_algorithm=SimpleNamespace(is_standalone=lambda: False),
                              model_config=SimpleNamespace(spec_hidden_size=HIDDEN, dtype=torch.bfloat16))
     w._draft_worker = SimpleNamespace(draft_runner=runner,
@@ -121,14 +121,19 @@ def test_stub_rows_in_a_cold_step_leave_with_it(worker):
     assert w._stub_rows == set(range(100, 139))
 
 
-def test_prefills_back_to_back_count_together_until_a_decode_step(worker):
+def test_prefills_back_to_back_count_together_until_a_decode_step(worker, monkeypatch, caplog):
     """SGLang runs the prefills it can admit one after another, so the decode step after them holds them all: 12
     requests alone would decode at bucket 16 (the tree pays), 12 + 30 at bucket 64 (no draft). A decode step starts
-    the count again."""
+    the count again. The server log counts the prefills that skipped the draft-extend."""
+    import logging
+
     w = worker
+    monkeypatch.setattr(type(w), "PREFILL_LOG_EVERY", 2)
+    caplog.set_level(logging.INFO, logger="lumotree.sglang.worker")
     assert w._forward(prefill(list(range(12)), [1])) == "draft-extended"
     assert type(w._forward(prefill(list(range(12, 42)), [2]))).__name__ == "EagleDraftInput"
-    assert w._stub_rows == set(range(12, 42))
+    assert w._stub_rows == set(range(12, 42)) and (w.prefills, w.prefills_without_draft) == (2, 1)
+    assert "1 of 2 prefill batches skipped the MTP draft-extend" in caplog.text
     w.tree_policy.choose = lambda batch: 0
     assert w._forward(decode(list(range(42)))) == "verified" and w._admitted == set()
     w._ledger.last_batch = 0  # (as if they had all finished)

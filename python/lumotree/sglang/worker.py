@@ -359,6 +359,8 @@ def worker_class():
     class LumoTreeWorker(ew.EAGLEWorkerV2):
         """``EAGLEWorkerV2`` whose tree size is chosen per decode step (see the module docstring)."""
 
+        PREFILL_LOG_EVERY = 256  # prefill batches between two lines on how many skipped the MTP draft-extend
+
         def __init__(self, server_args, *args, **kwargs):
             super().__init__(server_args, *args, **kwargs)
             steps = (adaptive.candidate_steps(server_args) if adaptive.adaptive_tree_size(server_args)
@@ -378,7 +380,7 @@ def worker_class():
             self._prefill_stub = False  # this prefill skips the MTP draft-extend (the steps after it serve no draft)
             self._stub_rows = set()  # request rows whose draft input is a prefill's stub until they draft
             self._admitted = set()  # request rows prefilled since the last decode step
-            self.prefills_without_draft = 0  # prefill batches that skipped the draft-extend (diagnostics, tests)
+            self.prefills = self.prefills_without_draft = 0  # prefill batches, those that skipped the draft-extend
             if self.tree_policy is not None and 0 in self.tree_policy.candidates:
                 self._skip_draft_extend_without_draft()
                 self._mtp_entries = MtpEntries.of_runner(self._draft_worker.draft_runner)
@@ -422,6 +424,10 @@ def worker_class():
                 self._stub_rows.update(rows)
             elif self._stub_rows:
                 self._stub_rows.difference_update(rows)
+            self.prefills += 1
+            if self.prefills % self.PREFILL_LOG_EVERY == 0:
+                logger.info("LumoTree adaptive: %d of %d prefill batches skipped the MTP draft-extend",
+                            self.prefills_without_draft + self._prefill_stub, self.prefills)
 
         def _prefill_without_draft(self, batch, next_token_ids):
             """The prefill's draft input without the MTP draft-extend: the first-level draft of a cold start

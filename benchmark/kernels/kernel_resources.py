@@ -90,7 +90,7 @@ def main():
     rows = []
     for BT in (16, 32, 64):  # trees of <= 16, <= 32, <= 64 nodes; the served tilings (verify.mix_config)
         consts = dict(HK=16, HV=48, K=128, BT=BT, BK=128, PRECISION="tf32x3", USE_QK_L2NORM=True,
-                      HAS_STATE_INDICES=True, FUSED_GATING=True, STORE_RING=True)
+                      HAS_STATE_INDICES=True, FUSED_GATING=True, STORE_RING=True, HEADS=3)
         for warps in (2, 4):
             r = resources(verify.gdn_tree_mix_prep_fwd_kernel, consts, warps, BATCH * 16)
             rows.append(dict(kernel="mix verify, pass 1 (per key head)", BT=BT, warps=warps, precision="tf32x3", **r))

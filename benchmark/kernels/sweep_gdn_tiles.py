@@ -35,6 +35,7 @@ COMMIT_WARPS = (1, 2, 4, 8)
 VERIFY_BV = (16, 32, 64, 128)
 VERIFY_WARPS = (1, 2, 4)
 PREP_WARPS = (1, 2, 4)
+PREP_HEADS = ("group", 1)  # value heads per pass-1 program: the key head's group (today) or one each
 TOLERANCE = 1e-5
 WALK_TOLERANCE = 1e-4  # the walk's fp32 recurrence against the mix's tf32x3 dots
 
@@ -84,8 +85,8 @@ def commit_cell(model, tree_name, B, layers, configs):
 
 
 def verify_cell(model, tree_name, B, configs):
-    """``{(BV, warps, prep warps): µs or "wrong"}`` of the mix verify (one layer, as served: tf32x3, the ring
-    stored) at one cell, and the default's key."""
+    """``{(BV, warps, prep warps, prep heads): µs or "wrong"}`` of the mix verify (one layer, as served: tf32x3, the
+    ring stored) at one cell, and the default's key."""
     from lumotree.ops.gdn_tree.verify import gdn_tree_mix_verify_fwd, mix_config
 
     Hk, Hv, K, V = MODELS[model]
@@ -100,12 +101,12 @@ def verify_cell(model, tree_name, B, configs):
     gate = dict(A_log=A_log, a=a, dt_bias=dt_bias, b=b, use_qk_l2norm=True, state_indices=rows,
                 anc_mask=tree.mask.to(torch.int8), precision="tf32x3", ring=ring)
     BT = max(16, 1 << (N - 1).bit_length())
-    default = mix_config(BT, V, B, Hk, dev)
+    default = (*mix_config(BT, V, B, Hk, dev), Hv // Hk)
     out_buf = torch.empty(B, N, Hv, V, device=dev, dtype=q.dtype)
 
     def run(cfg, out=None):
         return gdn_tree_mix_verify_fwd(q, k, v, pool, tree, out=out, BV=cfg[0], num_warps=cfg[1], prep_warps=cfg[2],
-                                       **gate)
+                                       prep_heads=cfg[3], **gate)
 
     ref = run(default).clone()
     res = {}
@@ -119,7 +120,8 @@ def verify_cell(model, tree_name, B, configs):
     res["walk"] = (bench_graph(lambda: gdn_tree_walk_verify_fwd(q, k, v, pool, tree, out=out_buf, **walk))
                    if err < WALK_TOLERANCE else f"wrong: rel. err {err:.1e}")
     for cfg in configs:
-        if cfg[0] > max(16, V) or (q.is_cuda and cfg[0] < 16 * cfg[1]):
+        cfg = (*cfg[:3], Hv // Hk if cfg[3] == "group" else cfg[3])
+        if cfg[0] > max(16, V) or (q.is_cuda and cfg[0] < 16 * cfg[1]) or cfg in res:
             continue
         try:
             err = rel(ref, run(cfg))
@@ -157,7 +159,7 @@ def main():
     meta = dict(command="python3 " + " ".join(sys.argv))
     rows, t0 = [], time.time()
     commit_cfgs = list(itertools.product(COMMIT_BV, COMMIT_WARPS))
-    verify_cfgs = list(itertools.product(VERIFY_BV, VERIFY_WARPS, PREP_WARPS))
+    verify_cfgs = list(itertools.product(VERIFY_BV, VERIFY_WARPS, PREP_WARPS, PREP_HEADS))
     for model in args.models.split(","):
         for tree_name in args.trees.split(","):
             for B in map(int, args.batches.split(",")):
@@ -168,7 +170,7 @@ def main():
                 if "verify" in ops:
                     times, d = verify_cell(model, tree_name, B, verify_cfgs)
                     row["verify"] = dict(best=best(times, d), walk_us=times.pop("walk"),
-                                         us={f"BV{c[0]}-w{c[1]}-p{c[2]}": t for c, t in times.items()})
+                                         us={f"BV{c[0]}-w{c[1]}-p{c[2]}-h{c[3]}": t for c, t in times.items()})
                 rows.append(row)
                 print(json.dumps({k: (v["best"] if isinstance(v, dict) else v) for k, v in row.items()}), flush=True)
                 json.dump(dict(meta=dict(meta, partial=True), rows=rows), open(args.out, "w"), indent=1)

@@ -126,6 +126,17 @@ def gdn(kind, l2):
         assert_close(f"{kind} ring beta", be[bi, :n], ring[3][r, :n], 1e-6)
         assert not ring[0][r, n:].any()  # padding nodes are not stored
     assert not ring[0][2].any()  # the spare row stays untouched
+    # pass 1 with one value head per program (the group's heads in parallel programs): the same outputs and stores
+    ring1 = tuple(torch.zeros_like(t) for t in ring)
+    o3 = tri.gdn_tree_mix_verify_fwd(qv, kv, vv, pool, None, **fused, use_qk_l2norm=l2, state_indices=si,
+                                     anc_mask=tree.mask.to(torch.int8), num_nodes=tree.num_nodes,
+                                     out=torch.zeros(B, N, Hv, V), BV=16, ring=ring1, ring_rows=rr, prep_heads=1)
+    assert torch.equal(o3, o2) and all(torch.equal(a, b) for a, b in zip(ring1, ring))
+    try:
+        tri.gdn_tree_mix_verify_fwd(q, k, v, pool, tree, gg, be, prep_heads=3)
+        raise AssertionError("accepted prep_heads=3 for a group of 2")
+    except ValueError:
+        pass
     for bad in (dict(precision="fp8"), dict(ring=ring)):  # a ring needs state_indices (padded requests)
         try:
             tri.gdn_tree_mix_verify_fwd(q, k, v, pool, tree, gg, be, **bad)

@@ -22,7 +22,8 @@ def test_tile_sweep_runs_checks_each_config_and_reports_the_default(tmp_path):
     data = json.loads(out.read_text())
     assert "partial" not in data["meta"] and data["meta"]["layers"] == 2
     (row,) = data["rows"]
-    for op, default in (("commit", "BV16-w4"), ("verify", "BV16-w1-p4")):
+    assert "BV16-w1-p4-h1" in row["verify"]["us"]  # pass 1 with one value head per program too
+    for op, default in (("commit", "BV16-w4"), ("verify", "BV16-w1-p4-h2")):
         us, b = row[op]["us"], row[op]["best"]
         assert all(isinstance(t, float) for t in us.values()), us  # none wrong or failed on the interpreter
         assert default in us and b["default_us"] == us[default]

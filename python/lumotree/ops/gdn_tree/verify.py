@@ -49,16 +49,20 @@ def gdn_tree_mix_prep_fwd_kernel(
     scale, N, stride_qt, stride_kt,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     PRECISION: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_STATE_INDICES: tl.constexpr,
-    FUSED_GATING: tl.constexpr, STORE_RING: tl.constexpr,
+    FUSED_GATING: tl.constexpr, STORE_RING: tl.constexpr, HEADS: tl.constexpr,
 ):
-    """Mix verify, pass 1 (one program per request and key head): the Gram matrices ``k k^T`` and
-    ``q k^T`` once per key head, then per value head of the group the gates, ``T`` and the mixing
-    matrices. Layout of ``mix`` per (request, value head): ``Lk [BT, BT] | Lv [BT, BT] | Lq [BT]``
-    fp32. Ring stores: raw k (once per key head) and the gates (v: pass 2)."""
+    """Mix verify, pass 1 (one program per request and ``HEADS`` value heads of a key head's group): the Gram
+    matrices ``k k^T`` and ``q k^T`` of the key head, then per value head the gates, ``T`` and the mixing
+    matrices. ``HEADS`` = the group (``Hv / Hk``): the Gram matrices formed once per key head; fewer: the group's
+    value heads in parallel programs, each forming them again (more programs at small batches). Layout of ``mix``
+    per (request, value head): ``Lk [BT, BT] | Lv [BT, BT] | Lq [BT]`` fp32. Ring stores: raw k (once per key
+    head) and the gates (v: pass 2)."""
     GROUP: tl.constexpr = HV // HK
-    i_bk = tl.program_id(0)
-    i_b = i_bk // HK
-    i_hk = i_bk % HK
+    PARTS: tl.constexpr = GROUP // HEADS  # programs per key head
+    pid = tl.program_id(0)
+    i_b = pid // (HK * PARTS)
+    i_hk = (pid // PARTS) % HK
+    j0 = (pid % PARTS) * HEADS  # the first value head of the group this program serves
     n = tl.load(num_nodes + i_b)
     o_t = tl.arange(0, BT)
     o_k = tl.arange(0, BK)
@@ -78,7 +82,7 @@ def gdn_tree_mix_prep_fwd_kernel(
             row = i_b.to(tl.int64)
         r_row = tl.load(ring_rows + i_b).to(tl.int64)
         store = (row >= 0) & (r_row >= 0)
-        if store:
+        if store & (j0 == 0):
             tl.store(ring_k + r_row * stride_rk + (o_t[:, None] * HK + i_hk) * K + o_k[None, :],
                      b_k.to(ring_k.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
     if USE_QK_L2NORM:
@@ -87,8 +91,8 @@ def gdn_tree_mix_prep_fwd_kernel(
     b_m = _anc_mask(anc_mask, i_b, N, o_t, m_t)
     b_kk = tl.dot(b_k, tl.trans(b_k), input_precision=PRECISION)
     b_qk = tl.where(b_m, tl.dot(b_q, tl.trans(b_k), input_precision=PRECISION), 0.0)
-    for j in range(GROUP):
-        i_hv = i_hk * GROUP + j
+    for j in range(HEADS):
+        i_hv = i_hk * GROUP + j0 + j
         b_g, b_beta = _gdn_gate(g + tok * HV + i_hv, beta + tok * HV + i_hv, A_log + i_hv, dt_bias + i_hv,
                                 FUSED_GATING, m_t)
         b_beta = tl.where(m_t, b_beta, 0.0)
@@ -169,7 +173,7 @@ def gdn_tree_mix_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=No
                             precision: str = "tf32x3", out: Optional[torch.Tensor] = None,
                             ring: Optional[tuple] = None, ring_rows: Optional[torch.Tensor] = None,
                             BV: Optional[int] = None, num_warps: Optional[int] = None,
-                            prep_warps: Optional[int] = None):
+                            prep_warps: Optional[int] = None, prep_heads: Optional[int] = None):
     """Launcher of the mix tree verify (see the module docstring); returns ``o`` `[B, N, Hv, V]`.
 
     Args:
@@ -196,6 +200,10 @@ def gdn_tree_mix_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=No
     BK = triton.next_power_of_2(K)
     d_bv, d_warps, d_prep = mix_config(BT, V, B, HK, q.device)
     BV, num_warps, prep_warps = BV or d_bv, num_warps or d_warps, prep_warps or d_prep
+    group = HV // HK
+    prep_heads = prep_heads or group
+    if group % prep_heads:
+        raise ValueError(f"prep_heads must divide the {group} value heads of a key head's group, got {prep_heads}")
     if BV < 16 * num_warps and q.is_cuda:  # (a code-generation limit: the interpreter has none)
         raise ValueError(f"the mix verify's transposed state dot needs BV >= 16 * num_warps, got BV={BV}, "
                          f"num_warps={num_warps} (BV=64 with 8 warps hit an illegal memory access on the H200)")
@@ -211,13 +219,13 @@ def gdn_tree_mix_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=No
     r_rows, rk, rv, rg, rb, srk, srv, srg = ring_args(ring, ring_rows, state_indices, (B, N, HK, K, HV, V), dummy)
     si = state_indices if state_indices is not None else dummy
     mix = torch.empty(B * HV * (2 * BT * BT + BT), dtype=torch.float32, device=q.device)
-    gdn_tree_mix_prep_fwd_kernel[(B * HK,)](
+    gdn_tree_mix_prep_fwd_kernel[(B * HK * (group // prep_heads),)](
         q, k, (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
         A_log if fused else dummy, dt_bias if fused else dummy, mix, si, anc_mask.contiguous(), num_nodes,
         r_rows, rk, rv, rg, rb, srk, srv, srg, scale, N, sq, sk,
         HK=HK, HV=HV, K=K, BT=BT, BK=BK, PRECISION=precision, USE_QK_L2NORM=use_qk_l2norm,
         HAS_STATE_INDICES=state_indices is not None, FUSED_GATING=fused, STORE_RING=ring is not None,
-        num_warps=prep_warps,
+        HEADS=prep_heads, num_warps=prep_warps,
     )
     gdn_tree_mix_apply_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
         q, k, v, mix, out, state, si, num_nodes, r_rows, rv, srv, state.stride(0), N, sq, sk, sv,

@@ -90,7 +90,8 @@ def main():
     rows = []
     for BT in (16, 32, 64):  # trees of <= 16, <= 32, <= 64 nodes; the served tilings (verify.mix_config)
         consts = dict(HK=16, HV=48, K=128, BT=BT, BK=128, PRECISION="tf32x3", USE_QK_L2NORM=True,
-                      HAS_STATE_INDICES=True, FUSED_GATING=True, STORE_RING=True, HEADS=3)
+                      HAS_STATE_INDICES=True, FUSED_GATING=True, STORE_RING=True, HEADS=3,
+                      STORE_RNORM=False)
         for warps in (2, 4):
             r = resources(verify.gdn_tree_mix_prep_fwd_kernel, consts, warps, BATCH * 16)
             rows.append(dict(kernel="mix verify, pass 1 (per key head)", BT=BT, warps=warps, precision="tf32x3", **r))
@@ -111,7 +112,8 @@ def main():
     # the tilings benchmark/kernels/sweep_gdn_tiles.py times: what limits each one's occupancy
     for BV, warps in ((8, 1), (8, 2), (8, 4), (8, 8), (16, 1), (16, 2), (16, 8), (32, 2), (32, 4), (32, 8), (64, 4),
                       (64, 8)):
-        consts = dict(SHAPE, BN=16, BK=128, BV=BV, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=False)
+        consts = dict(SHAPE, BN=16, BK=128, BV=BV, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=False,
+                      HAS_RNORM=False)
         r = resources(commit.gdn_tree_commit_layers_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV),
                       bf16_gates=False)
         rows.append(dict(kernel="all-layer replay commit (per layer), swept tiling", BV=BV, warps=warps, **r))
@@ -124,7 +126,8 @@ def main():
                          precision="tf32x3", **r))
         print(json.dumps(rows[-1]), flush=True)
     for track in (False, True):  # as served without prefix-cache track rows in the step, and with them
-        consts = dict(SHAPE, BN=16, BK=128, BV=16, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=track)
+        consts = dict(SHAPE, BN=16, BK=128, BV=16, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=track,
+                      HAS_RNORM=False)
         r = resources(commit.gdn_tree_commit_layers_fwd_kernel, consts, 4, BATCH * 48 * 8, bf16_gates=False)
         rows.append(dict(kernel="all-layer replay commit (per layer)" + (", track rows" if track else ""),
                          BV=16, warps=4, **r))

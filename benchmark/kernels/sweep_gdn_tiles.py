@@ -1,6 +1,8 @@
 """The served GDN tree kernels' tilings, swept per cell: which V-block and warp counts make the mix verify (per layer)
 and the all-layer replay commit (every GDN layer in one launch, as the SGLang backend launches it) fastest at each
-batch and tree, against the tiling the launchers choose today (``verify.mix_config``, ``commit.commit_bv``).
+batch and tree, against the tiling the launchers choose today (``verify.mix_config``, ``commit.commit_bv``); and the
+commit reading each key's inverse L2 norm as the verify stored it (the ring's optional fifth buffer) instead of forming
+it in every program (a fifth of its instructions by the Nsight profile; not served).
 
 Why: on the H200 the served chain-4 verify + commit at batch 32 took 164 µs per layer against a 70 µs floor (the
 states read once by the verify, read and written by the commit; ``served_forms_h200.json``): the commit ran at
@@ -32,6 +34,7 @@ from bench_verify_forms import MODELS, bench_graph, cell_inputs, rel, trees  # n
 
 COMMIT_BV = (8, 16, 32, 64)
 COMMIT_WARPS = (1, 2, 4, 8)
+COMMIT_NORMS = ("formed", "stored")  # the key's L2 norm formed by every program (served) or the verify's stored one
 VERIFY_BV = (16, 32, 64, 128)
 VERIFY_WARPS = (1, 2, 4)
 PREP_WARPS = (1, 2, 4)
@@ -41,7 +44,8 @@ WALK_TOLERANCE = 1e-4  # the walk's fp32 recurrence against the mix's tf32x3 dot
 
 
 def commit_cell(model, tree_name, B, layers, configs):
-    """``{(BV, warps): µs per layer or "wrong"}`` of the all-layer replay commit at one cell, and the default's key."""
+    """``{(BV, warps, norms): µs per layer or "wrong"}`` of the all-layer replay commit at one cell, and the default's
+    key."""
     from lumotree.ops.gdn_tree.commit import commit_bv, gdn_tree_commit_layers_fwd
 
     Hk, Hv, K, V = MODELS[model]
@@ -60,10 +64,20 @@ def commit_cell(model, tree_name, B, layers, configs):
     ends = torch.full((B,), N - 1, device=dev, dtype=torch.int32)
     sg_parents = torch.where(parents < 0, 0, parents).int()
     small = ring(1)
-    default = (commit_bv(V), 4)
+    default = (commit_bv(V), 4, "formed")
+
+    def rnorm(rg):  # what the verify stores with a fifth ring buffer
+        return (rg[0].float().pow(2).sum(-1) + 1e-6).rsqrt().contiguous()
+
+    norms = {}
 
     def run(rg, st, cfg):
-        return gdn_tree_commit_layers_fwd(*rg, st, rows, ends, sg_parents, BV=cfg[0], num_warps=cfg[1])
+        r = None
+        if cfg[2] == "stored":
+            r = norms.get(id(rg))
+            if r is None:
+                r = norms[id(rg)] = rnorm(rg)
+        return gdn_tree_commit_layers_fwd(*rg, st, rows, ends, sg_parents, BV=cfg[0], num_warps=cfg[1], rnorm=r)
 
     ref = run(small, pool.clone()[None], default)
     big, big_pool = ring(layers), pool[None].repeat(layers, 1, 1, 1, 1)
@@ -110,6 +124,14 @@ def verify_cell(model, tree_name, B, configs):
 
     ref = run(default).clone()
     res = {}
+    # the default tiling also storing each key's inverse L2 norm (the ring's fifth buffer, for a commit that reads it)
+    ring5 = (*ring, torch.zeros(P, N, Hk, device=dev))
+    gate5 = dict(gate, ring=ring5)
+    err = rel(ref, gdn_tree_mix_verify_fwd(q, k, v, pool, tree, BV=default[0], num_warps=default[1],
+                                           prep_warps=default[2], prep_heads=default[3], **gate5))
+    res["rnorm"] = (bench_graph(lambda: gdn_tree_mix_verify_fwd(
+        q, k, v, pool, tree, out=out_buf, BV=default[0], num_warps=default[1], prep_warps=default[2],
+        prep_heads=default[3], **gate5)) if err < TOLERANCE else f"wrong: rel. err {err:.1e}")
     # the walk verify (the state on-chip along each path, no pass-1 matrices; no ring stores, which the served commit
     # needs): is a one-kernel form faster at small batches?
     from lumotree.ops.gdn_tree.verify import gdn_tree_walk_verify_fwd
@@ -136,7 +158,7 @@ def verify_cell(model, tree_name, B, configs):
 
 
 def best(times, default):
-    timed = {c: t for c, t in times.items() if isinstance(t, float) and c != "walk"}
+    timed = {c: t for c, t in times.items() if isinstance(t, float) and not isinstance(c, str)}
     if not timed:
         return None
     c = min(timed, key=timed.get)
@@ -158,7 +180,7 @@ def main():
     ops = args.ops.split(",")
     meta = dict(command="python3 " + " ".join(sys.argv))
     rows, t0 = [], time.time()
-    commit_cfgs = list(itertools.product(COMMIT_BV, COMMIT_WARPS))
+    commit_cfgs = list(itertools.product(COMMIT_BV, COMMIT_WARPS, COMMIT_NORMS))
     verify_cfgs = list(itertools.product(VERIFY_BV, VERIFY_WARPS, PREP_WARPS, PREP_HEADS))
     for model in args.models.split(","):
         for tree_name in args.trees.split(","):
@@ -166,10 +188,12 @@ def main():
                 row = dict(model=model, tree=tree_name, batch=B)
                 if "commit" in ops:
                     times, d = commit_cell(model, tree_name, B, args.layers, commit_cfgs)
-                    row["commit"] = dict(best=best(times, d), us={f"BV{c[0]}-w{c[1]}": t for c, t in times.items()})
+                    row["commit"] = dict(best=best(times, d), us={
+                        f"BV{c[0]}-w{c[1]}" + ("-rnorm" if c[2] == "stored" else ""): t for c, t in times.items()})
                 if "verify" in ops:
                     times, d = verify_cell(model, tree_name, B, verify_cfgs)
                     row["verify"] = dict(best=best(times, d), walk_us=times.pop("walk"),
+                                         default_storing_rnorm_us=times.pop("rnorm"),
                                          us={f"BV{c[0]}-w{c[1]}-p{c[2]}-h{c[3]}": t for c, t in times.items()})
                 rows.append(row)
                 print(json.dumps({k: (v["best"] if isinstance(v, dict) else v) for k, v in row.items()}), flush=True)
@@ -183,15 +207,16 @@ def main():
                 layers=args.layers)
     json.dump(dict(meta=meta, rows=rows), open(args.out, "w"), indent=1)
     print("| model | tree | batch | commit: default µs/layer -> best (config) | verify: default µs -> best (config) "
-          "| walk verify µs |")
-    print("|---|---|---|---|---|---|")
+          "| walk verify µs | verify storing key norms µs |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         cells = []
         for op in ("commit", "verify"):
             b = r.get(op, {}).get("best")
             cells.append("-" if not b else f"{b['default_us'] or float('nan'):.1f} -> {b['us']:.1f} ({b['config']})")
-        w = r.get("verify", {}).get("walk_us", "-")
-        cells.append(f"{w:.1f}" if isinstance(w, float) else str(w))
+        for key in ("walk_us", "default_storing_rnorm_us"):
+            w = r.get("verify", {}).get(key, "-")
+            cells.append(f"{w:.1f}" if isinstance(w, float) else str(w))
         print(f"| {r['model']} | {r['tree']} | {r['batch']} | {' | '.join(cells)} |")
 
 

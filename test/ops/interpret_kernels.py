@@ -137,6 +137,17 @@ def gdn(kind, l2):
         raise AssertionError("accepted prep_heads=3 for a group of 2")
     except ValueError:
         pass
+    if l2:  # the ring's optional fifth buffer: each key's inverse L2 norm (one value head per program too)
+        ring5 = (*(torch.zeros_like(t) for t in ring), torch.zeros(B + 1, NR, Hk))
+        o4 = tri.gdn_tree_mix_verify_fwd(qv, kv, vv, pool, None, **fused, use_qk_l2norm=l2, state_indices=si,
+                                         anc_mask=tree.mask.to(torch.int8), num_nodes=tree.num_nodes,
+                                         out=torch.zeros(B, N, Hv, V), BV=16, ring=ring5, ring_rows=rr, prep_heads=1)
+        assert torch.equal(o4, o2) and all(torch.equal(a, b) for a, b in zip(ring5, ring))
+        for bi in range(B):
+            n, r = int(nums[bi]), int(rr[bi])
+            assert_close(f"{kind} ring inverse key norms", 1 / (k[bi, :n].float().pow(2).sum(-1) + 1e-6).sqrt(),
+                         ring5[4][r, :n], 1e-6)
+            assert not ring5[4][r, n:].any()
     for bad in (dict(precision="fp8"), dict(ring=ring)):  # a ring needs state_indices (padded requests)
         try:
             tri.gdn_tree_mix_verify_fwd(q, k, v, pool, tree, gg, be, **bad)
@@ -158,6 +169,18 @@ def gdn(kind, l2):
     tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), p6, si.int(), (nums - 1).int(), sglang_parents,
                                    use_qk_l2norm=l2, BV=8, ring_rows=rr)
     assert_close(f"{kind} commit from the verify's request rows", p1, p6[0], 1e-5)
+    if l2:  # the same commit reading the verify's inverse key norms instead of forming them
+        p7 = pool.clone()[None]
+        tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), p7, si.int(), (nums - 1).int(), sglang_parents,
+                                       use_qk_l2norm=l2, BV=8, ring_rows=rr, rnorm=ring5[4][None].contiguous())
+        assert_close(f"{kind} commit with the stored inverse key norms", p1, p7[0], 1e-5)
+        assert_close(f"{kind} commit: stored norms against formed ones", p6, p7, 1e-6)
+        try:
+            tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), p7, si.int(), (nums - 1).int(), sglang_parents,
+                                           use_qk_l2norm=False, rnorm=ring5[4][None].contiguous())
+            raise AssertionError("accepted stored norms without use_qk_l2norm")
+        except ValueError:
+            pass
     # prefix-cache track rows: row 0 gets the state after 2 accepted nodes of request 0, row 4 the
     # committed state before any node of request 1 (track_len 0)
     tr, tln = torch.tensor([0, 4]), torch.tensor([min(2, int(al[0])), 0])

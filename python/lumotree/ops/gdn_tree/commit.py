@@ -26,16 +26,16 @@ __all__ = ["gdn_tree_commit_layers_fwd", "gdn_tree_commit_fwd", "commit_bv"]
 
 @triton.jit
 def gdn_tree_commit_layers_fwd_kernel(
-    k, v, g, beta, state, rows, ring_rows, parents, last, track_rows, track_steps,
-    stride_kl, stride_ks, stride_vl, stride_vs, stride_gl, stride_gs, stride_sl, stride_ss, NP,
+    k, v, g, beta, rnorm, state, rows, ring_rows, parents, last, track_rows, track_steps,
+    stride_kl, stride_ks, stride_vl, stride_vs, stride_gl, stride_gs, stride_rl, stride_rs, stride_sl, stride_ss, NP,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BN: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_PARENTS: tl.constexpr,
-    HAS_TRACK: tl.constexpr,
+    HAS_TRACK: tl.constexpr, HAS_RNORM: tl.constexpr,
 ):
     """Replay commit of every GDN layer in one launch (grid: V-blocks x requests x value heads x
     layers), reading the verify's buffers in place: ``k[l, r, node]`` `[Hk, K]`, ``v[l, r, node]``
-    `[Hv, V]`, ``g/beta[l, r, node]`` `[Hv]` with ``r = ring_rows[b]``; the state is read and
-    written at pool row ``rows[b]``."""
+    `[Hv, V]`, ``g/beta[l, r, node]`` `[Hv]` with ``r = ring_rows[b]`` (``HAS_RNORM``: and each key's inverse L2
+    norm ``rnorm[l, r, node]`` `[Hk]`); the state is read and written at pool row ``rows[b]``."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1)
     # 64-bit layer offsets: a served pool is [L, slots, Hv, V, K] with ~10^5 slots, so layer
     # i_l * stride_sl passes 2^31 elements from the third layer on (int32 would wrap)
@@ -54,9 +54,10 @@ def gdn_tree_commit_layers_fwd_kernel(
                                                                  K, V, BK, BV)
         kr, vr, gr, br = k + i_l * stride_kl + r_row * stride_ks, v + i_l * stride_vl + r_row * stride_vs, \
             g + i_l * stride_gl + r_row * stride_gs, beta + i_l * stride_gl + r_row * stride_gs  # the request's row
+        rr = rnorm + i_l * stride_rl + r_row * stride_rs
         for j in range(0, d + 1):
-            b_h = _replay_node(b_h, kr, vr, gr, br, tl.sum(tl.where(o_n == j, anc, 0)), i_hk, i_hv, o_k, o_v,
-                               mask_k, mask_v, HK, HV, K, V, USE_QK_L2NORM)
+            b_h = _replay_node(b_h, kr, vr, gr, br, rr, tl.sum(tl.where(o_n == j, anc, 0)), i_hk, i_hv, o_k, o_v,
+                               mask_k, mask_v, HK, HV, K, V, USE_QK_L2NORM, HAS_RNORM)
             if HAS_TRACK:
                 if j == t_pos:
                     tl.store(state + i_l * stride_sl + t_row * stride_ss + i_hv * V * K + o_v[:, None] * K
@@ -112,7 +113,8 @@ def commit_bv(V: int) -> int:
 
 def gdn_tree_commit_layers_fwd(k, v, g, beta, state, rows, last, parents=None, track_rows=None,
                                track_steps=None, use_qk_l2norm: bool = True, BV: Optional[int] = None,
-                               num_warps: int = 4, ring_rows: Optional[torch.Tensor] = None):
+                               num_warps: int = 4, ring_rows: Optional[torch.Tensor] = None,
+                               rnorm: Optional[torch.Tensor] = None):
     """Launcher of the all-layer replay commit (what the SGLang backend calls); updates ``state`` in place.
 
     Args:
@@ -127,6 +129,8 @@ def gdn_tree_commit_layers_fwd(k, v, g, beta, state, rows, last, parents=None, t
             path node after which each is taken (``-1``: none).
         ring_rows (torch.Tensor): `[B]` rows of k/v/g/beta holding each request's verify inputs
             (default ``rows``: buffers kept per state slot).
+        rnorm (torch.Tensor): `[L, R, NR, Hk]` fp32, optional, with ``use_qk_l2norm``: each key's inverse L2 norm as
+            the verify stored it (the ring's fifth buffer), read instead of formed again by every program.
     """
     L, S, NR, HK, K = k.shape
     HV, V = v.shape[3], v.shape[4]
@@ -146,18 +150,25 @@ def gdn_tree_commit_layers_fwd(k, v, g, beta, state, rows, last, parents=None, t
         raise ValueError(f"parents must be [>= B, <= NR] = [>={B}, <={NR}], got {tuple(parents.shape)}")
     if (track_rows is None) != (track_steps is None):
         raise ValueError("track_rows and track_steps go together")
+    if rnorm is not None and (tuple(rnorm.shape) != (L, S, NR, HK) or rnorm.dtype != torch.float32
+                              or not rnorm.is_contiguous() or not use_qk_l2norm):
+        raise ValueError(f"rnorm must be contiguous fp32 [L, R, NR, Hk] = {(L, S, NR, HK)} with use_qk_l2norm, got "
+                         f"{tuple(rnorm.shape)} {rnorm.dtype}")
     NP = parents.shape[1] if parents is not None else NR
     BN = triton.next_power_of_2(max(NP, 2))
     BK = triton.next_power_of_2(K)
     BV = BV or commit_bv(V)
     dummy = rows
     gdn_tree_commit_layers_fwd_kernel[(triton.cdiv(V, BV), B * HV, L)](
-        k, v, g, beta, state, rows, ring_rows, parents.contiguous() if parents is not None else dummy, last,
+        k, v, g, beta, rnorm if rnorm is not None else g, state, rows, ring_rows,
+        parents.contiguous() if parents is not None else dummy, last,
         track_rows if track_rows is not None else dummy, track_steps if track_steps is not None else dummy,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1), state.stride(0),
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1), g.stride(0), g.stride(1),
+        rnorm.stride(0) if rnorm is not None else 0, rnorm.stride(1) if rnorm is not None else 0, state.stride(0),
         state.stride(1), NP,
         HK=HK, HV=HV, K=K, V=V, BN=BN, BK=BK, BV=BV, USE_QK_L2NORM=use_qk_l2norm,
-        HAS_PARENTS=parents is not None, HAS_TRACK=track_rows is not None, num_warps=num_warps,
+        HAS_PARENTS=parents is not None, HAS_TRACK=track_rows is not None, HAS_RNORM=rnorm is not None,
+        num_warps=num_warps,
     )
     return state
 

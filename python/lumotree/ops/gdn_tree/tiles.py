@@ -126,15 +126,19 @@ def _state_tile(state, state_indices, stride_state, i_b, i_hv, i_v, K: tl.conste
 
 
 @triton.jit
-def _replay_node(b_h, k, v, g, beta, i, i_hk, i_hv, o_k, o_v, mask_k, mask_v,
+def _replay_node(b_h, k, v, g, beta, rnorm, i, i_hk, i_hv, o_k, o_v, mask_k, mask_v,
                  HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                 USE_QK_L2NORM: tl.constexpr):
+                 USE_QK_L2NORM: tl.constexpr, HAS_RNORM: tl.constexpr):
     """Apply node ``i`` kept node-major in one request's buffers (``k`` `[NR, Hk, K]`, ``v``
-    `[NR, Hv, V]`, ``g``/``beta`` `[NR, Hv]`, pointers at the request's row) to the state tile."""
+    `[NR, Hv, V]`, ``g``/``beta`` `[NR, Hv]`, pointers at the request's row) to the state tile. ``HAS_RNORM``:
+    the key's inverse L2 norm is read from ``rnorm`` `[NR, Hk]` (the verify's) instead of formed again."""
     b_k = tl.load(k + (i * HK + i_hk) * K + o_k, mask=mask_k, other=0.0).to(tl.float32)
     b_v = tl.load(v + (i * HV + i_hv) * V + o_v, mask=mask_v, other=0.0).to(tl.float32)
     b_g = tl.load(g + i * HV + i_hv).to(tl.float32)
     b_beta = tl.load(beta + i * HV + i_hv).to(tl.float32)
+    if HAS_RNORM:
+        b_k = b_k * tl.load(rnorm + i * HK + i_hk)
+        return _delta_rule_step(b_h, b_k, b_v, b_g, b_beta, False)
     return _delta_rule_step(b_h, b_k, b_v, b_g, b_beta, USE_QK_L2NORM)
 
 
@@ -200,7 +204,7 @@ def ring_args(ring, ring_rows, state_indices, dims, dummy):
     B, N, HK, K, HV, V = dims
     if ring is None:
         return (dummy, dummy, dummy, dummy, dummy, 0, 0, 0)
-    rk, rv, rg, rb = ring
+    rk, rv, rg, rb = ring[:4]
     if state_indices is None:
         raise ValueError("ring stores need state_indices (padded requests, slot -1, store nothing)")
     ring_rows = state_indices if ring_rows is None else ring_rows
@@ -208,9 +212,11 @@ def ring_args(ring, ring_rows, state_indices, dims, dummy):
         raise ValueError(f"ring_rows must have >= {B} entries, got {tuple(ring_rows.shape)}")
     if (tuple(rk.shape[1:]) != (rk.shape[1], HK, K) or tuple(rv.shape[2:]) != (HV, V) or rk.shape[1] < N
             or tuple(rg.shape[1:]) != (rk.shape[1], HV) or rb.shape != rg.shape
-            or not all(t.is_contiguous() for t in ring)):
-        raise ValueError("ring must be contiguous (k [S, NR, Hk, K], v [S, NR, Hv, V], g/beta [S, NR, Hv]) "
-                         f"with NR >= {N}, got {[tuple(t.shape) for t in ring]}")
+            or (len(ring) == 5 and (tuple(ring[4].shape) != (rk.shape[0], rk.shape[1], HK)
+                                    or ring[4].dtype != torch.float32))
+            or len(ring) not in (4, 5) or not all(t.is_contiguous() for t in ring)):
+        raise ValueError("ring must be contiguous (k [S, NR, Hk, K], v [S, NR, Hv, V], g/beta [S, NR, Hv], optional "
+                         f"fp32 inverse key norms [S, NR, Hk]) with NR >= {N}, got {[tuple(t.shape) for t in ring]}")
     return (ring_rows, rk, rv, rg, rb, rk.stride(0), rv.stride(0), rg.stride(0))
 
 

@@ -45,11 +45,11 @@ MIX_MAX_NODES = 64  # the mix verify holds a tree as [BT, BT] tiles; beyond, the
 @triton.jit
 def gdn_tree_mix_prep_fwd_kernel(
     q, k, g, beta, A_log, dt_bias, mix, state_indices, anc_mask, num_nodes,
-    ring_rows, ring_k, ring_v, ring_g, ring_beta, stride_rk, stride_rv, stride_rg,
+    ring_rows, ring_k, ring_v, ring_g, ring_beta, stride_rk, stride_rv, stride_rg, ring_rnorm, stride_rr,
     scale, N, stride_qt, stride_kt,
     HK: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
     PRECISION: tl.constexpr, USE_QK_L2NORM: tl.constexpr, HAS_STATE_INDICES: tl.constexpr,
-    FUSED_GATING: tl.constexpr, STORE_RING: tl.constexpr, HEADS: tl.constexpr,
+    FUSED_GATING: tl.constexpr, STORE_RING: tl.constexpr, HEADS: tl.constexpr, STORE_RNORM: tl.constexpr,
 ):
     """Mix verify, pass 1 (one program per request and ``HEADS`` value heads of a key head's group): the Gram
     matrices ``k k^T`` and ``q k^T`` of the key head, then per value head the gates, ``T`` and the mixing
@@ -85,6 +85,9 @@ def gdn_tree_mix_prep_fwd_kernel(
         if store & (j0 == 0):
             tl.store(ring_k + r_row * stride_rk + (o_t[:, None] * HK + i_hk) * K + o_k[None, :],
                      b_k.to(ring_k.dtype.element_ty), mask=m_t[:, None] & m_k[None, :])
+            if STORE_RNORM:  # the key's inverse L2 norm, for a commit that does not form it again
+                tl.store(ring_rnorm + r_row * stride_rr + o_t * HK + i_hk,
+                         1.0 / tl.sqrt(tl.sum(b_k * b_k, 1) + 1e-6), mask=m_t)
     if USE_QK_L2NORM:
         b_q = _l2norm_rows(b_q)
         b_k = _l2norm_rows(b_k)
@@ -187,7 +190,8 @@ def gdn_tree_mix_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=No
         g, beta (torch.Tensor): `[B, N, Hv]` the gates; or the raw ``A_log, a, dt_bias, b`` (fused gating).
         precision (str): ``tl.dot`` input precision: ``tf32x3`` (fp32-accurate, served), ``tf32``, ``ieee``.
         ring (tuple): optional ``(k, v, g, beta)`` buffers `[R, NR, Hk, K]`, `[R, NR, Hv, V]`,
-            `[R, NR, Hv]` x2 (``NR >= N``): raw k, v and the gates are stored at row ``ring_rows[b]``
+            `[R, NR, Hv]` x2 (``NR >= N``), and optionally fp32 ``rnorm`` `[R, NR, Hk]` (each key's inverse L2
+            norm, with ``use_qk_l2norm``): raw k, v and the gates are stored at row ``ring_rows[b]``
             (default ``state_indices[b]``) for :func:`~lumotree.ops.gdn_tree.commit.gdn_tree_commit_layers_fwd`.
     """
     fused = g is None
@@ -217,15 +221,19 @@ def gdn_tree_mix_verify_fwd(q, k, v, state, tree: Optional[TreeDescriptor], g=No
         out = torch.empty(B, N, HV, V, dtype=q.dtype, device=q.device)
     dummy = state
     r_rows, rk, rv, rg, rb, srk, srv, srg = ring_args(ring, ring_rows, state_indices, (B, N, HK, K, HV, V), dummy)
+    rnorm = ring[4] if ring is not None and len(ring) == 5 else None
+    if rnorm is not None and not use_qk_l2norm:
+        raise ValueError("a ring's inverse key norms need use_qk_l2norm")
     si = state_indices if state_indices is not None else dummy
     mix = torch.empty(B * HV * (2 * BT * BT + BT), dtype=torch.float32, device=q.device)
     gdn_tree_mix_prep_fwd_kernel[(B * HK * (group // prep_heads),)](
         q, k, (a if fused else g).contiguous(), (b if fused else beta).contiguous(),
         A_log if fused else dummy, dt_bias if fused else dummy, mix, si, anc_mask.contiguous(), num_nodes,
-        r_rows, rk, rv, rg, rb, srk, srv, srg, scale, N, sq, sk,
+        r_rows, rk, rv, rg, rb, srk, srv, srg, rnorm if rnorm is not None else dummy,
+        rnorm.stride(0) if rnorm is not None else 0, scale, N, sq, sk,
         HK=HK, HV=HV, K=K, BT=BT, BK=BK, PRECISION=precision, USE_QK_L2NORM=use_qk_l2norm,
         HAS_STATE_INDICES=state_indices is not None, FUSED_GATING=fused, STORE_RING=ring is not None,
-        HEADS=prep_heads, num_warps=prep_warps,
+        HEADS=prep_heads, STORE_RNORM=rnorm is not None, num_warps=prep_warps,
     )
     gdn_tree_mix_apply_fwd_kernel[(triton.cdiv(V, BV), B * HV)](
         q, k, v, mix, out, state, si, num_nodes, r_rows, rv, srv, state.stride(0), N, sq, sk, sv,

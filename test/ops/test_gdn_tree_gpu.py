@@ -96,6 +96,21 @@ def test_verify_and_commit_match_reference(kind, B, N, Hk, Hv, K, V, dtype, impl
                                        ring_rows=ring_rows)
         assert_close("served commit from the verify's buffers", p_ref, p_srv[0],
                      1e-4 if dtype == torch.float32 else 5e-3)
+        # the launcher options the tile sweep times: pass 1 with one value head per program, storing each key's
+        # inverse L2 norm in a fifth ring buffer, and the commit reading it -- the same outputs, stores and state
+        ring5 = (*(torch.zeros_like(t) for t in ring), torch.zeros(B + 1, NR, Hk, device=DEV))
+        o5 = fwd(x["q"], x["k"], x["v"], x["pool"], tree, A_log=x["A_log"], a=x["a"], dt_bias=x["dt_bias"], b=x["b"],
+                 use_qk_l2norm=True, state_indices=x["rows"], out=torch.zeros_like(o), ring=ring5, ring_rows=ring_rows,
+                 prep_heads=1)
+        assert torch.equal(o5, of) and all(torch.equal(a_, b_) for a_, b_ in zip(ring5, ring))
+        for i in range(B):
+            n, r = int(nums[i]), ring_rows[i].long()
+            assert_close("stored inverse key norms", 1 / (x["k"][i, :n].float().pow(2).sum(-1) + 1e-6).sqrt(),
+                         ring5[4][r, :n], 1e-6)
+        p_rn = x["pool"].clone()[None]
+        tri.gdn_tree_commit_layers_fwd(*(t[None] for t in ring), p_rn, x["rows"], ends.int(), sgp,
+                                       ring_rows=ring_rows, rnorm=ring5[4][None].contiguous())
+        assert_close("commit reading the stored key norms", p_srv, p_rn, 1e-6)
         if DEV == "cuda":  # the tiling that faulted transposed on the H200 is refused, not launched
             with pytest.raises(ValueError, match="needs BV >= 16"):
                 fwd(x["q"], x["k"], x["v"], x["pool"], tree, x["g"], x["beta"], BV=64, num_warps=8,

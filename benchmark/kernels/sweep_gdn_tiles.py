@@ -175,13 +175,20 @@ def main():
     ap.add_argument("--layers", type=int, default=24,
                     help="GDN layers of the commit's one launch (the served 32-layer cut of Qwen3.5-27B: 24)")
     ap.add_argument("--ops", default="commit,verify")
+    ap.add_argument("--commit-bv", default=",".join(map(str, COMMIT_BV)))
+    ap.add_argument("--commit-warps", default=",".join(map(str, COMMIT_WARPS)))
+    ap.add_argument("--verify-bv", default=",".join(map(str, VERIFY_BV)))
+    ap.add_argument("--verify-warps", default=",".join(map(str, VERIFY_WARPS)))
+    ap.add_argument("--prep-warps", default=",".join(map(str, PREP_WARPS)))
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     ops = args.ops.split(",")
     meta = dict(command="python3 " + " ".join(sys.argv))
     rows, t0 = [], time.time()
-    commit_cfgs = list(itertools.product(COMMIT_BV, COMMIT_WARPS, COMMIT_NORMS))
-    verify_cfgs = list(itertools.product(VERIFY_BV, VERIFY_WARPS, PREP_WARPS, PREP_HEADS))
+    ints = lambda text: [int(x) for x in text.split(",")]  # noqa: E731
+    commit_cfgs = list(itertools.product(ints(args.commit_bv), ints(args.commit_warps), COMMIT_NORMS))
+    verify_cfgs = list(itertools.product(ints(args.verify_bv), ints(args.verify_warps), ints(args.prep_warps),
+                                         PREP_HEADS))
     for model in args.models.split(","):
         for tree_name in args.trees.split(","):
             for B in map(int, args.batches.split(",")):

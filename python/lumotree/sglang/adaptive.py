@@ -324,9 +324,7 @@ class TreeSizePolicy:
         if unexplored:  # fewest samples first; drafting first, which also measures the acceptance
             return self._start_run(st, min(unexplored, key=lambda c: (st.samples[c], -c)))
         rates = {c: self.rate(batch, c) for c in self.candidates}
-        best = max(self.candidates, key=rates.__getitem__)
-        if st.chosen is not None and st.chosen != best and rates[best] < (1 + MARGIN) * rates[st.chosen]:
-            best = st.chosen  # hysteresis
+        best = self._kept(rates, st.chosen)
         if st.probed and best == st.chosen:  # the decision right after a probe run left the choice
             st.probe_every = min(2 * st.probe_every, self.settings.probe_max)
         if best != st.chosen or st.probed:  # changes, and what each probe measured (probes are rare: logged too)
@@ -363,11 +361,16 @@ class TreeSizePolicy:
         rates = {c: self.rate(batch, c) for c in self.candidates}
         if any(r is None for r in rates.values()):
             return None
-        best = max(self.candidates, key=rates.__getitem__)
         st = self.buckets.get(bucket(batch))
-        chosen = st.chosen if st is not None else None
+        return self._kept(rates, st.chosen if st is not None else None)
+
+    @staticmethod
+    def _kept(rates: Dict[int, float], chosen: Optional[int]) -> int:
+        """The candidate of the best estimated rate, unless the bucket's last choice is within ``MARGIN`` of it
+        (hysteresis)."""
+        best = max(rates, key=rates.__getitem__)
         if chosen is not None and chosen != best and rates[best] < (1 + MARGIN) * rates[chosen]:
-            best = chosen
+            return chosen
         return best
 
     def may_draft(self, low: int, high: int) -> bool:

@@ -118,6 +118,20 @@ def main():
                       bf16_gates=False)
         rows.append(dict(kernel="all-layer replay commit (per layer), swept tiling", BV=BV, warps=warps, **r))
         print(json.dumps(rows[-1]), flush=True)
+    for BV, warps in ((16, 4), (32, 8)):  # the commit reading the key norms the verify stored
+        consts = dict(SHAPE, BN=16, BK=128, BV=BV, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=False,
+                      HAS_RNORM=True)
+        r = resources(commit.gdn_tree_commit_layers_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV),
+                      bf16_gates=False)
+        rows.append(dict(kernel="all-layer replay commit (per layer), stored key norms", BV=BV, warps=warps, **r))
+        print(json.dumps(rows[-1]), flush=True)
+    for heads, rnorm in ((1, False), (3, True)):  # pass 1 with one value head per program; storing the key norms
+        consts = dict(HK=16, HV=48, K=128, BT=16, BK=128, PRECISION="tf32x3", USE_QK_L2NORM=True,
+                      HAS_STATE_INDICES=True, FUSED_GATING=True, STORE_RING=True, HEADS=heads, STORE_RNORM=rnorm)
+        r = resources(verify.gdn_tree_mix_prep_fwd_kernel, consts, 2, BATCH * 16 * (3 // heads))
+        rows.append(dict(kernel="mix verify, pass 1, " + ("one value head per program" if heads == 1 else
+                                                          "storing the key norms"), BT=16, warps=2, **r))
+        print(json.dumps(rows[-1]), flush=True)
     for BV, warps in ((16, 1), (32, 2), (32, 1), (128, 4)):
         consts = dict(HK=16, HV=48, K=128, V=128, BT=16, BK=128, BV=BV, PRECISION="tf32x3", USE_QK_L2NORM=True,
                       HAS_STATE_INDICES=True, STORE_RING=True)

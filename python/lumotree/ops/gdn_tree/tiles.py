@@ -138,8 +138,10 @@ def _replay_node(b_h, k, v, g, beta, rnorm, i, i_hk, i_hv, o_k, o_v, mask_k, mas
     b_beta = tl.load(beta + i * HV + i_hv).to(tl.float32)
     if HAS_RNORM:
         b_k = b_k * tl.load(rnorm + i * HK + i_hk)
-        return _delta_rule_step(b_h, b_k, b_v, b_g, b_beta, False)
-    return _delta_rule_step(b_h, b_k, b_v, b_g, b_beta, USE_QK_L2NORM)
+        b_h = _delta_rule_step(b_h, b_k, b_v, b_g, b_beta, False)
+    else:
+        b_h = _delta_rule_step(b_h, b_k, b_v, b_g, b_beta, USE_QK_L2NORM)
+    return b_h
 
 
 @triton.jit

@@ -109,21 +109,17 @@ def main():
     r = resources(commit.gdn_tree_commit_fwd_kernel, consts, 4, BATCH * 48 * 8)
     rows.append(dict(kernel="replay commit (public op)", BV=16, warps=4, **r))
     print(json.dumps(rows[-1]), flush=True)
-    # the tilings benchmark/kernels/sweep_gdn_tiles.py times: what limits each one's occupancy
-    for BV, warps in ((8, 1), (8, 2), (8, 4), (8, 8), (16, 1), (16, 2), (16, 8), (32, 2), (32, 4), (32, 8), (64, 4),
-                      (64, 8)):
+    # the tilings benchmark/kernels/sweep_gdn_tiles.py times: what limits each one's occupancy (and two of them
+    # reading the key norms the verify stored)
+    swept = [(bv, w, False) for bv, w in ((8, 1), (8, 2), (8, 4), (8, 8), (16, 1), (16, 2), (16, 8), (32, 2), (32, 4),
+                                          (32, 8), (64, 4), (64, 8))] + [(16, 4, True), (32, 8, True)]
+    for BV, warps, rnorm in swept:
         consts = dict(SHAPE, BN=16, BK=128, BV=BV, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=False,
-                      HAS_RNORM=False)
+                      HAS_RNORM=rnorm)
         r = resources(commit.gdn_tree_commit_layers_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV),
                       bf16_gates=False)
-        rows.append(dict(kernel="all-layer replay commit (per layer), swept tiling", BV=BV, warps=warps, **r))
-        print(json.dumps(rows[-1]), flush=True)
-    for BV, warps in ((16, 4), (32, 8)):  # the commit reading the key norms the verify stored
-        consts = dict(SHAPE, BN=16, BK=128, BV=BV, USE_QK_L2NORM=True, HAS_PARENTS=True, HAS_TRACK=False,
-                      HAS_RNORM=True)
-        r = resources(commit.gdn_tree_commit_layers_fwd_kernel, consts, warps, BATCH * 48 * (128 // BV),
-                      bf16_gates=False)
-        rows.append(dict(kernel="all-layer replay commit (per layer), stored key norms", BV=BV, warps=warps, **r))
+        rows.append(dict(kernel="all-layer replay commit (per layer), " + ("stored key norms" if rnorm else
+                                                                           "swept tiling"), BV=BV, warps=warps, **r))
         print(json.dumps(rows[-1]), flush=True)
     for heads, rnorm in ((1, False), (3, True)):  # pass 1 with one value head per program; storing the key norms
         consts = dict(HK=16, HV=48, K=128, BT=16, BK=128, PRECISION="tf32x3", USE_QK_L2NORM=True,

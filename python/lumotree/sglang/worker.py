@@ -334,10 +334,15 @@ def cold_draft_input(draft_input, topk: int) -> None:
     tokens are the same token. With scores ``2^-1 > 2^-2 > ...`` a child (its score its parent's times
     a probability below 1) always ranks below its parent, so the tree is whole; the tokens are still a
     guess (the draft's first level is cold), so this step's acceptance is not counted either."""
-    bs = draft_input.topk_p.shape[0]
-    p, idx = _cold_rows(topk, draft_input.topk_p.device)
-    draft_input.topk_p = p.expand(bs, topk).clone()  # a copy each: later steps own (filter, merge) them
-    draft_input.topk_index = idx.expand(bs, topk).clone()
+    draft_input.topk_p, draft_input.topk_index = cold_first_level(draft_input.topk_p.shape[0], topk,
+                                                                  draft_input.topk_p.device)
+
+
+def cold_first_level(bs: int, topk: int, device):
+    """``(topk_p, topk_index)`` `[bs, topk]` of a cold start (:func:`cold_draft_input`), a copy each: later steps
+    own (filter, merge) them."""
+    p, idx = _cold_rows(topk, device)
+    return p.expand(bs, topk).clone(), idx.expand(bs, topk).clone()
 
 
 @functools.lru_cache(maxsize=None)
@@ -443,7 +448,7 @@ def worker_class():
 
             self._mtp_entries.clear_slots(batch.out_cache_loc)
             bs = next_token_ids.shape[0]
-            p, idx = _cold_rows(self.topk, next_token_ids.device)
+            topk_p, topk_index = cold_first_level(bs, self.topk, next_token_ids.device)
             hidden_size, dtype = get_draft_recurrent_hidden_state_spec(self._draft_worker.draft_runner)
             hidden = (None if hidden_size is None else
                       torch.zeros((bs, hidden_size), dtype=dtype, device=next_token_ids.device))
@@ -451,9 +456,8 @@ def worker_class():
             if self.prefills_without_draft == 1:
                 logger.info("LumoTree adaptive: prefills whose decode steps serve no draft skip the MTP draft-extend "
                             "(their prompts' MTP entries zeroed)")
-            return EagleDraftInput(topk_p=p.expand(bs, self.topk).clone(), topk_index=idx.expand(bs, self.topk).clone(),
-                                   hidden_states=hidden, bonus_tokens=next_token_ids, num_tokens_per_req=1,
-                                   num_tokens_for_logprob_per_req=1)
+            return EagleDraftInput(topk_p=topk_p, topk_index=topk_index, hidden_states=hidden,
+                                   bonus_tokens=next_token_ids, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)
 
         def init_cuda_graphs(self):
             super().init_cuda_graphs()

@@ -120,3 +120,48 @@ def test_only_a_no_draft_step_clears_its_tokens_entries(monkeypatch, chosen):
                              req_pool_indices=torch.tensor([5, 1, 2, 0]))  # padded past the batch's 3 rows
     assert w._forward(decode) == "sglang"
     assert calls == ([([5, 1, 2], [9, 4, 7])] if chosen == 0 else [])
+
+
+@pytest.mark.parametrize("candidates,builds", [(None, True), ([3], False)])
+def test_the_worker_builds_its_entries_once_sglang_has_allocated_the_pools(tmp_path, monkeypatch, candidates, builds):
+    """SGLang's scheduler builds the speculative worker first and allocates the pools after (``alloc_memory_pool``):
+    the worker's constructor must not read the draft runner's pools, which are ``None`` then (it once did, and every
+    adaptive LUMOTREE server stopped at start-up). Once they exist, an adaptive server that can serve no draft finds
+    the MTP layer's entries and hooks the prefill's draft-extend; a fixed tree does neither."""
+    import json
+
+    import sglang.srt.speculative.eagle_worker_v2 as ew
+
+    from lumotree.sglang.worker import worker_class
+
+    pool, attn = _pool_and_layers()
+    runner = SimpleNamespace(model=torch.nn.ModuleList(attn), token_to_kv_pool=None, req_to_token_pool=None,
+                             server_args=SimpleNamespace(enable_unified_memory=False))
+    prefill_extend = object()
+    draft_worker = SimpleNamespace(draft_runner=runner, _draft_extend_for_prefill=prefill_extend,
+                                   _draft_extend_for_decode=lambda batch, out: None)
+
+    def sglang_init(self, server_args, *args, **kwargs):  # what the constructor needs of EAGLEWorkerV2's
+        self.server_args, self.speculative_num_steps, self.topk = server_args, 3, 1
+        self._draft_worker = draft_worker
+
+    def sglang_alloc(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
+        runner.req_to_token_pool, runner.token_to_kv_pool = req_to_token_pool, pool
+
+    monkeypatch.setattr(ew.EAGLEWorkerV2, "__init__", sglang_init)
+    monkeypatch.setattr(ew.EAGLEWorkerV2, "alloc_memory_pool", sglang_alloc)
+    config = None
+    if candidates is not None:
+        config = tmp_path / "fixed.json"
+        config.write_text(json.dumps({"candidate_steps": candidates}))
+    args = SimpleNamespace(speculative_algorithm="LUMOTREE", speculative_num_steps=3, speculative_eagle_topk=1,
+                           speculative_num_draft_tokens=4, speculative_adaptive_config=str(config) if config else None,
+                           tp_size=1, dp_size=1, disable_overlap_schedule=True)
+    w = worker_class()(args)  # the pools are None here
+    assert w._mtp_entries is None
+    w.alloc_memory_pool(req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(6, 16, dtype=torch.int32)))
+    if builds:
+        assert w._mtp_entries is not None and w._mtp_entries.layers == list(attn) and w._mtp_entries.max_rows == 6
+        assert draft_worker._draft_extend_for_prefill is not prefill_extend  # the prefill's draft-extend is hooked
+    else:
+        assert w._mtp_entries is None and draft_worker._draft_extend_for_prefill is prefill_extend

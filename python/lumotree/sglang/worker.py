@@ -388,6 +388,13 @@ def worker_class():
             self.prefills = self.prefills_without_draft = 0  # prefill batches, those that skipped the draft-extend
             if self.tree_policy is not None and 0 in self.tree_policy.candidates:
                 self._skip_draft_extend_without_draft()
+
+        def alloc_memory_pool(self, *args, **kwargs):
+            """SGLang's pools, then (an adaptive server that can serve no draft) the MTP layer's entries that no-draft
+            steps and prefills without the draft-extend zero: the draft runner has no pools before this call (the
+            scheduler allocates them after building the workers)."""
+            super().alloc_memory_pool(*args, **kwargs)
+            if self.tree_policy is not None and 0 in self.tree_policy.candidates and self._mtp_entries is None:
                 self._mtp_entries = MtpEntries.of_runner(self._draft_worker.draft_runner)
                 if self._mtp_entries is not None:  # (unified memory: its stale entries would stay; always extend)
                     self._skip_prefill_draft_extend_without_draft()

@@ -175,3 +175,42 @@ def test_a_server_s_first_batches_served_from_the_host_are_each_compared(monkeyp
     for n in (1, 2, 2, 2):  # the first two compared (SGLang's method ran), then served from the host alone
         assert resolve(fm, [1], calls).seq_lens_cpu.tolist() == [11] and calls.n == n
     assert fm.lumotree_host_lengths.checked == 2 and fm.lumotree_host_lengths.on
+
+
+def test_sglang_copies_host_lengths_for_lumotree_suffix_and_not_for_lumotree_on_triton():
+    """Which servers the hook can serve at all: SGLang's own decision for the served backends (Triton full attention,
+    LumoTree's GDN backend, SGLang's Triton draft backends). LUMOTREE_SUFFIX runs NGRAM's loop, which always copies;
+    a LUMOTREE server on these backends copies nothing, so there is no wait to skip."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend, TritonMultiStepDraftBackend
+    from sglang.srt.managers.overlap_utils import decide_needs_cpu_seq_lens
+
+    from lumotree.sglang import plugin
+    from lumotree.sglang.backend import LumoTreeGDNBackend
+
+    plugin.register()
+    # LumoTree's hybrid backend keeps SGLang's rule: its full or its linear backend's need
+    target = SimpleNamespace(needs_cpu_seq_lens=TritonAttnBackend.needs_cpu_seq_lens
+                             or LumoTreeGDNBackend.needs_cpu_seq_lens)
+    backends = [target, TritonMultiStepDraftBackend, TritonAttnBackend]
+
+    def needs(algorithm):
+        return decide_needs_cpu_seq_lens(SimpleNamespace(enable_two_batch_overlap=False,
+                                                         speculative_algorithm=algorithm), backends)
+
+    assert needs(plugin.SUFFIX_ALGORITHM) is True and needs(plugin.ALGORITHM) is False
+
+
+def test_a_map_that_copies_no_host_lengths_says_so_once(caplog):
+    fm, calls = future_map(), Calls()
+    fm.needs_cpu_seq_lens = False
+    hl.publish_known(publisher(fm, [1]), torch.tensor([11]), torch.tensor([1]), torch.tensor([11]))
+    with caplog.at_level(logging.INFO, logger=hl.__name__):
+        for _ in range(3):
+            assert resolve(fm, [1], calls).seq_lens_cpu is None
+    assert calls.n == 3 and caplog.text.count(hl.UNNEEDED_LINE) == 1 and hl.SERVED_LINE not in caplog.text
+    fm2 = future_map()  # one that copies: never says it
+    hl.publish_known(publisher(fm2, [1]), torch.tensor([11]), torch.tensor([1]), torch.tensor([11]))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=hl.__name__):
+        resolve(fm2, [1], calls)
+    assert hl.UNNEEDED_LINE not in caplog.text and hl.SERVED_LINE in caplog.text

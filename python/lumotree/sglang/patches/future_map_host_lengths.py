@@ -7,7 +7,10 @@ from the device and synchronizes that stream -- the accepted lengths of a drafte
 step LumoTree serves without a draft (``lumotree.sglang.decode_step``: every row + 1) and a prefill (its input
 lengths) publish lengths the host already holds. Served at 32 concurrent agents (tiny model, H200, run
 ``32-agents-nodraft-floor`` of ``benchmark/results/agents_h200.json``) that wait took 0.13 ms of a no-draft step's
-2.75 ms median (no speculation's decode step 2.56 ms, which has no such wait).
+2.75 ms median (no speculation's decode step 2.56 ms, which has no such wait). SGLang copies host lengths only where
+the loop is NGRAM's (LUMOTREE_SUFFIX: always) or one of the step's attention backends declares
+``needs_cpu_seq_lens``; a LUMOTREE server on the Triton backends (as served) declares none, waits for nothing, and
+this hook leaves it alone (it says so once in the log).
 
 How: SGLang's ``HookRegistry`` (``HookType.AROUND``) on ``FutureMap.publish`` and ``FutureMap.resolve_seq_lens_cpu``.
 LumoTree's own publishes of host-known lengths go through :func:`publish_known`, which names the lengths' host copy
@@ -37,6 +40,9 @@ CHECK_EVERY = 64  # served batches between two comparisons with SGLang's device 
 CHECK_FIRST = 16  # and the first this many, each (a server's first steps show a wrong record at once)
 MISMATCH_LINE = "host lengths differ from the device's"  # the error's start, if a comparison finds a difference
 SERVED_LINE = "a speculative batch's lengths were all published from the host"  # logged once, at the first
+# logged once where SGLang copies no host lengths for this server (its attention backends declare none, e.g. a LUMOTREE
+# server on the Triton backends): no wait to skip, the record stays unused
+UNNEEDED_LINE = "this server's attention backends take no host lengths"
 
 _pending = None  # (new_seq_lens tensor, rows_cpu, lens_cpu) of the publish being made by publish_known
 
@@ -107,6 +113,9 @@ def resolve_seq_lens_cpu(original, self, batch, *args, **kwargs):
     rec = self.__dict__.get("lumotree_host_lengths")
     spec = getattr(batch, "spec_info", None)
     fi = getattr(spec, "future_indices", None) if spec is not None else None
+    if not self.needs_cpu_seq_lens and fi is not None and not self.__dict__.get("lumotree_said_unneeded"):
+        self.lumotree_said_unneeded = True
+        logger.info("LumoTree: %s (SGLang copies none, so there is no wait to skip)", UNNEEDED_LINE)
     if (rec is None or fi is None or self.publish_ready is None or not self.needs_cpu_seq_lens
             or _sglang_debug()):
         return original(self, batch, *args, **kwargs)

@@ -208,6 +208,7 @@ def test_a_map_that_copies_no_host_lengths_says_so_once(caplog):
         for _ in range(3):
             assert resolve(fm, [1], calls).seq_lens_cpu is None
     assert calls.n == 3 and caplog.text.count(hl.UNNEEDED_LINE) == 1 and hl.SERVED_LINE not in caplog.text
+    assert "lumotree_host_lengths" not in fm.__dict__  # nor does it keep a record
     fm2 = future_map()  # one that copies: never says it
     hl.publish_known(publisher(fm2, [1]), torch.tensor([11]), torch.tensor([1]), torch.tensor([11]))
     caplog.clear()

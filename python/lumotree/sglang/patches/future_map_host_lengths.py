@@ -93,6 +93,8 @@ def publish(original, self, future_indices, new_seq_lens, *args, **kwargs):
     global _pending
     known, _pending = _pending, None
     out = original(self, future_indices, new_seq_lens, *args, **kwargs)
+    if not self.needs_cpu_seq_lens:  # SGLang copies no host lengths for this server: nothing to record
+        return out
     if known is not None and known[0] is new_seq_lens and known[1].shape[0] == future_indices.shape[0]:
         _record_of(self).record(known[1], known[2])
     elif "lumotree_host_lengths" in self.__dict__:

@@ -661,9 +661,8 @@ CONFIGS["lumotree-sync"] = CONFIGS["lumotree"] + ["--disable-overlap-schedule"]
 # to set its per-step cost beside no speculation's on the same sessions (profiles)
 CONFIGS["lumotree-suffix-nodraft"] = CONFIGS["lumotree-suffix"] + [
     "--speculative-adaptive-config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_draft.json")]
-# the same for LUMOTREE (the EAGLE V2 loop with the MTP head): on the tiny model its pinned no-draft server's decode
-# windows in SGLang's log read 245-265 tokens/s at one request against no speculation's 383-476 (H100, the GPU test
-# test_served_no_draft_gpu.py), a host cost the 27B shape hides; this times its parts (--step-timing)
+# the same for LUMOTREE (the EAGLE V2 loop with the MTP head): its no-draft step's host cost on the tiny model
+# (docs/performance.md, serving speed), timed in parts with --step-timing
 CONFIGS["lumotree-nodraft"] = CONFIGS["lumotree"] + [
     "--speculative-adaptive-config", os.path.join(os.path.dirname(os.path.abspath(__file__)), "no_draft.json")]
 # LUMOTREE_SUFFIX's per-request draft choice with its default settings written out (lumotree.sglang.request_choice):

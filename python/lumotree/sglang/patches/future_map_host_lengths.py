@@ -115,11 +115,12 @@ def resolve_seq_lens_cpu(original, self, batch, *args, **kwargs):
     rec = self.__dict__.get("lumotree_host_lengths")
     spec = getattr(batch, "spec_info", None)
     fi = getattr(spec, "future_indices", None) if spec is not None else None
-    if not self.needs_cpu_seq_lens and fi is not None and not self.__dict__.get("lumotree_said_unneeded"):
-        self.lumotree_said_unneeded = True
-        logger.info("LumoTree: %s (SGLang copies none, so there is no wait to skip)", UNNEEDED_LINE)
-    if (rec is None or fi is None or self.publish_ready is None or not self.needs_cpu_seq_lens
-            or _sglang_debug()):
+    if not self.needs_cpu_seq_lens:  # SGLang's method copies nothing: no wait to skip
+        if fi is not None and not self.__dict__.get("lumotree_said_unneeded"):
+            self.lumotree_said_unneeded = True
+            logger.info("LumoTree: %s (SGLang copies none, so there is no wait to skip)", UNNEEDED_LINE)
+        return original(self, batch, *args, **kwargs)
+    if rec is None or fi is None or self.publish_ready is None or _sglang_debug():
         return original(self, batch, *args, **kwargs)
     lens = rec.lookup(getattr(batch, "req_pool_indices_cpu", None))
     if lens is None or lens.shape[0] != fi.shape[0]:

@@ -1,10 +1,11 @@
-"""docs/serving_speed_h200.png from benchmark/results/serving_speed_h200.json (needs matplotlib):
+"""docs/serving_speed_<device>.png from benchmark/results/serving_speed_<device>.json (needs matplotlib):
 client tokens/s relative to no speculation, per batch, for every configuration of each run, one panel per
 controlled acceptance (``accept_p``; 0.0: drafts that miss). A run without no-speculation rows at a batch
 takes them from the runs its ``none_from`` names.
 
-    python3 benchmark/serving/plot_serving_speed.py
+    python3 benchmark/serving/plot_serving_speed.py [--device h200|h100]
 """
+import argparse
 import json
 import os
 
@@ -14,8 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RES = os.path.join(HERE, "..", "results", "serving_speed_h200.json")
-OUT = os.path.join(HERE, "..", "..", "docs", "serving_speed_h200.png")
+DEVICES = {"h200": "one H200", "h100": "one H100 80GB"}
 
 
 def ratios(runs):
@@ -37,7 +37,12 @@ def ratios(runs):
 
 
 def main():
-    runs = json.load(open(RES))["runs"]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=sorted(DEVICES), default="h200")
+    device = ap.parse_args().device
+    res = os.path.join(HERE, "..", "results", f"serving_speed_{device}.json")
+    out = os.path.join(HERE, "..", "..", "docs", f"serving_speed_{device}.png")
+    runs = json.load(open(res))["runs"]
     series = ratios(runs)
     panels = sorted({p for p, _ in series}, key=lambda p: -(p or 0.0))
     fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), squeeze=False)
@@ -54,10 +59,10 @@ def main():
                title="drafts that miss" if not p else f"controlled acceptance p = {p}")
         ax.set_xticks(batches, [str(b) for b in batches])
         ax.legend(fontsize=7)
-    fig.suptitle("Serving speed vs no speculation, Qwen3.5-27B shapes, 32 layers, one H200")
+    fig.suptitle(f"Serving speed vs no speculation, Qwen3.5-27B shapes, 32 layers, {DEVICES[device]}")
     fig.tight_layout()
-    fig.savefig(OUT, dpi=110)
-    print(OUT)
+    fig.savefig(out, dpi=110)
+    print(out)
 
 
 if __name__ == "__main__":

@@ -987,6 +987,8 @@ def main():
         finished[name].set()
 
     names = [c + args.tag for c in args.configs.split(",")]  # the rows' order: the command's
+    for d in {os.path.dirname(os.path.abspath(args.out)), args.log_dir}:  # a fresh machine has neither folder
+        os.makedirs(d, exist_ok=True)
 
     def save():
         with lock:  # rows in the command's order of configurations and levels, whichever server finished first

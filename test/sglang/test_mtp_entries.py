@@ -135,8 +135,10 @@ def test_the_worker_builds_its_entries_once_sglang_has_allocated_the_pools(tmp_p
     from lumotree.sglang.worker import worker_class
 
     pool, attn = _pool_and_layers()
-    runner = SimpleNamespace(model=torch.nn.ModuleList(attn), token_to_kv_pool=None, req_to_token_pool=None,
-                             server_args=SimpleNamespace(enable_unified_memory=False))
+    own, head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 16, bias=False)
+    target = torch.nn.ModuleList([torch.nn.Linear(4, 4), head])  # the head is the target's (shared), not the draft's
+    runner = SimpleNamespace(model=torch.nn.ModuleList(attn + [own, head]), token_to_kv_pool=None,
+                             req_to_token_pool=None, server_args=SimpleNamespace(enable_unified_memory=False))
     prefill_extend = object()
     draft_worker = SimpleNamespace(draft_runner=runner, _draft_extend_for_prefill=prefill_extend,
                                    _draft_extend_for_decode=lambda batch, out: None)
@@ -144,6 +146,7 @@ def test_the_worker_builds_its_entries_once_sglang_has_allocated_the_pools(tmp_p
     def sglang_init(self, server_args, *args, **kwargs):  # what the constructor needs of EAGLEWorkerV2's
         self.server_args, self.speculative_num_steps, self.topk = server_args, 3, 1
         self._draft_worker = draft_worker
+        self._target_worker = SimpleNamespace(model_runner=SimpleNamespace(model=target))
 
     def sglang_alloc(self, memory_pool_config=None, req_to_token_pool=None, token_to_kv_pool_allocator=None):
         runner.req_to_token_pool, runner.token_to_kv_pool = req_to_token_pool, pool
@@ -157,8 +160,13 @@ def test_the_worker_builds_its_entries_once_sglang_has_allocated_the_pools(tmp_p
     args = SimpleNamespace(speculative_algorithm="LUMOTREE", speculative_num_steps=3, speculative_eagle_topk=1,
                            speculative_num_draft_tokens=4, speculative_adaptive_config=str(config) if config else None,
                            tp_size=1, dp_size=1, disable_overlap_schedule=True)
+    from lumotree.sglang import capacity
+
+    capacity.note_draft_bytes(0)
     w = worker_class()(args)  # the pools are None here
     assert w._mtp_entries is None
+    # the draft's own weights, noted for the state pool's sizing (lumotree.sglang.capacity), which follows
+    assert capacity.draft_bytes() == (8 * 8 + 8) * 4
     w.alloc_memory_pool(req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(6, 16, dtype=torch.int32)))
     if builds:
         assert w._mtp_entries is not None and w._mtp_entries.layers == list(attn) and w._mtp_entries.max_rows == 6

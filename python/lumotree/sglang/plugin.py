@@ -209,6 +209,9 @@ def _spec_class():
         def handle_server_args(self, server_args) -> None:
             from sglang.srt.arg_groups.speculative_hook import _handle_eagle_family
 
+            from lumotree.sglang.capacity import take_running_cap
+
+            take_running_cap(server_args, ALGORITHM)  # before SGLang's, which sets 48 where the flag is absent
             _handle_eagle_family(server_args)
             configure_server_args(server_args)
             from lumotree.sglang.adaptive import (adaptive_tree_size, candidate_steps, check_fixed_tree_config,
@@ -297,6 +300,9 @@ def _suffix_spec_class(lumotree_backend: bool = True, size_tree: bool = True):
             if server_args.speculative_ngram_max_trie_depth == 18:  # SGLang's default: too short a context
                 server_args.speculative_ngram_max_trie_depth = DEFAULT_CONTEXT
             if size_tree:  # LUMOTREE_SUFFIX (the benchmark oracles keep SGLang's NGRAM defaults)
+                from lumotree.sglang.capacity import take_running_cap
+
+                take_running_cap(server_args, SUFFIX_ALGORITHM)  # before SGLang's 48 and the tree sizes it buckets
                 default_suffix_budget(server_args)
             _handle_ngram(server_args)
             if lumotree_backend:
@@ -360,9 +366,10 @@ def register() -> None:
     prefill_delayer_idle.install()
     prefill_delayer_early.install()
     if os.environ.get(ENV_ACTIVE) == "1":  # before the step timer's hook on the same method, which then times it too
-        from lumotree.sglang.patches import future_map_host_lengths
+        from lumotree.sglang.patches import future_map_host_lengths, state_slots_as_no_spec
 
         future_map_host_lengths.install()
+        state_slots_as_no_spec.install()
     if os.environ.get("LUMOTREE_BENCH_ORACLE_P"):
         _register_oracle(SpeculativeAlgorithm, get_spec, float(os.environ["LUMOTREE_BENCH_ORACLE_P"]))
     from lumotree.sglang import draft_oracle  # benchmark only: a no-op unless LUMOTREE_BENCH_DRAFT_ORACLE_P is set

@@ -36,7 +36,7 @@ import types
 
 import torch
 
-from lumotree.sglang import adaptive, shared_times, step_timing
+from lumotree.sglang import adaptive, capacity, shared_times, step_timing
 from lumotree.sglang.mtp_entries import MtpEntries
 from lumotree.sglang.scheduling import publish_prefill_early
 
@@ -368,6 +368,9 @@ def worker_class():
 
         def __init__(self, server_args, *args, **kwargs):
             super().__init__(server_args, *args, **kwargs)
+            # the scheduler sizes the pools after this: its state slots come as without the draft (lumotree.sglang.capacity)
+            capacity.note_draft_bytes(capacity.draft_weight_bytes(self._draft_worker.draft_runner.model,
+                                                                  self._target_worker.model_runner.model))
             steps = (adaptive.candidate_steps(server_args) if adaptive.adaptive_tree_size(server_args)
                      else [self.speculative_num_steps])
             # one candidate that is the configured tree: a fixed tree, no policy ([0] pins the no-draft step)

@@ -4,11 +4,14 @@ Two things in SGLang 0.5.17 make a speculative server run fewer requests at once
 speculation, and at batch 64 and up that alone decides the race (the requests beyond the cap wait for a second wave):
 
 * **The running cap.** Without ``--max-running-requests``, SGLang's argument handling for EAGLE-family and NGRAM
-  speculation sets it to 48; without speculation the cap is memory's. A LUMOTREE or LUMOTREE_SUFFIX server that can
-  serve no draft (adaptive, the default: large batches serve plain decode steps) takes :func:`default_running`
-  instead -- the largest batch SGLang captures decode CUDA graphs for on this GPU (256 on an H100 or H200) -- so that
-  memory caps it as it caps no speculation. A fixed tree (the decode-exact mode, data parallelism) keeps SGLang's 48;
-  an explicit flag is kept as given.
+  speculation sets it to 48; without speculation the cap is memory's. A LUMOTREE server that can serve no draft
+  (adaptive, the default: large batches serve plain decode steps) takes :func:`default_running` instead -- the
+  largest batch SGLang captures decode CUDA graphs for on this GPU (256 on an H100 or H200) -- so that memory caps it
+  as it caps no speculation. Its price: SGLang's verify graphs keep KV-index buffers of (running x draft tokens x
+  context length) int64, 2 GiB for 256 x 4 at a 262k-token context (no speculation's decode graphs: a quarter of
+  that), taken from the memory outside the pools. A fixed tree (the decode-exact mode, data parallelism) keeps
+  SGLang's 48; an explicit flag is kept as given. LUMOTREE_SUFFIX keeps 48: its 32-node trees would make those
+  buffers eight times larger (its agent workloads run up to 32 requests).
 * **The state slots.** SGLang sizes a hybrid model's state pool (``max_mamba_cache_size``; with the radix cache it
   allows ``slots // 3`` running requests) from the memory left after the weights, shared between state slots and KV
   tokens by ``--mamba-full-memory-ratio``. A speculative server's draft weights are counted first, and the ring
@@ -38,7 +41,7 @@ _draft = {"bytes": 0}  # the draft model's own weights in this process (set by t
 
 
 def serves_no_draft(server_args) -> bool:
-    """Whether a LUMOTREE / LUMOTREE_SUFFIX server may serve a step without a draft: adaptive, and 0 among the
+    """Whether a LUMOTREE server may serve a step without a draft: adaptive, and 0 among the
     candidates (every default; ``--speculative-adaptive-config`` may leave it out). Read before SGLang resolves the
     tree flags, so the config's list is only looked at here; it is validated once they are resolved."""
     from lumotree.sglang.adaptive import _config, adaptive_tree_size

@@ -300,9 +300,6 @@ def _suffix_spec_class(lumotree_backend: bool = True, size_tree: bool = True):
             if server_args.speculative_ngram_max_trie_depth == 18:  # SGLang's default: too short a context
                 server_args.speculative_ngram_max_trie_depth = DEFAULT_CONTEXT
             if size_tree:  # LUMOTREE_SUFFIX (the benchmark oracles keep SGLang's NGRAM defaults)
-                from lumotree.sglang.capacity import take_running_cap
-
-                take_running_cap(server_args, SUFFIX_ALGORITHM)  # before SGLang's 48 and the tree sizes it buckets
                 default_suffix_budget(server_args)
             _handle_ngram(server_args)
             if lumotree_backend:

@@ -354,6 +354,10 @@ def main():
                     help="one-token passes of the batch before each measured pass; the row's prefill_seconds is "
                          "their median (single ones varied by ~30 ms at batch 1)")
     ap.add_argument("--port", type=int, default=30000)
+    ap.add_argument("--running-cap", choices=("flags", "batches"), default="flags",
+                    help="flags: no --max-running-requests, each server its own default (no speculation: memory's; "
+                         "SGLang's speculative servers: 48; LUMOTREE: the decode graphs' largest batch), what a user "
+                         "gets; batches: --max-running-requests the largest of --batches for every server")
     ap.add_argument("--mem-fraction-static", type=float, default=0.7,
                     help="SGLang's static memory share (the suite runs the tiny model at 0.3; at 0.7 its servers "
                          "were once killed with -9, cause not established)")
@@ -385,8 +389,9 @@ def main():
         model = write_config(os.path.join(args.log_dir, "dummy-" + args.shape), args.shape)
         extra = ["--load-format", "dummy", "--skip-tokenizer-init"]
     base = ["--attention-backend", "triton", "--disable-piecewise-cuda-graph", "--cuda-graph-max-bs", str(max(batches)),
-            "--max-running-requests", str(max(batches)), "--mem-fraction-static", str(args.mem_fraction_static),
-            "--log-level", "info"] + (["--tp-size", str(args.tp)] if args.tp > 1 else [])
+            "--mem-fraction-static", str(args.mem_fraction_static), "--log-level", "info"]
+    base += ["--max-running-requests", str(max(batches))] if args.running_cap == "batches" else []
+    base += ["--tp-size", str(args.tp)] if args.tp > 1 else []
     rng = random.Random(0)
     prompts = [[rng.randrange(1000, 100000) for _ in range(args.input_len)] for _ in range(max(batches))]
     res = dict(command="python3 " + " ".join(sys.argv), model=model, shape=None if args.model else SHAPES[args.shape],

@@ -117,6 +117,7 @@ fixed = sys.argv[2]
 out = {}
 for name, extra in (("none", []), ("lumotree", ["--speculative-algorithm", "LUMOTREE"]),
                     ("lumotree_32", ["--speculative-algorithm", "LUMOTREE", "--max-running-requests", "32"]),
+                    ("lumotree_graphs_8", ["--speculative-algorithm", "LUMOTREE", "--cuda-graph-max-bs", "8"]),
                     ("lumotree_fixed", ["--speculative-algorithm", "LUMOTREE", "--speculative-adaptive-config", fixed]),
                     ("suffix", ["--speculative-algorithm", "LUMOTREE_SUFFIX"]),
                     ("nextn", ["--speculative-algorithm", "NEXTN"]), ("ngram", ["--speculative-algorithm", "NGRAM"])):
@@ -128,8 +129,8 @@ print("RESULT " + json.dumps(out))
 
 def test_a_lumotree_server_without_the_flag_is_not_capped_at_sglangs_speculative_48(tmp_path):
     """Without ``--max-running-requests`` SGLang caps its speculative servers at 48 running requests; a LumoTree
-    server that can serve no draft takes the decode graphs' largest batch instead (memory then caps it as it caps no
-    speculation). The flag, a fixed tree (no no-draft step) and LUMOTREE_SUFFIX keep what SGLang does."""
+    server that can serve no draft takes 256 (or its decode graphs' largest batch, if larger) instead, and memory
+    caps it as it caps no speculation; a smaller ``--cuda-graph-max-bs`` does not lower it. The flag, a fixed tree (no no-draft step) and LUMOTREE_SUFFIX keep what SGLang does."""
     if not os.path.isfile(os.path.join(CKPT, "config.json")):
         pytest.skip("tiny checkpoint not in this checkout")
     fixed = tmp_path / "fixed.json"
@@ -138,7 +139,7 @@ def test_a_lumotree_server_without_the_flag_is_not_capped_at_sglangs_speculative
     r, = _run(script)
     graphs = r["none"][1]
     assert r["none"][0] is None and graphs > 48
-    assert r["lumotree"][0] == graphs
+    assert r["lumotree"][0] == max(capacity.RUNNING, graphs) and r["lumotree_graphs_8"][0] == capacity.RUNNING
     assert r["lumotree_32"][0] == 32
     assert r["lumotree_fixed"][0] == 48 and r["nextn"][0] == 48 and r["ngram"][0] == 48
     assert r["suffix"][0] == 48  # its 32-node verify graphs' buffers grow with the cap

@@ -64,6 +64,18 @@ def test_no_draft_step_decodes_like_no_speculation(tmp_path, no_speculation, alg
         # (the first 16 such batches, then every 64th) found no difference
         assert hl.SERVED_LINE in log and hl.UNNEEDED_LINE not in log
     assert "LumoTree: " + hl.MISMATCH_LINE not in log
+    if algorithm == "LUMOTREE":  # capacity as without speculation (lumotree.sglang.capacity)
+        from lumotree.sglang.capacity import RUNNING
+
+        def slots(text):
+            return int(re.search(r"Mamba Cache is allocated\. max_mamba_cache_size: (\d+)", text).group(1))
+
+        def running(text):
+            return int(re.search(r"max_running_requests=(\d+), context_len", text).group(1))
+
+        assert "state slots, as the server would have without speculation" in log
+        assert slots(log) >= 0.98 * slots(ref_log), (slots(log), slots(ref_log))  # (allocator noise aside)
+        assert running(log) >= min(RUNNING, 0.98 * running(ref_log)), (running(log), running(ref_log))
     # its decode graphs are captured at the sizes the server without speculation captured (1, 2, 4, 8 here),
     # not at the speculative list's (1..8), so its batches pad as that server's do
     none_bs = re.search(r"Capture target decode CUDA graph begin\..*?bs=(\[[0-9, ]*\])", ref_log)

@@ -5,11 +5,12 @@ speculation, and at batch 64 and up that alone decides the race (the requests be
 
 * **The running cap.** Without ``--max-running-requests``, SGLang's argument handling for EAGLE-family and NGRAM
   speculation sets it to 48; without speculation the cap is memory's. A LUMOTREE server that can serve no draft
-  (adaptive, the default: large batches serve plain decode steps) takes :func:`default_running` instead -- the
-  largest batch SGLang captures decode CUDA graphs for on this GPU (256 on an H100 or H200) -- so that memory caps it
-  as it caps no speculation. Its price: SGLang's verify graphs keep KV-index buffers of (running x draft tokens x
-  context length) int64, 2 GiB for 256 x 4 at a 262k-token context (no speculation's decode graphs: a quarter of
-  that), taken from the memory outside the pools. A fixed tree (the decode-exact mode, data parallelism) keeps
+  (adaptive, the default: large batches serve plain decode steps) takes :func:`default_running` instead -- 256,
+  or the decode CUDA graphs' largest batch where that is larger -- so that memory caps it as it caps no speculation
+  (a smaller ``--cuda-graph-max-bs`` does not cap it: batches above it run eager, as without speculation). Its price:
+  SGLang's verify graphs keep KV-index buffers of (their largest batch x draft tokens x context length) int64, 2 GiB
+  for 256 x 4 at a 262k-token context (no speculation's decode graphs: a quarter of that), taken from the memory
+  outside the pools. A fixed tree (the decode-exact mode, data parallelism) keeps
   SGLang's 48; an explicit flag is kept as given. LUMOTREE_SUFFIX keeps 48: its 32-node trees would make those
   buffers eight times larger (its agent workloads run up to 32 requests).
 * **The state slots.** SGLang sizes a hybrid model's state pool (``max_mamba_cache_size``; with the radix cache it
@@ -34,7 +35,7 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-RUNNING_WITHOUT_GRAPHS = 256  # the running cap where SGLang has no decode CUDA-graph size (graphs off)
+RUNNING = 256  # a LUMOTREE server's running cap without the flag (SGLang's decode-graph default from 60 GB of GPU memory)
 OURS = ("LUMOTREE", "LUMOTREE_SUFFIX", "LUMOTREE_ORACLE")  # the algorithms on LumoTree's state path
 MIN_KV_KEPT = 0.5  # the share of SGLang's own KV memory that sizing slots as without speculation must leave
 _draft = {"bytes": 0}  # the draft model's own weights in this process (set by the worker before the pools)
@@ -53,11 +54,11 @@ def serves_no_draft(server_args) -> bool:
 
 
 def default_running(server_args) -> int:
-    """The running cap of a LumoTree server without ``--max-running-requests`` that can serve no draft: the largest
-    batch of SGLang's decode CUDA graphs on this GPU (``cuda_graph_config.decode.max_bs``, chosen from the GPU's
-    memory before the speculative arguments are handled), :data:`RUNNING_WITHOUT_GRAPHS` without one."""
+    """The running cap of a LUMOTREE server without ``--max-running-requests`` that can serve no draft:
+    :data:`RUNNING`, or the largest batch of its decode CUDA graphs (``cuda_graph_config.decode.max_bs``) where that is
+    larger."""
     graphs = getattr(getattr(server_args, "cuda_graph_config", None), "decode", None)
-    return int(getattr(graphs, "max_bs", None) or RUNNING_WITHOUT_GRAPHS)
+    return max(RUNNING, int(getattr(graphs, "max_bs", None) or 0))
 
 
 def take_running_cap(server_args, algorithm: str) -> None:

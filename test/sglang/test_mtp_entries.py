@@ -136,12 +136,19 @@ def test_the_worker_builds_its_entries_once_sglang_has_allocated_the_pools(tmp_p
 
     pool, attn = _pool_and_layers()
     own, head = torch.nn.Linear(8, 8), torch.nn.Linear(8, 16, bias=False)
-    target = torch.nn.ModuleList([torch.nn.Linear(4, 4), head])  # the head is the target's (shared), not the draft's
+    target = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(8, 16, bias=False)])
     runner = SimpleNamespace(model=torch.nn.ModuleList(attn + [own, head]), token_to_kv_pool=None,
                              req_to_token_pool=None, server_args=SimpleNamespace(enable_unified_memory=False))
     prefill_extend = object()
+    shared = []
+
+    def init_lm_head():  # SGLang's: the draft's head replaced by the target's (its own freed)
+        runner.model[-1] = target[1]
+        shared.append(runner.req_to_token_pool)
+
     draft_worker = SimpleNamespace(draft_runner=runner, _draft_extend_for_prefill=prefill_extend,
-                                   _draft_extend_for_decode=lambda batch, out: None)
+                                   _draft_extend_for_decode=lambda batch, out: None,
+                                   init_token_map=lambda: None, init_lm_head=init_lm_head)
 
     def sglang_init(self, server_args, *args, **kwargs):  # what the constructor needs of EAGLEWorkerV2's
         self.server_args, self.speculative_num_steps, self.topk = server_args, 3, 1
@@ -165,8 +172,9 @@ def test_the_worker_builds_its_entries_once_sglang_has_allocated_the_pools(tmp_p
     capacity.note_draft_bytes(0)
     w = worker_class()(args)  # the pools are None here
     assert w._mtp_entries is None
-    # the draft's own weights, noted for the state pool's sizing (lumotree.sglang.capacity), which follows
-    assert capacity.draft_bytes() == (8 * 8 + 8) * 4
+    # before the pools: the target's head shared (the draft's copy freed), then the draft's own weights noted for
+    # the state pool's sizing (lumotree.sglang.capacity)
+    assert shared == [None] and capacity.draft_bytes() == (8 * 8 + 8) * 4
     w.alloc_memory_pool(req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(6, 16, dtype=torch.int32)))
     if builds:
         assert w._mtp_entries is not None and w._mtp_entries.layers == list(attn) and w._mtp_entries.max_rows == 6

@@ -368,7 +368,9 @@ def worker_class():
 
         def __init__(self, server_args, *args, **kwargs):
             super().__init__(server_args, *args, **kwargs)
-            # the scheduler sizes the pools after this: its state slots come as without the draft (lumotree.sglang.capacity)
+            # the scheduler sizes the pools after this: the draft's copies of the target's tensors freed first, then its
+            # state slots come as without the draft (lumotree.sglang.capacity)
+            capacity.share_draft_head(self._draft_worker)
             capacity.note_draft_bytes(capacity.draft_weight_bytes(self._draft_worker.draft_runner.model,
                                                                   self._target_worker.model_runner.model))
             steps = (adaptive.candidate_steps(server_args) if adaptive.adaptive_tree_size(server_args)

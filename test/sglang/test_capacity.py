@@ -58,7 +58,9 @@ def size(extra, hooked, rest=REST, draft=DRAFT):
     cfg._calculate_mamba_ratio = types.MethodType(kc.KVCacheConfigurator._calculate_mamba_ratio, cfg)
     capacity.note_draft_bytes(draft)
     kv = capacity.size_state_slots(original, cfg, rest) if hooked else original(cfg, rest)
-    return {"kv": kv, "slots": rc.get_schedule().max_mamba_cache_size}
+    # the running cap SGLang then derives (plenty of KV tokens: the state slots decide)
+    running = kc.KVCacheConfigurator.resolve_max_num_reqs(cfg, 10 ** 6)
+    return {"kv": kv, "slots": rc.get_schedule().max_mamba_cache_size, "running": running}
 
 
 LT = ["--speculative-algorithm", "LUMOTREE"]
@@ -73,6 +75,9 @@ out = {
     "lumotree_big_draft_sglang": size(LT, False, draft=int(1.5 * (1 << 30))),
     "lumotree_big_draft": size(LT, True, draft=int(1.5 * (1 << 30))),  # the KV pool would keep too little
     "nextn_sglang": size(NEXTN, False), "nextn": size(NEXTN, True),  # not LumoTree's: SGLang's sizing
+    # memory for ~64 requests' states (the H100 27B run's regime): the running cap follows the slots
+    "none_64": size([], False, rest=0.08 + 0.02), "lumotree_64_sglang": size(LT, False, rest=0.08, draft=2 ** 30 // 50),
+    "lumotree_64": size(LT, True, rest=0.08, draft=2 ** 30 // 50),
 }
 print("RESULT " + json.dumps(out))
 """
@@ -105,6 +110,8 @@ def test_a_lumotree_server_gets_the_state_slots_of_no_speculation():
     assert r["lumotree_user_slots"]["slots"] == 40
     assert r["lumotree_big_draft"] == r["lumotree_big_draft_sglang"]
     assert r["nextn"] == r["nextn_sglang"] and r["nextn"]["slots"] < none
+    # where the state slots cap the running requests, a LUMOTREE server runs as many as no speculation
+    assert r["lumotree_64_sglang"]["running"] < r["none_64"]["running"] == r["lumotree_64"]["running"] < 256
 
 
 PARSE = r"""

@@ -173,3 +173,44 @@ def test_the_sizing_hook_is_registered_on_sglangs_method():
     finally:
         HookRegistry._hooks[patch.TARGET] = saved
         patches.forget(patch.TARGET)
+
+
+def test_sharing_the_draft_head_early_leaves_the_target_whole_when_sglang_shares_it_again(monkeypatch):
+    """The worker runs SGLang's ``EagleDraftWorker.init_lm_head`` before the pools are sized, and SGLang runs it again
+    after: with Qwen3.5's MTP model (its own ``set_embed_and_head`` / ``set_lm_head_from_target``) the second call
+    deletes and re-sets the weight of what is by then the target's LM head module. The target must keep its tensors,
+    the draft must hold the target's, and the draft's own copies must be gone after the first call."""
+    from types import SimpleNamespace
+
+    import sglang.srt.speculative.eagle_worker_v2 as ew
+    from sglang.srt.models.qwen3_5_mtp import Qwen3_5ForCausalLMMTP
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+
+    def model(vocab=32, hidden=8):
+        m = torch.nn.Module()
+        m.model = torch.nn.Module()
+        m.model.embed_tokens = torch.nn.Embedding(vocab, hidden)
+        m.lm_head = torch.nn.Linear(hidden, vocab, bias=False)
+        return m
+
+    target = model()
+    target.get_embed_and_head = lambda: (target.model.embed_tokens.weight, target.lm_head.weight)
+    draft = model()
+    draft.config = SimpleNamespace(tie_word_embeddings=False)
+    draft.set_embed_and_head = Qwen3_5ForCausalLMMTP.set_embed_and_head.__get__(draft)
+    draft.set_lm_head_from_target = Qwen3_5ForCausalLMMTP.set_lm_head_from_target.__get__(draft)
+    worker = SimpleNamespace(target_worker=SimpleNamespace(model_runner=SimpleNamespace(model=target)),
+                             draft_runner=SimpleNamespace(model=draft), speculative_algorithm=SimpleNamespace(
+                                 is_eagle3=lambda: False), hot_token_id=None)
+    embed, head = target.model.embed_tokens.weight, target.lm_head.weight
+    own = draft.model.embed_tokens.weight, draft.lm_head.weight
+    worker.init_token_map = lambda: None
+    worker.init_lm_head = lambda: ew.EagleDraftWorker.init_lm_head(worker)
+    capacity.share_draft_head(worker)  # LumoTree's, before the pools
+    assert draft.model.embed_tokens.weight is embed and draft.lm_head is target.lm_head
+    assert capacity.draft_weight_bytes(draft, target) == 0 and all(o is not embed and o is not head for o in own)
+    ew.EagleDraftWorker.init_lm_head(worker)  # SGLang's, after the pools
+    assert target.model.embed_tokens.weight is embed and target.lm_head.weight is head
+    assert draft.model.embed_tokens.weight is embed and draft.lm_head.weight is head

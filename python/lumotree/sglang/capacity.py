@@ -10,8 +10,8 @@ speculation, and at batch 64 and up that alone decides the race (the requests be
   (a smaller ``--cuda-graph-max-bs`` does not cap it: batches above it run eager, as without speculation). Its price:
   SGLang's verify graphs keep KV-index buffers of (their largest batch x draft tokens x context length) int64, 2 GiB
   for 256 x 4 at a 262k-token context (no speculation's decode graphs: a quarter of that), taken from the memory
-  outside the pools. A fixed tree (the decode-exact mode, data parallelism) keeps
-  SGLang's 48; an explicit flag is kept as given. LUMOTREE_SUFFIX keeps 48: its 32-node trees would make those
+  outside the pools. A fixed tree (the decode-exact mode, data parallelism) keeps SGLang's 48; an explicit flag is
+  kept as given. LUMOTREE_SUFFIX keeps 48: its 32-node trees would make those
   buffers eight times larger (its agent workloads run up to 32 requests).
 * **The state slots.** SGLang sizes a hybrid model's state pool (``max_mamba_cache_size``; with the radix cache it
   allows ``slots // 3`` running requests) from the memory left after the weights, shared between state slots and KV
@@ -80,8 +80,8 @@ def _tensors(module):
 
 def draft_weight_bytes(draft, target) -> int:
     """Bytes of the storages of ``draft``'s parameters and buffers that ``target``'s do not share (each counted
-    once): what the draft model holds beyond the target (SGLang shares the embedding and LM head only after the
-    pools are sized, so they count until then)."""
+    once): what the draft model holds beyond the target (after :func:`share_draft_head`, the MTP layer's own
+    weights)."""
     shared = {t.untyped_storage().data_ptr() for t in _tensors(target)}
     seen, total = set(), 0
     for t in _tensors(draft):

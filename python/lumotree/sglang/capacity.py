@@ -82,16 +82,25 @@ def draft_weight_bytes(draft, target) -> int:
     """Bytes of the storages of ``draft``'s parameters and buffers that ``target``'s do not share (each counted
     once): what the draft model holds beyond the target (after :func:`share_draft_head`, the MTP layer's own
     weights)."""
-    shared = {t.untyped_storage().data_ptr() for t in _tensors(target)}
+    shared = {_storage(t)[0] for t in _tensors(target)}
     seen, total = set(), 0
     for t in _tensors(draft):
-        storage = t.untyped_storage()
-        ptr = storage.data_ptr()
+        ptr, nbytes = _storage(t)
         if ptr in shared or ptr in seen:
             continue
         seen.add(ptr)
-        total += storage.nbytes()
+        total += nbytes
     return total
+
+
+def _storage(t):
+    """``(address, bytes)`` of ``t``'s storage; a tensor without one (a subclass, a meta tensor) by its own
+    address and size."""
+    try:
+        storage = t.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return ("tensor", id(t)), t.numel() * t.element_size()
 
 
 def share_draft_head(draft_worker) -> None:

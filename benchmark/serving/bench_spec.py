@@ -356,7 +356,7 @@ def main():
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--running-cap", choices=("flags", "batches"), default="flags",
                     help="flags: no --max-running-requests, each server its own default (no speculation: memory's; "
-                         "SGLang's speculative servers: 48; LUMOTREE: the decode graphs' largest batch), what a user "
+                         "SGLang's speculative servers: 48; LUMOTREE: 256, memory permitting), what a user "
                          "gets; batches: --max-running-requests the largest of --batches for every server")
     ap.add_argument("--mem-fraction-static", type=float, default=0.7,
                     help="SGLang's static memory share (the suite runs the tiny model at 0.3; at 0.7 its servers "

@@ -39,6 +39,8 @@ logger = logging.getLogger(__name__)
 
 RUNNING = 256  # a LUMOTREE server's running cap without the flag (SGLang's decode-graph default from 60 GB of GPU memory)
 OURS = ("LUMOTREE", "LUMOTREE_SUFFIX", "LUMOTREE_ORACLE")  # the algorithms on LumoTree's state path
+# logged when a LumoTree server's state slots are sized as without speculation (the served GPU test reads it)
+SLOTS_LINE = "state slots, as the server would have without speculation"
 MIN_KV_KEPT = 0.5  # the share of SGLang's own KV memory that sizing slots as without speculation must leave
 _draft = {"bytes": 0}  # the draft model's own weights in this process (set by the worker before the pools)
 
@@ -158,7 +160,7 @@ def size_state_slots(original, configurator, rest_gib: float, *args, **kwargs) -
         logger.warning("LumoTree: %d state slots as without speculation would leave the KV pool %.2f GiB of the %.2f "
                        "SGLang's sizing leaves it; kept SGLang's %d slots", want, kv, kv_own, own)
         return kv_own
-    logger.info("LumoTree: %d state slots, as the server would have without speculation (SGLang's sizing: %d); the "
-                "draft's %.2f GiB of weights and the per-slot rings come out of the KV pool (%.2f GiB left for it, "
-                "%.2f with SGLang's)", want, own, draft_gib, kv, kv_own)
+    logger.info("LumoTree: %d %s (SGLang's sizing: %d); the draft's %.2f GiB of weights and the per-slot rings come "
+                "out of the KV pool (%.2f GiB left for it, %.2f with SGLang's)", want, SLOTS_LINE, own, draft_gib, kv,
+                kv_own)
     return kv

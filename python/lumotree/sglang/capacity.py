@@ -19,7 +19,7 @@ speculation, and at batch 64 and up that alone decides the race (the requests be
   buffers of the pool layout LumoTree runs on (``enable_linear_replayssm_spec``, released again by LumoTree's backend)
   are charged per slot, so it gets fewer slots. Served on one H100 at the Qwen3.5-27B 32-layer shape, the MTP layer's
   3.69 GiB of weights left LUMOTREE (and SGLang's NEXTN) 164 slots, 54 requests, against no speculation's 192 and 64:
-  0.65x no speculation at batch 64 where drafts miss (``benchmark/results/serving_speed_h100.json``). Through
+  0.65x no speculation at batch 64 where drafts miss (an H100 run before this module; git history). Through
   :mod:`lumotree.sglang.patches.state_slots_as_no_spec`, a LumoTree server gets the slots SGLang would size without
   speculation -- from its memory plus the draft's own weights (:func:`draft_weight_bytes`, noted by the worker before
   the pools are sized), without the rings -- and the draft's memory comes out of the KV pool instead: a hybrid model
@@ -29,6 +29,10 @@ speculation, and at batch 64 and up that alone decides the race (the requests be
   kept where the user set ``--max-mamba-cache-size``, where ``--max-running-requests`` sizes the pool (radix cache
   off), with pipeline or data-parallel attention, where it already gives as many slots, and where the KV pool would
   keep less than :data:`MIN_KV_KEPT` of what SGLang's own sizing leaves it (logged).
+
+Served on one H200 at that shape (``benchmark/results/serving_speed_h200.json``): 473 state slots and 157 running
+requests, as no speculation, where SGLang's own sizing gave 458 (0.79 GiB of draft weights once the head is shared;
+36.26 GiB left for the KV pool against 37.36).
 """
 from __future__ import annotations
 

@@ -5,7 +5,8 @@ memory left after the weights, and with the radix cache that pool caps the runni
 speculative server's draft weights are counted first and the ring buffers of the pool layout LumoTree runs on
 (``enable_linear_replayssm_spec``; LumoTree's backend releases them) are charged per slot, so it runs fewer requests at
 once than no speculation: 54 against 64 on one H100 at the Qwen3.5-27B 32-layer shape, 0.65x no speculation at batch
-64 where drafts miss (``benchmark/results/serving_speed_h100.json``). No registry lets a speculative algorithm size
+64 where drafts miss (an H100 run before this hook). With it, on one H200: 473 slots and 157 running requests, as no
+speculation (``benchmark/results/serving_speed_h200.json``). No registry lets a speculative algorithm size
 the state pool.
 
 How: SGLang's ``HookRegistry`` (``HookType.AROUND`` on the method), installed in the processes of a LUMOTREE or

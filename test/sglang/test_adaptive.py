@@ -1004,3 +1004,61 @@ def test_may_draft_follows_acceptance_and_a_pinned_no_draft_never_drafts():
     assert measured_policy(accept=3.0).may_draft(64, 128) is True  # 64 x 4 / 40 ms > 64 / 15 ms
     assert TreeSizePolicy([0]).may_draft(1, 1) is False
     assert TreeSizePolicy([0, 3]).may_draft(64, 128) is True  # nothing ran yet
+
+
+def test_each_runtime_state_is_captured_at_its_own_sizes(monkeypatch):
+    """At start-up the configured chain's state keeps the server's sizes (SGLang's speculative list), the no-draft
+    state's one-node verify and every shallower chain capture the powers of two and the largest size (the policy times
+    their padded steps as served), and the decode graphs of no-draft steps no speculation's list."""
+    pytest.importorskip("sglang")
+    import contextlib
+
+    import sglang.srt.speculative.eagle_worker_v2 as ew
+    from sglang.srt.model_executor.cuda_graph_config import CudaGraphConfig
+    from sglang.srt.server_args import ServerArgs
+
+    from lumotree.sglang import decode_step
+    from lumotree.sglang.worker import worker_class
+
+    class Args:
+        _generate_decode_cuda_graph_batch_sizes = ServerArgs._generate_decode_cuda_graph_batch_sizes
+        speculative_algorithm, disable_cuda_graph_padding = "LUMOTREE", False
+
+        def __init__(self):
+            self.cuda_graph_config = CudaGraphConfig()
+            self.cuda_graph_config.decode.bs = self._generate_decode_cuda_graph_batch_sizes(128)
+
+    args = Args()
+    spec_list = list(args.cuda_graph_config.decode.bs)
+    assert len(spec_list) == 35
+    built, decode_built = {}, []
+    cls = worker_class()
+    w = bare_worker(cls, TreeSizePolicy([0, 1, 2, 3]), overlap_consistent=False)
+    w._tree_states, w._decodes, w.server_args, w.speculative_num_draft_tokens = {}, True, args, 4
+    w._target_worker = SimpleNamespace(model_runner=SimpleNamespace(server_args=args, attn_backend=None,
+                                                                    decode_cuda_graph_runner=None))
+    w._draft_worker = SimpleNamespace(draft_tp_context=lambda group: contextlib.nullcontext(),
+                                      draft_runner=SimpleNamespace(tp_group=None), draft_attn_backend=None,
+                                      cuda_graph_runner=None, draft_extend_attn_backend=None,
+                                      cuda_graph_runner_for_draft_extend=None, _capture_cuda_graphs=None)
+
+    def build_state(self, steps, tokens, cuda_graph_bs=None):  # what SGLang's runners would capture now
+        built[steps] = (tokens, list(cuda_graph_bs), list(args.cuda_graph_config.decode.bs))
+        return steps
+
+    monkeypatch.setattr(ew.EAGLEWorkerV2, "init_cuda_graphs", lambda self: None)
+    monkeypatch.setattr(ew.EAGLEWorkerV2, "build_adaptive_runtime_state", build_state)
+    monkeypatch.setattr(ew, "check_cuda_graph_backend", lambda phase, backend: False)
+    monkeypatch.setattr(ew, "get_exec", lambda: SimpleNamespace(graph=SimpleNamespace(cuda_graph_bs_decode=None)))
+    monkeypatch.setattr(ew, "speculative_moe_backend_context", contextlib.nullcontext)
+    monkeypatch.setattr(ew, "speculative_moe_a2a_backend_context", contextlib.nullcontext)
+    monkeypatch.setattr(ew, "SpecRuntimeState", lambda **kw: kw)
+    monkeypatch.setattr(decode_step.DecodeStep, "build", classmethod(lambda c, worker, bs: decode_built.append(bs)))
+    cls.init_cuda_graphs(w)
+
+    sparse = [1, 2, 4, 8, 16, 32, 64, 128]
+    assert w._tree_states[3]["speculative_num_draft_tokens"] == 4  # the configured chain: SGLang's own state
+    assert built == {0: (1, sparse, sparse), 1: (2, sparse, sparse), 2: (3, sparse, sparse)}
+    assert decode_built == [Args()._generate_decode_cuda_graph_batch_sizes.__func__(
+        SimpleNamespace(speculative_algorithm=None, disable_cuda_graph_padding=False), 128)]
+    assert args.cuda_graph_config.decode.bs == spec_list  # the server's own list is back

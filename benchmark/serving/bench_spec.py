@@ -30,7 +30,8 @@ one, so ``--oracle-warm-passes`` unmeasured passes at the controlled acceptance 
 ``lumotree-topk2-fixed-oracle`` serves the tree on every step.
 
 Shapes: Qwen3.5-27B's layers cut to 8 or 32 (one GPU), and ``qwen3-next-80b-moe-24l``, Qwen3-Next-80B-A3B's
-MoE layers (512 experts, top 10, a shared expert) cut to 24, its own architecture, for ``--tp 2``:
+MoE layers (512 experts, top 10, a shared expert) cut to 24, its own architecture, for ``--tp 2``
+(``qwen3-next-80b-moe-12l``: the same layers cut to 12, for one GPU):
 
     python3 benchmark/serving/bench_spec.py --shape qwen3-next-80b-moe-24l --tp 2 --output-len 128 --oracle-p 0.8 \
         --miss --batches 1,8,32,64,128 --configs none,lumotree-chain-oracle,nextn-chain-replayssm-oracle --out ...
@@ -78,15 +79,16 @@ SHAPES = {  # Qwen3.5-27B's per-layer shapes, fewer layers (dummy weights)
                                     linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
                                     linear_value_head_dim=128),
 }
-# Qwen3-Next-80B-A3B's per-layer config (its MoE: 512 experts, top 10, a shared expert) cut to 24 layers
-# (18 GDN + 6 attention), its own architecture; ~82 GB of bf16 weights with the MTP layer: served with --tp 2
+# Qwen3-Next-80B-A3B's per-layer config (its MoE: 512 experts, top 10, a shared expert), its own architecture,
+# cut to 24 layers (18 GDN + 6 attention; ~82 GB of bf16 weights with the MTP layer: served with --tp 2) or to 12
+# (9 GDN + 3 attention; ~44 GB: one GPU, where no two-GPU machine is lent -- the same MoE verify, per layer)
+_NEXT_MOE = dict(hidden_size=2048, intermediate_size=5120, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                 linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
+                 num_experts=512, num_experts_per_tok=10, moe_intermediate_size=512,
+                 shared_expert_intermediate_size=512, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
 MOE_SHAPES = {
-    "qwen3-next-80b-moe-24l": dict(hidden_size=2048, intermediate_size=5120, num_hidden_layers=24,
-                                   num_attention_heads=16, num_key_value_heads=2, head_dim=256,
-                                   linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128,
-                                   linear_value_head_dim=128, num_experts=512, num_experts_per_tok=10,
-                                   moe_intermediate_size=512, shared_expert_intermediate_size=512,
-                                   norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[]),
+    "qwen3-next-80b-moe-24l": dict(_NEXT_MOE, num_hidden_layers=24),
+    "qwen3-next-80b-moe-12l": dict(_NEXT_MOE, num_hidden_layers=12),
 }
 SHAPES.update(MOE_SHAPES)
 

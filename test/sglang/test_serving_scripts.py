@@ -832,6 +832,9 @@ def test_bench_spec_moe_shape_is_a_qwen3_next_model_lumotree_serves_and_tp_reach
     d = bs.write_config(str(tmp_path / "moe"), "qwen3-next-80b-moe-24l")
     cfg = Qwen3NextConfig.from_pretrained(d)
     assert cfg.layers_block_type.count("linear_attention") == 18 and cfg.layers_block_type.count("attention") == 6
+    one_gpu = Qwen3NextConfig.from_pretrained(bs.write_config(str(tmp_path / "moe12"), "qwen3-next-80b-moe-12l"))
+    assert one_gpu.layers_block_type.count("linear_attention") == 9 and one_gpu.layers_block_type.count("attention") == 3
+    assert (one_gpu.num_experts, one_gpu.num_experts_per_tok, one_gpu.hidden_size) == (512, 10, 2048)
     assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.shared_expert_intermediate_size) == (512, 10, 512)
     check_model_config(cfg, d)  # raises for a model LUMOTREE cannot serve
     assert ModelConfig(d, is_draft_model=True).hf_config.architectures == ["Qwen3NextForCausalLMMTP"]

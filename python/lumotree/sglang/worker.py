@@ -68,20 +68,15 @@ def one_node_verify_graph_bs(cuda_graph_bs, decodes: bool):
     return sparse_graph_bs(cuda_graph_bs) if decodes else cuda_graph_bs
 
 
-def shallower_chain_graph_bs(cuda_graph_bs):
-    """Batch sizes of the CUDA graphs of a shallower chain's runtime state (a ``--speculative-adaptive-config``
-    that lists chains of fewer draft steps than the configured one): :func:`sparse_graph_bs`. Why: each depth's
-    state captures target-verify and draft graphs of its own, ~0.5 s a size at 27B shapes on an H200 (the configured
-    chain's 35 verify sizes took 16.9 s), so two extra depths at every size would add ~35 s of start-up; the policy
-    times each depth's steps as served, padding included, so a depth whose padded step does not pay at a batch
-    size is not chosen there. ``None`` (graphs off) stays ``None``."""
-    return sparse_graph_bs(cuda_graph_bs)
-
-
 def sparse_graph_bs(cuda_graph_bs):
     """The powers of two of ``cuda_graph_bs`` below its largest size, and the largest: the sizes a runtime state
-    that serves only some steps captures, the other batches padded up to them as SGLang pads any batch to a
-    captured size. ``None`` (graphs off) stays ``None``."""
+    that serves only some steps captures (the one-node verify, :func:`one_node_verify_graph_bs`; a shallower chain
+    of a ``--speculative-adaptive-config`` that lists fewer draft steps than the configured chain), the other
+    batches padded up to them as SGLang pads any batch to a captured size. Why for the chains: each depth's state
+    captures target-verify and draft graphs of its own, ~0.5 s a size at 27B shapes on an H200 (the configured
+    chain's 35 verify sizes took 16.9 s), so two extra depths at every size would add ~35 s of start-up; the policy
+    times each depth's steps as served, padding included, so a depth whose padded step does not pay at a batch size
+    is not chosen there. ``None`` (graphs off) stays ``None``."""
     if not cuda_graph_bs:
         return cuda_graph_bs
     sizes = sorted(set(int(b) for b in cuda_graph_bs))
@@ -513,7 +508,7 @@ def worker_class():
                         # no draft: the draft model never runs (no draft, draft-extend skipped), so no draft graphs
                         skip = _no_draft_graphs(dw) if steps == 0 else contextlib.nullcontext()
                         graph_bs = (one_node_verify_graph_bs(cuda_graph_bs, self._decodes) if steps == 0
-                                    else shallower_chain_graph_bs(cuda_graph_bs))
+                                    else sparse_graph_bs(cuda_graph_bs))  # a shallower chain
                         with skip, capture_sizes(self._target_worker.model_runner.server_args, graph_bs):
                             self._tree_states[steps] = self.build_adaptive_runtime_state(
                                 steps, candidate_tokens(steps, self.speculative_num_steps,

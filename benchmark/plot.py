@@ -70,22 +70,23 @@ def served():
 
 def agents():
     """Concurrent agents: tokens/s and p95 turn latency per server, one group per (run, concurrency), every server in
-    the mode its flags alone give (LUMOTREE_SUFFIX: its default prefill delayer and the delayer's hooks, its adaptive
-    choice of no draft, prefill graphs on), the median of 3 flushed repeats with the servers up at once and served in
-    turn: 1, 8 and 32 agents from runs "1-agent-request-choice", "8-agents-request-choice" and
-    "32-agents-request-choice" (one machine; LUMOTREE_SUFFIX's per-request choice, now its default, beside the
-    batch-wide choice it replaced), and 32 agents again from run "32-agents-node-records" (the code before, another
-    machine). Ratios compare within a group, not across groups (machines of the pool differ up to 1.8x)."""
+    the mode its flags alone give (LUMOTREE_SUFFIX: its per-request choice of no draft, its default prefill delayer
+    and the delayer's hooks, prefill graphs on), the median of 3 flushed repeats with the servers up at once and served
+    in turn: 1, 8 and 32 agents from runs "1-agent-flags-alone", "8-agents-flags-alone" and "32-agents-flags-alone"
+    (one H100), and 32 agents again from run "32-agents-request-choice" (an H200; the same choice through its settings
+    file). Ratios compare within a group, not across groups (machines of the pool differ up to 1.8x)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
-    groups = [("1-agent-request-choice", 1, "1 agent"),
-              ("8-agents-request-choice", 8, "8 agents"),
-              ("32-agents-request-choice", 32, "32 agents"),
-              ("32-agents-node-records", 32, "32 agents\n(another machine,\nthe code before)")]
-    names = {"lumotree-suffix-request-quantile": "LUMOTREE_SUFFIX (its default: the per-request choice)",
-             "lumotree-suffix": "LUMOTREE_SUFFIX, the batch-wide choice (removed)", "none": "no speculation",
+    groups = [("1-agent-flags-alone", 1, "1 agent"),
+              ("8-agents-flags-alone", 8, "8 agents"),
+              ("32-agents-flags-alone", 32, "32 agents"),
+              ("32-agents-request-choice", 32, "32 agents\n(an H200, the choice\nby its settings file)")]
+    names = {"lumotree-suffix-request-quantile": "LUMOTREE_SUFFIX (flags alone / its default written out)",
+             "lumotree-suffix": "LUMOTREE_SUFFIX (flags alone / its default written out)", "none": "no speculation",
              "ngram16": "SGLang NGRAM, 16 tokens"}
     rows = [dict(r, agents=label, config=names.get(r["config"], r["config"])) for name, level, label in groups
-            if name in runs for r in runs[name]["rows"] if r["agents"] == level]
+            if name in runs for r in runs[name]["rows"] if r["agents"] == level
+            # the H200 run's lumotree-suffix row is the batch-wide choice since removed
+            and not (name == "32-agents-request-choice" and r["config"] == "lumotree-suffix")]
     configs = list(dict.fromkeys(r["config"] for r in rows))
     levels = list(dict.fromkeys(r["agents"] for r in rows))
     fig, axes = plt.subplots(1, 2, figsize=(14, 3.8))
@@ -101,7 +102,7 @@ def agents():
                 ax.text(x, v, label, ha="center", va="bottom", fontsize=7, rotation=90 if a not in got else 0)
     for ax, ylabel in zip(axes, ("completion tokens/s", "p95 turn latency (s)")):
         ax.set(xticks=range(len(levels)), xticklabels=levels, ylabel=ylabel)
-    axes[0].set_title("SWE-agent-style sessions, tiny model, H200")
+    axes[0].set_title("SWE-agent-style sessions, tiny model, H100 (last group H200)")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(DOCS, "agents_h200.png"), dpi=110)

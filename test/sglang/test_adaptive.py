@@ -1062,3 +1062,33 @@ def test_each_runtime_state_is_captured_at_its_own_sizes(monkeypatch):
     assert decode_built == [Args()._generate_decode_cuda_graph_batch_sizes.__func__(
         SimpleNamespace(speculative_algorithm=None, disable_cuda_graph_padding=False), 128)]
     assert args.cuda_graph_config.decode.bs == spec_list  # the server's own list is back
+
+
+def test_a_no_draft_estimate_above_the_tree_s_is_timed_again():
+    """A drafted step runs a no-draft step's forward and more: where the bucket's no-draft samples read slower than its
+    tree's (stale samples that held a host stall: 15.0 ms against 9.5 at bucket 32, a served LUMOTREE_SUFFIX log) the
+    policy serves no draft for PROBE_RUN steps to time it again, and with the new times chooses by them -- no
+    draft where the tree's acceptance does not pay for its 3.4x step. Where no draft is truly the slower it re-times
+    it at most once per probe_max decisions of the bucket."""
+    p = TreeSizePolicy([0, 1], settings=adaptive.SUFFIX_SETTINGS)
+    p.observe_accept(1, [0] * 32)
+    for _ in range(adaptive.MIN_SAMPLES):
+        p.observe_time(32, 0, 0.0150)
+        p.observe_time(32, 1, 0.0095)
+    served = [p.choose(32) for _ in range(adaptive.PROBE_RUN)]
+    assert served == [0] * adaptive.PROBE_RUN
+    for _ in range(adaptive.PROBE_RUN):
+        p.observe_time(32, 0, 0.0028)
+    assert p.step_time(32, 0) == pytest.approx(0.0028)
+    assert p.choose(32) == 0  # 1 token per 2.8 ms against 1 per 9.5 ms
+    # truly slower no-draft steps (none known): re-timed once per probe_max decisions, not every step
+    q = TreeSizePolicy([0, 1], settings=adaptive.SUFFIX_SETTINGS)
+    q.observe_accept(1, [4] * 32)
+    for _ in range(adaptive.MIN_SAMPLES):
+        q.observe_time(32, 0, 0.0150)
+        q.observe_time(32, 1, 0.0095)
+    n = 3 * adaptive.SUFFIX_SETTINGS.probe_max
+    served = [q.choose(32) for _ in range(n)]  # no new times: the estimates stay as they were
+    remeasures = sum(1 for i in range(n) if served[i] == 0 and (i == 0 or served[i - 1] != 0))
+    assert 1 <= remeasures <= n // adaptive.SUFFIX_SETTINGS.probe_max + 1, remeasures
+    assert served.count(0) <= adaptive.PROBE_RUN * remeasures + adaptive.RUN * (n // adaptive.PROBE_EVERY + 1)

@@ -149,6 +149,12 @@ class _Policy:
     def observe_accept(self, steps, drafts):
         self.accepts.append((steps, list(drafts)))
 
+    def run_step(self, batch):
+        return None
+
+    def remeasure(self, batch):
+        return None
+
 
 def test_the_ledger_lets_the_chooser_decide_once_both_step_times_are_measured():
     from lumotree.sglang.worker import HostEvent, StepLedger
@@ -186,6 +192,37 @@ def test_the_ledger_hands_the_chooser_no_sample_for_finished_or_undrafted_rows()
     ledger.accepted([5, 9, 0], 1)
     assert c.est == {"a": 5.0}
     assert ledger.policy.accepts[-1] == (1, [5])
+
+
+def test_the_ledger_times_a_stale_no_draft_step_again_before_the_chooser_decides():
+    """The per-request choice reads the policy's step times: where the bucket's no-draft time is stale-high (15.0 ms
+    against the tree's 9.5, as a served LUMOTREE_SUFFIX server kept it at bucket 32 through a 32-agent run) the tree
+    looks cheaper than no draft and every step drafted -- second turns that no draft foresees advanced a token per
+    drafted step. The ledger serves the policy's re-timing run of no draft first; with the new times the chooser
+    serves no draft to requests whose drafts miss."""
+    from lumotree.sglang.adaptive import MIN_SAMPLES, PROBE_RUN, SUFFIX_SETTINGS, TreeSizePolicy
+    from lumotree.sglang.worker import HostEvent, StepLedger
+
+    p = TreeSizePolicy([0, 1], settings=SUFFIX_SETTINGS)
+    for _ in range(MIN_SAMPLES):
+        p.observe_time(32, 0, 0.0150)
+        p.observe_time(32, 1, 0.0095)
+    p.observe_accept(1, [0] * 32)
+    c = chooser(weight=1.0)
+    rids = [f"r{i}" for i in range(32)]
+    c.observe(rids, True, [0] * 32)  # every request's drafts missed
+    ledger = StepLedger(p, first=1, event=HostEvent, chooser=c)
+    assert [ledger.choose(32, rids) for _ in range(PROBE_RUN)] == [0] * PROBE_RUN
+    assert ledger._ratio is None  # the policy's run, not the chooser's decision
+    for _ in range(PROBE_RUN):
+        p.observe_time(32, 0, 0.0028)
+    assert ledger.choose(32, rids) == 0 and ledger._ratio == pytest.approx(0.0095 / 0.0028)
+    # the old times (what the ledger served before): the chooser took the tree as cheaper and drafted
+    stale = TreeSizePolicy([0, 1], settings=SUFFIX_SETTINGS)
+    for _ in range(MIN_SAMPLES):
+        stale.observe_time(32, 0, 0.0150)
+        stale.observe_time(32, 1, 0.0095)
+    assert c.decide(rids, stale.step_time(32, 1) / stale.step_time(32, 0))
 
 
 def test_flags_alone_serve_the_choice_the_benchmark_s_config_writes_out():

@@ -191,6 +191,7 @@ class _Bucket:
     probed: bool = False  # a probe run ended and its outcome is not yet taken
     settle: int = 0  # decisions after a tree probe that keep the choice while its last acceptance is on the way
     medians: Dict[int, float] = dataclasses.field(default_factory=dict)  # step_time's, until the next sample
+    remeasure_wait: int = 0  # decisions of the bucket before no draft may be re-measured again (remeasure)
 
 
 class TreeSizePolicy:
@@ -323,6 +324,9 @@ class TreeSizePolicy:
                       or (st.samples[c] < MIN_SAMPLES and not self._borrows)]
         if unexplored:  # fewest samples first; drafting first, which also measures the acceptance
             return self._start_run(st, min(unexplored, key=lambda c: (st.samples[c], -c)))
+        stale = self.remeasure(batch)
+        if stale is not None:
+            return stale
         rates = {c: self.rate(batch, c) for c in self.candidates}
         best = self._kept(rates, st.chosen)
         if st.probed and best == st.chosen:  # the decision right after a probe run left the choice
@@ -349,6 +353,49 @@ class TreeSizePolicy:
             st.settle = 1 if other > 0 else 0
             return self._start_run(st, other, probe_run(batch, other))
         return best
+
+    def remeasure(self, batch: int) -> Optional[int]:
+        """No draft, served for a ``PROBE_RUN`` of the bucket's steps to time it again, where the bucket's own
+        estimate of a no-draft step exceeds a drafting candidate's; ``None`` otherwise (and within ``probe_max``
+        decisions of the bucket's last re-measure). Later steps of the run: :meth:`run_step`.
+
+        Why: a drafted step runs the no-draft step's forward and more (drafting, a wider verify, its commit), so a
+        no-draft estimate above a drafted one is stale -- a few early samples that held a host stall (a step's time
+        runs to the next step's launch, :class:`lumotree.sglang.worker.StepClock`). Nothing refreshed it where the
+        stale estimate made drafting look free: a LUMOTREE_SUFFIX server (tiny model, 32 agents, one H100) kept no
+        draft at 15.0 ms against its tree's 8.3-10.7 ms at bucket 32 through the whole run (no speculation's
+        decode step: 2.8 ms); its per-request choice read the tree as cheaper than no draft and drafted every step,
+        so the sessions' second turns, whose new text no draft foresees, advanced one token per drafted step (928
+        ms median against no speculation's 678: the 32-agent p95, 24 % above no speculation's). The wait bounds
+        what re-measuring costs where a no-draft step were truly the slower (none is known)."""
+        if 0 not in self.candidates or len(self.candidates) < 2:
+            return None
+        st = self._bucket(batch)
+        if st.remeasure_wait > 0:
+            st.remeasure_wait -= 1
+            return None
+        if st.samples[0] < MIN_SAMPLES:  # no own estimate: it is explored or borrowed, not stale
+            return None
+        t_none = self.step_time(batch, 0)
+        drafted = [self.step_time(batch, c) for c in self.candidates if c > 0 and st.samples[c] >= MIN_SAMPLES]
+        cheaper = [t for t in drafted if t is not None and t_none is not None and t < t_none]
+        if not cheaper:
+            return None
+        st.remeasure_wait = self.settings.probe_max
+        logger.info("LumoTree adaptive: batch bucket %d's no-draft step (%.3f ms) is estimated slower than its "
+                    "drafted step (%.3f ms): its samples are stale; timing %d no-draft steps again", bucket(batch),
+                    t_none * 1e3, min(cheaper) * 1e3, PROBE_RUN)
+        return self._start_run(st, 0, PROBE_RUN)
+
+    def run_step(self, batch: int) -> Optional[int]:
+        """The candidate of a run the bucket is serving (exploration, probe or :meth:`remeasure`), that step
+        counted; ``None`` where none is. For a caller that decides outside :meth:`choose` (LUMOTREE_SUFFIX's
+        per-request choice, :class:`lumotree.sglang.worker.StepLedger`)."""
+        st = self.buckets.get(bucket(batch))
+        if st is None or st.run_left <= 0:
+            return None
+        st.run_left -= 1
+        return st.run
 
     def serves(self, batch: int) -> Optional[int]:
         """The candidate a decision at ``batch`` would serve now outside exploration and probe runs -- the best

@@ -228,6 +228,12 @@ class StepLedger:
             none, tree = self.policy.candidates
             t_tree, t_none = self.policy.step_time(batch_size, tree), self.policy.step_time(batch_size, none)
             if t_tree is not None and t_none:  # until both are measured somewhere the policy explores
+                # a stale no-draft time is timed again first (TreeSizePolicy.remeasure), as the policy would
+                run = self.policy.run_step(batch_size)
+                if run is None:
+                    run = self.policy.remeasure(batch_size)
+                if run is not None:
+                    return run
                 self._ratio = t_tree / t_none
                 return tree if self.chooser.decide(rids, self._ratio) else none
         return self.policy.choose(batch_size)

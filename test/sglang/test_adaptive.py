@@ -301,6 +301,28 @@ def test_step_clock_times_each_step_by_the_next_step_s_start_and_skips_interrupt
     assert clock.samples() == []
 
 
+def test_a_steady_step_clock_times_only_steps_followed_by_their_own_candidate():
+    """A loop that drafts on the host (LUMOTREE_SUFFIX) launches a drafted step only after the previous step's tokens
+    are on the host and drafted from: the device idles through that preparation at the end of whatever step came
+    before, so a no-draft step followed by a drafted one would carry the drafted step's preparation (here 6 ms) and a
+    drafted step followed by a no-draft one would lack its own. The steady clock keeps the steps within runs."""
+    from lumotree.sglang.worker import StepClock
+
+    # device times of the launches: a no-draft step 2 ms; a drafted step 4 ms, launched after 6 ms of host preparation
+    # past the end of the step before it; a no-draft step launches as the step before it ends
+    plan = [(0, 0.000), (0, 0.002), (1, 0.010), (1, 0.020), (1, 0.030), (0, 0.034), (0, 0.036), (1, 0.044)]
+    for steady, want in ((False, [(0, 0.002), (0, 0.008), (1, 0.010), (1, 0.010), (1, 0.004), (0, 0.002),
+                                  (0, 0.008)]),
+                         (True, [(0, 0.002), (1, 0.010), (1, 0.010), (0, 0.002)])):
+        dev = DeviceClock()
+        clock = StepClock(dev.event, steady=steady)
+        for steps, t in plan:
+            dev.now = t
+            clock.start(8, steps)
+        got = clock.samples()
+        assert [(s, pytest.approx(x)) for _, s, x in got] == [(s, pytest.approx(x)) for s, x in want], (steady, got)
+
+
 class Pipeline:
     """SGLang's overlap scheduler against one in-order device stream: the host launches step k + 1 (events
     recorded at launch reach the device when it is free), then waits for step k's results. Launching takes
@@ -1067,7 +1089,7 @@ def test_each_runtime_state_is_captured_at_its_own_sizes(monkeypatch):
 def test_a_no_draft_estimate_above_the_tree_s_is_timed_again():
     """A drafted step runs a no-draft step's forward and more: where the bucket's no-draft samples read slower than its
     tree's (stale samples that held a host stall: 15.0 ms against 9.5 at bucket 32, a served LUMOTREE_SUFFIX log) the
-    policy serves no draft for PROBE_RUN steps to time it again, and with the new times chooses by them -- no
+    policy serves no draft for REMEASURE_RUN steps to time it again, and with the new times chooses by them -- no
     draft where the tree's acceptance does not pay for its 3.4x step. Where no draft is truly the slower it re-times
     it at most once per probe_max decisions of the bucket."""
     p = TreeSizePolicy([0, 1], settings=adaptive.SUFFIX_SETTINGS)
@@ -1075,9 +1097,9 @@ def test_a_no_draft_estimate_above_the_tree_s_is_timed_again():
     for _ in range(adaptive.MIN_SAMPLES):
         p.observe_time(32, 0, 0.0150)
         p.observe_time(32, 1, 0.0095)
-    served = [p.choose(32) for _ in range(adaptive.PROBE_RUN)]
-    assert served == [0] * adaptive.PROBE_RUN
-    for _ in range(adaptive.PROBE_RUN):
+    served = [p.choose(32) for _ in range(adaptive.REMEASURE_RUN)]
+    assert served == [0] * adaptive.REMEASURE_RUN
+    for _ in range(adaptive.REMEASURE_RUN - 1):  # the last step of the run gives none (a steady clock)
         p.observe_time(32, 0, 0.0028)
     assert p.step_time(32, 0) == pytest.approx(0.0028)
     assert p.choose(32) == 0  # 1 token per 2.8 ms against 1 per 9.5 ms
@@ -1091,4 +1113,4 @@ def test_a_no_draft_estimate_above_the_tree_s_is_timed_again():
     served = [q.choose(32) for _ in range(n)]  # no new times: the estimates stay as they were
     remeasures = sum(1 for i in range(n) if served[i] == 0 and (i == 0 or served[i - 1] != 0))
     assert 1 <= remeasures <= n // adaptive.SUFFIX_SETTINGS.probe_max + 1, remeasures
-    assert served.count(0) <= adaptive.PROBE_RUN * remeasures + adaptive.RUN * (n // adaptive.PROBE_EVERY + 1)
+    assert served.count(0) <= adaptive.REMEASURE_RUN * remeasures + adaptive.RUN * (n // adaptive.PROBE_EVERY + 1)

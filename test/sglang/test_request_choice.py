@@ -200,7 +200,7 @@ def test_the_ledger_times_a_stale_no_draft_step_again_before_the_chooser_decides
     looks cheaper than no draft and every step drafted -- second turns that no draft foresees advanced a token per
     drafted step. The ledger serves the policy's re-timing run of no draft first; with the new times the chooser
     serves no draft to requests whose drafts miss."""
-    from lumotree.sglang.adaptive import MIN_SAMPLES, PROBE_RUN, SUFFIX_SETTINGS, TreeSizePolicy
+    from lumotree.sglang.adaptive import MIN_SAMPLES, REMEASURE_RUN, SUFFIX_SETTINGS, TreeSizePolicy
     from lumotree.sglang.worker import HostEvent, StepLedger
 
     p = TreeSizePolicy([0, 1], settings=SUFFIX_SETTINGS)
@@ -212,9 +212,9 @@ def test_the_ledger_times_a_stale_no_draft_step_again_before_the_chooser_decides
     rids = [f"r{i}" for i in range(32)]
     c.observe(rids, True, [0] * 32)  # every request's drafts missed
     ledger = StepLedger(p, first=1, event=HostEvent, chooser=c)
-    assert [ledger.choose(32, rids) for _ in range(PROBE_RUN)] == [0] * PROBE_RUN
+    assert [ledger.choose(32, rids) for _ in range(REMEASURE_RUN)] == [0] * REMEASURE_RUN
     assert ledger._ratio is None  # the policy's run, not the chooser's decision
-    for _ in range(PROBE_RUN):
+    for _ in range(REMEASURE_RUN - 1):
         p.observe_time(32, 0, 0.0028)
     assert ledger.choose(32, rids) == 0 and ledger._ratio == pytest.approx(0.0095 / 0.0028)
     # the old times (what the ledger served before): the chooser took the tree as cheaper and drafted

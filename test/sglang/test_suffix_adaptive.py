@@ -314,9 +314,9 @@ def test_the_per_request_choice_takes_the_batch_s_requests_and_their_own_accepta
 
 def test_a_suffix_server_chooses_per_request_by_default_and_not_when_pinned(monkeypatch):
     """The worker's own construction: a LUMOTREE_SUFFIX server with its flags alone gets the per-request choice
-    (lumotree.sglang.request_choice at its defaults) on its ledger; pinned to one candidate, none; on two
-    tensor-parallel GPUs the same, its ledger taking rank 0's step times (lumotree.sglang.shared_times); with data
-    parallelism it serves its tree on every step (no policy)."""
+    (lumotree.sglang.request_choice at its defaults) and a steady step clock on its ledger; pinned to one candidate,
+    none; on two tensor-parallel GPUs the same, its ledger taking rank 0's step times (lumotree.sglang.shared_times);
+    with data parallelism it serves its tree on every step (no policy)."""
     from lumotree.sglang import shared_times
     from lumotree.sglang.request_choice import RequestQuantileSettings
     from lumotree.sglang.suffix import ngram_worker
@@ -332,6 +332,7 @@ def test_a_suffix_server_chooses_per_request_by_default_and_not_when_pinned(monk
 
     w = build()
     assert w.tree_policy.candidates == [0, 1] and w._ledger.chooser.settings == RequestQuantileSettings()
+    assert w._ledger.clock.steady  # its drafted steps draft on the host: step times only within runs (StepClock)
     pinned = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "workloads", "no_draft.json")
     w = build(pinned)
     assert w.tree_policy.candidates == [0] and w._ledger.chooser is None

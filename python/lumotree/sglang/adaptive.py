@@ -109,6 +109,9 @@ RUN = MIN_SAMPLES + 2
 # are in -- and the decision waits one no-draft step for the last of them (overlap: results arrive a step late)
 # rather than drafting one more step whose acceptance the decision would not see (tree_probe_run)
 PROBE_RUN = 3
+# a re-timing of a stale no-draft estimate (TreeSizePolicy.remeasure): one step more than the window, so that the
+# window's every sample is new even where a run's last step gives none (a steady clock, worker.StepClock)
+REMEASURE_RUN = WINDOW + 1
 PROBE_ROWS = 4
 MARGIN = 0.03  # switch only when the other candidate is this much faster (tokens per second)
 PROBE_EVERY = 128  # steps of a bucket before its first probe run of the candidate not chosen
@@ -355,13 +358,14 @@ class TreeSizePolicy:
         return best
 
     def remeasure(self, batch: int) -> Optional[int]:
-        """No draft, served for a ``PROBE_RUN`` of the bucket's steps to time it again, where the bucket's own
+        """No draft, served for ``REMEASURE_RUN`` of the bucket's steps to time it again, where the bucket's own
         estimate of a no-draft step exceeds a drafting candidate's; ``None`` otherwise (and within ``probe_max``
         decisions of the bucket's last re-measure). Later steps of the run: :meth:`run_step`.
 
         Why: a drafted step runs the no-draft step's forward and more (drafting, a wider verify, its commit), so a
-        no-draft estimate above a drafted one is stale -- a few early samples that held a host stall (a step's time
-        runs to the next step's launch, :class:`lumotree.sglang.worker.StepClock`). Nothing refreshed it where the
+        no-draft estimate above a drafted one is stale -- samples that held a host stall or the next drafted step's
+        host preparation (a step's time runs to the next step's launch, :class:`lumotree.sglang.worker.StepClock`,
+        steady for the loops that draft on the host since). Nothing refreshed it where the
         stale estimate made drafting look free: a LUMOTREE_SUFFIX server (tiny model, 32 agents, one H100) kept no
         draft at 15.0 ms against its tree's 8.3-10.7 ms at bucket 32 through the whole run (no speculation's
         decode step: 2.8 ms); its per-request choice read the tree as cheaper than no draft and drafted every step,
@@ -384,8 +388,8 @@ class TreeSizePolicy:
         st.remeasure_wait = self.settings.probe_max
         logger.info("LumoTree adaptive: batch bucket %d's no-draft step (%.3f ms) is estimated slower than its "
                     "drafted step (%.3f ms): its samples are stale; timing %d no-draft steps again", bucket(batch),
-                    t_none * 1e3, min(cheaper) * 1e3, PROBE_RUN)
-        return self._start_run(st, 0, PROBE_RUN)
+                    t_none * 1e3, min(cheaper) * 1e3, REMEASURE_RUN)
+        return self._start_run(st, 0, REMEASURE_RUN)
 
     def run_step(self, batch: int) -> Optional[int]:
         """The candidate of a run the bucket is serving (exploration, probe or :meth:`remeasure`), that step

@@ -705,7 +705,7 @@ def ngram_worker(make_corpus):
                     self._ledger = StepLedger(self.tree_policy, self._overlap_consistent, adaptive.SUFFIX_TREE,
                                               chooser=None if by_requests is None else
                                               request_choice.RequestQuantile(by_requests),
-                                              shared=shared_times.for_server(server_args))
+                                              shared=shared_times.for_server(server_args), steady=True)
 
         def init_cuda_graphs(self):
             super().init_cuda_graphs()

@@ -137,17 +137,29 @@ class StepClock:
 
     A step followed by other device work (a prefill, :meth:`interrupt`) or an idle gap gives no sample.
 
+    ``steady``: a step followed by a step of another candidate gives no sample either -- for a loop that drafts on
+    the host (LUMOTREE_SUFFIX, SGLang's NGRAM loop): its drafted step waits for the previous step's tokens on the
+    host and drafts before it launches, so the device idles through that preparation at the end of whatever step
+    came before. So a no-draft step followed by a drafted one holds the drafted step's preparation, and a drafted
+    step followed by a no-draft one lacks its own (the no-draft step launches without the host's tokens). Served
+    estimates that read so (LUMOTREE_SUFFIX, tiny model, one H100, where isolated no-draft steps were most of them):
+    no draft 5-6 ms against drafted steps' 3-4 at 1 agent, 15.0 against 8.3-10.7 at 32 agents -- against 2.75 ms
+    for a server pinned to no draft at 32 agents (an earlier H200 run). Steps within a run of their candidate carry
+    what that candidate costs in a run.
+
     Args:
         event: makes an event with ``record()``, ``query()`` and ``elapsed_time(later)`` (milliseconds),
             as ``torch.cuda.Event(enable_timing=True)``; default that, or :class:`HostEvent` without CUDA.
+        steady: samples only of steps followed by a step of their own candidate (above).
     """
 
     LIMIT = 64  # steps whose times are not read yet (a bound: they are read at every launch)
 
-    def __init__(self, event=None):
+    def __init__(self, event=None, steady: bool = False):
         if event is None:
             event = functools.partial(torch.cuda.Event, enable_timing=True) if torch.cuda.is_available() else HostEvent
         self._event = event
+        self.steady = steady
         self._open = collections.deque(maxlen=self.LIMIT)  # [event, batch, steps, counts] in launch order
 
     def start(self, batch: int, steps: int) -> None:
@@ -166,7 +178,7 @@ class StepClock:
         out = []
         while len(self._open) >= 2 and self._open[1][0].query():
             ev, batch, steps, counts = self._open.popleft()
-            if counts:
+            if counts and (not self.steady or self._open[0][2] == steps):
                 out.append((batch, steps, ev.elapsed_time(self._open[0][0]) / 1e3))
         return out
 
@@ -191,11 +203,12 @@ class StepLedger:
 
     LOG_EVERY = 512  # decode steps between two summary lines in the server log (the served choice, for diagnosis)
 
-    def __init__(self, policy, consistent: bool = False, first: int = 0, event=None, chooser=None, shared=None):
+    def __init__(self, policy, consistent: bool = False, first: int = 0, event=None, chooser=None, shared=None,
+                 steady: bool = False):
         self.policy, self.consistent, self.chooser, self.shared = policy, consistent, chooser, shared
         self.first = first
         self.pinned = None  # the configured tree from an exchange that found the ranks' choices differing on
-        self.clock = StepClock(event)
+        self.clock = StepClock(event, steady=steady)
         # [steps, cold, live rows, undrafted rows, request ids, drafted/no-draft time ratio] of decode steps not
         # yet reported (the last two for the chooser)
         self.pending = collections.deque(maxlen=8)

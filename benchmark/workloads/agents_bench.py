@@ -485,7 +485,8 @@ def resumed(res, runs, args) -> set:
             done.add(name)
             res["rows"] += rows
             res["servers"][name] = srv
-            runs.update({k: old_replies[k] for k in keys + [k + DETAILS for k in keys] if k in old_replies})
+            runs.update({k: v for k, v in old_replies.items()  # replies, and every repeat's turn details
+                         if any(k == key or k.startswith(key + DETAILS) for key in keys)})
     return done
 
 
@@ -570,7 +571,9 @@ def replies(turns):
 
 def details(turns):
     """``{session: [[prompt_tokens, cached_tokens, completion_tokens, latency_ms] of turn 0, 1, ...]}`` of one phase
-    (kept in ``runs`` beside the replies, under the phase's key + :data:`DETAILS`): which turns make a tail latency."""
+    (kept in ``runs`` beside the replies, under the phase's key + :data:`DETAILS`, and a later repeat's under that
+    + ``@2``, ``@3``, ...): which turns make a tail latency. Why every repeat's: a 32-agent run's p95 rose above no
+    speculation's in its second and third repeats, and only the first one's turns were kept."""
     out = {}
     for t in sorted(turns, key=lambda t: (t["session"], t["turn"])):
         lat = t.get("latency")
@@ -1066,6 +1069,8 @@ def main():
                         put_row(row)
                         runs[f"{name}/{agents}"] = replies(turns)
                         runs[f"{name}/{agents}" + DETAILS] = details(turns)
+                        for rep, phase in enumerate(phases[1:], start=2):  # a tail in a later repeat, by turn too
+                            runs[f"{name}/{agents}{DETAILS}@{rep}"] = details(phase[0])
                         res["parity"] = compare(runs, reference="none" + args.tag)
                         print(json.dumps(row), flush=True)
                         save()

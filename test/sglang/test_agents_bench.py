@@ -995,3 +995,30 @@ def test_a_collapse_limit_the_model_s_context_cannot_hold_is_refused(tmp_path, m
         ab.main()
     assert ab.context_room(str(tmp_path), 7800, 128) > 0 > ab.context_room(str(tmp_path), 8000, 128)
     assert ab.context_room(str(tmp_path / "none"), 10 ** 6, 128) is None  # no config: nothing to check
+
+
+def test_every_repeat_s_turn_details_are_kept_and_resumed(tmp_path, monkeypatch):
+    """The replies file keeps each repeat's per-turn details (the first under ``CONFIG/AGENTS#turns``, later ones under
+    ``#turns@2``, ``@3``): a tail in a later repeat is then found by turn too. A resumed configuration keeps them."""
+    import gzip
+    import json
+    import sys
+
+    ab = load()
+    events, lat = [], iter([0.1, 0.2, 0.3, 0.4])
+
+    def fake_run_phase(url, sessions, agents, *a, **kw):
+        return [dict(session=0, turn=0, latency=next(lat), prompt_tokens=50, cached_tokens=25, completion_tokens=30,
+                     reply="r")], 1.0
+
+    _fake_servers(monkeypatch, ab, events, fake_run_phase)
+    rep = tmp_path / "r.json.gz"
+    monkeypatch.setattr(sys, "argv", ["agents_bench.py", "--model", str(tmp_path), "--configs", "none", "--agents", "1",
+                                      "--sessions", "1", "--turns", "1", "--warmup-sessions", "0", "--repeats", "3",
+                                      "--out", str(tmp_path / "a.json"), "--replies-out", str(rep), "--resume"])
+    ab.main()
+    got = json.load(gzip.open(rep, "rt"))
+    assert got["none/1#turns"] == {"0": [[50, 25, 30, 100.0]]}
+    assert got["none/1#turns@2"] == {"0": [[50, 25, 30, 200.0]]} and got["none/1#turns@3"] == {"0": [[50, 25, 30, 300.0]]}
+    ab.main()  # resumed: nothing runs again, every repeat's details stay
+    assert json.load(gzip.open(rep, "rt")) == got

@@ -1114,3 +1114,10 @@ def test_a_no_draft_estimate_above_the_tree_s_is_timed_again():
     remeasures = sum(1 for i in range(n) if served[i] == 0 and (i == 0 or served[i - 1] != 0))
     assert 1 <= remeasures <= n // adaptive.SUFFIX_SETTINGS.probe_max + 1, remeasures
     assert served.count(0) <= adaptive.REMEASURE_RUN * remeasures + adaptive.RUN * (n // adaptive.PROBE_EVERY + 1)
+    # within MARGIN the two are noise apart (a 1-step chain's verify at batch 1 costs about a decode step): no re-timing
+    r = TreeSizePolicy([0, 1], settings=adaptive.SUFFIX_SETTINGS)
+    r.observe_accept(1, [4])
+    for _ in range(adaptive.MIN_SAMPLES):
+        r.observe_time(1, 0, 0.0100)
+        r.observe_time(1, 1, 0.0099)
+    assert r.remeasure(1) is None

@@ -359,8 +359,8 @@ class TreeSizePolicy:
 
     def remeasure(self, batch: int) -> Optional[int]:
         """No draft, served for ``REMEASURE_RUN`` of the bucket's steps to time it again, where the bucket's own
-        estimate of a no-draft step exceeds a drafting candidate's; ``None`` otherwise (and within ``probe_max``
-        decisions of the bucket's last re-measure). Later steps of the run: :meth:`run_step`.
+        estimate of a no-draft step exceeds a drafting candidate's by more than ``MARGIN``; ``None`` otherwise (and
+        within ``probe_max`` decisions of the bucket's last re-measure). Later steps of the run: :meth:`run_step`.
 
         Why: a drafted step runs the no-draft step's forward and more (drafting, a wider verify, its commit), so a
         no-draft estimate above a drafted one is stale -- samples that held a host stall or the next drafted step's
@@ -382,7 +382,8 @@ class TreeSizePolicy:
             return None
         t_none = self.step_time(batch, 0)
         drafted = [self.step_time(batch, c) for c in self.candidates if c > 0 and st.samples[c] >= MIN_SAMPLES]
-        cheaper = [t for t in drafted if t is not None and t_none is not None and t < t_none]
+        # beyond MARGIN: a 1-step chain's verify at batch 1 costs about a decode step, and noise may order the two
+        cheaper = [t for t in drafted if t is not None and t_none is not None and t < (1 - MARGIN) * t_none]
         if not cheaper:
             return None
         st.remeasure_wait = self.settings.probe_max

@@ -315,9 +315,9 @@ class TreeSizePolicy:
 
     def _choose(self, batch: int) -> int:
         st = self._bucket(batch)
-        if st.run_left > 0:
-            st.run_left -= 1
-            return st.run
+        run = self.run_step(batch)
+        if run is not None:
+            return run
         if st.settle > 0:  # a tree probe just ended: its last counted step's acceptance arrives after this step
             st.settle -= 1
             if st.chosen is not None:

@@ -1121,3 +1121,42 @@ def test_a_no_draft_estimate_above_the_tree_s_is_timed_again():
         r.observe_time(1, 0, 0.0100)
         r.observe_time(1, 1, 0.0099)
     assert r.remeasure(1) is None
+
+
+def test_a_re_measure_that_confirms_the_slower_no_draft_step_waits_twice_as_long_before_the_next():
+    """Where the estimate that calls for a re-measure is the last re-measure's own (no other no-draft sample since:
+    the re-timed step still reads slower than the tree's, as a host-bound LUMOTREE_SUFFIX server's at batch 1 did 24
+    times in one run), the wait to the next doubles, up to REMEASURE_BACKOFF x probe_max; where other no-draft samples
+    came since (the estimate went stale again) it is probe_max again."""
+    settings = adaptive.SUFFIX_SETTINGS
+    p = TreeSizePolicy([0, 1], settings=settings)
+    p.observe_accept(1, [4])
+    for _ in range(adaptive.MIN_SAMPLES):
+        p.observe_time(1, 0, 0.0030)
+        p.observe_time(1, 1, 0.0025)
+
+    def next_remeasure(retime):
+        """Decisions until the next re-measure starts; its run served, with ``retime`` as its samples."""
+        for i in range(1, 40 * settings.probe_max):
+            if p.remeasure(1) == 0:
+                for _ in range(adaptive.REMEASURE_RUN - 1):
+                    assert p.run_step(1) == 0
+                    p.observe_time(1, 0, retime)
+                assert p.run_step(1) is None
+                return i
+        raise AssertionError("no re-measure")
+
+    assert next_remeasure(0.0030) == 1
+    waits = [next_remeasure(0.0030) for _ in range(6)]  # each confirms: 0.0030 > 0.0025 / (1 - MARGIN)
+    want = [min(2 ** k, adaptive.REMEASURE_BACKOFF) * settings.probe_max + 1 for k in range(6)]
+    assert waits == want, waits
+    # stale again: no-draft samples other than the re-measure's came in (a host stall): the wait is probe_max again
+    for _ in range(adaptive.WINDOW):
+        p.observe_time(1, 0, 0.0050)
+    assert next_remeasure(0.0010) == waits[-1]  # the wait in force runs out first
+    for _ in range(adaptive.WINDOW):
+        p.observe_time(1, 0, 0.0050)
+    assert next_remeasure(0.0010) == settings.probe_max + 1
+    # re-timed below the tree's: no re-measure while it stays so
+    for _ in range(3 * settings.probe_max):
+        assert p.remeasure(1) is None

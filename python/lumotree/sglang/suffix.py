@@ -344,7 +344,7 @@ class SuffixCorpus(HostCorpus):
     (:class:`~lumotree.drafters.suffix.NativeSuffixDrafter`, the batch drafted in one call without the
     GIL) when built, else the Python reference (:func:`~lumotree.drafters.suffix.make_suffix_drafter`)."""
 
-    def __init__(self, draft_token_num: int, max_match: int = 8, max_spec: int = 24,
+    def __init__(self, draft_token_num: int, max_match: int = 8, max_spec: Optional[int] = None,
                  global_tokens: int = 1 << 18, min_prob: float = 0.0, retired_tokens: int = 1 << 18,
                  background: bool = True):
         super().__init__(draft_token_num)
@@ -353,16 +353,21 @@ class SuffixCorpus(HostCorpus):
         # drafts to its shard of the verify, so the drafts must be equal on all ranks -- and whether an admission is
         # still indexing when a step drafts (it then drafts nothing for that request) depends on each rank's threads
         self.background = background
-        # max_match / max_spec: a draft continues a match of at most 8 context tokens up to 24 levels deep (the
-        # tries hold suffixes of max_match + max_spec = 32 tokens either way, so indexing costs the same): on the
-        # agent benchmark's served token streams (benchmark/drafters/acceptance_replay.py) 16 / 16 limited a
-        # 32-node tree's chains to 16 levels below a 16-token match -- 8 / 24 accepted 13 % more tokens per step
-        # there (8.52 -> 9.63), as many at 8 nodes, 1.5 % more at 16
+        # max_match / max_spec: a draft continues a match of at most 8 context tokens as deep as the server's largest
+        # tree lets a chain go (max_spec: its nodes less the root, 31 at 32 nodes; the node budget caps a chain there
+        # whatever max_spec says). On the agent benchmark's served token streams (benchmark/drafters/acceptance_replay.py,
+        # benchmark/results/suffix_depth_cpu.json) 8 / 31 drafted 32-node trees in 4.4 / 3.7 / 2.4 % fewer steps than
+        # 8 / 24 at 1 / 8 / 32 concurrent agents: copies of a file's lines run past 24 tokens. The tries hold suffixes
+        # of max_match + max_spec tokens, 39 against 32: indexing and appending cost about a fifth more (host threads,
+        # the admissions in the background). Before that 16 / 16 had limited a 32-node tree's chains to 16 levels
+        # below a 16-token match -- 8 / 24 accepted 13 % more tokens per step there
         # retired_tokens: finished turns' tries kept for their sessions' next turns -- 32 concurrent agent
         # sessions of 4-8k-token contexts (the default 32k tokens kept about 5, so most next turns indexed
         # their 4,096-token window again, ~10 ms each on the scheduler's thread)
         # threads: a step's requests are indexed and drafted on up to 4 host threads (drafter_threads), one call
         # for the batch (_draft_arrays); at 32 concurrent agents that work was ~2.5-4 ms of a drafted step's host time
+        if max_spec is None:
+            max_spec = max(1, draft_token_num - 1)
         self.kw = dict(max_match=max_match, max_spec=max_spec, global_tokens=global_tokens, min_prob=min_prob,
                        retired_tokens=retired_tokens)
         self.threads = drafter_threads()

@@ -243,3 +243,61 @@ def test_flags_alone_serve_the_choice_the_benchmark_s_config_writes_out():
     import agents_bench
 
     assert agents_bench.CONFIGS["lumotree-suffix-request-quantile"][-1] == os.path.abspath(path)
+
+
+def _serve_one_request(ledger, steps_n, drafted_s, none_s, accepted):
+    """``steps_n`` decode steps of one request through ``ledger`` on a device clock that advances by each step's time
+    (``drafted_s`` / ``none_s``); each step's acceptance reported a step late (overlap), ``accepted`` drafts when it
+    drafted. Returns the candidates served."""
+    clock = {"now": 0.0}
+
+    class Event:
+        def record(self):
+            self.t = clock["now"]
+
+        def query(self):
+            return self.t <= clock["now"]
+
+        def elapsed_time(self, later):
+            return (later.t - self.t) * 1e3
+
+    ledger.clock._event = Event
+    served = []
+    for _ in range(steps_n):
+        steps = ledger.choose(1, ["r"])
+        ledger.launched(1, steps, rids=["r"])
+        if len(ledger.pending) > 1:
+            ledger.accepted([accepted if ledger.pending[0][0] else 0], 1)
+        clock["now"] += drafted_s if steps else none_s
+        served.append(steps)
+    return served
+
+
+def test_a_probe_on_a_steady_clock_times_the_tree_again_so_an_inflated_estimate_heals():
+    """A tree estimate inflated once (a fresh H100's first drafted steps compiled while serving: 95.7 ms at bucket 1
+    against a 2.2 ms no-draft step) made the per-request choice serve no draft; its probes were single drafted steps,
+    each followed by a no-draft step, which a steady clock does not time -- so the estimate never moved and a 1-agent
+    run was served without drafting (0.67x no speculation). A probe on a steady clock drafts two steps: the first is
+    timed within its run, and after a few probes the window holds true times and the request drafts again."""
+    from lumotree.sglang.adaptive import MIN_SAMPLES, SUFFIX_SETTINGS, TreeSizePolicy
+    from lumotree.sglang.worker import StepLedger
+
+    def policy():
+        p = TreeSizePolicy([0, 1], settings=SUFFIX_SETTINGS)
+        for _ in range(MIN_SAMPLES):
+            p.observe_time(1, 0, 0.0022)
+            p.observe_time(1, 1, 0.0957)
+        p.observe_accept(1, [8])
+        return p
+
+    healed = StepLedger(policy(), first=1, chooser=chooser(), steady=True)
+    served = _serve_one_request(healed, 1500, drafted_s=0.0025, none_s=0.0022, accepted=8)
+    assert healed.policy.step_time(1, 1) == pytest.approx(0.0025)
+    assert served[-500:].count(1) == 500  # drafting pays (8 accepted per 1.14 decode steps' time) and is served
+    assert served.index(1) < SUFFIX_SETTINGS.probe_every + 2  # the first probe comes as the chooser's interval says
+    # one-step probes (what the ledger served before): the estimate stays, no draft through the run
+    stuck = StepLedger(policy(), first=1, chooser=chooser(), steady=True)
+    stuck.STEADY_PROBE_RUN = 1
+    served = _serve_one_request(stuck, 1500, drafted_s=0.0025, none_s=0.0022, accepted=8)
+    assert stuck.policy.step_time(1, 1) == pytest.approx(0.0957)
+    assert served[-500:].count(1) <= 3

@@ -472,6 +472,13 @@ class TreeSizePolicy:
         loss = probe_run(batch, other) * t_other * (1.0 - r_other / r_best)
         return 0 if loss <= 0 else math.ceil(loss / (self.settings.probe_budget * t_best))
 
+    def serve_run(self, batch: int, steps: int, length: int) -> int:
+        """Serve ``steps`` now and for the next ``length - 1`` decode steps of ``batch``'s bucket (:meth:`run_step`
+        serves them): for a caller that decides outside :meth:`choose` (:class:`lumotree.sglang.worker.StepLedger`)."""
+        if steps not in self.candidates or length < 1:
+            raise ValueError(f"serve_run: {steps} is not a candidate of {self.candidates} or length {length} < 1")
+        return self._start_run(self._bucket(batch), steps, length)
+
     @staticmethod
     def _start_run(st: _Bucket, steps: int, length: Optional[int] = None) -> int:
         """Serve ``steps`` now and for the next ``length - 1`` steps of the bucket (default ``RUN``)."""

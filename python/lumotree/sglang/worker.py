@@ -202,6 +202,12 @@ class StepLedger:
     """
 
     LOG_EVERY = 512  # decode steps between two summary lines in the server log (the served choice, for diagnosis)
+    # drafted steps a probe of the per-request choice serves on a steady clock (StepClock: a drafted step followed by a
+    # no-draft one gives no sample): one probe step alone never timed the tree again, and a tree estimate inflated
+    # once stayed -- a LUMOTREE_SUFFIX server on a fresh H100, its first drafted steps at 95.7 ms (compiling while
+    # serving), read the tree as 42 no-draft steps and served no draft through a whole 1-agent run (0.67x no
+    # speculation, accept length 1.05). Two: the first is timed within its run; the second's acceptance is measured too
+    STEADY_PROBE_RUN = 2
 
     def __init__(self, policy, consistent: bool = False, first: int = 0, event=None, chooser=None, shared=None,
                  steady: bool = False):
@@ -248,7 +254,13 @@ class StepLedger:
                 if run is not None:
                     return run
                 self._ratio = t_tree / t_none
-                return tree if self.chooser.decide(rids, self._ratio) else none
+                probes = self.chooser.decisions[1]
+                if not self.chooser.decide(rids, self._ratio):
+                    return none
+                if self.clock.steady and self.chooser.decisions[1] > probes:
+                    # a probe on a steady clock: two drafted steps, so that the first is timed within its run
+                    return self.policy.serve_run(batch_size, tree, self.STEADY_PROBE_RUN)
+                return tree
         return self.policy.choose(batch_size)
 
     def launched(self, batch_size: int, steps: int, cold: bool = False, rids=None) -> None:

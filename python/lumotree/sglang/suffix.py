@@ -358,8 +358,11 @@ class SuffixCorpus(HostCorpus):
         # whatever max_spec says). On the agent benchmark's served token streams (benchmark/drafters/acceptance_replay.py,
         # benchmark/results/suffix_depth_cpu.json) 8 / 31 drafted 32-node trees in 4.4 / 3.7 / 2.4 % fewer steps than
         # 8 / 24 at 1 / 8 / 32 concurrent agents: copies of a file's lines run past 24 tokens. The tries hold suffixes
-        # of max_match + max_spec tokens, 39 against 32: indexing and appending cost about a fifth more (host threads,
-        # the admissions in the background). Before that 16 / 16 had limited a 32-node tree's chains to 16 levels
+        # of max_match + max_spec tokens, 39 against 32: on this project's 2-core CPU a fresh 3,000-token prompt's
+        # background indexing took 8-9 ms against 5.3-5.7 alone and 163-176 against 135-138 ms for 32 of them, a
+        # 32-request step's drafting 0.60-0.62 against 0.53-0.55 ms (suffix_depth_cpu.json, host_cost). Where a turn's
+        # indexing outlasts one more decode step the gain is gone (replayed: a second undrafted first step costs 6 %
+        # more steps at 1 agent); not yet served. Before that 16 / 16 had limited a 32-node tree's chains to 16 levels
         # below a 16-token match -- 8 / 24 accepted 13 % more tokens per step there
         # retired_tokens: finished turns' tries kept for their sessions' next turns -- 32 concurrent agent
         # sessions of 4-8k-token contexts (the default 32k tokens kept about 5, so most next turns indexed

@@ -392,6 +392,14 @@ def test_prompts_admitted_without_decode_steps_are_bounded():
     assert list(c._undecoded) == ["c"]
 
 
+def _depths(parents):
+    """Each node's depth in a draft tree given as parent indices (the root, node 0, at 0)."""
+    depth = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
+    return depth
+
+
 def test_served_drafts_continue_a_match_as_deep_as_the_largest_tree():
     """LUMOTREE_SUFFIX's drafter settings: a match of at most 8 context tokens continued as deep as the server's
     largest tree lets a chain go (its nodes less the root): a 32-node tree over a repeated block drafts a 31-token
@@ -404,20 +412,14 @@ def test_served_drafts_continue_a_match_as_deep_as_the_largest_tree():
     block = list(range(100, 160))  # 60 distinct tokens
     corpus.drafter.start("r", block + block[:10])
     d = corpus.drafter.draft("r", 32)
-    depth = [0] * len(d.parents)
-    for i in range(1, len(d.parents)):
-        depth[i] = depth[d.parents[i]] + 1
+    depth = _depths(d.parents)
     assert max(depth) == 31
     chain = [t for t, k in sorted(zip(d.tokens, depth), key=lambda x: x[1]) if k > 0]
     assert chain == block[10:41]  # the block's continuation after the context's last token
     # the depth is the tries' limit, not only the tree's: with 24 the same draft stops at 24 levels
     shallow = SuffixCorpus(32, max_spec=24)
     shallow.drafter.start("r", block + block[:10])
-    d = shallow.drafter.draft("r", 32)
-    depth = [0] * len(d.parents)
-    for i in range(1, len(d.parents)):
-        depth[i] = depth[d.parents[i]] + 1
-    assert max(depth) == 24
+    assert max(_depths(shallow.drafter.draft("r", 32).parents)) == 24
 
 
 def test_step_get_takes_one_pass_while_the_context_grows_and_observes_otherwise():

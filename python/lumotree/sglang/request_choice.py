@@ -13,8 +13,10 @@ measured step times at the batch's bucket), where ``a_q`` is that quantile of th
 average of each request's accepted drafts over its drafted steps (``weight`` per new sample; a request first seen
 takes the running mean of all requests' samples, so a new turn starts drafting as the server's turns have lately
 paid), drifting back towards that mean by ``drift`` per no-draft step. After ``probe_every`` no-draft steps in a row
-it drafts one step (a probe: its samples refresh the estimates); the interval doubles, up to ``probe_max``, each
-time a probe leaves the batch's quantile below the break-even, and returns to ``probe_every`` when it does not.
+it drafts one step (a probe: its samples refresh the estimates; on a steady step clock the ledger serves it as two
+drafted steps, so that the tree's step is timed too: :attr:`lumotree.sglang.worker.StepLedger.STEADY_PROBE_RUN`);
+the interval doubles, up to ``probe_max``, each time a probe leaves the batch's quantile below the break-even, and
+returns to ``probe_every`` when it does not.
 
 Served (tiny model, one H200, runs ``*-request-choice`` of ``benchmark/results/agents_h200.json``), against the
 batch-wide choice it replaced: +2.4 / +4.8 / +2.5 % tokens/s at 32 / 8 / 1 concurrent agents (the repeats' means),

@@ -293,6 +293,8 @@ DRAFT_NATIVE_TIMING_LINE = re.compile(r"LumoTree draft-native timing: batch buck
                                       r"([\d.]+) ms over (\d+) steps, total ([\d.]+) ms")
 DRAFT_HELD_TIMING_LINE = re.compile(r"LumoTree draft-held timing: batch bucket (\d+): median ([\d.]+) ms, p95 "
                                     r"([\d.]+) ms over (\d+) steps, total ([\d.]+) ms")
+ADMISSION_LEFT_TIMING_LINE = re.compile(r"LumoTree admission-left timing: batch bucket (\d+): median ([\d.]+) ms, p95 "
+                                        r"([\d.]+) ms over (\d+) admissions, total ([\d.]+) ms")
 ADMISSION_TIMING_LINE = re.compile(r"LumoTree admission timing: batch bucket (\d+): median ([\d.]+) ms, p95 ([\d.]+) "
                                    r"ms over (\d+) batches, total ([\d.]+) ms")
 
@@ -359,7 +361,8 @@ def draft_timing(log, pattern=DRAFT_TIMING_LINE):
     ``pattern=ADMISSION_TIMING_LINE``: the same for LUMOTREE_SUFFIX's prefill admissions (``steps`` counts
     prefill batches); ``pattern=DRAFT_WAIT_TIMING_LINE``: the wait for the last step's GPU work that the timed
     preparations began with (not in the draft lines of servers that logged it); ``pattern=DRAFT_NATIVE_TIMING_LINE``:
-    LUMOTREE_SUFFIX's call into its C++ drafter inside them."""
+    LUMOTREE_SUFFIX's call into its C++ drafter inside them; ``pattern=ADMISSION_LEFT_TIMING_LINE``: per admission batch
+    a step found still indexing, how much longer its indexing ran (``steps`` counts admission batches)."""
     try:
         text = open(log, errors="replace").read()
     except (OSError, TypeError):

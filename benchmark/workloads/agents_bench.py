@@ -880,7 +880,8 @@ def main():
                          "LUMOTREE_SUFFIX's prefill admissions likewise (admission_timing); the wait for the last "
                          "step's GPU work each preparation begins with apart (draft_wait); LUMOTREE_SUFFIX's call into "
                          "its C++ drafter inside the preparation (draft_native) and its waits for admissions still indexing "
-                         "(draft_held)")
+                         "(draft_held); where a step drafted nothing for requests still indexing, how much longer their "
+                         "indexing ran (admission_left)")
     ap.add_argument("--jit-log", action="store_true",
                     help="every server logs each Triton compile (LUMOTREE_BENCH_JIT_LOG=1, benchmark only): per "
                          "window (start-up, warm-up, each measured phase) the count, time and kernels in the "
@@ -949,7 +950,8 @@ def main():
     if room is not None and room < 0:
         ap.error(f"--collapse-tokens {args.collapse_tokens} + --max-tokens {args.max_tokens} (+{CONTEXT_SLACK} for the "
                  f"chat template) exceed the model's context by {-room} tokens: lower --collapse-tokens")
-    from sglang_server import (ADMISSION_TIMING_LINE, DRAFT_HELD_TIMING_LINE, DRAFT_NATIVE_TIMING_LINE,
+    from sglang_server import (ADMISSION_LEFT_TIMING_LINE, ADMISSION_TIMING_LINE, DRAFT_HELD_TIMING_LINE,
+                               DRAFT_NATIVE_TIMING_LINE,
                                DRAFT_WAIT_TIMING_LINE, draft_timing,
                                get, host_speed, jit_cache_env, jit_compiles, log_health, machine, post, sglang_server,
                                step_timing, step_totals)
@@ -1102,6 +1104,7 @@ def main():
             server["draft_wait"] = draft_timing(log, DRAFT_WAIT_TIMING_LINE)
             server["draft_native"] = draft_timing(log, DRAFT_NATIVE_TIMING_LINE)
             server["draft_held"] = draft_timing(log, DRAFT_HELD_TIMING_LINE)
+            server["admission_left"] = draft_timing(log, ADMISSION_LEFT_TIMING_LINE)
         closed = {k: (a, b if b is not None else time.time()) for k, (a, b) in windows.items()}
         if args.step_timing:
             server["step_timing"] = step_timing(log)

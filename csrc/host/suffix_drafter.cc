@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <cstdint>
@@ -580,6 +581,8 @@ class SuffixDrafter {
     std::vector<char> parted;  // the old context parts from the prompt after ctx[:keep]
     bool indexed = false, committed = false;
     std::atomic<bool> ready{false};  // index_staged has run (indexed, or error set): what wait_staged waits for
+    // when it became ready: the steady clock in ns (CLOCK_MONOTONIC on Linux, Python's time.monotonic_ns)
+    std::atomic<int64_t> ready_ns{0};
     std::exception_ptr error;        // what index_staged threw (index_async: rethrown by wait_staged)
   };
 
@@ -630,6 +633,9 @@ class SuffixDrafter {
     }
     {
       std::lock_guard<std::mutex> lk(staged_mu_);
+      st.ready_ns.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch())
+                            .count());
       st.ready.store(true);
     }
     staged_cv_.notify_all();
@@ -979,7 +985,8 @@ PYBIND11_MODULE(_host, m) {
   py::class_<SuffixDrafter::Staged, std::shared_ptr<SuffixDrafter::Staged>>(m, "StagedStarts", py::module_local())
       .def_property_readonly("rids", [](const SuffixDrafter::Staged& st) { return st.rids; })
       .def_property_readonly("committed", [](const SuffixDrafter::Staged& st) { return st.committed; })
-      .def_property_readonly("ready", [](const SuffixDrafter::Staged& st) { return st.ready.load(); });
+      .def_property_readonly("ready", [](const SuffixDrafter::Staged& st) { return st.ready.load(); })
+      .def_property_readonly("ready_ns", [](const SuffixDrafter::Staged& st) { return st.ready_ns.load(); });
   py::class_<SuffixDrafter>(m, "SuffixDrafter", py::module_local())
       .def(py::init<int, int, int64_t, double, int64_t, int>(), py::arg("max_match") = 16, py::arg("max_spec") = 16,
            py::arg("global_tokens") = int64_t(1) << 16, py::arg("min_prob") = 0.05,

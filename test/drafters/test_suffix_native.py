@@ -1039,3 +1039,54 @@ def test_index_async_keeps_the_order_and_drain_waits_for_every_batch():
     for x in batches:
         for rid in x:
             same(a.draft(rid, 16), b.draft(rid, 16))
+
+
+def test_a_staged_batch_records_when_it_became_ready_on_python_s_monotonic_clock():
+    """``Staged.ready_ns``: the steady clock (ns) at which its indexing ended -- 0 before, and on the clock of
+    ``time.monotonic_ns`` (what the benchmark's admission-left timer compares it with)."""
+    import time
+
+    prompts = {f"r{i}": motif_tokens(random.Random(i), 300) for i in range(2)}
+    d = S.NativeSuffixDrafter(max_match=8, max_spec=24, global_tokens=1 << 12, min_prob=0.0, retired_tokens=1 << 12)
+    staged = d.stage_batch(list(prompts), list(prompts.values()))
+    assert staged.ready_ns == 0
+    before = time.monotonic_ns()
+    d.index_async(staged)
+    d.wait_staged(staged)
+    after = time.monotonic_ns()
+    assert before <= staged.ready_ns <= after
+    d.commit_staged(staged)
+
+
+def test_the_benchmark_times_how_long_a_blocked_admission_kept_indexing(monkeypatch):
+    """With draft timing on, a step that finds requests still indexing (``admitting``, or rows drafted empty) marks
+    when; at the batch's commit the time from that mark to the indexing's end goes to ``draft_timing.LEFT``, once per
+    admission batch. With timing off nothing is kept."""
+    import time
+
+    from lumotree.sglang import draft_timing
+    from lumotree.sglang.suffix import SuffixCorpus
+
+    rng = random.Random(11)
+    prompts = {f"p{i}": motif_tokens(rng, 300) for i in range(3)}
+    items = [(rid, toks, len(toks)) for rid, toks in prompts.items()]
+    for on in (True, False):
+        left = draft_timing.DraftTimer(every=1000)
+        monkeypatch.setattr(draft_timing, "LEFT", left)
+        monkeypatch.setattr(draft_timing, "_on", on)
+        c = SuffixCorpus(8)
+        held = HeldIndexing(c._drafter)
+        c.drafter = held
+        c.admit_batch(items)
+        assert held.entered.wait(10)
+        assert c.admitting(list(prompts))
+        time.sleep(0.05)
+        assert c.admitting(list(prompts))  # the first mark stands
+        held.release.set()
+        c.wait_admissions()
+        if on:
+            assert list(left.samples) == [4] and len(left.samples[4]) == 1  # one batch of 3 (bucket 4)
+            assert 45.0 <= left.samples[4][0] < 10_000.0
+        else:
+            assert not left.samples
+        assert not c._blocked_at

@@ -539,3 +539,19 @@ def test_the_scheduler_s_garbage_collections_are_charged_to_the_interval_they_fa
         gc.callbacks[:] = before
         if enabled:
             gc.enable()
+
+
+def test_the_admission_left_line_is_read_back_per_bucket(tmp_path):
+    """``draft_timing.LEFT``'s line (admissions, not steps) reads back through ``sglang_server.draft_timing`` with its
+    own pattern, and not as a draft line."""
+    lines = []
+    left = draft_timing.DraftTimer(every=2, log=lambda fmt, *a: lines.append(fmt % a), what="admission-left",
+                                   unit="admissions")
+    left.add(3, 1e-3)
+    left.add(4, 3e-3)
+    log = tmp_path / "server.log"
+    log.write_text("\n".join(lines) + "\n")
+    ss = load_script("serving", "sglang_server")
+    assert ss.draft_timing(str(log), ss.ADMISSION_LEFT_TIMING_LINE) == {
+        "4": dict(median_ms=3.0, p95_ms=3.0, steps=2, total_ms=4.0)}
+    assert ss.draft_timing(str(log)) == {}

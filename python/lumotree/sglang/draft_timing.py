@@ -29,7 +29,9 @@ drafter per step (``step_layout``: the step's appends, drafts and their layout, 
 (:data:`NATIVE`, ``LumoTree draft-native timing: ...``): the rest of :data:`TIMER` is the Python around it. And the
 part of :data:`TIMER` a step spends blocked on admissions still indexing in the background
 (:meth:`lumotree.sglang.suffix.SuffixCorpus._wait_for`, reported through :func:`add_held`) is timed apart per step, zero
-where it did not wait (:data:`HELD`, ``LumoTree draft-held timing: ...``).
+where it did not wait (:data:`HELD`, ``LumoTree draft-held timing: ...``). Where a step instead drafted nothing for
+requests still indexing, how much longer their indexing ran (:data:`LEFT`, ``LumoTree admission-left timing: ...``,
+per admission batch, bucketed by its request count): what a step that waited for it would have waited.
 """
 from __future__ import annotations
 
@@ -76,8 +78,17 @@ WAIT = DraftTimer(what="draft-wait")
 NATIVE = DraftTimer(what="draft-native")
 ADMISSIONS = DraftTimer(every=16, what="admission", unit="batches")
 HELD = DraftTimer(what="draft-held")
+# per admission batch whose requests a decode step found still indexing: from that step's preparation to the indexing's
+# end (the wait that step would have had, had it waited instead of drafting nothing for them); zero-length where the
+# indexing ended before the step looked (LumoTree's corpus, lumotree.sglang.suffix.SuffixCorpus)
+LEFT = DraftTimer(every=16, what="admission-left", unit="admissions")
 _on = enabled()
 _held = [0.0]  # seconds the draft preparation in progress waited for background admissions
+
+
+def enabled_now() -> bool:
+    """Whether this process times (the server's switch, read once at :func:`install`)."""
+    return _on
 
 
 def add_held(seconds: float) -> None:

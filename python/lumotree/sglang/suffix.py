@@ -379,6 +379,8 @@ class SuffixCorpus(HostCorpus):
         self._admitting: Dict[object, None] = {}  # requests staged and not yet committed (drafting nothing meanwhile)
         self._finishes: List[Tuple[object, List[int]]] = []  # admitting requests that left before their commit
         self.undrafted: List[int] = []  # rows of the last batch_get that drafted nothing: their admission was indexing
+        # benchmark only (draft_timing on): when a step first found each request still indexing (time.monotonic_ns)
+        self._blocked_at: Dict[object, int] = {}
         self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
         self._pending: Dict[object, List[int]] = {}  # a step's appends, handed over with its drafts
         self._starts: Optional[List[Tuple[object, List[int]]]] = None  # a prefill batch's admissions (admit_batch)
@@ -433,13 +435,32 @@ class SuffixCorpus(HostCorpus):
             finally:  # committed or failed: the requests are no longer admitting either way
                 for rid in rids:
                     self._admitting.pop(rid, None)
+                if self._blocked_at:
+                    self._time_left(staged, rids)
                 left = [f for f in self._finishes if f[0] not in self._admitting]
                 self._finishes = [f for f in self._finishes if f[0] in self._admitting]
                 for rid, output in left:
                     self._finish(rid, output)
             self._log_starts(len(rids))
 
+    def _note_blocked(self, rids) -> None:
+        """Benchmark only: a step found ``rids`` still indexing (the first such step of each is what :meth:`_time_left`
+        measures from)."""
+        if draft_timing.enabled_now():
+            now = time.monotonic_ns()
+            for rid in rids:
+                self._blocked_at.setdefault(rid, now)
+
+    def _time_left(self, staged, rids) -> None:
+        """Benchmark only: an admission batch committed; from the first step that found one of its requests still
+        indexing to the indexing's end (:data:`lumotree.sglang.draft_timing.LEFT`)."""
+        seen = [self._blocked_at.pop(rid) for rid in rids if rid in self._blocked_at]
+        ready_ns = getattr(staged, "ready_ns", 0)
+        if seen and ready_ns:
+            draft_timing.LEFT.add(len(rids), max(0, ready_ns - min(seen)) / 1e9)
+
     def _reset(self) -> None:
+        self._blocked_at.clear()
         self.drafter = make_suffix_drafter(threads=self.threads, **self.kw)
         self._pending.clear()
         self._starts = None
@@ -482,12 +503,14 @@ class SuffixCorpus(HostCorpus):
         if not self._admitting:
             return False
         self._settle(block=False)
-        seen = False
+        seen = []
         for rid in req_ids:
             if rid not in self._admitting:
                 return False
-            seen = True
-        return seen
+            seen.append(rid)
+        if seen:
+            self._note_blocked(seen)
+        return bool(seen)
 
     def _flush_starts(self, stop: bool) -> None:
         """Start the admissions deferred by :meth:`admit_batch` so far; ``stop``: and defer no more."""
@@ -581,6 +604,7 @@ class SuffixCorpus(HostCorpus):
         if not skip:
             return draft_timing.timed(draft_timing.NATIVE, len(req_ids), drafter.step_layout, req_ids,
                                       self._step_appends(req_ids), self.n)
+        self._note_blocked([req_ids[i] for i in skip])
         n, b, skipped = self.n, len(req_ids), set(skip)
         ready = [i for i in range(b) if i not in skipped]
         tokens = np.empty((b, n), dtype=np.int64)

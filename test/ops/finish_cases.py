@@ -30,9 +30,15 @@ def compare_finish_rule(device):
         acc = torch.randint(1, stride + 1, (bs,), generator=g).to(torch.int32)
         seq = torch.randint(16, 30, (bs,), generator=g)
         d1, d2 = done.clone(), done.clone().to(device)
-        fin_naive.mark_finished(d1, stop, max_len, ruled, rows, tokens, acc, seq + acc, stride)
-        fin_tri.mark_finished(d2, *on(stop, max_len, ruled, rows, tokens, acc, seq + acc), stride)
+        # with the step's live rows on every other trial (written in the same launch), without on the others
+        live1 = torch.zeros(bs + 2, dtype=torch.bool) if trial % 2 == 0 else None
+        live2 = torch.ones(bs + 2, dtype=torch.bool, device=device) if live1 is not None else None
+        fin_naive.mark_finished(d1, stop, max_len, ruled, rows, tokens, acc, seq + acc, stride, live1)
+        fin_tri.mark_finished(d2, *on(stop, max_len, ruled, rows, tokens, acc, seq + acc), stride, live2)
         assert torch.equal(d1, d2.cpu()), (trial, d1, d2)
+        if live1 is not None:
+            assert torch.equal(live1[:bs], ~d1[rows]), (trial, live1, d1)  # still running after the step
+            assert torch.equal(live1[:bs], live2[:bs].cpu()) and live2[bs:].all(), (trial, live1, live2)
         n_nodes = 5
         predict = torch.randint(0, 24, (bs * n_nodes,), generator=g).to(dt)
         index = torch.full((bs, stride), -1, dtype=torch.int32 if trial % 2 else torch.int64)

@@ -579,6 +579,53 @@ def test_acceptance_leaves_out_rows_a_step_holds_after_they_finished(monkeypatch
     assert w._ledger.pending[-1] == [0, False, None, (), None, None]
 
 
+def test_a_drafted_step_s_live_rows_come_from_its_own_mark_into_a_ring_of_host_buffers(monkeypatch):
+    """The rows of a drafted step still running after it come from the step's finish mark (one launch writes the
+    marks and the rows, ``FinishedRows.step_live``), not from a gather of ``done`` after it; the host buffers they
+    are copied into are a ring longer than the ledger's pending steps, so a step's rows stay its own until read."""
+    pytest.importorskip("sglang")
+    import torch
+
+    from lumotree.sglang import finish
+    from lumotree.sglang.finish import FinishedRows
+    from lumotree.sglang.worker import worker_class
+
+    w = bare_worker(worker_class(), TreeSizePolicy([3, 0]), overlap_consistent=True)
+    pool = SimpleNamespace(req_to_token=torch.zeros(8, 4, dtype=torch.int32))
+    fin = FinishedRows.of(pool)
+    fin.admit([], torch.tensor([], dtype=torch.long))
+    fin.max_len[:] = 100
+    fin.ruled[:] = True
+    fin.stop[:, 0] = 7  # token 7 ends every request
+    rows = torch.tensor([1, 2, 5, 6])
+    decode = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
+                             req_to_token_pool=pool, req_pool_indices=rows, seq_lens=torch.tensor([9] * 4))
+    stride, expected = 2, []
+    for step in range(12):  # more drafted steps than the ledger keeps pending, none of them read yet
+        w.activate_step_by_batch(4)
+        ends = step % 4  # this step ends row `ends` (token 7 accepted)
+        tokens = torch.zeros(4 * stride, dtype=torch.int64)
+        tokens[ends * stride] = 7
+        out = SimpleNamespace(next_token_ids=tokens, accept_lens=torch.ones(4, dtype=torch.int32),
+                              new_seq_lens=torch.tensor([10] * 4), speculative_num_draft_tokens=stride)
+        fin.done[rows] = False  # each step's rows start unfinished (as after the slots' next admissions)
+        finish.forward_marked(True, decode, lambda: out)
+        assert fin.step_live.tolist() == [i != ends for i in range(4)]
+        fin.done[rows] = False  # the ledger must read the mark's rows, not `done` now
+        w._ledger.note_live_rows(pool, rows)
+        expected.append([i != ends for i in range(4)])
+    kept = list(w._ledger.pending)
+    assert len(kept) == w._ledger.pending.maxlen
+    assert [e[2].tolist() for e in kept] == expected[-len(kept):]
+    # a step whose forward was not marked (no accept lengths) reads `done` after it, as before
+    w.activate_step_by_batch(4)
+    fin.done[torch.tensor([5])] = True
+    finish.forward_marked(True, decode, lambda: SimpleNamespace(next_token_ids=None))
+    assert fin.step_live is None
+    w._ledger.note_live_rows(pool, rows)
+    assert w._ledger.pending[-1][2].tolist() == [True, True, False, True]
+
+
 def oracle_draws(p, levels):
     """Accepted drafts of one request as the draft oracle draws them: the leading successes of ``levels``
     Bernoulli(``p``) draws (p 0.8, 3 levels: 0 a fifth of the time)."""

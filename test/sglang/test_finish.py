@@ -68,6 +68,8 @@ def test_device_rule_marks_exactly_the_step_sglang_finishes_a_request(seed):
         fin.mark_step(pool[live], toks, acc, seq[live], stride)
         assert fin.done[pool].tolist() == [r.finished() for r in reqs], [
             (r.finished_reason, r.output_ids, r.sampling_params.max_new_tokens) for r in reqs]
+        # the same launch tells which of the step's rows still run after it (the adaptive ledger's sample rows)
+        assert fin.step_live.tolist() == [not reqs[i].finished() for i in live]
     # what the host may trust of each finished request: its slot was left by its last step
     assert all(trusts_device_finish(r) for r in reqs if r.finished())
 

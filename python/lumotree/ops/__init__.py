@@ -108,12 +108,13 @@ def tree_select_sample(draft_tokens, target_probs, tree, coins=None, coins_final
     return _select_naive.tree_select_sample(draft_tokens, target_probs, tree, coins, coins_final, generator)
 
 
-def mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids, accept_lens, new_seq_lens, stride):
+def mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids, accept_lens, new_seq_lens, stride,
+                  live=None):
     if backend_for(done.device) == "triton":
         return _fused("finish.triton").mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids,
-                                                     accept_lens, new_seq_lens, stride)
+                                                     accept_lens, new_seq_lens, stride, live)
     return _finish_naive.mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids, accept_lens,
-                                       new_seq_lens, stride)
+                                       new_seq_lens, stride, live)
 
 
 def clamp_run(stop, max_len, ruled, req_pool_indices, seq_lens, predict, accept_lens, accept_index):

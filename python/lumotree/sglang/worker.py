@@ -218,6 +218,7 @@ class StepLedger:
         # [steps, cold, live rows, undrafted rows, request ids, drafted/no-draft time ratio] of decode steps not
         # yet reported (the last two for the chooser)
         self.pending = collections.deque(maxlen=8)
+        self._live_ring, self._live_next = None, 0  # pinned host buffers of the live rows (note_live_rows)
         self.prev = first
         self.last_batch = 0  # requests of the last decode step launched
         self._ratio = None  # the chooser's ratio of the step being chosen (None: the policy chose)
@@ -308,7 +309,11 @@ class StepLedger:
         request's end (a stop token, ``max_new_tokens``), so they accept what was left of the request, not what
         the draft was worth -- 32 agents whose turns end together made every turn's end read as acceptance near
         zero (0.76 and 1.26 accepted drafts per request at two bucket-32 decisions of a LUMOTREE_SUFFIX server
-        whose tree accepted 4-12 between them, H200), and the policy served no draft into the next turns."""
+        whose tree accepted 4-12 between them, H200), and the policy served no draft into the next turns.
+
+        The rows come from the step's own mark (:attr:`lumotree.sglang.finish.FinishedRows.step_live`, written in
+        the mark's launch; read from ``done`` where the step was not marked) into a host buffer of a ring kept
+        pinned (:meth:`_live_host`): one copy per drafted step."""
         from lumotree.sglang.finish import FinishedRows
 
         if not self.consistent or not self.pending:
@@ -316,10 +321,29 @@ class StepLedger:
         entry = self.pending[-1]
         if entry[2] is not None or entry[0] == 0:  # a no-draft step has no acceptance sample to filter
             return
-        live = ~FinishedRows.of(req_to_token_pool).done[req_pool_indices.long()]
-        host = torch.empty(live.shape, dtype=torch.bool, pin_memory=live.is_cuda)
+        fin = FinishedRows.of(req_to_token_pool)
+        live = fin.step_live
+        if live is None or live.shape[0] != req_pool_indices.shape[0]:
+            live = ~fin.done[req_pool_indices.long()]
+        host = self._live_host(live)
         host.copy_(live, non_blocking=live.is_cuda)  # before SGLang's copy of the results on this stream
         entry[2] = host
+
+    def _live_host(self, live: torch.Tensor) -> torch.Tensor:
+        """A host buffer for a drafted step's live rows (``live``'s shape): the next of a ring of pinned buffers,
+        one more than :attr:`pending` holds, so that a buffer is written again only after its step's entry has left
+        ``pending`` (read or dropped). Why a ring: pinning a new host tensor per step went through the caching host
+        allocator on every drafted step."""
+        n = live.shape[0]
+        ring = self._live_ring
+        if ring is None or ring[0].shape[0] < n:
+            size = max(n, 2 * ring[0].shape[0] if ring is not None else 64)
+            ring = self._live_ring = [torch.empty(size, dtype=torch.bool, pin_memory=live.is_cuda)
+                                      for _ in range(self.pending.maxlen + 1)]
+            self._live_next = 0
+        host = ring[self._live_next][:n]
+        self._live_next = (self._live_next + 1) % len(ring)
+        return host
 
     def note_undrafted(self, rows) -> None:
         """Rows of the step just launched that drafted nothing although the step drafted (LUMOTREE_SUFFIX: requests

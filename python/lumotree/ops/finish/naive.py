@@ -8,14 +8,17 @@ whether the rule covers the request, ``done[r]`` whether a step finished it.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 
 def mark_finished(done: torch.Tensor, stop: torch.Tensor, max_len: torch.Tensor, ruled: torch.Tensor,
                   req_pool_indices: torch.Tensor, next_token_ids: torch.Tensor, accept_lens: torch.Tensor,
-                  new_seq_lens: torch.Tensor, stride: int) -> None:
+                  new_seq_lens: torch.Tensor, stride: int, live: Optional[torch.Tensor] = None) -> None:
     """Set ``done[r]`` for the rows this decode step finished (a stop token among its accepted tokens,
     or the KV length reached ``max_len``), where the rule covers them; marks are never cleared here.
+    With ``live``: also which of the step's rows are still running after it (``not done``), in the same pass.
 
     Args:
         done (torch.Tensor): `[slots]` bool, updated in place.
@@ -27,6 +30,7 @@ def mark_finished(done: torch.Tensor, stop: torch.Tensor, max_len: torch.Tensor,
         accept_lens (torch.Tensor): `[bs]` accepted tokens per row (drafts + bonus).
         new_seq_lens (torch.Tensor): `[>= bs]` KV length after the step.
         stride (int): tokens per row in ``next_token_ids``.
+        live (torch.Tensor, optional): `[>= bs]` bool, written: row ``i`` of the step is still running after it.
     """
     bs = accept_lens.shape[0]
     if bs == 0:
@@ -37,7 +41,10 @@ def mark_finished(done: torch.Tensor, stop: torch.Tensor, max_len: torch.Tensor,
     st = stop[idx]  # [bs, S]
     hit = ((tok[:, :, None] == st[:, None, :]) & (st[:, None, :] >= 0) & valid[:, :, None]).flatten(1).any(1)
     full = new_seq_lens[:bs].long() >= max_len[idx]
-    done[idx] = done[idx] | ((hit | full) & ruled[idx])
+    now = done[idx] | ((hit | full) & ruled[idx])
+    done[idx] = now
+    if live is not None:
+        live[:bs] = ~now
 
 
 def clamp_run(stop: torch.Tensor, max_len: torch.Tensor, ruled: torch.Tensor, req_pool_indices: torch.Tensor,

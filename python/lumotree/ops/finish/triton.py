@@ -13,8 +13,8 @@ import triton.language as tl
 
 
 @triton.jit
-def mark_finished_fwd_kernel(p_done, p_stop, p_max_len, p_ruled, p_rows, p_tok, p_acc, p_len, stride, stop_stride,
-                             S: tl.constexpr, BLOCK_J: tl.constexpr):
+def mark_finished_fwd_kernel(p_done, p_stop, p_max_len, p_ruled, p_rows, p_tok, p_acc, p_len, p_live, stride,
+                             stop_stride, S: tl.constexpr, BLOCK_J: tl.constexpr, HAS_LIVE: tl.constexpr):
     b = tl.program_id(0)
     r = tl.load(p_rows + b).to(tl.int64)
     j = tl.arange(0, BLOCK_J)
@@ -27,8 +27,10 @@ def mark_finished_fwd_kernel(p_done, p_stop, p_max_len, p_ruled, p_rows, p_tok, 
     any_hit = tl.max(tl.max(hit.to(tl.int32), axis=1), axis=0) > 0
     full = tl.load(p_len + b).to(tl.int64) >= tl.load(p_max_len + r)
     fin = (any_hit | full) & (tl.load(p_ruled + r) != 0)
-    old = tl.load(p_done + r) != 0
-    tl.store(p_done + r, (old | fin).to(tl.uint8))
+    now = (tl.load(p_done + r) != 0) | fin
+    tl.store(p_done + r, now.to(tl.uint8))
+    if HAS_LIVE:  # the row still runs after this step
+        tl.store(p_live + b, tl.where(now, 0, 1).to(tl.uint8))
 
 
 @triton.jit
@@ -68,15 +70,18 @@ def _u8(t: torch.Tensor) -> torch.Tensor:
 
 
 def mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids, accept_lens, new_seq_lens,
-                  stride: int) -> None:
+                  stride: int, live=None) -> None:
     bs = accept_lens.shape[0]
     if bs == 0:
         return
     _check_tables(done, stop, max_len, ruled)
+    if live is not None and (live.dtype != torch.bool or live.shape[0] < bs or not live.is_contiguous()):
+        raise ValueError(f"finish rule: live must be a contiguous bool [>= {bs}], got {live.dtype} "
+                         f"{tuple(live.shape)}")
     mark_finished_fwd_kernel[(bs,)](_u8(done), stop, max_len, _u8(ruled), req_pool_indices.contiguous(),
                                     next_token_ids.contiguous(), accept_lens.contiguous(), new_seq_lens.contiguous(),
-                                    stride, stop.stride(0), S=stop.shape[1],
-                                    BLOCK_J=triton.next_power_of_2(max(int(stride), 1)))
+                                    _u8(live) if live is not None else done, stride, stop.stride(0), S=stop.shape[1],
+                                    BLOCK_J=triton.next_power_of_2(max(int(stride), 1)), HAS_LIVE=live is not None)
 
 
 def clamp_run(stop, max_len, ruled, req_pool_indices, seq_lens, predict, accept_lens, accept_index):

@@ -1,6 +1,7 @@
 """GPU test of the finish rule's table on CUDA (``lumotree.sglang.finish.FinishedRows``): a prefill's admission --
 one pinned block, one copy, index copies from its strided columns -- writes the same rows as on CPU, and a
-prefill's marks with the table's ``ones`` equal those with fresh ones (python3 -m pytest -q -m gpu on the H200)."""
+prefill's marks with the table's ``ones`` equal those with fresh ones, and the rows they leave running are the
+same (python3 -m pytest -q -m gpu on the H200)."""
 import random
 
 import pytest
@@ -31,6 +32,7 @@ def test_admission_and_prefill_marks_on_cuda_equal_cpu(seed):
         seq = torch.tensor([len(r.origin_input_ids) for r in reqs])
         cpu.mark_step(pool, toks, torch.ones(len(reqs), dtype=torch.int32), seq, 1)
         gpu.mark_step(pool.cuda(), toks.cuda(), gpu.ones[:len(reqs)], seq.cuda(), 1)
+        assert torch.equal(cpu.step_live, gpu.step_live.cpu()), step  # the rows still running, from the same launch
     torch.cuda.synchronize()
     for name in ("stop", "max_len", "ruled", "done"):
         assert torch.equal(getattr(cpu, name), getattr(gpu, name).cpu()), name

@@ -136,9 +136,10 @@ class _Req:
         self.rid, self.origin_input_ids, self.output_ids = rid, prompt, []
 
 
-def run_worker(kind, batch, args, threads=None):
+def run_worker(kind, batch, args, threads=None, drafter_kw=None):
     """One worker kind's draft preparation per step (``--worker``): admission (first step) and steps, ms;
-    ``threads``: the C++ drafter's host threads for LumoTree's corpus (None: as served, ``drafter_threads()``)."""
+    ``threads``: the C++ drafter's host threads for LumoTree's corpus (None: as served, ``drafter_threads()``);
+    ``drafter_kw``: LumoTree's corpus built with these settings instead of the served ones."""
     from types import SimpleNamespace
 
     import torch
@@ -148,7 +149,7 @@ def run_worker(kind, batch, args, threads=None):
     prepare, update, concat = sglang_ngram_methods("_prepare_draft_tokens", "_update_ngram_corpus",
                                                    "_efficient_concat_last_n")
     depth = SGLangNgram.DEPTH if kind == "sglang-ngram" else DEFAULT_CONTEXT
-    corpus = SGLangNgram(args.nodes).corpus if kind == "sglang-ngram" else SuffixCorpus(args.nodes)
+    corpus = SGLangNgram(args.nodes).corpus if kind == "sglang-ngram" else SuffixCorpus(args.nodes, **(drafter_kw or {}))
     if threads is not None and kind != "sglang-ngram":
         corpus.threads = threads
         corpus.reset()
@@ -205,6 +206,10 @@ def main():
     ap.add_argument("--threads", default=None,
                     help="--worker: the C++ drafter's host threads to compare for LumoTree's rows, e.g. 1,2 "
                          "(default: as served, up to 4 and at most this machine's CPUs)")
+    ap.add_argument("--drafter-kw", action="append", default=None,
+                    help="--worker: LumoTree's corpus with these settings (JSON, e.g. '{\"max_spec\": 24}'); repeat to "
+                         "compare several, alternated --repeat times (LumoTree's worker rows only)")
+    ap.add_argument("--repeat", type=int, default=1, help="--worker with --drafter-kw: alternations of the settings")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from lumotree.drafters.suffix import NativeSuffixDrafter, SuffixDrafter
@@ -224,7 +229,13 @@ def main():
 
         torch.set_num_threads(1)  # as SGLang's scheduler process runs (ModelRunner.load_model on a GPU)
         threads = [int(t) for t in args.threads.split(",")] if args.threads else [drafter_threads()]
-        rows = [dict(worker=kind, **({"threads": t} if kind != "sglang-ngram" else {}), **run_worker(kind, int(b), args, t))
+        if args.drafter_kw:
+            settings = [json.loads(k) for k in args.drafter_kw]
+            rows = [dict(worker="lumotree-suffix", drafter_kw=kw, repetition=rep, threads=t,
+                         **run_worker("lumotree-suffix", int(b), args, t, kw))
+                    for rep in range(args.repeat) for kw in settings for t in threads for b in args.batches.split(",")]
+        else:
+            rows = [dict(worker=kind, **({"threads": t} if kind != "sglang-ngram" else {}), **run_worker(kind, int(b), args, t))
                 for kind in ("lumotree-suffix", "lumotree-suffix-sglang-handover", "sglang-ngram")
                 for t in (threads if kind != "sglang-ngram" else [None])
                 for b in args.batches.split(",")]

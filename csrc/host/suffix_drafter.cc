@@ -118,7 +118,7 @@ class EdgeMap {
 class SuffixTrie {
  public:
   explicit SuffixTrie(int depth) : depth_(depth) {
-    if (depth < 1) throw std::invalid_argument("depth must be >= 1");
+    if (depth < 1 || depth > 256) throw std::invalid_argument("depth must be in [1, 256]");
     add_node(-1, 0);
   }
   int new_sequence() {
@@ -193,6 +193,18 @@ class SuffixTrie {
     active_[seq].swap(act);
   }
   bool has_children(int32_t node) const { return nodes_[node].first_child >= 0; }
+  // for a node at the trie's depth (its substring cannot be continued in the trie): the node of the substring's last
+  // `length` tokens, whose children go on where the node's stop; -1 for a node above the depth or `length` 0
+  // (python: SuffixTrie.rematch)
+  int32_t rematch(int32_t node, int length) const {
+    if (length <= 0 || length > depth_ || nodes_[node].depth != depth_) return -1;
+    Tok path[256];  // the last `length` tokens, last first
+    int n = 0;
+    for (int32_t c = node; n < length; c = nodes_[c].parent) path[n++] = nodes_[c].token;
+    int32_t m = 0;
+    for (int i = n - 1; i >= 0 && m >= 0; --i) m = child(m, path[i]);
+    return m;
+  }
   // nodes of sequence seq's context suffixes of length 1, 2, ... (< depth): the same nodes find() of
   // those suffixes returns, kept up to date by append / set_cursor
   const std::vector<int32_t>& cursor(int seq) const { return active_[seq]; }
@@ -228,9 +240,11 @@ class SuffixTrie {
       n.count = 0;
       n.token = static_cast<uint32_t>(token);
       n.parent = parent;
+      n.depth = nodes_[parent].depth + 1;
     } else {
       id = static_cast<int32_t>(nodes_.size());
-      nodes_.push_back(Node{0, static_cast<uint32_t>(token), parent, -1, -1, -1, -1, 0});
+      nodes_.push_back(Node{0, static_cast<uint32_t>(token), parent, -1, -1, -1, -1,
+                            parent < 0 ? 0 : nodes_[parent].depth + 1});
     }
     if (parent < 0) return;
     Node& p = nodes_[parent];
@@ -258,7 +272,7 @@ class SuffixTrie {
   struct Node {
     int32_t count;
     uint32_t token;
-    int32_t parent, first_child, last_child, next_sibling, prev_sibling, unused;
+    int32_t parent, first_child, last_child, next_sibling, prev_sibling, depth;  // depth: tokens of its substring
   };
   static_assert(sizeof(Node) == 32, "a node is half a cache line");
   std::vector<Node> nodes_;
@@ -274,8 +288,9 @@ struct Draft {
   std::vector<double> scores;
 };
 
-// best-first expansion below `node` by path probability (python: _expand)
-static Draft expand(const SuffixTrie& trie, int32_t node, Tok root, int budget, double min_prob) {
+// best-first expansion below `node` by path probability; rematch > 0: a path that reaches the trie's depth goes on
+// from the node of its last `rematch` tokens (python: _expand)
+static Draft expand(const SuffixTrie& trie, int32_t node, Tok root, int budget, double min_prob, int rematch) {
   Draft d{{root}, {-1}, {1.0}};
   // (score, tie, token, trie node, parent index); highest score first, then lowest tie
   using Item = std::tuple<double, int64_t, Tok, int32_t, int64_t>;
@@ -302,7 +317,9 @@ static Draft expand(const SuffixTrie& trie, int32_t node, Tok root, int budget, 
     d.tokens.push_back(tok);
     d.parents.push_back(par);
     d.scores.push_back(score);
-    push_children(ch, score, idx);
+    int32_t below = ch;
+    if (rematch > 0 && !trie.has_children(ch)) below = trie.rematch(ch, rematch);
+    if (below >= 0) push_children(below, score, idx);
   }
   return d;
 }
@@ -547,12 +564,14 @@ class Serial {
 class SuffixDrafter {
  public:
   SuffixDrafter(int max_match, int max_spec, int64_t global_tokens, double min_prob, int64_t retired_tokens,
-                int threads)
+                int threads, int rematch)
       : max_match_(max_match), max_spec_(max_spec), depth_(max_match + max_spec), global_tokens_(global_tokens),
-        min_prob_(min_prob), retired_tokens_(retired_tokens), global_(std::make_unique<SuffixTrie>(depth_)),
-        pool_(threads), admit_pool_(threads) {
+        min_prob_(min_prob), retired_tokens_(retired_tokens), rematch_(rematch),
+        global_(std::make_unique<SuffixTrie>(depth_)), pool_(threads), admit_pool_(threads) {
     if (max_match < 1 || max_spec < 1) throw std::invalid_argument("max_match and max_spec must be >= 1");
     if (retired_tokens < 0) throw std::invalid_argument("retired_tokens must be >= 0");
+    if (rematch < 0 || rematch > depth_)
+      throw std::invalid_argument("rematch must be in [0, max_match + max_spec], got " + std::to_string(rematch));
   }
 
   void start(const std::string& rid, const std::vector<Tok>& prompt) { start_batch({rid}, {prompt}); }
@@ -747,8 +766,8 @@ class SuffixDrafter {
     auto [glob, m_glob] = match(*global_, r.ctx);
     std::vector<Draft> drafts;
     Tok root = r.ctx.back();
-    if (local >= 0) drafts.push_back(expand(*r.trie, local, root, budget, min_prob_));
-    if (glob >= 0 && m_glob >= m_local) drafts.push_back(expand(*global_, glob, root, budget, min_prob_));
+    if (local >= 0) drafts.push_back(expand(*r.trie, local, root, budget, min_prob_, rematch_));
+    if (glob >= 0 && m_glob >= m_local) drafts.push_back(expand(*global_, glob, root, budget, min_prob_, rematch_));
     if (drafts.empty()) return Draft{{root}, {-1}, {1.0}};
     return merge(drafts, budget);
   }
@@ -948,6 +967,7 @@ class SuffixDrafter {
   int64_t global_tokens_;
   double min_prob_;
   int64_t retired_tokens_;
+  int rematch_;  // a draft path at the trie's depth goes on from its last rematch_ tokens (0: it ends there)
   std::unordered_map<std::string, Request> requests_;
   std::deque<std::vector<Tok>> recent_;
   int64_t recent_tokens_ = 0;
@@ -988,9 +1008,9 @@ PYBIND11_MODULE(_host, m) {
       .def_property_readonly("ready", [](const SuffixDrafter::Staged& st) { return st.ready.load(); })
       .def_property_readonly("ready_ns", [](const SuffixDrafter::Staged& st) { return st.ready_ns.load(); });
   py::class_<SuffixDrafter>(m, "SuffixDrafter", py::module_local())
-      .def(py::init<int, int, int64_t, double, int64_t, int>(), py::arg("max_match") = 16, py::arg("max_spec") = 16,
-           py::arg("global_tokens") = int64_t(1) << 16, py::arg("min_prob") = 0.05,
-           py::arg("retired_tokens") = int64_t(1) << 15, py::arg("threads") = 1)
+      .def(py::init<int, int, int64_t, double, int64_t, int, int>(), py::arg("max_match") = 16,
+           py::arg("max_spec") = 16, py::arg("global_tokens") = int64_t(1) << 16, py::arg("min_prob") = 0.05,
+           py::arg("retired_tokens") = int64_t(1) << 15, py::arg("threads") = 1, py::arg("rematch") = 0)
       .def("start", &SuffixDrafter::start, py::call_guard<py::gil_scoped_release>())
       .def("start_batch", &SuffixDrafter::start_batch, py::call_guard<py::gil_scoped_release>())
       // a prefill batch's admissions in three parts (the indexing on another thread, while the drafter serves)

@@ -62,6 +62,30 @@ def test_draft_copies_a_repeated_span():
     assert chain[:4] == [8, 9, 10, 11]
 
 
+def test_a_chain_at_the_trie_s_depth_goes_on_from_its_last_tokens():
+    """A trie of depth 4 cannot hold a copy longer than 4 tokens below the match; with ``rematch`` a path that reaches
+    the depth goes on from the node of its last ``rematch`` tokens, so a repeated span is drafted whole, and its
+    scores are the products of each step's own probabilities (here 1: every context continues one way)."""
+    span = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+    ctx = span + [0] + span[:2]
+    short = SuffixDrafter(max_match=2, max_spec=2, min_prob=0.0)
+    short.start("r", ctx)
+    assert short.draft("r", budget=16).tokens == [6, 7, 8]  # two levels below the 2-token match
+    deep = SuffixDrafter(max_match=2, max_spec=2, min_prob=0.0, rematch=2)
+    deep.start("r", ctx)
+    d = deep.draft("r", budget=16)
+    assert d.tokens == [6] + span[2:] + [0] + span[:2] and d.parents == list(range(-1, len(d.tokens) - 1))
+    assert d.scores == [1.0] * len(d.tokens)
+    # where the last tokens continue two ways, the chain branches by their counts
+    t = SuffixTrie(3)
+    t.extend(t.new_sequence(), [1, 2, 3, 4, 9, 3, 4, 5, 3, 4, 5])
+    node = t.find([2, 3, 4])  # at the depth: no children
+    assert not t.has_children(node) and t.rematch(node, 2) == t.find([3, 4])
+    assert {tok: p for tok, _, p in t.continuations(t.rematch(node, 2))} == {9: 1 / 3, 5: 2 / 3}
+    assert t.rematch(t.find([3, 4]), 2) is None  # above the depth: it holds what followed it
+    assert t.rematch(node, 0) is None
+
+
 def test_branching_scores_follow_counts():
     d = SuffixDrafter(max_match=2, max_spec=2, min_prob=0.0)
     d.start(0, [1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2])

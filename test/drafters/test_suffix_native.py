@@ -32,6 +32,11 @@ def same(a, b):
     pytest.param(dict(max_match=4, max_spec=4, global_tokens=60, min_prob=0.0, retired_tokens=200), id="small"),
     pytest.param(dict(max_match=16, max_spec=16, global_tokens=1 << 16, min_prob=0.05, retired_tokens=1 << 15),
                  id="defaults"),
+    # paths at the trie's depth go on from their last tokens' node (shallow tries: most chains reach the depth)
+    pytest.param(dict(max_match=3, max_spec=2, global_tokens=60, min_prob=0.0, retired_tokens=200, rematch=3),
+                 id="rematch"),
+    pytest.param(dict(max_match=4, max_spec=1, global_tokens=60, min_prob=0.0, retired_tokens=200, rematch=2),
+                 id="rematch-shorter"),
 ])
 def test_native_drafts_equal_the_reference(seed, kw):
     rng = random.Random(seed)
@@ -357,6 +362,15 @@ def test_batch_step_errors_change_nothing(native):
     assert d.step_batch(["r0", "r0"], [], 4) == d.step_batch(["r0"], [], 4) * 2  # drafting twice reads only
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_rematch_outside_the_trie_s_depth_is_refused(native):
+    cls = S.NativeSuffixDrafter if native else S.SuffixDrafter
+    for bad in (-1, 9):
+        with pytest.raises(ValueError, match="rematch must be in"):
+            cls(max_match=4, max_spec=4, rematch=bad)
+    cls(max_match=4, max_spec=4, rematch=8)  # the whole depth is a valid length
+
+
 def test_native_errors_match_the_reference():
     cc = S.NativeSuffixDrafter(max_match=4, max_spec=4)
     with pytest.raises(KeyError, match="unknown request"):
@@ -467,6 +481,30 @@ def test_host_cost_benchmark_worker_rows(tmp_path, monkeypatch):
         (k, t, b) for k in ("lumotree-suffix", "lumotree-suffix-sglang-handover") for t in (1, 2) for b in (1, 3)] + [
         ("sglang-ngram", None, b) for b in (1, 3)]
     assert all(r["step_ms_median"] > 0 and r["admission_ms"] > 0 for r in rows)
+
+
+def test_host_cost_benchmark_compares_drafter_settings_alternated(tmp_path, monkeypatch):
+    """``suffix_host_cost.py --worker --drafter-kw ...``: LumoTree's worker rows per setting, alternated ``--repeat``
+    times, each timed."""
+    import json
+    import os
+    import sys
+
+    pytest.importorskip("lumotree._host")
+    here = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "drafters")
+    monkeypatch.syspath_prepend(here)
+    import suffix_host_cost as h
+
+    out = tmp_path / "kw.json"
+    monkeypatch.setattr(sys, "argv", ["suffix_host_cost.py", "--worker", "--batches", "4", "--steps", "3",
+                                      "--context", "2000", "--nodes", "8", "--threads", "1",
+                                      "--drafter-kw", '{"max_spec": 40, "rematch": 0}', "--drafter-kw", "{}",
+                                      "--repeat", "2", "--out", str(out)])
+    h.main()
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["repetition"], r["drafter_kw"]) for r in rows] == [
+        (k, kw) for k in (0, 1) for kw in ({"max_spec": 40, "rematch": 0}, {})]
+    assert all(r["admission_background_ms"] > 0 and r["step_ms_median"] > 0 for r in rows)
 
 
 def test_admission_replay_times_every_turn_s_admission(tmp_path):
@@ -709,9 +747,10 @@ def test_concurrent_replay_drafts_every_request_before_any_appends_its_step_s_to
 @pytest.mark.parametrize("seed", range(6))
 def test_native_global_window_evictions_and_compactions_draft_as_the_reference(seed):
     """A global window that fills many times over (each finish removing the oldest outputs, compactions when most
-    nodes are removed ones): the same drafts from the global cache as the reference, at every finish."""
+    nodes are removed ones): the same drafts from the global cache as the reference, at every finish (removed nodes'
+    ids reused, so a re-matched path's depths must be the reused nodes' own)."""
     rng = random.Random(seed)
-    kw = dict(max_match=3, max_spec=4, global_tokens=48, min_prob=0.0, retired_tokens=64)
+    kw = dict(max_match=3, max_spec=4, global_tokens=48, min_prob=0.0, retired_tokens=64, rematch=3 * (seed % 2))
     ref, nat = S.SuffixDrafter(**kw), S.NativeSuffixDrafter(**kw)
     for i in range(120):
         out = motif_tokens(rng, rng.randrange(2, 14), vocab=6)

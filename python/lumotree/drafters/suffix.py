@@ -51,8 +51,8 @@ class SuffixTrie:
     (CPU: 0.1-0.9 s per request admission in the replay sessions)."""
 
     def __init__(self, depth: int):
-        if depth < 1:
-            raise ValueError(f"depth must be >= 1, got {depth}")
+        if not 1 <= depth <= 256:
+            raise ValueError(f"depth must be in [1, 256], got {depth}")
         self.depth = depth
         self.num_tokens = 0
         self._count = array.array("q", [0])
@@ -168,8 +168,22 @@ class SuffixTrie:
         total = sum(count[c] for c in kids.values())
         return [(tok, c, count[c] / total) for tok, c in kids.items()]
 
+    def rematch(self, node: int, length: int) -> Optional[int]:
+        """For a node at the trie's depth (its substring cannot be continued in the trie): the node of the
+        substring's last ``length`` tokens, whose continuations go on where the node's stop; ``None`` for a node
+        above the depth (it holds what followed it) or ``length`` 0."""
+        path = []
+        while node > 0 and len(path) <= self.depth:
+            path.append(self._tok[node])
+            node = self._up[node]
+        if length <= 0 or len(path) != self.depth:
+            return None
+        return self.find(path[length - 1::-1])
 
-def _expand(trie: SuffixTrie, node: int, root_token: int, budget: int, min_prob: float) -> Draft:
+
+def _expand(trie: SuffixTrie, node: int, root_token: int, budget: int, min_prob: float, rematch: int = 0) -> Draft:
+    """Best-first expansion below ``node`` by path probability. ``rematch`` > 0: a path that reaches the trie's
+    depth goes on from the node of its last ``rematch`` tokens (:meth:`SuffixTrie.rematch`)."""
     tokens, parents, scores = [root_token], [-1], [1.0]
     heap = []  # (-score, tie, token, trie node, parent index)
     tie = 0
@@ -185,7 +199,11 @@ def _expand(trie: SuffixTrie, node: int, root_token: int, budget: int, min_prob:
         tokens.append(tok)
         parents.append(par)
         scores.append(-neg)
-        for t2, c2, p in trie.continuations(ch):
+        below = trie.continuations(ch)
+        if not below and rematch:
+            again = trie.rematch(ch, rematch)
+            below = trie.continuations(again) if again is not None else ()
+        for t2, c2, p in below:
             heapq.heappush(heap, (neg * p, tie, t2, c2, idx))
             tie += 1
     return Draft(tokens, parents, scores)
@@ -243,12 +261,14 @@ class SuffixDrafter:
     ADOPT_OVERLAP = 256
 
     def __init__(self, max_match: int = 16, max_spec: int = 16, global_tokens: int = 1 << 16,
-                 min_prob: float = 0.05, retired_tokens: int = 1 << 15):
+                 min_prob: float = 0.05, retired_tokens: int = 1 << 15, rematch: int = 0):
         if max_match < 1 or max_spec < 1:
             raise ValueError("max_match and max_spec must be >= 1")
         if retired_tokens < 0:
             raise ValueError(f"retired_tokens must be >= 0, got {retired_tokens}")
-        self.max_match, self.max_spec, self.min_prob = max_match, max_spec, min_prob
+        if not 0 <= rematch <= max_match + max_spec:
+            raise ValueError(f"rematch must be in [0, max_match + max_spec], got {rematch}")
+        self.max_match, self.max_spec, self.min_prob, self.rematch = max_match, max_spec, min_prob, rematch
         self.depth = max_match + max_spec
         self.global_tokens = global_tokens
         self.retired_tokens = retired_tokens
@@ -392,9 +412,9 @@ class SuffixDrafter:
         glob, m_glob = self._match(self._global, ctx)
         drafts = []
         if local is not None:
-            drafts.append(_expand(trie, local, ctx[-1], budget, self.min_prob))
+            drafts.append(_expand(trie, local, ctx[-1], budget, self.min_prob, self.rematch))
         if glob is not None and m_glob >= m_local:
-            drafts.append(_expand(self._global, glob, ctx[-1], budget, self.min_prob))
+            drafts.append(_expand(self._global, glob, ctx[-1], budget, self.min_prob, self.rematch))
         if not drafts:
             return Draft([ctx[-1]], [-1], [1.0])
         return merge_drafts(drafts, budget)
@@ -448,14 +468,16 @@ class NativeSuffixDrafter:
     and :meth:`step_layout`."""
 
     def __init__(self, max_match: int = 16, max_spec: int = 16, global_tokens: int = 1 << 16,
-                 min_prob: float = 0.05, retired_tokens: int = 1 << 15, threads: int = 1):
+                 min_prob: float = 0.05, retired_tokens: int = 1 << 15, threads: int = 1, rematch: int = 0):
         ext = _host_extension()
         if ext is None:
             raise RuntimeError("lumotree._host is not built (reinstall without LUMOTREE_NO_EXTENSION)")
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
-        self._d = ext.SuffixDrafter(max_match, max_spec, global_tokens, min_prob, retired_tokens, threads)
-        self.max_match, self.max_spec, self.min_prob = max_match, max_spec, min_prob
+        if not 0 <= rematch <= max_match + max_spec:  # as SuffixDrafter says it
+            raise ValueError(f"rematch must be in [0, max_match + max_spec], got {rematch}")
+        self._d = ext.SuffixDrafter(max_match, max_spec, global_tokens, min_prob, retired_tokens, threads, rematch)
+        self.max_match, self.max_spec, self.min_prob, self.rematch = max_match, max_spec, min_prob, rematch
 
     def start(self, rid, prompt: Sequence[int]) -> None:
         self._d.start(str(rid), [operator.index(t) for t in prompt])

@@ -344,35 +344,35 @@ class SuffixCorpus(HostCorpus):
     (:class:`~lumotree.drafters.suffix.NativeSuffixDrafter`, the batch drafted in one call without the
     GIL) when built, else the Python reference (:func:`~lumotree.drafters.suffix.make_suffix_drafter`)."""
 
-    def __init__(self, draft_token_num: int, max_match: int = 8, max_spec: Optional[int] = None,
+    def __init__(self, draft_token_num: int, max_match: int = 8, max_spec: int = 4,
                  global_tokens: int = 1 << 18, min_prob: float = 0.0, retired_tokens: int = 1 << 18,
-                 background: bool = True):
+                 background: bool = True, rematch: Optional[int] = None):
         super().__init__(draft_token_num)
         # background: a prefill batch's admissions indexed on the C++ drafter's thread (admit_batch). Off where several
         # ranks draft the same batch (--tp-size > 1): SGLang's NGRAM loop drafts on every rank and feeds each rank's
         # drafts to its shard of the verify, so the drafts must be equal on all ranks -- and whether an admission is
         # still indexing when a step drafts (it then drafts nothing for that request) depends on each rank's threads
         self.background = background
-        # max_match / max_spec: a draft continues a match of at most 8 context tokens as deep as the server's largest
-        # tree lets a chain go (max_spec: its nodes less the root, 31 at 32 nodes; the node budget caps a chain there
-        # whatever max_spec says). On the agent benchmark's served token streams (benchmark/drafters/acceptance_replay.py,
-        # benchmark/results/suffix_depth_cpu.json) 8 / 31 drafted 32-node trees in 4.4 / 3.7 / 2.4 % fewer steps than
-        # 8 / 24 at 1 / 8 / 32 concurrent agents: copies of a file's lines run past 24 tokens. The tries hold suffixes
-        # of max_match + max_spec tokens, 39 against 32: on this project's 2-core CPU a fresh 3,000-token prompt's
-        # background indexing took 8-9 ms against 5.3-5.7 alone and 163-176 against 135-138 ms for 32 of them, a
-        # 32-request step's drafting 0.60-0.62 against 0.53-0.55 ms (suffix_depth_cpu.json, host_cost). Where a turn's
-        # indexing outlasts one more decode step the gain is gone (replayed: a second undrafted first step costs 6 %
-        # more steps at 1 agent); not yet served. Before that 16 / 16 had limited a 32-node tree's chains to 16 levels
-        # below a 16-token match -- 8 / 24 accepted 13 % more tokens per step there
+        # max_match / max_spec / rematch: a draft continues a match of at most 8 context tokens through shallow tries
+        # (12 tokens deep), and a path that reaches their depth goes on from the node of its last 8 tokens, as far as
+        # the node budget lets a chain go. On the agent benchmark's served token streams
+        # (benchmark/drafters/acceptance_replay.py, benchmark/results/suffix_depth_cpu.json, 32-node trees) that drafts
+        # 9.56 / 8.77 / 6.07 tokens per step at 1 / 8 / 32 concurrent agents, against 8.97 / 8.29 / 5.84 for tries
+        # 32 deep without it and 9.38 / 8.60 / 5.98 for tries 39 deep (a chain as deep as the largest tree): copies run
+        # past the tries' depth, and a path's last 8 tokens pool all the places they occurred. And the indexing follows
+        # the depth: on this project's 2-core CPU a fresh 3,000-token prompt's background indexing took 1.5 ms against
+        # 6 (32 deep) and 6.2 (39 deep), a 32-request step's drafting 0.58-0.60 ms against 0.55 and 0.63 (same file,
+        # host_cost) -- a turn's first step finds its prompt indexed sooner. Depth 10 (max_spec 2) drafted 0.1-0.3 %
+        # more tokens per step and took 0.69 ms per 32-request step (a re-match every other level)
         # retired_tokens: finished turns' tries kept for their sessions' next turns -- 32 concurrent agent
         # sessions of 4-8k-token contexts (the default 32k tokens kept about 5, so most next turns indexed
         # their 4,096-token window again, ~10 ms each on the scheduler's thread)
         # threads: a step's requests are indexed and drafted on up to 4 host threads (drafter_threads), one call
         # for the batch (_draft_arrays); at 32 concurrent agents that work was ~2.5-4 ms of a drafted step's host time
-        if max_spec is None:
-            max_spec = max(1, draft_token_num - 1)
+        if rematch is None:
+            rematch = max_match
         self.kw = dict(max_match=max_match, max_spec=max_spec, global_tokens=global_tokens, min_prob=min_prob,
-                       retired_tokens=retired_tokens)
+                       retired_tokens=retired_tokens, rematch=rematch)
         self.threads = drafter_threads()
         # a prefill batch's admissions indexed in the background, oldest first: [staged starts, their rids]
         self._staged: collections.deque = collections.deque()

@@ -193,11 +193,12 @@ class SuffixTrie {
     active_[seq].swap(act);
   }
   bool has_children(int32_t node) const { return nodes_[node].first_child >= 0; }
-  // for a node at the trie's depth (its substring cannot be continued in the trie): the node of the substring's last
-  // `length` tokens, whose children go on where the node's stop; -1 for a node above the depth or `length` 0
+  // for a node without children (at the trie's depth its substring cannot be continued; above it every occurrence
+  // ended its sequence) whose substring is longer than `length` tokens: the node of the substring's last `length`
+  // tokens, whose children go on where the node's stop; -1 for a substring of at most `length` tokens or `length` 0
   // (python: SuffixTrie.rematch)
   int32_t rematch(int32_t node, int length) const {
-    if (length <= 0 || length > depth_ || nodes_[node].depth != depth_) return -1;
+    if (length <= 0 || length > depth_ || nodes_[node].depth <= length) return -1;
     Tok path[256];  // the last `length` tokens, last first
     int n = 0;
     for (int32_t c = node; n < length; c = nodes_[c].parent) path[n++] = nodes_[c].token;
@@ -288,7 +289,7 @@ struct Draft {
   std::vector<double> scores;
 };
 
-// best-first expansion below `node` by path probability; rematch > 0: a path that reaches the trie's depth goes on
+// best-first expansion below `node` by path probability; rematch > 0: a path whose node has no children goes on
 // from the node of its last `rematch` tokens (python: _expand)
 static Draft expand(const SuffixTrie& trie, int32_t node, Tok root, int budget, double min_prob, int rematch) {
   Draft d{{root}, {-1}, {1.0}};
@@ -967,7 +968,7 @@ class SuffixDrafter {
   int64_t global_tokens_;
   double min_prob_;
   int64_t retired_tokens_;
-  int rematch_;  // a draft path at the trie's depth goes on from its last rematch_ tokens (0: it ends there)
+  int rematch_;  // a draft path whose node has no children goes on from its last rematch_ tokens (0: it ends there)
   std::unordered_map<std::string, Request> requests_;
   std::deque<std::vector<Tok>> recent_;
   int64_t recent_tokens_ = 0;

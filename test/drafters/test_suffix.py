@@ -63,9 +63,10 @@ def test_draft_copies_a_repeated_span():
 
 
 def test_a_chain_at_the_trie_s_depth_goes_on_from_its_last_tokens():
-    """A trie of depth 4 cannot hold a copy longer than 4 tokens below the match; with ``rematch`` a path that reaches
-    the depth goes on from the node of its last ``rematch`` tokens, so a repeated span is drafted whole, and its
-    scores are the products of each step's own probabilities (here 1: every context continues one way)."""
+    """A trie of depth 4 cannot hold a copy longer than 4 tokens below the match; with ``rematch`` a path whose node has
+    no children goes on from the node of its last ``rematch`` tokens, so a repeated span is drafted whole -- and past
+    the context's own end, where the span's first occurrence goes on -- with scores the products of each step's own
+    probabilities (here 1: every context continues one way)."""
     span = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
     ctx = span + [0] + span[:2]
     short = SuffixDrafter(max_match=2, max_spec=2, min_prob=0.0)
@@ -74,15 +75,20 @@ def test_a_chain_at_the_trie_s_depth_goes_on_from_its_last_tokens():
     deep = SuffixDrafter(max_match=2, max_spec=2, min_prob=0.0, rematch=2)
     deep.start("r", ctx)
     d = deep.draft("r", budget=16)
-    assert d.tokens == [6] + span[2:] + [0] + span[:2] and d.parents == list(range(-1, len(d.tokens) - 1))
-    assert d.scores == [1.0] * len(d.tokens)
+    assert d.tokens == [6] + span[2:] + [0] + span[:2] + span[2:6] and d.parents == list(range(-1, 15))
+    assert d.scores == [1.0] * 16
     # where the last tokens continue two ways, the chain branches by their counts
     t = SuffixTrie(3)
-    t.extend(t.new_sequence(), [1, 2, 3, 4, 9, 3, 4, 5, 3, 4, 5])
+    t.extend(t.new_sequence(), [1, 2, 3, 4, 9, 3, 4, 5, 3, 4, 5, 7, 3, 4])
     node = t.find([2, 3, 4])  # at the depth: no children
     assert not t.has_children(node) and t.rematch(node, 2) == t.find([3, 4])
     assert {tok: p for tok, _, p in t.continuations(t.rematch(node, 2))} == {9: 1 / 3, 5: 2 / 3}
-    assert t.rematch(t.find([3, 4]), 2) is None  # above the depth: it holds what followed it
+    u = SuffixTrie(4)
+    u.extend(u.new_sequence(), [1, 2, 3, 9, 8, 2, 3])
+    end = u.find([8, 2, 3])  # above the depth, where the sequence ended: its last two tokens went on elsewhere
+    assert not u.has_children(end) and u.rematch(end, 2) == u.find([2, 3])
+    assert [tok for tok, _, _ in u.continuations(u.rematch(end, 2))] == [9]
+    assert t.rematch(t.find([3, 4]), 2) is None  # no longer than the re-match: the same context
     assert t.rematch(node, 0) is None
 
 

@@ -401,14 +401,14 @@ def _depths(parents):
 
 
 def test_served_drafts_continue_a_match_past_the_tries_depth():
-    """LUMOTREE_SUFFIX's drafter settings: a match of at most 8 context tokens, tries 12 tokens deep, and a path at
-    their depth goes on from the node of its last 8 tokens: a 32-node tree over a repeated block drafts a 31-token
-    chain, the block's continuation, although the tries hold only 4 levels below an 8-token match (on the agent
-    benchmark's served token streams this drafted 2-7 % more tokens per step than 32- and 39-deep tries without it,
-    with a quarter of their indexing: benchmark/results/suffix_depth_cpu.json). Without the re-match the same draft
-    stops at the tries' depth."""
+    """LUMOTREE_SUFFIX's drafter settings: a match of at most 8 context tokens, tries 16 tokens deep, and a path whose
+    node has no children goes on from the node of its last 8 tokens: a 32-node tree over a repeated block drafts a
+    31-token chain, the block's continuation, although the tries hold only 8 levels below an 8-token match (on the
+    agent benchmark's served token streams this drafted 2-7 % more tokens per step than 32- and 39-deep tries without
+    it, with less than half their indexing: benchmark/results/suffix_depth_cpu.json). Without the re-match the same
+    draft stops at the tries' depth."""
     corpus = SuffixCorpus(32)
-    assert (corpus.kw["max_match"], corpus.kw["max_spec"], corpus.kw["rematch"]) == (8, 4, 8)
+    assert (corpus.kw["max_match"], corpus.kw["max_spec"], corpus.kw["rematch"]) == (8, 8, 8)
     assert SuffixCorpus(16).kw == corpus.kw  # the tree size does not set the tries
     block = list(range(100, 160))  # 60 distinct tokens
     corpus.drafter.start("r", block + block[:10])
@@ -419,7 +419,7 @@ def test_served_drafts_continue_a_match_past_the_tries_depth():
     assert chain == block[10:41]  # the block's continuation after the context's last token
     once = SuffixCorpus(32, rematch=0)
     once.drafter.start("r", block + block[:10])
-    assert max(_depths(once.drafter.draft("r", 32).parents)) == 4
+    assert max(_depths(once.drafter.draft("r", 32).parents)) == 8
 
 
 def test_step_get_takes_one_pass_while_the_context_grows_and_observes_otherwise():

@@ -169,21 +169,22 @@ class SuffixTrie:
         return [(tok, c, count[c] / total) for tok, c in kids.items()]
 
     def rematch(self, node: int, length: int) -> Optional[int]:
-        """For a node at the trie's depth (its substring cannot be continued in the trie): the node of the
-        substring's last ``length`` tokens, whose continuations go on where the node's stop; ``None`` for a node
-        above the depth (it holds what followed it) or ``length`` 0."""
+        """For a node without children (at the trie's depth its substring cannot be continued; above it every
+        occurrence ended its sequence) whose substring is longer than ``length`` tokens: the node of the substring's
+        last ``length`` tokens, whose continuations go on where the node's stop. ``None`` for a substring of at most
+        ``length`` tokens (the same context) or ``length`` 0."""
         path = []
-        while node > 0 and len(path) <= self.depth:
+        while node > 0 and len(path) <= length:
             path.append(self._tok[node])
             node = self._up[node]
-        if length <= 0 or len(path) != self.depth:
+        if length <= 0 or len(path) <= length:
             return None
         return self.find(path[length - 1::-1])
 
 
 def _expand(trie: SuffixTrie, node: int, root_token: int, budget: int, min_prob: float, rematch: int = 0) -> Draft:
-    """Best-first expansion below ``node`` by path probability. ``rematch`` > 0: a path that reaches the trie's
-    depth goes on from the node of its last ``rematch`` tokens (:meth:`SuffixTrie.rematch`)."""
+    """Best-first expansion below ``node`` by path probability. ``rematch`` > 0: a path whose node has no children
+    goes on from the node of its last ``rematch`` tokens (:meth:`SuffixTrie.rematch`)."""
     tokens, parents, scores = [root_token], [-1], [1.0]
     heap = []  # (-score, tie, token, trie node, parent index)
     tie = 0

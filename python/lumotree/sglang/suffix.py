@@ -344,7 +344,7 @@ class SuffixCorpus(HostCorpus):
     (:class:`~lumotree.drafters.suffix.NativeSuffixDrafter`, the batch drafted in one call without the
     GIL) when built, else the Python reference (:func:`~lumotree.drafters.suffix.make_suffix_drafter`)."""
 
-    def __init__(self, draft_token_num: int, max_match: int = 8, max_spec: int = 4,
+    def __init__(self, draft_token_num: int, max_match: int = 8, max_spec: int = 8,
                  global_tokens: int = 1 << 18, min_prob: float = 0.0, retired_tokens: int = 1 << 18,
                  background: bool = True, rematch: Optional[int] = None):
         super().__init__(draft_token_num)
@@ -353,17 +353,17 @@ class SuffixCorpus(HostCorpus):
         # drafts to its shard of the verify, so the drafts must be equal on all ranks -- and whether an admission is
         # still indexing when a step drafts (it then drafts nothing for that request) depends on each rank's threads
         self.background = background
-        # max_match / max_spec / rematch: a draft continues a match of at most 8 context tokens through shallow tries
-        # (12 tokens deep), and a path that reaches their depth goes on from the node of its last 8 tokens, as far as
-        # the node budget lets a chain go. On the agent benchmark's served token streams
-        # (benchmark/drafters/acceptance_replay.py, benchmark/results/suffix_depth_cpu.json, 32-node trees) that drafts
-        # 9.56 / 8.77 / 6.07 tokens per step at 1 / 8 / 32 concurrent agents, against 8.97 / 8.29 / 5.84 for tries
-        # 32 deep without it and 9.38 / 8.60 / 5.98 for tries 39 deep (a chain as deep as the largest tree): copies run
-        # past the tries' depth, and a path's last 8 tokens pool all the places they occurred. And the indexing follows
-        # the depth: on this project's 2-core CPU a fresh 3,000-token prompt's background indexing took 1.5 ms against
-        # 6 (32 deep) and 6.2 (39 deep), a 32-request step's drafting 0.58-0.60 ms against 0.55 and 0.63 (same file,
-        # host_cost) -- a turn's first step finds its prompt indexed sooner. Depth 10 (max_spec 2) drafted 0.1-0.3 %
-        # more tokens per step and took 0.69 ms per 32-request step (a re-match every other level)
+        # max_match / max_spec / rematch: a draft continues a match of at most 8 context tokens through tries 16 tokens
+        # deep, and a path whose node has no children (the tries' depth, or where every occurrence ended) goes on from
+        # the node of its last 8 tokens, as far as the node budget lets a chain go. On the agent benchmark's served
+        # token streams (benchmark/drafters/acceptance_replay.py, benchmark/results/suffix_depth_cpu.json, 32-node
+        # trees) that drafts 9.63 / 8.81 / 6.10 tokens per step at 1 / 8 / 32 concurrent agents, against 8.97 / 8.29 /
+        # 5.84 for tries 32 deep without it and 9.38 / 8.60 / 5.98 for tries 39 deep (a chain as deep as the largest
+        # tree): copies run past any fixed depth, and a path's last 8 tokens pool all the places they occurred. The
+        # indexing follows the depth: on this project's 2-core CPU a fresh 3,000-token prompt's background indexing
+        # took 2.3-2.7 ms against 5.8-9.6 (32 deep), a 32-request step's drafting 0.54 ms against 0.53-0.58 (same
+        # file, host_cost) -- a turn's first step finds its prompt indexed sooner. Shallower tries (12, 10 deep)
+        # drafted as many tokens or 0.5 % fewer and took longer per step (a re-match every few levels)
         # retired_tokens: finished turns' tries kept for their sessions' next turns -- 32 concurrent agent
         # sessions of 4-8k-token contexts (the default 32k tokens kept about 5, so most next turns indexed
         # their 4,096-token window again, ~10 ms each on the scheduler's thread)

@@ -92,6 +92,22 @@ def test_a_chain_at_the_trie_s_depth_goes_on_from_its_last_tokens():
     assert t.rematch(node, 0) is None
 
 
+def test_unseen_continuations_discount_what_was_seen_rarely():
+    """With ``unseen`` a step's probability is count / (total + unseen): a chain seen once no longer outranks a branch
+    point seen often. Here one occurrence goes 1 -> 2 -> 3 -> 4 and the token after 1 is 2 in 1 of 1; after 5 it is 6
+    in 9 of 10 and 7 in 1 of 10. Plain frequencies score the single chain's nodes 1.0; with unseen 2 they read 1/3,
+    1/9, ..., below 6's 9/12."""
+    t = SuffixTrie(4)
+    t.extend(t.new_sequence(), [1, 2, 3, 4] + [5, 6] * 9 + [5, 7])
+    assert {tok: p for tok, _, p in t.continuations(t.find([1]))} == {2: 1.0}
+    assert {tok: p for tok, _, p in t.continuations(t.find([1]), 2.0)} == {2: pytest.approx(1 / 3)}
+    six = {tok: p for tok, _, p in t.continuations(t.find([5]), 2.0)}
+    assert six == {6: pytest.approx(9 / 12), 7: pytest.approx(1 / 12)}
+    d = SuffixDrafter(max_match=1, max_spec=3, min_prob=0.0, unseen=2.0)
+    d.start("r", [1, 2, 3, 4, 1])
+    assert d.draft("r", budget=3).scores == pytest.approx([1.0, 1 / 3, 1 / 9])
+
+
 def test_branching_scores_follow_counts():
     d = SuffixDrafter(max_match=2, max_spec=2, min_prob=0.0)
     d.start(0, [1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2])

@@ -33,10 +33,10 @@ def same(a, b):
     pytest.param(dict(max_match=16, max_spec=16, global_tokens=1 << 16, min_prob=0.05, retired_tokens=1 << 15),
                  id="defaults"),
     # paths at the trie's depth go on from their last tokens' node (shallow tries: most chains reach the depth)
-    pytest.param(dict(max_match=3, max_spec=2, global_tokens=60, min_prob=0.0, retired_tokens=200, rematch=3),
-                 id="rematch"),
-    pytest.param(dict(max_match=4, max_spec=1, global_tokens=60, min_prob=0.0, retired_tokens=200, rematch=2),
-                 id="rematch-shorter"),
+    pytest.param(dict(max_match=3, max_spec=2, global_tokens=60, min_prob=0.0, retired_tokens=200, rematch=3,
+                      unseen=2.0), id="rematch"),
+    pytest.param(dict(max_match=4, max_spec=1, global_tokens=60, min_prob=0.1, retired_tokens=200, rematch=2,
+                      unseen=0.5), id="rematch-shorter"),
 ])
 def test_native_drafts_equal_the_reference(seed, kw):
     rng = random.Random(seed)
@@ -363,12 +363,15 @@ def test_batch_step_errors_change_nothing(native):
 
 
 @pytest.mark.parametrize("native", [False, True])
-def test_rematch_outside_the_trie_s_depth_is_refused(native):
+def test_rematch_outside_the_trie_s_depth_and_negative_unseen_are_refused(native):
     cls = S.NativeSuffixDrafter if native else S.SuffixDrafter
     for bad in (-1, 9):
         with pytest.raises(ValueError, match="rematch must be in"):
             cls(max_match=4, max_spec=4, rematch=bad)
     cls(max_match=4, max_spec=4, rematch=8)  # the whole depth is a valid length
+    for bad in (-0.5, float("nan")):
+        with pytest.raises(ValueError, match="unseen must be >= 0"):
+            cls(max_match=4, max_spec=4, unseen=bad)
 
 
 def test_native_errors_match_the_reference():

@@ -162,10 +162,12 @@ class SuffixTrie:
     def has_children(self, node: int) -> bool:
         return bool(self._kids[node])
 
-    def continuations(self, node: int):
-        """(token, child, P(token | node)) with P estimated over the occurrences that continued."""
+    def continuations(self, node: int, unseen: float = 0.0):
+        """(token, child, P(token | node)) with P estimated over the occurrences that continued, and ``unseen`` more
+        occurrences of a continuation not seen yet (``count / (total + unseen)``: a continuation seen once reads 1/3
+        with ``unseen`` 2, one seen 98 times of 98 reads 0.98)."""
         kids, count = self._kids[node], self._count
-        total = sum(count[c] for c in kids.values())
+        total = sum(count[c] for c in kids.values()) + unseen
         return [(tok, c, count[c] / total) for tok, c in kids.items()]
 
     def rematch(self, node: int, length: int) -> Optional[int]:
@@ -182,13 +184,15 @@ class SuffixTrie:
         return self.find(path[length - 1::-1])
 
 
-def _expand(trie: SuffixTrie, node: int, root_token: int, budget: int, min_prob: float, rematch: int = 0) -> Draft:
-    """Best-first expansion below ``node`` by path probability. ``rematch`` > 0: a path whose node has no children
-    goes on from the node of its last ``rematch`` tokens (:meth:`SuffixTrie.rematch`)."""
+def _expand(trie: SuffixTrie, node: int, root_token: int, budget: int, min_prob: float, rematch: int = 0,
+            unseen: float = 0.0) -> Draft:
+    """Best-first expansion below ``node`` by path probability (each step's :meth:`SuffixTrie.continuations` with
+    ``unseen``). ``rematch`` > 0: a path whose node has no children goes on from the node of its last ``rematch``
+    tokens (:meth:`SuffixTrie.rematch`)."""
     tokens, parents, scores = [root_token], [-1], [1.0]
     heap = []  # (-score, tie, token, trie node, parent index)
     tie = 0
-    for tok, ch, p in trie.continuations(node):
+    for tok, ch, p in trie.continuations(node, unseen):
         heap.append((-p, tie, tok, ch, 0))
         tie += 1
     heapq.heapify(heap)
@@ -200,10 +204,10 @@ def _expand(trie: SuffixTrie, node: int, root_token: int, budget: int, min_prob:
         tokens.append(tok)
         parents.append(par)
         scores.append(-neg)
-        below = trie.continuations(ch)
+        below = trie.continuations(ch, unseen)
         if not below and rematch:
             again = trie.rematch(ch, rematch)
-            below = trie.continuations(again) if again is not None else ()
+            below = trie.continuations(again, unseen) if again is not None else ()
         for t2, c2, p in below:
             heapq.heappush(heap, (neg * p, tie, t2, c2, idx))
             tie += 1
@@ -262,14 +266,17 @@ class SuffixDrafter:
     ADOPT_OVERLAP = 256
 
     def __init__(self, max_match: int = 16, max_spec: int = 16, global_tokens: int = 1 << 16,
-                 min_prob: float = 0.05, retired_tokens: int = 1 << 15, rematch: int = 0):
+                 min_prob: float = 0.05, retired_tokens: int = 1 << 15, rematch: int = 0, unseen: float = 0.0):
         if max_match < 1 or max_spec < 1:
             raise ValueError("max_match and max_spec must be >= 1")
         if retired_tokens < 0:
             raise ValueError(f"retired_tokens must be >= 0, got {retired_tokens}")
         if not 0 <= rematch <= max_match + max_spec:
             raise ValueError(f"rematch must be in [0, max_match + max_spec], got {rematch}")
+        if not unseen >= 0:
+            raise ValueError(f"unseen must be >= 0, got {unseen}")
         self.max_match, self.max_spec, self.min_prob, self.rematch = max_match, max_spec, min_prob, rematch
+        self.unseen = float(unseen)
         self.depth = max_match + max_spec
         self.global_tokens = global_tokens
         self.retired_tokens = retired_tokens
@@ -413,9 +420,9 @@ class SuffixDrafter:
         glob, m_glob = self._match(self._global, ctx)
         drafts = []
         if local is not None:
-            drafts.append(_expand(trie, local, ctx[-1], budget, self.min_prob, self.rematch))
+            drafts.append(_expand(trie, local, ctx[-1], budget, self.min_prob, self.rematch, self.unseen))
         if glob is not None and m_glob >= m_local:
-            drafts.append(_expand(self._global, glob, ctx[-1], budget, self.min_prob, self.rematch))
+            drafts.append(_expand(self._global, glob, ctx[-1], budget, self.min_prob, self.rematch, self.unseen))
         if not drafts:
             return Draft([ctx[-1]], [-1], [1.0])
         return merge_drafts(drafts, budget)
@@ -469,7 +476,8 @@ class NativeSuffixDrafter:
     and :meth:`step_layout`."""
 
     def __init__(self, max_match: int = 16, max_spec: int = 16, global_tokens: int = 1 << 16,
-                 min_prob: float = 0.05, retired_tokens: int = 1 << 15, threads: int = 1, rematch: int = 0):
+                 min_prob: float = 0.05, retired_tokens: int = 1 << 15, threads: int = 1, rematch: int = 0,
+                 unseen: float = 0.0):
         ext = _host_extension()
         if ext is None:
             raise RuntimeError("lumotree._host is not built (reinstall without LUMOTREE_NO_EXTENSION)")
@@ -477,8 +485,12 @@ class NativeSuffixDrafter:
             raise ValueError(f"threads must be >= 1, got {threads}")
         if not 0 <= rematch <= max_match + max_spec:  # as SuffixDrafter says it
             raise ValueError(f"rematch must be in [0, max_match + max_spec], got {rematch}")
-        self._d = ext.SuffixDrafter(max_match, max_spec, global_tokens, min_prob, retired_tokens, threads, rematch)
+        if not unseen >= 0:
+            raise ValueError(f"unseen must be >= 0, got {unseen}")
+        self._d = ext.SuffixDrafter(max_match, max_spec, global_tokens, min_prob, retired_tokens, threads, rematch,
+                                    float(unseen))
         self.max_match, self.max_spec, self.min_prob, self.rematch = max_match, max_spec, min_prob, rematch
+        self.unseen = float(unseen)
 
     def start(self, rid, prompt: Sequence[int]) -> None:
         self._d.start(str(rid), [operator.index(t) for t in prompt])

@@ -248,9 +248,11 @@ def default_suffix_budget(server_args, env=os.environ) -> None:
     builds a verify state for each smaller size. Why 1,024: at 32 concurrent agents (tiny model, H200, the servers
     taking turns in one run, ``docs/performance.md``) 32-node trees served 1.22x no speculation against 1.17x with
     the 16 nodes that 512 tokens gave, faster in each of the three repeats, p95 turn latency 0.95 s against 1.19
-    (confirmed over five repeats on another machine: 1.07x). The cap: the suffix drafter's simulated gain from 32 to
-    64 nodes is ~3 % more tokens per step (``agent_draft_acceptance_cpu.json``) while the served verify at 64 nodes
-    costs 4-6x that at 16 (``served_forms_h200.json``). An explicit flag is kept as given: one size at every batch."""
+    (confirmed over five repeats on another machine: 1.07x). The cap: the served verify at 64 nodes costs 4-6x that
+    at 16 (``served_forms_h200.json``, the GDN verify at 27B heads), while with the drafter's current settings 64 nodes
+    would draft 17 / 15 % more tokens per step at 1 / 8 agents on the flags-alone token streams (CPU replay,
+    ``benchmark/drafters/acceptance_replay.py --nodes 32,64``); not yet served (``agents_bench.py`` configuration
+    ``lumotree-suffix-64``). An explicit flag is kept as given: one size at every batch."""
     if server_args.speculative_num_draft_tokens is not None:
         return
     from lumotree.sglang.suffix_sizes import SIZES_ATTR, bucket_sizes

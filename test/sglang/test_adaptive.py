@@ -1075,12 +1075,14 @@ def test_may_draft_follows_acceptance_and_a_pinned_no_draft_never_drafts():
     assert TreeSizePolicy([0, 3]).may_draft(64, 128) is True  # nothing ran yet
 
 
-def test_each_runtime_state_is_captured_at_its_own_sizes(monkeypatch):
+def test_each_runtime_state_is_captured_at_its_own_sizes(monkeypatch, caplog):
     """At start-up the configured chain's state keeps the server's sizes (SGLang's speculative list), the no-draft
     state's one-node verify and every shallower chain capture the powers of two and the largest size (the policy times
-    their padded steps as served), and the decode graphs of no-draft steps no speculation's list."""
+    their padded steps as served), and the decode graphs of no-draft steps no speculation's list; the log says what
+    each state's verify graphs took."""
     pytest.importorskip("sglang")
     import contextlib
+    import logging
 
     import sglang.srt.speculative.eagle_worker_v2 as ew
     from sglang.srt.model_executor.cuda_graph_config import CudaGraphConfig
@@ -1113,6 +1115,8 @@ def test_each_runtime_state_is_captured_at_its_own_sizes(monkeypatch):
 
     def build_state(self, steps, tokens, cuda_graph_bs=None):  # what SGLang's runners would capture now
         built[steps] = (tokens, list(cuda_graph_bs), list(args.cuda_graph_config.decode.bs))
+        usage = self._additional_graph_time_usage  # SGLang adds each state's verify-graph capture time
+        usage["target_verify"] = usage.get("target_verify", 0.0) + 0.25 * (steps + 1)
         return steps
 
     monkeypatch.setattr(ew.EAGLEWorkerV2, "init_cuda_graphs", lambda self: None)
@@ -1123,7 +1127,13 @@ def test_each_runtime_state_is_captured_at_its_own_sizes(monkeypatch):
     monkeypatch.setattr(ew, "speculative_moe_a2a_backend_context", contextlib.nullcontext)
     monkeypatch.setattr(ew, "SpecRuntimeState", lambda **kw: kw)
     monkeypatch.setattr(decode_step.DecodeStep, "build", classmethod(lambda c, worker, bs: decode_built.append(bs)))
-    cls.init_cuda_graphs(w)
+    w._additional_graph_time_usage = {"target_verify": 6.0}  # the configured chain's, captured before
+    with caplog.at_level(logging.INFO, logger="lumotree.sglang.worker"):
+        cls.init_cuda_graphs(w)
+    # each state's start-up in the log: its own verify-graph capture time, apart from the rest
+    lines = [r.getMessage() for r in caplog.records if "runtime state for" in r.getMessage()]
+    assert len(lines) == 3 and "runtime state for 2 draft steps" in lines[2]
+    assert "target-verify graphs 0.8 s at batch sizes [1, 2, 4, 8, 16, 32, 64, 128]" in lines[2], lines
 
     sparse = [1, 2, 4, 8, 16, 32, 64, 128]
     assert w._tree_states[3]["speculative_num_draft_tokens"] == 4  # the configured chain: SGLang's own state

@@ -57,6 +57,13 @@ def configured_graph_bs(server_args, exec_bs):
     return list(bs) if bs else None
 
 
+def _verify_graph_seconds(worker) -> float:
+    """The seconds SGLang's EAGLE V2 worker has spent capturing target-verify graphs so far (it adds each runtime
+    state's to ``_additional_graph_time_usage``): where a LUMOTREE server's start-up goes, state by state, in its log."""
+    usage = getattr(worker, "_additional_graph_time_usage", None) or {}
+    return float(usage.get("target_verify", 0.0))
+
+
 def one_node_verify_graph_bs(cuda_graph_bs, decodes: bool):
     """Batch sizes of the no-draft state's one-node verify CUDA graphs. Where no-draft steps run as decode
     steps (``decodes``: :mod:`lumotree.sglang.decode_step`, through decode graphs at no speculation's sizes), the
@@ -559,7 +566,7 @@ def worker_class():
                     cuda_graph_runner_for_draft_extend=dw.cuda_graph_runner_for_draft_extend)
                 for steps in self.tree_policy.candidates:
                     if steps not in self._tree_states:
-                        tic = time.perf_counter()
+                        tic, verify0 = time.perf_counter(), _verify_graph_seconds(self)
                         # no draft: the draft model never runs (no draft, draft-extend skipped), so no draft graphs
                         skip = _no_draft_graphs(dw) if steps == 0 else contextlib.nullcontext()
                         graph_bs = (one_node_verify_graph_bs(cuda_graph_bs, self._decodes) if steps == 0
@@ -569,8 +576,10 @@ def worker_class():
                                 steps, candidate_tokens(steps, self.speculative_num_steps,
                                                         self.speculative_num_draft_tokens),
                                 cuda_graph_bs=graph_bs)
-                        logger.info("LumoTree adaptive: runtime state for %d draft steps built in %.1f s", steps,
-                                    time.perf_counter() - tic)
+                        took, verify = time.perf_counter() - tic, _verify_graph_seconds(self) - verify0
+                        logger.info("LumoTree adaptive: runtime state for %d draft steps built in %.1f s (target-verify "
+                                    "graphs %.1f s at batch sizes %s; the rest -- draft graphs, attention backends, "
+                                    "buffers -- %.1f s)", steps, took, verify, graph_bs, took - verify)
                 if 0 in self.tree_policy.candidates and self._decodes:
                     decode_bs = decode_step_graph_bs(self.server_args, cuda_graph_bs)
                     self._decode_step = DecodeStep.build(self, decode_bs)

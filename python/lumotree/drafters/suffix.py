@@ -483,10 +483,6 @@ class NativeSuffixDrafter:
             raise RuntimeError("lumotree._host is not built (reinstall without LUMOTREE_NO_EXTENSION)")
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
-        if not 0 <= rematch <= max_match + max_spec:  # as SuffixDrafter says it
-            raise ValueError(f"rematch must be in [0, max_match + max_spec], got {rematch}")
-        if not unseen >= 0:
-            raise ValueError(f"unseen must be >= 0, got {unseen}")
         self._d = ext.SuffixDrafter(max_match, max_spec, global_tokens, min_prob, retired_tokens, threads, rematch,
                                     float(unseen))
         self.max_match, self.max_spec, self.min_prob, self.rematch = max_match, max_spec, min_prob, rematch

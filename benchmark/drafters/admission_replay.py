@@ -131,6 +131,9 @@ def main(argv=None):
                     help="agents_bench.py --replies-out (gzip JSON): the served replies of --reference as the turns' "
                          "outputs instead of stand-ins")
     ap.add_argument("--reference", default="none/32")
+    ap.add_argument("--drafter-kw", action="append", default=None,
+                    help="the drafter with these settings over the served ones (JSON, e.g. '{\"max_spec\": 24}'); "
+                         "repeat to compare several, alternated within each repetition (rows with drafter_kw)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     if args.stage and args.threads:
@@ -159,12 +162,15 @@ def main(argv=None):
     per_session = turns_of(ab.make_sessions(args.sessions, args.turns, 0), encode, count, 6500, 128, replies=replies)
     rows = []
     modes = [None] + ([int(t) for t in args.threads.split(",")] if args.threads else [])
+    settings = [json.loads(k) for k in args.drafter_kw] if args.drafter_kw else [None]
     for agents in (int(a) for a in args.agents.split(",")):
         for r in range(args.repeat):
-            for threads in modes:  # one start per turn, then batched rounds on each thread count
-                d = S.NativeSuffixDrafter(**kw) if threads is None else S.NativeSuffixDrafter(threads=threads, **kw)
+            for threads, extra in ((t, x) for x in settings for t in modes):  # per turn, then batched rounds
+                dkw = dict(kw, **(extra or {}))
+                d = S.NativeSuffixDrafter(**dkw) if threads is None else S.NativeSuffixDrafter(threads=threads, **dkw)
                 times = replay(d, per_session, agents, args.window, batched=threads is not None, stage=args.stage)
                 row = dict(agents=agents, repeat=r, **({} if threads is None else dict(threads=threads)),
+                           **({} if extra is None else dict(drafter_kw=extra)),
                            **(dict(part="stage_batch") if args.stage else {}), stats=d.stats,
                            turns=len(times), total_s=round(sum(times), 3),
                            median_ms=round(1e3 * statistics.median(times), 3),

@@ -809,6 +809,34 @@ class HeldIndexing:
         self.real.index_staged(staged)
 
 
+def test_a_step_whose_requests_are_all_admitting_waits_a_bounded_time_for_their_indexing():
+    """``SuffixCorpus.wait_admitting``: while the requests' indexing is held it waits out its timeout and says they are
+    still admitting (the step then serves no draft); once the indexing completes within the wait they are committed
+    and draft as if admitted in line. A request already indexed is not waited for."""
+    import threading
+
+    import numpy as np
+
+    from lumotree.sglang.suffix import SuffixCorpus
+
+    rng = random.Random(11)
+    prompt = motif_tokens(rng, 300)
+    inline, background = SuffixCorpus(8), SuffixCorpus(8)
+    inline.admit("p", prompt, len(prompt))
+    held = HeldIndexing(background._drafter)
+    background.drafter = held
+    background.admit_batch([("p", prompt, len(prompt))])
+    assert held.entered.wait(10)
+    assert background.wait_admitting(["p"], timeout=0.002) and not held.indexed  # held past the wait: still admitting
+    threading.Timer(0.05, held.release.set).start()
+    assert not background.wait_admitting(["p"], timeout=30)  # returns once the indexing is done and committed
+    assert held.indexed == [["p"]] and not background._admitting
+    a = background.batch_get(["p"], [prompt[-8:]], [len(prompt)])
+    b = inline.batch_get(["p"], [prompt[-8:]], [len(prompt)])
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1]) and background.undrafted == []
+    assert not background.wait_admitting(["p"], timeout=30)  # nothing indexing: no wait
+
+
 def test_prefill_admissions_are_indexed_in_the_background_and_drafted_once_committed():
     """SuffixCorpus.admit_batch stages a prefill batch's admissions (adoptions) on the caller's thread, indexes them
     on the background thread (the C++ drafter releases the GIL) and returns. A step that drafts meanwhile does not

@@ -146,6 +146,33 @@ def test_a_step_whose_requests_are_all_still_admitting_decodes(monkeypatch):
     assert w.forward_batch_generation(batch(["a"])) == "verify-result"
 
 
+class WaitingCorpus(AdmittingCorpus):
+    """An admitting corpus whose bounded wait (``wait_admitting``) sees the indexing of ``done_within`` finish."""
+
+    def __init__(self, indexing, done_within):
+        super().__init__(indexing)
+        self.done_within, self.waits = set(done_within), []
+
+    def wait_admitting(self, rids):
+        rids = list(rids)
+        self.waits.append(rids)
+        self.indexing -= self.done_within
+        return self.admitting(rids)
+
+
+def test_a_step_whose_requests_are_all_admitting_waits_for_their_indexing_before_it_decodes(monkeypatch):
+    """The tree chosen and every request still admitting: the worker lets the corpus wait (bounded) for their
+    indexing; done within it, the step drafts; not done, it is a decode step."""
+    w = worker(monkeypatch, [1])
+    w.ngram_corpus = WaitingCorpus({"a"}, done_within={"a"})
+    assert w.forward_batch_generation(batch(["a"])) == "verify-result" and w.calls == [("tree", 1)]
+    assert w.ngram_corpus.waits == [["a"]]
+    w = worker(monkeypatch, [1])
+    w.ngram_corpus = WaitingCorpus({"a"}, done_within=())
+    w.forward_batch_generation(batch(["a"]))
+    assert w._decode_step.ran == [1] and w.calls == [] and w._ledger.pending[-1][0] == 0
+
+
 def test_rows_that_drafted_nothing_leave_the_acceptance_sample(monkeypatch):
     """Requests whose admission was indexing drafted their root alone: they accept what a decode step gives, so the
     step's acceptance sample leaves them out (a step that drafted for none of its rows gives none)."""

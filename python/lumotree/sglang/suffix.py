@@ -502,6 +502,28 @@ class SuffixCorpus(HostCorpus):
         self._staged.append((staged, rids))
         self._admitting.update(dict.fromkeys(rids))
 
+    # how long a decode step whose requests are all still being admitted waits for their indexing before it serves no
+    # draft (wait_admitting). Why: a turn's first decode step is chosen right after its prefill's admission is staged,
+    # so at one agent 384 of 469 turns' first steps drafted nothing (H200, run 1-agent-flags-alone), while a turn's
+    # admission -- its trie adopted, its new tokens indexed -- took 0.23 ms median, 2.3 ms at its 95th percentile on
+    # this project's 2-core CPU (benchmark/drafters/admission_replay.py --agents 1, the run's replies); and a drafted
+    # first step saves ~0.76 steps of a turn, worth a wait of up to ~1.4 ms at that run's step times (CPU replay of its
+    # streams). A drafted step waits for the step before it on the GPU anyway (its accepted tokens), so the prefill's
+    # GPU time hides part of the wait. Not yet served
+    ADMISSION_WAIT_S = 0.001
+    ADMISSION_POLL_S = 0.0001  # the indexing runs without the GIL on the drafter's thread: the wait sleeps between polls
+
+    def wait_admitting(self, req_ids, timeout: Optional[float] = None) -> bool:
+        """:meth:`admitting`, after waiting up to ``timeout`` seconds (``ADMISSION_WAIT_S``) for the requests'
+        indexing: whether every one of ``req_ids`` is still being admitted then."""
+        req_ids = list(req_ids)
+        deadline = time.perf_counter() + (self.ADMISSION_WAIT_S if timeout is None else timeout)
+        while self.admitting(req_ids):
+            if time.perf_counter() >= deadline:
+                return True
+            time.sleep(self.ADMISSION_POLL_S)
+        return False
+
     def admitting(self, req_ids) -> bool:
         """Whether every one of ``req_ids`` (any iterable, read only while admissions are indexing) is still being
         admitted: a drafted step would draft nothing for any of them."""
@@ -861,9 +883,11 @@ def ngram_worker(make_corpus):
             return vs if vs is not None and DecodeStep._plain(batch) else None
 
         def ngram_corpus_admitting(self, batch) -> bool:
-            """Whether every request of ``batch`` is still being admitted by the corpus (:meth:`SuffixCorpus.admitting`)."""
-            admitting = getattr(self.ngram_corpus, "admitting", None)
-            return admitting is not None and admitting(req.rid for req in batch.reqs)
+            """Whether every request of ``batch`` is still being admitted by the corpus, after the corpus's bounded
+            wait for their indexing (:meth:`SuffixCorpus.wait_admitting`; a corpus without it: at once)."""
+            corpus = self.ngram_corpus
+            wait = getattr(corpus, "wait_admitting", None) or getattr(corpus, "admitting", None)
+            return wait is not None and wait(req.rid for req in batch.reqs)
 
         def _no_draft_decode(self, batch, on_publish):
             """The no-draft step as a decode forward (its lengths published before it, :meth:`DecodeStep._decode`);

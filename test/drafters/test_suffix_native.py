@@ -526,6 +526,17 @@ def test_admission_replay_times_every_turn_s_admission(tmp_path):
     assert res["drafter"]["retired_tokens"] == 1 << 18
 
 
+def test_admission_replay_compares_drafter_settings(tmp_path):
+    """--drafter-kw: each setting's rows within each repetition, the same turns and adoptions (the settings change the
+    tries, not which finished turn a prompt continues)."""
+    mod = _drafters_script("admission_replay")
+    res = mod.main(["--agents", "2", "--sessions", "4", "--turns", "3", "--repeat", "2", "--window", "512",
+                    "--drafter-kw", '{"max_spec": 24, "rematch": 0}', "--drafter-kw", "{}"])
+    kws = [r.get("drafter_kw") for r in res["rows"]]
+    assert kws == [{"max_spec": 24, "rematch": 0}, {}] * 2 and [r["repeat"] for r in res["rows"]] == [0, 0, 1, 1]
+    assert len({(r["turns"], r["stats"]["adopted"], r["stats"]["indexed_tokens"]) for r in res["rows"]}) == 1
+
+
 def test_admission_replay_stage_times_the_scheduler_thread_s_share_with_the_served_replies(tmp_path):
     """--stage: each turn staged (timed), indexed and committed -- the same adoptions as one start per turn; --replies:
     the recorded replies are the turns' outputs (the next prompts hold them)."""

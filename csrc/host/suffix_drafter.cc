@@ -567,15 +567,18 @@ class Serial {
 class SuffixDrafter {
  public:
   SuffixDrafter(int max_match, int max_spec, int64_t global_tokens, double min_prob, int64_t retired_tokens,
-                int threads, int rematch, double unseen)
+                int threads, int rematch, double unseen, double global_unseen)
       : max_match_(max_match), max_spec_(max_spec), depth_(max_match + max_spec), global_tokens_(global_tokens),
         min_prob_(min_prob), retired_tokens_(retired_tokens), rematch_(rematch), unseen_(unseen),
+        global_unseen_(global_unseen),
         global_(std::make_unique<SuffixTrie>(depth_)), pool_(threads), admit_pool_(threads) {
     if (max_match < 1 || max_spec < 1) throw std::invalid_argument("max_match and max_spec must be >= 1");
     if (retired_tokens < 0) throw std::invalid_argument("retired_tokens must be >= 0");
     if (rematch < 0 || rematch > depth_)
       throw std::invalid_argument("rematch must be in [0, max_match + max_spec], got " + std::to_string(rematch));
-    if (!(unseen >= 0)) throw std::invalid_argument("unseen must be >= 0, got " + std::to_string(unseen));
+    if (!(unseen >= 0 && global_unseen >= 0))
+      throw std::invalid_argument("unseen must be >= 0, got " + std::to_string(unseen) + " (global cache: " +
+                                  std::to_string(global_unseen) + ")");
   }
 
   void start(const std::string& rid, const std::vector<Tok>& prompt) { start_batch({rid}, {prompt}); }
@@ -772,7 +775,7 @@ class SuffixDrafter {
     Tok root = r.ctx.back();
     if (local >= 0) drafts.push_back(expand(*r.trie, local, root, budget, min_prob_, rematch_, unseen_));
     if (glob >= 0 && m_glob >= m_local)
-      drafts.push_back(expand(*global_, glob, root, budget, min_prob_, rematch_, unseen_));
+      drafts.push_back(expand(*global_, glob, root, budget, min_prob_, rematch_, global_unseen_));
     if (drafts.empty()) return Draft{{root}, {-1}, {1.0}};
     return merge(drafts, budget);
   }
@@ -974,6 +977,7 @@ class SuffixDrafter {
   int64_t retired_tokens_;
   int rematch_;  // a draft path whose node has no children goes on from its last rematch_ tokens (0: it ends there)
   double unseen_;  // a step's probability: count / (total + unseen_) (python: SuffixTrie.continuations)
+  double global_unseen_;  // the same for the global cache's drafts (weaker evidence for a request than its own)
   std::unordered_map<std::string, Request> requests_;
   std::deque<std::vector<Tok>> recent_;
   int64_t recent_tokens_ = 0;
@@ -1014,10 +1018,10 @@ PYBIND11_MODULE(_host, m) {
       .def_property_readonly("ready", [](const SuffixDrafter::Staged& st) { return st.ready.load(); })
       .def_property_readonly("ready_ns", [](const SuffixDrafter::Staged& st) { return st.ready_ns.load(); });
   py::class_<SuffixDrafter>(m, "SuffixDrafter", py::module_local())
-      .def(py::init<int, int, int64_t, double, int64_t, int, int, double>(), py::arg("max_match") = 16,
+      .def(py::init<int, int, int64_t, double, int64_t, int, int, double, double>(), py::arg("max_match") = 16,
            py::arg("max_spec") = 16, py::arg("global_tokens") = int64_t(1) << 16, py::arg("min_prob") = 0.05,
            py::arg("retired_tokens") = int64_t(1) << 15, py::arg("threads") = 1, py::arg("rematch") = 0,
-           py::arg("unseen") = 0.0)
+           py::arg("unseen") = 0.0, py::arg("global_unseen") = 0.0)
       .def("start", &SuffixDrafter::start, py::call_guard<py::gil_scoped_release>())
       .def("start_batch", &SuffixDrafter::start_batch, py::call_guard<py::gil_scoped_release>())
       // a prefill batch's admissions in three parts (the indexing on another thread, while the drafter serves)

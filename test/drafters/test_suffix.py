@@ -108,6 +108,16 @@ def test_unseen_continuations_discount_what_was_seen_rarely():
     assert d.draft("r", budget=3).scores == pytest.approx([1.0, 1 / 3, 1 / 9])
 
 
+def test_the_global_cache_s_drafts_count_their_own_unseen_continuations():
+    """Other requests' finished outputs are weaker evidence for a request than its own context: ``global_unseen``
+    discounts the global cache's drafts apart from ``unseen`` (the request's own trie's)."""
+    d = SuffixDrafter(max_match=2, max_spec=2, min_prob=0.0, unseen=0.0, global_unseen=2.0)
+    d.finish("x", [1, 2, 3])  # a finished output: [1, 2] went on with 3 once
+    d.start("r", [7, 1, 2])  # the request's own context never continued [1, 2]
+    assert d.draft("r", budget=2).scores == pytest.approx([1.0, 1 / 3])
+    assert SuffixDrafter(max_match=2, max_spec=2, unseen=1.0).global_unseen == 1.0  # default: the same as unseen
+
+
 def test_branching_scores_follow_counts():
     d = SuffixDrafter(max_match=2, max_spec=2, min_prob=0.0)
     d.start(0, [1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2])

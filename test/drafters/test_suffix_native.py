@@ -34,7 +34,7 @@ def same(a, b):
                  id="defaults"),
     # paths at the trie's depth go on from their last tokens' node (shallow tries: most chains reach the depth)
     pytest.param(dict(max_match=3, max_spec=2, global_tokens=60, min_prob=0.0, retired_tokens=200, rematch=3,
-                      unseen=2.0), id="rematch"),
+                      unseen=2.0, global_unseen=16.0), id="rematch"),
     pytest.param(dict(max_match=4, max_spec=1, global_tokens=60, min_prob=0.1, retired_tokens=200, rematch=2,
                       unseen=0.5), id="rematch-shorter"),
 ])
@@ -372,6 +372,8 @@ def test_rematch_outside_the_trie_s_depth_and_negative_unseen_are_refused(native
     for bad in (-0.5, float("nan")):
         with pytest.raises(ValueError, match="unseen must be >= 0"):
             cls(max_match=4, max_spec=4, unseen=bad)
+        with pytest.raises(ValueError, match="unseen must be >= 0"):
+            cls(max_match=4, max_spec=4, global_unseen=bad)
 
 
 def test_native_errors_match_the_reference():
@@ -764,7 +766,8 @@ def test_native_global_window_evictions_and_compactions_draft_as_the_reference(s
     nodes are removed ones): the same drafts from the global cache as the reference, at every finish (removed nodes'
     ids reused, so a re-matched path's depths must be the reused nodes' own)."""
     rng = random.Random(seed)
-    kw = dict(max_match=3, max_spec=4, global_tokens=48, min_prob=0.0, retired_tokens=64, rematch=3 * (seed % 2))
+    kw = dict(max_match=3, max_spec=4, global_tokens=48, min_prob=0.0, retired_tokens=64, rematch=3 * (seed % 2),
+              global_unseen=float(seed % 3))
     ref, nat = S.SuffixDrafter(**kw), S.NativeSuffixDrafter(**kw)
     for i in range(120):
         out = motif_tokens(rng, rng.randrange(2, 14), vocab=6)

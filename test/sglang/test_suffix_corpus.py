@@ -409,6 +409,7 @@ def test_served_drafts_continue_a_match_past_the_tries_depth():
     draft stops at the tries' depth."""
     corpus = SuffixCorpus(32)
     assert (corpus.kw["max_match"], corpus.kw["max_spec"], corpus.kw["rematch"]) == (8, 8, 8)
+    assert (corpus.kw["unseen"], corpus.kw["global_unseen"]) == (2.0, 16.0)
     assert SuffixCorpus(16).kw == corpus.kw  # the tree size does not set the tries
     block = list(range(100, 160))  # 60 distinct tokens
     corpus.drafter.start("r", block + block[:10])

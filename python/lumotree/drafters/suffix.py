@@ -266,17 +266,19 @@ class SuffixDrafter:
     ADOPT_OVERLAP = 256
 
     def __init__(self, max_match: int = 16, max_spec: int = 16, global_tokens: int = 1 << 16,
-                 min_prob: float = 0.05, retired_tokens: int = 1 << 15, rematch: int = 0, unseen: float = 0.0):
+                 min_prob: float = 0.05, retired_tokens: int = 1 << 15, rematch: int = 0, unseen: float = 0.0,
+                 global_unseen: Optional[float] = None):
         if max_match < 1 or max_spec < 1:
             raise ValueError("max_match and max_spec must be >= 1")
         if retired_tokens < 0:
             raise ValueError(f"retired_tokens must be >= 0, got {retired_tokens}")
         if not 0 <= rematch <= max_match + max_spec:
             raise ValueError(f"rematch must be in [0, max_match + max_spec], got {rematch}")
-        if not unseen >= 0:
-            raise ValueError(f"unseen must be >= 0, got {unseen}")
+        global_unseen = unseen if global_unseen is None else global_unseen
+        if not (unseen >= 0 and global_unseen >= 0):
+            raise ValueError(f"unseen must be >= 0, got {unseen} (global cache: {global_unseen})")
         self.max_match, self.max_spec, self.min_prob, self.rematch = max_match, max_spec, min_prob, rematch
-        self.unseen = float(unseen)
+        self.unseen, self.global_unseen = float(unseen), float(global_unseen)
         self.depth = max_match + max_spec
         self.global_tokens = global_tokens
         self.retired_tokens = retired_tokens
@@ -422,7 +424,8 @@ class SuffixDrafter:
         if local is not None:
             drafts.append(_expand(trie, local, ctx[-1], budget, self.min_prob, self.rematch, self.unseen))
         if glob is not None and m_glob >= m_local:
-            drafts.append(_expand(self._global, glob, ctx[-1], budget, self.min_prob, self.rematch, self.unseen))
+            drafts.append(_expand(self._global, glob, ctx[-1], budget, self.min_prob, self.rematch,
+                                  self.global_unseen))
         if not drafts:
             return Draft([ctx[-1]], [-1], [1.0])
         return merge_drafts(drafts, budget)
@@ -477,16 +480,17 @@ class NativeSuffixDrafter:
 
     def __init__(self, max_match: int = 16, max_spec: int = 16, global_tokens: int = 1 << 16,
                  min_prob: float = 0.05, retired_tokens: int = 1 << 15, threads: int = 1, rematch: int = 0,
-                 unseen: float = 0.0):
+                 unseen: float = 0.0, global_unseen: Optional[float] = None):
         ext = _host_extension()
         if ext is None:
             raise RuntimeError("lumotree._host is not built (reinstall without LUMOTREE_NO_EXTENSION)")
         if threads < 1:
             raise ValueError(f"threads must be >= 1, got {threads}")
+        global_unseen = unseen if global_unseen is None else global_unseen
         self._d = ext.SuffixDrafter(max_match, max_spec, global_tokens, min_prob, retired_tokens, threads, rematch,
-                                    float(unseen))
+                                    float(unseen), float(global_unseen))
         self.max_match, self.max_spec, self.min_prob, self.rematch = max_match, max_spec, min_prob, rematch
-        self.unseen = float(unseen)
+        self.unseen, self.global_unseen = float(unseen), float(global_unseen)
 
     def start(self, rid, prompt: Sequence[int]) -> None:
         self._d.start(str(rid), [operator.index(t) for t in prompt])

@@ -658,8 +658,8 @@ CONFIGS["lumotree-suffix-passes4"] = CONFIGS["lumotree-suffix"] + ["--prefill-de
 # largest prefill batch of late, which the benchmark's cap keeps true at 32 agents
 CONFIGS["lumotree-suffix-r48"] = CONFIGS["lumotree-suffix"] + ["--max-running-requests", "48"]
 # LUMOTREE_SUFFIX with 64-node trees at every batch size (its default caps a tree at 32 nodes): on the flags-alone token
-# streams (CPU replay, benchmark/drafters/acceptance_replay.py --nodes 32,64) 64 nodes draft 11.59 / 10.52 tokens per
-# step at 1 / 8 agents against 9.92 / 9.07 -- whether the dearer verify pays is what serving it at those levels shows
+# streams (CPU replay, benchmark/drafters/acceptance_replay.py --nodes 32,64) 64 nodes draft 11.86 / 10.69 tokens per
+# step at 1 / 8 agents against 10.07 / 9.19 -- whether the dearer verify pays is what serving it at those levels shows
 CONFIGS["lumotree-suffix-64"] = CONFIGS["lumotree-suffix"] + ["--speculative-num-draft-tokens", "64"]
 # the same servers on the synchronous scheduler (what the overlap default gains)
 CONFIGS["lumotree-suffix-sync"] = CONFIGS["lumotree-suffix"] + ["--disable-overlap-schedule"]

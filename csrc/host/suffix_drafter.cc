@@ -194,17 +194,21 @@ class SuffixTrie {
   }
   bool has_children(int32_t node) const { return nodes_[node].first_child >= 0; }
   // for a node without children (at the trie's depth its substring cannot be continued; above it every occurrence
-  // ended its sequence) whose substring is longer than `length` tokens: the node of the substring's last `length`
-  // tokens, whose children go on where the node's stop; -1 for a substring of at most `length` tokens or `length` 0
+  // ended its sequence): the node of the longest proper suffix of its substring, of at most `length` tokens, that has
+  // children -- whose children go on where the node's stop; -1 where no such suffix has any, or `length` 0
   // (python: SuffixTrie.rematch)
   int32_t rematch(int32_t node, int length) const {
-    if (length <= 0 || length > depth_ || nodes_[node].depth <= length) return -1;
-    Tok path[256];  // the last `length` tokens, last first
-    int n = 0;
-    for (int32_t c = node; n < length; c = nodes_[c].parent) path[n++] = nodes_[c].token;
-    int32_t m = 0;
-    for (int i = n - 1; i >= 0 && m >= 0; --i) m = child(m, path[i]);
-    return m;
+    int most = std::min(length, nodes_[node].depth - 1);
+    if (most < 1) return -1;
+    Tok path[256];  // the substring's last `most` tokens, last first
+    int32_t c = node;
+    for (int n = 0; n < most; ++n, c = nodes_[c].parent) path[n] = nodes_[c].token;
+    for (int m = most; m >= 1; --m) {
+      int32_t found = 0;
+      for (int i = m - 1; i >= 0 && found >= 0; --i) found = child(found, path[i]);
+      if (found >= 0 && has_children(found)) return found;
+    }
+    return -1;
   }
   // nodes of sequence seq's context suffixes of length 1, 2, ... (< depth): the same nodes find() of
   // those suffixes returns, kept up to date by append / set_cursor
@@ -290,7 +294,8 @@ struct Draft {
 };
 
 // best-first expansion below `node` by path probability, a step's count / (its siblings' total + unseen); rematch > 0:
-// a path whose node has no children goes on from the node of its last `rematch` tokens (python: _expand)
+// a path whose node has no children goes on from the node of its longest suffix of at most `rematch` tokens that has
+// (python: _expand)
 static Draft expand(const SuffixTrie& trie, int32_t node, Tok root, int budget, double min_prob, int rematch,
                     double unseen) {
   Draft d{{root}, {-1}, {1.0}};
@@ -975,7 +980,7 @@ class SuffixDrafter {
   int64_t global_tokens_;
   double min_prob_;
   int64_t retired_tokens_;
-  int rematch_;  // a draft path whose node has no children goes on from its last rematch_ tokens (0: it ends there)
+  int rematch_;  // a draft path whose node has no children goes on from a suffix of <= rematch_ tokens (0: it ends)
   double unseen_;  // a step's probability: count / (total + unseen_) (python: SuffixTrie.continuations)
   double global_unseen_;  // the same for the global cache's drafts (weaker evidence for a request than its own)
   std::unordered_map<std::string, Request> requests_;

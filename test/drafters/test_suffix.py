@@ -64,9 +64,9 @@ def test_draft_copies_a_repeated_span():
 
 def test_a_chain_at_the_trie_s_depth_goes_on_from_its_last_tokens():
     """A trie of depth 4 cannot hold a copy longer than 4 tokens below the match; with ``rematch`` a path whose node has
-    no children goes on from the node of its last ``rematch`` tokens, so a repeated span is drafted whole -- and past
-    the context's own end, where the span's first occurrence goes on -- with scores the products of each step's own
-    probabilities (here 1: every context continues one way)."""
+    no children goes on from the node of its longest suffix of at most ``rematch`` tokens that has children, so a
+    repeated span is drafted whole -- and past the context's own end, where the span's first occurrence goes on --
+    with scores the products of each step's own probabilities (here 1: every context continues one way)."""
     span = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
     ctx = span + [0] + span[:2]
     short = SuffixDrafter(max_match=2, max_spec=2, min_prob=0.0)
@@ -88,8 +88,16 @@ def test_a_chain_at_the_trie_s_depth_goes_on_from_its_last_tokens():
     end = u.find([8, 2, 3])  # above the depth, where the sequence ended: its last two tokens went on elsewhere
     assert not u.has_children(end) and u.rematch(end, 2) == u.find([2, 3])
     assert [tok for tok, _, _ in u.continuations(u.rematch(end, 2))] == [9]
-    assert t.rematch(t.find([3, 4]), 2) is None  # no longer than the re-match: the same context
-    assert t.rematch(node, 0) is None
+    # where the last `rematch` tokens never went on either, a shorter suffix that did: [7, 2, 3] ended the sequence,
+    # [2, 3] too, [3] went on with 9
+    v = SuffixTrie(4)
+    v.extend(v.new_sequence(), [3, 9, 7, 2, 3])
+    stuck = v.find([7, 2, 3])
+    assert not v.has_children(v.find([2, 3])) and v.rematch(stuck, 2) == v.find([3])
+    w = SuffixTrie(4)
+    w.extend(w.new_sequence(), [5, 6])
+    assert w.rematch(w.find([5, 6]), 2) is None  # [6] never went on either: no suffix to continue from
+    assert v.rematch(v.find([9]), 2) is None and t.rematch(node, 0) is None  # one token has no proper suffix
 
 
 def test_unseen_continuations_discount_what_was_seen_rarely():

@@ -172,23 +172,25 @@ class SuffixTrie:
 
     def rematch(self, node: int, length: int) -> Optional[int]:
         """For a node without children (at the trie's depth its substring cannot be continued; above it every
-        occurrence ended its sequence) whose substring is longer than ``length`` tokens: the node of the substring's
-        last ``length`` tokens, whose continuations go on where the node's stop. ``None`` for a substring of at most
-        ``length`` tokens (the same context) or ``length`` 0."""
-        path = []
+        occurrence ended its sequence): the node of the longest proper suffix of its substring, of at most ``length``
+        tokens, that has children -- whose continuations go on where the node's stop. ``None`` where no such suffix
+        has any, or ``length`` 0."""
+        path = []  # the substring's last tokens, last first
         while node > 0 and len(path) <= length:
             path.append(self._tok[node])
             node = self._up[node]
-        if length <= 0 or len(path) <= length:
-            return None
-        return self.find(path[length - 1::-1])
+        for m in range(min(length, len(path) - 1), 0, -1):
+            found = self.find(path[m - 1::-1])
+            if found is not None and self.has_children(found):
+                return found
+        return None
 
 
 def _expand(trie: SuffixTrie, node: int, root_token: int, budget: int, min_prob: float, rematch: int = 0,
             unseen: float = 0.0) -> Draft:
     """Best-first expansion below ``node`` by path probability (each step's :meth:`SuffixTrie.continuations` with
-    ``unseen``). ``rematch`` > 0: a path whose node has no children goes on from the node of its last ``rematch``
-    tokens (:meth:`SuffixTrie.rematch`)."""
+    ``unseen``). ``rematch`` > 0: a path whose node has no children goes on from the node of its longest suffix of at
+    most ``rematch`` tokens that has (:meth:`SuffixTrie.rematch`)."""
     tokens, parents, scores = [root_token], [-1], [1.0]
     heap = []  # (-score, tie, token, trie node, parent index)
     tie = 0

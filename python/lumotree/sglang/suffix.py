@@ -356,24 +356,19 @@ class SuffixCorpus(HostCorpus):
         self.background = background
         # max_match / max_spec / rematch: a draft continues a match of at most 8 context tokens through tries 16 tokens
         # deep, and a path whose node has no children (the tries' depth, or where every occurrence ended) goes on from
-        # the node of its last 8 tokens, as far as the node budget lets a chain go. On the agent benchmark's served
-        # token streams (benchmark/drafters/acceptance_replay.py, benchmark/results/suffix_depth_cpu.json, 32-node
-        # trees) that drafts 9.63 / 8.81 / 6.10 tokens per step at 1 / 8 / 32 concurrent agents, against 8.97 / 8.29 /
-        # 5.84 for tries 32 deep without it and 9.38 / 8.60 / 5.98 for tries 39 deep (a chain as deep as the largest
-        # tree): copies run past any fixed depth, and a path's last 8 tokens pool all the places they occurred. The
-        # indexing follows the depth: on this project's 2-core CPU a fresh 3,000-token prompt's background indexing
-        # took 2.3-2.7 ms against 5.8-9.6 (32 deep), a 32-request step's drafting 0.54 ms against 0.53-0.58 (same
-        # file, host_cost) -- a turn's first step finds its prompt indexed sooner. Shallower tries (12, 10 deep)
-        # drafted as many tokens or 0.5 % fewer and took longer per step (a re-match every few levels)
-        # unseen: a step's probability is count / (total + 2), as if two more occurrences had continued some other
-        # way -- a continuation seen once reads 1/3, not 1, so a draft does not stake its budget on a long chain
-        # seen once over branches seen often: 9.84 / 8.96 / 6.18 tokens per step against 9.63 / 8.81 / 6.10 with
-        # plain frequencies (chosen on the 1-agent streams and the 8-agent streams' first half; then the second half
-        # +1.6 %, 32 agents +1.4 %; 4 in place of 2 drafted within 0.4 % of it everywhere)
-        # global_unseen: the global cache of other requests' finished outputs is weaker evidence for a request's
-        # continuation than its own context: its drafts count 16 unseen continuations -- 9.92 / 9.07 / 6.32 tokens per
-        # step against 9.84 / 8.96 / 6.18 with 2 (chosen on the 1-agent streams and the 8-agent streams' first half;
-        # then the second half +1.6 %, 32 agents +2.3 %; 8 and 32 drafted less at 1 agent)
+        # the node of its longest suffix of at most 8 tokens that has children, as far as the node budget lets a chain
+        # go: copies run past any fixed depth, and a path's last tokens pool all the places they occurred. unseen /
+        # global_unseen: a step's probability is count / (total + 2) in the request's own trie -- a continuation seen
+        # once reads 1/3, not 1, so a draft does not stake its budget on a long chain seen once over branches seen
+        # often -- and count / (total + 16) in the global cache of other requests' outputs, weaker evidence for this
+        # request. On the agent benchmark's served token streams (benchmark/drafters/acceptance_replay.py,
+        # benchmark/results/suffix_depth_cpu.json, 32-node trees): 10.07 / 9.19 / 6.40 tokens per step at 1 / 8 / 32
+        # concurrent agents, against 8.97 / 8.29 / 5.84 for tries 32 deep with none of it (what was last served), 9.38
+        # / 8.60 / 5.98 for tries 39 deep, 9.78 / 8.94 / 6.18 with the re-match and plain frequencies, 10.00 / 9.07 /
+        # 6.26 with 2 unseen in both tries (the weights chosen on the 1-agent streams and the 8-agent streams' first
+        # half; the second half and 32 agents agree). The indexing follows the depth: on this project's 2-core CPU a
+        # fresh 3,000-token prompt's background indexing took 2.7 ms against 6.6 (32 deep; same file, host_cost), and
+        # a turn's first step finds its prompt indexed sooner; tries 12 deep drafted 0.3 % fewer tokens
         # retired_tokens: finished turns' tries kept for their sessions' next turns -- 32 concurrent agent
         # sessions of 4-8k-token contexts (the default 32k tokens kept about 5, so most next turns indexed
         # their 4,096-token window again, ~10 ms each on the scheduler's thread)

@@ -515,7 +515,10 @@ class SuffixCorpus(HostCorpus):
 
     def wait_admitting(self, req_ids, timeout: Optional[float] = None) -> bool:
         """:meth:`admitting`, after waiting up to ``timeout`` seconds (``ADMISSION_WAIT_S``) for the requests'
-        indexing: whether every one of ``req_ids`` is still being admitted then."""
+        indexing: whether every one of ``req_ids`` is still being admitted then. Nothing indexing (most steps): no
+        copy of ``req_ids``, no clock read."""
+        if not self._admitting:
+            return False
         req_ids = list(req_ids)
         deadline = time.perf_counter() + (self.ADMISSION_WAIT_S if timeout is None else timeout)
         while self.admitting(req_ids):

@@ -73,13 +73,13 @@ def agents():
     the mode its flags alone give (LUMOTREE_SUFFIX: its per-request choice of no draft, its default prefill delayer
     and the delayer's hooks, prefill graphs on), the median of 3 flushed repeats with the servers up at once and served
     in turn: 1, 8 and 32 agents from runs "1-agent-flags-alone", "8-agents-flags-alone" and "32-agents-flags-alone"
-    (one H200), and 32 agents again from run "32-agents-request-choice" (another H200; the same choice through its
-    settings file). Ratios compare within a group, not across groups (machines of the pool differ up to 1.8x)."""
+    (one H100, a fresh machine), and 32 agents again from run "32-agents-request-choice" (an H200, earlier code; the
+    same choice through its settings file). Ratios compare within a group, not across groups (machines of the pool differ up to 1.8x)."""
     runs = {r["name"]: r for r in json.load(open(os.path.join(RES, "agents_h200.json")))["runs"]}
     groups = [("1-agent-flags-alone", 1, "1 agent"),
               ("8-agents-flags-alone", 8, "8 agents"),
               ("32-agents-flags-alone", 32, "32 agents"),
-              ("32-agents-request-choice", 32, "32 agents\n(another H200, the choice\nby its settings file)")]
+              ("32-agents-request-choice", 32, "32 agents\n(an H200, earlier code, the\nchoice by its settings file)")]
     names = {"lumotree-suffix-request-quantile": "LUMOTREE_SUFFIX (flags alone / its default written out)",
              "lumotree-suffix": "LUMOTREE_SUFFIX (flags alone / its default written out)", "none": "no speculation",
              "ngram16": "SGLang NGRAM, 16 tokens"}
@@ -102,7 +102,7 @@ def agents():
                 ax.text(x, v, label, ha="center", va="bottom", fontsize=7, rotation=90 if a not in got else 0)
     for ax, ylabel in zip(axes, ("completion tokens/s", "p95 turn latency (s)")):
         ax.set(xticks=range(len(levels)), xticklabels=levels, ylabel=ylabel)
-    axes[0].set_title("SWE-agent-style sessions, tiny model, one H200 (last group another H200)")
+    axes[0].set_title("SWE-agent-style sessions, tiny model, one H100 (last group an H200, earlier code)")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(DOCS, "agents_h200.png"), dpi=110)

@@ -251,8 +251,8 @@ def default_suffix_budget(server_args, env=os.environ) -> None:
     (confirmed over five repeats on another machine: 1.07x). The cap: the served verify at 64 nodes costs 4-6x that
     at 16 (``served_forms_h200.json``, the GDN verify at 27B heads), while with the drafter's current settings 64 nodes
     would draft 18 / 16 % more tokens per step at 1 / 8 agents on the flags-alone token streams (CPU replay,
-    ``benchmark/drafters/acceptance_replay.py --nodes 32,64``); 64 nodes not served yet (``agents_bench.py`` configuration
-    ``lumotree-suffix-64``). An explicit flag is kept as given: one size at every batch."""
+    ``benchmark/drafters/acceptance_replay.py --nodes 32,64``); 64 nodes not served yet (``agents_bench.py``
+    configuration ``lumotree-suffix-64``). An explicit flag is kept as given: one size at every batch."""
     if server_args.speculative_num_draft_tokens is not None:
         return
     from lumotree.sglang.suffix_sizes import SIZES_ATTR, bucket_sizes

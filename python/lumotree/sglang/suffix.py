@@ -509,8 +509,8 @@ class SuffixCorpus(HostCorpus):
     # this project's 2-core CPU (benchmark/drafters/admission_replay.py --agents 1, the run's replies); and a drafted
     # first step saves ~0.76 steps of a turn, worth a wait of up to ~1.4 ms at that run's step times (CPU replay of its
     # streams). A drafted step waits for the step before it on the GPU anyway (its accepted tokens), so the prefill's
-    # GPU time hides part of the wait. Served (one H100, the next run at 1 agent): 99 of 456 first steps still drafted
-    # nothing after the wait (176 found their admission indexing, 1.33 ms median of it left)
+    # GPU time hides part of the wait. Served (one H100, the next run at 1 agent): 99 of 468 turns' first steps still
+    # drafted nothing after the wait (176 found their admission indexing, 1.33 ms median of it left)
     ADMISSION_WAIT_S = 0.001
     ADMISSION_POLL_S = 0.0001  # the indexing runs without the GIL on the drafter's thread: the wait sleeps between polls
 

@@ -66,3 +66,15 @@ def test_public_op_on_cpu_is_the_reference():
 
     p = problem(2, 5, 4, 2, 16, 16, (7, 3), torch.float32, "cpu", "tree")
     assert torch.equal(ops.tree_verify_attention(**p), naive.tree_verify_attention(**p))
+
+
+def test_the_split_count_is_one_kernel_variant_at_every_batch_size():
+    """The split count takes values 1, 16 and others across a server's verify graph sizes (4-token chains, 132
+    SMs); each kernel takes it unspecialized, so a start-up compiles one variant of each, not three."""
+    import triton as _triton  # noqa: F401  (the kernels' module needs Triton; CPU builds have it)
+    from lumotree.ops.tree_attention import triton as ta
+
+    splits = {ta.tree_attention_config(bs, 4, 24, 4, 132)[2] for bs in (1, 4, 8, 32, 64, 128)}
+    assert 1 in splits and 16 in splits and len(splits) > 2
+    for kernel in (ta.tree_attention_prefix_fwd_kernel, ta.tree_attention_merge_fwd_kernel):
+        assert [p.name for p in kernel.params if p.do_not_specialize] == ["S"]

@@ -31,6 +31,11 @@ import triton
 import triton.language as tl
 
 MAX_SPLITS = 16
+# the split count varies with the batch (tree_attention_config): 16 at batch 1-4, 1 from 72 on (4-token chains, 132
+# SMs). Triton compiles an integer argument's value 1 and its multiples of 16 as variants of their own, so a server
+# capturing verify graphs at batch sizes 128 .. 1 compiled each kernel three times per tree size (a first start on
+# an H200: three ~1-2 s stalls in each state's capture); unspecialized, once
+UNSPECIALIZED = ["S"]
 LOG2E = 1.4426950408889634
 
 
@@ -47,7 +52,7 @@ def _online_softmax_step(b_m, b_l, b_acc, b_s, b_v):
     return b_mn, b_l * b_alpha + tl.sum(b_p, 1), b_acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=UNSPECIALIZED)
 def tree_attention_prefix_fwd_kernel(
         q, k_buffer, v_buffer, kv_indptr, kv_indices, o_part, lse_part, scale_log2, S,
         stride_qt, stride_qh, stride_kbs, stride_kbh, stride_vbs, stride_vbh,
@@ -93,7 +98,7 @@ def tree_attention_prefix_fwd_kernel(
     tl.store(lse_part + i_b * stride_lb + i_hk * stride_lh + i_s * stride_ls + o_m, b_lse, mask=m_m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=UNSPECIALIZED)
 def tree_attention_merge_fwd_kernel(
         q, k, v, anc, o_part, lse_part, out, scale_log2, S,
         stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ab, stride_ai,

@@ -12,9 +12,12 @@ measured pass's time over 128 no-draft steps, mean and worst over seeds.
     python3 benchmark/serving/sim_probe_cost.py [--module path/to/adaptive.py]
 
 ``--module``: another version of ``adaptive.py`` (e.g. ``git show REV:python/lumotree/sglang/adaptive.py``)
-simulated instead of the installed one.
+simulated instead of the installed one. ``--candidates 0,1,3``: a chain that may also serve shallower depths (LUMOTREE's
+default is ``0,1,3``); a ``k``-step chain's step time is *estimated* as ``t_decode + (t_3step - t_decode) x k / 3``
+(the table has the 3-step chain's only), its acceptance the oracle's leading successes cut at ``k``.
 """
 import argparse
+import collections
 import importlib.util
 import json
 import os
@@ -34,6 +37,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--module", default=None, help="an adaptive.py to simulate instead of lumotree's")
     ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--candidates", default="0,3", help="the policy's candidates (draft steps; 0 = no draft)")
     args = ap.parse_args(argv)
     import test_adaptive as sim  # simulate_overlap, oracle_draws
 
@@ -44,17 +48,21 @@ def main(argv=None):
         spec.loader.exec_module(mod)
     else:
         from lumotree.sglang import adaptive as mod
+    cands = [int(c) for c in args.candidates.split(",")]
     rows = []
     for batch, (t_none, t_tree) in STEP_MS.items():
-        losses = []
+        t = {k: (t_none + (t_tree - t_none) * k / 3) / 1e3 for k in cands if k}  # seconds per drafting candidate
+        losses, accepted = [], []
         for seed in range(args.seeds):
-            p = mod.TreeSizePolicy([0, 3])
-            sim.simulate_overlap(p, batch, t_none / 1e3, t_tree / 1e3, sim.oracle_draws(0.8, 3), steps=2 * PASS, seed=seed)
-            sim.simulate_overlap(p, batch, t_none / 1e3, t_tree / 1e3, 0.0, steps=4 * PASS, seed=seed + 100)
-            served = sim.simulate_overlap(p, batch, t_none / 1e3, t_tree / 1e3, 0.0, steps=PASS, seed=seed + 200)
-            losses.append(sum(t_tree if s else t_none for s in served) / (PASS * t_none) - 1)
-        rows.append(dict(batch=batch, mean_loss_pct=round(100 * statistics.mean(losses), 2),
-                         max_loss_pct=round(100 * max(losses), 2)))
+            p = mod.TreeSizePolicy(cands)
+            hit = sim.simulate_overlap(p, batch, t_none / 1e3, t, sim.oracle_draws(0.8, 3), steps=2 * PASS, seed=seed)
+            sim.simulate_overlap(p, batch, t_none / 1e3, t, 0.0, steps=4 * PASS, seed=seed + 100)
+            served = sim.simulate_overlap(p, batch, t_none / 1e3, t, 0.0, steps=PASS, seed=seed + 200)
+            losses.append(sum(t[s] * 1e3 if s else t_none for s in served) / (PASS * t_none) - 1)
+            accepted.append(collections.Counter(hit[PASS:]))  # what the second accepted pass served
+        rows.append(dict(batch=batch, candidates=cands, mean_loss_pct=round(100 * statistics.mean(losses), 2),
+                         max_loss_pct=round(100 * max(losses), 2),
+                         accepted_pass_served={k: sum(c[k] for c in accepted) for k in cands}))
         print(json.dumps(rows[-1]), flush=True)
     return rows
 

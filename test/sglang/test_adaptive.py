@@ -241,7 +241,10 @@ def test_policy_ignores_unknown_candidates_and_bad_times():
 
 def test_candidate_steps_from_the_flags(tmp_path):
     sa = SimpleNamespace(speculative_num_steps=3, speculative_adaptive_config=None)
-    assert adaptive.candidate_steps(sa) == [0, 3]
+    assert adaptive.candidate_steps(sa) == [0, 1, 3]  # a chain (topk 1): no draft, a one-step chain, its own
+    assert adaptive.candidate_steps(SimpleNamespace(speculative_num_steps=1, speculative_adaptive_config=None)) == [0, 1]
+    assert adaptive.candidate_steps(SimpleNamespace(speculative_num_steps=3, speculative_eagle_topk=2,
+                                                    speculative_adaptive_config=None)) == [0, 3]  # a tree
     cfg = tmp_path / "fixed.json"
     cfg.write_text(json.dumps({"candidate_steps": [3]}))
     sa.speculative_adaptive_config = str(cfg)
@@ -491,7 +494,8 @@ def simulate_overlap(policy, batch, t_none, t_tree, accept, steps, seed=0):
     """As :func:`simulate`, timed as the worker times a step under SGLang's overlap scheduler: each step's own
     time (the device's clock), read when the next step has started -- at the launch after next -- and results
     (acceptance) one step late. ``accept``: each request's accepted drafts, or a function drawing them from a
-    ``random.Random``. Returns the candidates served, in order."""
+    ``random.Random``; ``t_tree``: the drafted step's time, or ``{steps: time}`` per drafting candidate. Returns the
+    candidates served, in order."""
     rng, served, pending, timed = random.Random(seed), [], None, []
     for _ in range(steps):
         s = policy.choose(batch)
@@ -500,9 +504,11 @@ def simulate_overlap(policy, batch, t_none, t_tree, accept, steps, seed=0):
         if pending is not None:
             policy.observe_accept(*pending)
         cold = s and served and served[-1] == 0
-        rows = [accept(rng) for _ in range(batch)] if callable(accept) else [accept] * batch
+        # a chain of s steps accepts at most s drafts (the oracle's leading successes, cut at its depth)
+        rows = [min(s, accept(rng)) for _ in range(batch)] if callable(accept) else [min(s, accept)] * batch
         pending = None if cold or not s else (s, rows)
-        timed.append((s, (t_tree if s else t_none) * (1 + 0.02 * rng.random())))
+        t = t_tree.get(s) if isinstance(t_tree, dict) else t_tree  # ``t_tree``: per drafting candidate, or one
+        timed.append((s, (t if s else t_none) * (1 + 0.02 * rng.random())))
         served.append(s)
     return served
 
@@ -912,7 +918,9 @@ def test_a_chain_s_depth_candidates_parse_and_trees_refuse_them(tmp_path):
                                          r"--speculative-eagle-topk 1"):
         adaptive.candidate_steps(tree)
     chain.speculative_adaptive_config = None
-    assert adaptive.candidate_steps(chain) == [0, 3]  # the default: the configured chain or none
+    assert adaptive.candidate_steps(chain) == [0, 1, 3]  # the default: none, a one-step chain or the configured one
+    tree.speculative_adaptive_config = None
+    assert adaptive.candidate_steps(tree) == [0, 3]  # a tree: none or the configured tree
 
 
 def test_chain_accept_and_its_inverse():
@@ -1217,3 +1225,20 @@ def test_a_re_measure_that_confirms_the_slower_no_draft_step_waits_twice_as_long
     # re-timed below the tree's: no re-measure while it stays so
     for _ in range(3 * settings.probe_max):
         assert p.remeasure(1) is None
+
+
+def test_where_no_draft_is_served_the_probes_are_the_shallowest_chain_s():
+    """Batch 1, drafts that miss, no draft served (decode step 7.5 ms; 27B shapes, H200: the 3-step chain 10.6 ms,
+    a 1-step chain about a decode step): once every depth has its own step times, a probe serves the 1-step chain --
+    it measures the acceptance all depths share, at the least cost -- and never the 3-step one."""
+    p = TreeSizePolicy([0, 1, 3])
+    served = simulate_overlap(p, 1, 0.0075, {1: 0.0078, 3: 0.0106}, 0.0, steps=3000)
+    assert p.buckets[1].chosen == 0
+    explored = max(i for i, s in enumerate(served) if s == 3)
+    assert served.count(3) <= 2 * adaptive.RUN, served.count(3)  # exploration only
+    probes = [s for s in served[explored + 1:] if s]
+    assert probes and set(probes) == {1}, set(probes)
+    # while a chain is served, probes still go to the candidate of fewest samples (no draft's time, the other depth)
+    q = TreeSizePolicy([0, 1, 3])
+    simulate_overlap(q, 1, 0.0075, {1: 0.0078, 3: 0.0106}, 3, steps=3000)
+    assert q.buckets[1].chosen == 3 and min(q.buckets[1].samples.values()) >= adaptive.MIN_SAMPLES

@@ -355,7 +355,7 @@ class TreeSizePolicy:
         if st.since_probe >= st.probe_every and st.since_probe >= self._probe_floor(batch, best):
             st.since_probe = 0
             st.probed = True
-            other = min((c for c in self.candidates if c != best), key=lambda c: st.samples[c])
+            other = self._probed(st, best)
             if st.samples[other] < MIN_SAMPLES:
                 return self._start_run(st, other, RUN)
             st.settle = 1 if other > 0 else 0
@@ -458,13 +458,25 @@ class TreeSizePolicy:
             b *= 2
         return False
 
+    def _probed(self, st: _Bucket, best: int) -> int:
+        """The candidate a probe of the bucket serves: the one of fewest samples but ``best``; where no draft is
+        served and every drafting candidate has its own step times, the shallowest chain. Why: a probe of a drafting
+        candidate while no draft is served is for the acceptance, which every depth measures alike
+        (:func:`chain_accept`: one estimate for all), and the shallowest costs least where it does not pay -- a
+        1-step chain's verify at batch 1 costs about a decode step, the 3-step chain's ~1.4x (27B shapes, H200);
+        the deeper chains keep the step times they were explored or last served with."""
+        others = [c for c in self.candidates if c != best]
+        if best == 0 and self._deepest is not None and all(st.samples[c] >= MIN_SAMPLES for c in others):
+            return min(others)
+        return min(others, key=lambda c: st.samples[c])
+
     def _probe_floor(self, batch: int, best: int) -> int:
         """The fewest steps between probe runs for which a probe of a candidate that does not pay costs at
         most ``PROBE_BUDGET`` of the time served: its ``probe_run`` steps take ``probe_run x T_other``,
         of which ``rate_other / rate_best`` is what they serve, the rest lost. 0 where the bucket has no
         own step times of the candidate (it is explored) or the estimates say the candidate pays."""
         st = self._bucket(batch)
-        other = min((c for c in self.candidates if c != best), key=lambda c: st.samples[c])
+        other = self._probed(st, best)
         if st.samples[other] < MIN_SAMPLES:
             return 0
         t_other, t_best = self.step_time(batch, other), self.step_time(batch, best)
@@ -592,8 +604,13 @@ def policy_settings(server_args) -> PolicySettings:
 
 
 def candidate_steps(server_args) -> List[int]:
-    """The candidates a LUMOTREE server may serve: ``[0, --speculative-num-steps]`` in draft steps (0 = no draft);
-    a LUMOTREE_SUFFIX server's ``[0, 1]``, 1 its suffix tree of ``--speculative-num-draft-tokens`` nodes. Or
+    """The candidates a LUMOTREE server may serve, in draft steps (0 = no draft): a chain's (``--speculative-eagle-topk
+    1``) ``[0, 1, --speculative-num-steps]`` -- no draft, a one-step chain, the configured one; a tree's ``[0,
+    --speculative-num-steps]``; a LUMOTREE_SUFFIX server's ``[0, 1]``, 1 its suffix tree of
+    ``--speculative-num-draft-tokens`` nodes. Why the one-step chain: a verify's tokens grow with ``batch x (steps +
+    1)``, so where the configured chain breaks even with a decode step (27B shapes, batch 128, H200: 42.9 ms for 2.95
+    tokens a request against 14.4 ms for one) a one-step chain's 2 tokens a request may still pay, and it is the
+    cheapest probe of the acceptance where no draft is served (:meth:`TreeSizePolicy._probed`). Or
     those of ``--speculative-adaptive-config`` (``{"candidate_steps": [...]}``, a subset; a LUMOTREE chain --
     ``--speculative-eagle-topk 1`` -- also shallower chains, any of ``0 .. --speculative-num-steps``). Raises
     ``ValueError`` naming the flag for a config that cannot be served."""
@@ -604,7 +621,7 @@ def candidate_steps(server_args) -> List[int]:
     servable = list(range(steps + 1)) if chain else full
     path, cfg = _config(server_args)
     if cfg is None:
-        return full
+        return sorted({0, 1, steps}) if chain and steps > 1 else full
     what = (f"a LUMOTREE_SUFFIX server reads {{\"candidate_steps\": [...]}} from {full} (0: no draft, "
             f"{SUFFIX_TREE}: its suffix tree)" if suffix else
             f'a LUMOTREE server reads {{"candidate_steps": [...]}} with draft steps from {servable}')

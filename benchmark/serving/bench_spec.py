@@ -129,9 +129,9 @@ CONFIGS = {
     # LUMOTREE's chain choosing its depth too (no draft, 1, 2 or 3 draft steps per decode step; opt-in)
     "lumotree-chain-depths": spec("LUMOTREE", 3, 1, 4) + [
         "--speculative-adaptive-config", os.path.join(HERE, "chain_depths.json")],
-    # LUMOTREE's chain without its default 1-step candidate (no draft or the 3-step chain per decode step)
-    "lumotree-chain-deepest": spec("LUMOTREE", 3, 1, 4) + [
-        "--speculative-adaptive-config", os.path.join(HERE, "chain_deepest.json")],
+    # the same with a one-step chain as its only shallower depth (no draft, 1 or 3 draft steps)
+    "lumotree-chain-depth1": spec("LUMOTREE", 3, 1, 4) + [
+        "--speculative-adaptive-config", os.path.join(HERE, "chain_depth1.json")],
 }
 
 

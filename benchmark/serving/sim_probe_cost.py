@@ -12,9 +12,11 @@ measured pass's time over 128 no-draft steps, mean and worst over seeds.
     python3 benchmark/serving/sim_probe_cost.py [--module path/to/adaptive.py]
 
 ``--module``: another version of ``adaptive.py`` (e.g. ``git show REV:python/lumotree/sglang/adaptive.py``)
-simulated instead of the installed one. ``--candidates 0,1,3``: a chain that may also serve shallower depths (LUMOTREE's
-default is ``0,1,3``); a ``k``-step chain's step time is *estimated* as ``t_decode + (t_3step - t_decode) x k / 3``
-(the table has the 3-step chain's only), its acceptance the oracle's leading successes cut at ``k``.
+simulated instead of the installed one. ``--candidates 0,1,3``: a chain that may also serve shallower depths (opt-in,
+``--speculative-adaptive-config``); a ``k``-step chain's step time is *estimated* as ``t_decode + (t_3step - t_decode)
+x k / 3`` (the table has the 3-step chain's only), its acceptance the oracle's leading successes cut at ``k``. That
+estimate is optimistic: served on one H100 a 1-step chain's step cost 56 % of the 3-step chain's extra time over a
+decode step at batch 64 and 46 % at batch 1, not 33 % (``benchmark/results/chain_depth_h100.json``).
 """
 import argparse
 import collections

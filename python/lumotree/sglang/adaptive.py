@@ -81,7 +81,8 @@ shallower chains (``[0, 1, 3]``: no draft, a one-step chain, the three-step one)
 ``batch x (steps + 1)``, so at large batches a shallower chain can pay where the deepest breaks even. Their
 acceptance is the deepest chain's read through a per-depth acceptance ``p`` (a ``k``-step chain accepts
 ``p + ... + p^k`` drafts per request, :func:`chain_accept`): each drafted step's sample enters the one estimate as
-the deepest chain would have accepted it, and a candidate's tokens per step come from it. Opt-in, **not yet served**.
+the deepest chain would have accepted it, and a candidate's tokens per step come from it. Opt-in: served as
+``[0, 1, 3]`` beside the default on one H100 it made no more tokens/s at batch 1 and 64 (:func:`candidate_steps`).
 """
 from __future__ import annotations
 
@@ -463,7 +464,7 @@ class TreeSizePolicy:
         served and every drafting candidate has its own step times, the shallowest chain. Why: a probe of a drafting
         candidate while no draft is served is for the acceptance, which every depth measures alike
         (:func:`chain_accept`: one estimate for all), and the shallowest costs least where it does not pay -- a
-        1-step chain's verify at batch 1 costs about a decode step, the 3-step chain's ~1.4x (27B shapes, H200);
+        1-step chain's step cost 1.18x a decode step at batch 1, the 3-step chain's 1.38x (27B shapes, one H100);
         the deeper chains keep the step times they were explored or last served with."""
         others = [c for c in self.candidates if c != best]
         if best == 0 and self._deepest is not None and all(st.samples[c] >= MIN_SAMPLES for c in others):
@@ -604,13 +605,13 @@ def policy_settings(server_args) -> PolicySettings:
 
 
 def candidate_steps(server_args) -> List[int]:
-    """The candidates a LUMOTREE server may serve, in draft steps (0 = no draft): a chain's (``--speculative-eagle-topk
-    1``) ``[0, 1, --speculative-num-steps]`` -- no draft, a one-step chain, the configured one; a tree's ``[0,
-    --speculative-num-steps]``; a LUMOTREE_SUFFIX server's ``[0, 1]``, 1 its suffix tree of
-    ``--speculative-num-draft-tokens`` nodes. Why the one-step chain: a verify's tokens grow with ``batch x (steps +
-    1)``, so where the configured chain breaks even with a decode step (27B shapes, batch 128, H200: 42.9 ms for 2.95
-    tokens a request against 14.4 ms for one) a one-step chain's 2 tokens a request may still pay, and it is the
-    cheapest probe of the acceptance where no draft is served (:meth:`TreeSizePolicy._probed`). Or
+    """The candidates a LUMOTREE server may serve: ``[0, --speculative-num-steps]`` in draft steps (0 = no draft);
+    a LUMOTREE_SUFFIX server's ``[0, 1]``, 1 its suffix tree of ``--speculative-num-draft-tokens`` nodes. Why not a
+    one-step chain beside a chain by default: served beside the two-candidate policy (27B shapes, one H100,
+    ``benchmark/results/chain_depth_h100.json``) it made no more tokens/s at batch 1 and 64, accepted drafts or not
+    (177 against 181 at batch 1, 4049 against 4048 at 64; its step cost 1.43x a decode step at batch 64, the 3-step
+    chain's 1.76x, so it was never the better there), its state took 4.6 s more of start-up, and the batch where it
+    might pay (128, where the 3-step chain breaks even on an H200) did not fit that H100 (64 requests ran). Or
     those of ``--speculative-adaptive-config`` (``{"candidate_steps": [...]}``, a subset; a LUMOTREE chain --
     ``--speculative-eagle-topk 1`` -- also shallower chains, any of ``0 .. --speculative-num-steps``). Raises
     ``ValueError`` naming the flag for a config that cannot be served."""
@@ -621,7 +622,7 @@ def candidate_steps(server_args) -> List[int]:
     servable = list(range(steps + 1)) if chain else full
     path, cfg = _config(server_args)
     if cfg is None:
-        return sorted({0, 1, steps}) if chain and steps > 1 else full
+        return full
     what = (f"a LUMOTREE_SUFFIX server reads {{\"candidate_steps\": [...]}} from {full} (0: no draft, "
             f"{SUFFIX_TREE}: its suffix tree)" if suffix else
             f'a LUMOTREE server reads {{"candidate_steps": [...]}} with draft steps from {servable}')

@@ -11,10 +11,10 @@ start on the machine (*cold*: every kernel it meets is compiled), later ones fin
 server started after another reuses that one's kernels, so ready times depend on the start order. The servers run
 as bench_spec runs them (same shape, dummy weights, CUDA graphs up to ``--cuda-graph-max-bs``, flags alone).
 
-Per start: ``ready_s`` (launch to the first answer of ``/get_model_info``, the client's clock),
-``first_request_s`` (an 8-token request sent right after ready), the server log's own phases (``in_server_s``
-from its ``server_args`` line to "ready to roll"; each CUDA-graph capture's ``elapsed``; LumoTree's runtime
-states), and with ``LUMOTREE_BENCH_JIT_LOG=1`` set for every server here, the Triton compiles inside the
+Per start: ``ready_s`` (launch to the first answer of ``/get_model_info``, the client's clock -- SGLang's own
+warm-up request may still be running then), ``first_request_s`` (an 8-token request sent at that moment: it waits for
+that warm-up), the server log's own phases (``in_server_s`` from its ``server_args`` line to "ready to roll", which
+comes after the warm-up; each CUDA-graph capture's ``elapsed``; LumoTree's runtime states), and with ``LUMOTREE_BENCH_JIT_LOG=1`` set for every server here, the Triton compiles inside the
 start-up (count, total ms, the largest kernels).
 """
 from __future__ import annotations

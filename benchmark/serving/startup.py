@@ -7,7 +7,8 @@
 Each configuration starts ``--starts`` times in a row with one just-in-time compile cache of its own (Triton,
 inductor, flashinfer, ...: :data:`sglang_server.JIT_CACHES`), empty before its first start: start 1 is a first
 start on the machine (*cold*: every kernel it meets is compiled), later ones find the kernels the first compiled
-(*warm*: what every restart of a deployed server sees). Why a cache per configuration: with one shared cache a
+(*warm*: what every restart of a deployed server sees). ``--resume`` keeps the configurations an earlier run of the same
+``--out`` on the same machine finished, so the table can be spread over calls shorter than all its starts. Why a cache per configuration: with one shared cache a
 server started after another reuses that one's kernels, so ready times depend on the start order. The servers run
 as bench_spec runs them (same shape, dummy weights, CUDA graphs up to ``--cuda-graph-max-bs``, flags alone).
 
@@ -102,6 +103,9 @@ def main():
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--log-dir", default=".")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the configurations --out already holds every start of, from this machine, and start "
+                         "the rest (a configuration's warm starts need its cold one's cache: it reruns whole)")
     args = ap.parse_args()
     os.makedirs(args.log_dir, exist_ok=True)
     model = write_config(os.path.join(args.log_dir, "dummy-" + args.shape), args.shape)
@@ -110,7 +114,11 @@ def main():
             "--load-format", "dummy", "--skip-tokenizer-init"]
     base += ["--tp-size", str(args.tp)] if args.tp > 1 else []
     res = dict(command="python3 " + " ".join(sys.argv), shape=args.shape, tp=args.tp, machine=machine(), rows=[])
+    done = kept(res, args) if args.resume else set()
     for name in args.configs.split(","):
+        if name in done:
+            print(f"{name}: kept from {args.out}", flush=True)
+            continue
         env = dict(config_env(name), LUMOTREE_BENCH_JIT_LOG="1")
         with jit_cache_env("fresh", env) as env_s:  # one cache for this configuration's starts
             for start in range(1, args.starts + 1):
@@ -135,6 +143,25 @@ def main():
                 print(json.dumps(row), flush=True)
                 json.dump(res, open(args.out, "w"), indent=1)
     print(table(res["rows"]))
+
+
+def kept(res: dict, args) -> set:
+    """The configurations whose every start ``args.out`` holds without an error, from the same machine, shape and
+    ``--tp`` (copied into ``res``); ``set()`` where there is no such file."""
+    try:
+        with open(args.out) as f:
+            old = json.load(f)
+    except (OSError, ValueError):
+        return set()
+    if (old.get("machine"), old.get("shape"), old.get("tp")) != (res["machine"], res["shape"], res["tp"]):
+        return set()
+    done = set()
+    for name in {r["config"] for r in old.get("rows", [])}:
+        rows = [r for r in old["rows"] if r["config"] == name]
+        if sorted(r["start"] for r in rows) == list(range(1, args.starts + 1)) and not any("error" in r for r in rows):
+            done.add(name)
+    res["rows"] += [r for r in old["rows"] if r["config"] in done]
+    return done
 
 
 def table(rows) -> str:

@@ -64,3 +64,41 @@ def test_each_configuration_starts_cold_then_warm_on_a_cache_of_its_own(tmp_path
     assert not any(os.path.exists(c) for c in caches)  # each configuration's cache removed after its starts
     assert all(r["in_server_s"] == 69.0 and "ready_s" in r and "error" not in r for r in res["rows"])
     assert "| lumotree-chain | 2 (warm) |" in su.table(res["rows"])
+
+
+def test_resume_keeps_finished_configurations_of_the_same_machine(tmp_path, monkeypatch):
+    su = load_script("serving", "startup")
+    seen = []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, log=None, env=None, **kw):
+        seen.append(list(args))
+        with open(log, "w") as f:
+            f.write(LOG)
+        yield "http://x"
+
+    monkeypatch.setattr(su, "sglang_server", fake_server)
+    monkeypatch.setattr(su, "generate", lambda *a, **k: [{}])
+    monkeypatch.setattr(su, "machine", lambda: "GPU-test")
+    out = tmp_path / "s.json"
+    old = {"machine": "GPU-test", "shape": "qwen3.5-27b-32l", "tp": 1, "rows": [
+        {"config": "lumotree-chain", "start": 1, "cache": "cold", "ready_s": 1.0},
+        {"config": "lumotree-chain", "start": 2, "cache": "warm", "ready_s": 2.0},
+        {"config": "nextn-chain", "start": 1, "cache": "cold", "error": "TimeoutError()"}]}
+    out.write_text(json.dumps(old))
+    argv = ["startup.py", "--configs", "lumotree-chain,nextn-chain", "--starts", "2", "--log-dir", str(tmp_path),
+            "--out", str(out), "--resume"]
+    monkeypatch.setattr("sys.argv", argv)
+    su.main()
+    res = json.load(open(out))
+    # lumotree-chain kept (both starts, no error); nextn-chain's failed start reruns whole, cold then warm
+    assert [(r["config"], r["start"], r.get("ready_s")) for r in res["rows"]][:2] == [
+        ("lumotree-chain", 1, 1.0), ("lumotree-chain", 2, 2.0)]
+    assert [(r["config"], r["start"]) for r in res["rows"][2:]] == [("nextn-chain", 1), ("nextn-chain", 2)]
+    assert len(seen) == 2 and all("NEXTN" in a for a in seen)
+    # another machine's file: nothing kept
+    old["machine"] = "GPU-other"
+    out.write_text(json.dumps(old))
+    seen.clear()
+    su.main()
+    assert len(seen) == 4

@@ -509,7 +509,9 @@ def test_host_cost_benchmark_compares_drafter_settings_alternated(tmp_path, monk
     rows = json.loads(out.read_text())["rows"]
     assert [(r["repetition"], r["drafter_kw"]) for r in rows] == [
         (k, kw) for k in (0, 1) for kw in ({"max_spec": 40, "rematch": 0}, {})]
-    assert all(r["admission_background_ms"] > 0 and r["step_ms_median"] > 0 for r in rows)
+    # the wait for what the first step left indexing: 0.0 where the background indexing was done by then (seen in CI)
+    assert all(r["admission_background_ms"] is not None and r["admission_background_ms"] >= 0
+               and r["step_ms_median"] > 0 for r in rows)
 
 
 def test_admission_replay_times_every_turn_s_admission(tmp_path):

@@ -21,6 +21,25 @@ LOG = """[2026-12-05 17:11:22] server_args=ServerArgs(model_path='m')
 """
 
 
+def fake_startup(monkeypatch):
+    """startup.py with its servers faked (each writes :data:`LOG` as its log) on machine ``GPU-test``; ``seen``
+    collects each server's ``(args, env)``."""
+    su = load_script("serving", "startup")
+    seen = []
+
+    @contextlib.contextmanager
+    def fake_server(model, args, log=None, env=None, **kw):
+        seen.append((list(args), dict(env)))
+        with open(log, "w") as f:
+            f.write(LOG)
+        yield "http://x"
+
+    monkeypatch.setattr(su, "sglang_server", fake_server)
+    monkeypatch.setattr(su, "generate", lambda *a, **k: [{}])
+    monkeypatch.setattr(su, "machine", lambda: "GPU-test")
+    return su, seen
+
+
 def test_log_phases_reads_marks_captures_and_lumotree_states():
     su = load_script("serving", "startup")
     p = su.log_phases(LOG)
@@ -37,19 +56,7 @@ def test_log_phases_reads_marks_captures_and_lumotree_states():
 
 
 def test_each_configuration_starts_cold_then_warm_on_a_cache_of_its_own(tmp_path, monkeypatch):
-    su = load_script("serving", "startup")
-    seen = []
-
-    @contextlib.contextmanager
-    def fake_server(model, args, log=None, env=None, **kw):
-        seen.append((list(args), dict(env)))
-        with open(log, "w") as f:
-            f.write(LOG)
-        yield "http://x"
-
-    monkeypatch.setattr(su, "sglang_server", fake_server)
-    monkeypatch.setattr(su, "generate", lambda *a, **k: [{}])
-    monkeypatch.setattr(su, "machine", lambda: "GPU-test")
+    su, seen = fake_startup(monkeypatch)
     out = tmp_path / "s.json"
     monkeypatch.setattr("sys.argv", ["startup.py", "--configs", "lumotree-chain,nextn-chain", "--starts", "2",
                                      "--log-dir", str(tmp_path), "--out", str(out)])
@@ -67,19 +74,7 @@ def test_each_configuration_starts_cold_then_warm_on_a_cache_of_its_own(tmp_path
 
 
 def test_resume_keeps_finished_configurations_of_the_same_machine(tmp_path, monkeypatch):
-    su = load_script("serving", "startup")
-    seen = []
-
-    @contextlib.contextmanager
-    def fake_server(model, args, log=None, env=None, **kw):
-        seen.append(list(args))
-        with open(log, "w") as f:
-            f.write(LOG)
-        yield "http://x"
-
-    monkeypatch.setattr(su, "sglang_server", fake_server)
-    monkeypatch.setattr(su, "generate", lambda *a, **k: [{}])
-    monkeypatch.setattr(su, "machine", lambda: "GPU-test")
+    su, seen = fake_startup(monkeypatch)
     out = tmp_path / "s.json"
     old = {"machine": "GPU-test", "shape": "qwen3.5-27b-32l", "tp": 1, "rows": [
         {"config": "lumotree-chain", "start": 1, "cache": "cold", "ready_s": 1.0},
@@ -95,7 +90,7 @@ def test_resume_keeps_finished_configurations_of_the_same_machine(tmp_path, monk
     assert [(r["config"], r["start"], r.get("ready_s")) for r in res["rows"]][:2] == [
         ("lumotree-chain", 1, 1.0), ("lumotree-chain", 2, 2.0)]
     assert [(r["config"], r["start"]) for r in res["rows"][2:]] == [("nextn-chain", 1), ("nextn-chain", 2)]
-    assert len(seen) == 2 and all("NEXTN" in a for a in seen)
+    assert len(seen) == 2 and all("NEXTN" in a for a, _ in seen)
     # another machine's file: nothing kept
     old["machine"] = "GPU-other"
     out.write_text(json.dumps(old))

@@ -840,6 +840,49 @@ def test_graph_sizes_start_from_the_list_sglangs_runners_read():
     assert configured_graph_bs(args, None) is None
 
 
+GRAPH_SIZES = r"""
+import json, sys
+from sglang.srt.plugins import load_plugins
+load_plugins()
+from sglang.srt.server_args import prepare_server_args
+base = ["--model-path", sys.argv[1], "--device", "cuda"]
+out = {}
+for name, extra in (("none", []), ("lumotree", ["--speculative-algorithm", "LUMOTREE"]),
+                    ("lumotree_32", ["--speculative-algorithm", "LUMOTREE", "--max-running-requests", "32"]),
+                    ("lumotree_user", ["--speculative-algorithm", "LUMOTREE", "--cuda-graph-bs", "1", "3", "5"]),
+                    ("lumotree_padless", ["--speculative-algorithm", "LUMOTREE", "--disable-cuda-graph-padding",
+                                          "--cuda-graph-max-bs", "12"]),
+                    ("nextn", ["--speculative-algorithm", "NEXTN"])):
+    sa = prepare_server_args(base + extra)
+    out[name] = sa.cuda_graph_config.decode.bs
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_a_lumotree_server_captures_its_verify_graphs_at_no_speculations_sizes():
+    """Through SGLang's own argument parsing: a LUMOTREE server's graph list (which its target-verify, draft and
+    no-draft graph runners read) is no speculation's, not SGLang's speculative one, which SGLang's NEXTN keeps;
+    ``--cuda-graph-bs`` and ``--disable-cuda-graph-padding`` keep theirs."""
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("sglang")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ckpt = os.path.join(root, "benchmark", "models", "tiny-hybrid")
+    env = {k: v for k, v in os.environ.items() if k != "LUMOTREE_SGLANG_ACTIVE"}
+    run = subprocess.run([sys.executable, "-c", GRAPH_SIZES, ckpt], capture_output=True, text=True, timeout=600,
+                         cwd=root, env=env)
+    lines = [ln[len("RESULT "):] for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, run.stdout[-2000:] + run.stderr[-4000:]
+    out = json.loads(lines[0])
+    assert len(out["nextn"]) > len(out["none"]) and out["nextn"][:8] == list(range(1, 9))  # SGLang's speculative list
+    assert out["lumotree"] == out["none"] and out["lumotree"][:4] == [1, 2, 4, 8]
+    assert out["lumotree_32"] == out["none"]
+    assert out["lumotree_user"] == [1, 3, 5]
+    assert out["lumotree_padless"] == list(range(1, 13))
+
+
 def test_policy_settings_per_algorithm_and_from_the_config(tmp_path):
     """LUMOTREE keeps the module's averaging and probing; LUMOTREE_SUFFIX's follows its swinging acceptance more slowly
     and probes more often (adaptive.SUFFIX_SETTINGS); --speculative-adaptive-config may set either, within range,

@@ -214,6 +214,9 @@ def _spec_class():
             take_running_cap(server_args, ALGORITHM)  # before SGLang's, which sets 48 where the flag is absent
             _handle_eagle_family(server_args)
             configure_server_args(server_args)
+            from lumotree.sglang.worker import take_no_speculation_graph_sizes
+
+            take_no_speculation_graph_sizes(server_args)
             from lumotree.sglang.adaptive import (adaptive_tree_size, candidate_steps, check_fixed_tree_config,
                                                   policy_settings)
             from lumotree.sglang.request_choice import settings_of

@@ -113,6 +113,26 @@ def decode_step_graph_bs(server_args, cuda_graph_bs):
     return default(None)
 
 
+def take_no_speculation_graph_sizes(server_args) -> None:
+    """A LUMOTREE server captures its target-verify and draft CUDA graphs at the batch sizes a server without
+    speculation captures its decode graphs at, where the server has SGLang's default speculative list
+    (``--cuda-graph-bs`` and ``--disable-cuda-graph-padding`` keep theirs): 20 sizes to 128 instead of 35, each
+    batch padded up to the next captured size as no speculation pads its decode step. Why: graph capture was most
+    of a LUMOTREE server's start-up beyond SGLang's chain (target-verify graphs 16.9 s at 35 sizes, draft graphs
+    6.0 s; 27B shapes, H200), and SGLang's speculative list is finer only below 64 (every size to 8, every second
+    to 32), where a step reads the weights once whatever its rows: a verify of 4 tokens per request is
+    weight-bound up to ~40 requests on an H100 / H200 (bf16 ridge ~160 tokens). Run after SGLang's own argument
+    handling, before any graph runner reads ``cuda_graph_config.decode.bs``."""
+    config = getattr(getattr(server_args, "cuda_graph_config", None), "decode", None)
+    if config is None or not config.bs:
+        return
+    sizes = decode_step_graph_bs(server_args, config.bs)
+    if sizes != config.bs:
+        logger.info("LumoTree: verify and draft CUDA graphs at no speculation's %d batch sizes (SGLang's speculative "
+                    "list: %d; --cuda-graph-bs sets them)", len(sizes), len(config.bs))
+        config.bs = sizes
+
+
 def candidate_tokens(steps: int, configured_steps: int, configured_tokens: int) -> int:
     """The verify's tokens per request of a candidate of ``steps`` draft steps: the configured tree's, one for no
     draft (the root), ``steps + 1`` for a shallower chain (:func:`lumotree.sglang.adaptive.candidate_steps` allows

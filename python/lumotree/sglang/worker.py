@@ -80,8 +80,8 @@ def sparse_graph_bs(cuda_graph_bs):
     that serves only some steps captures (the one-node verify, :func:`one_node_verify_graph_bs`; a shallower chain
     of a ``--speculative-adaptive-config`` that lists fewer draft steps than the configured chain), the other
     batches padded up to them as SGLang pads any batch to a captured size. Why for the chains: each depth's state
-    captures target-verify and draft graphs of its own, ~0.5 s a size at 27B shapes on an H200 (the configured
-    chain's 35 verify sizes took 16.9 s), so two extra depths at every size would add ~35 s of start-up; the policy
+    captures target-verify and draft graphs of its own, ~0.5 s a size at 27B shapes on an H200 (35 verify sizes
+    took 16.9 s with first-use compiles), so two extra depths at every size would add ~20-35 s of start-up; the policy
     times each depth's steps as served, padding included, so a depth whose padded step does not pay at a batch size
     is not chosen there. ``None`` (graphs off) stays ``None``."""
     if not cuda_graph_bs:

@@ -1,7 +1,7 @@
 """docs/serving_speed_<device>.png from benchmark/results/serving_speed_<device>.json (needs matplotlib):
-client tokens/s relative to no speculation, per batch, for every configuration of each run, one panel per
-controlled acceptance (``accept_p``; 0.0: drafts that miss). A run without no-speculation rows at a batch
-takes them from the runs its ``none_from`` names.
+client tokens/s relative to no speculation, per batch, for every configuration of each run, one row of panels per
+model shape (the rows' ``shape``) and one panel per controlled acceptance (``accept_p``; 0.0: drafts that miss). A run
+without no-speculation rows at a batch takes them from the runs its ``none_from`` names.
 
     python3 benchmark/serving/plot_serving_speed.py [--device h200|h100]
 """
@@ -43,23 +43,26 @@ def main():
     res = os.path.join(HERE, "..", "results", f"serving_speed_{device}.json")
     out = os.path.join(HERE, "..", "..", "docs", f"serving_speed_{device}.png")
     runs = json.load(open(res))["runs"]
-    series = ratios(runs)
-    panels = sorted({p for p, _ in series}, key=lambda p: -(p or 0.0))
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.2 * len(panels), 4.6), squeeze=False)
-    batches = sorted({b for pts in series.values() for b, _, _ in pts})
-    for ax, p in zip(axes[0], panels):
-        for (q, label), pts in sorted(series.items(), key=lambda kv: kv[0][1]):
-            if q != p:
-                continue
-            acc = sum(a for _, _, a in pts) / len(pts)
-            ax.plot([b for b, _, _ in pts], [x for _, x, _ in pts], marker="o",
-                    ls="-" if label.startswith("lumotree") else ":", label=f"{label}, mean accept {acc:.2f}")
-        ax.axhline(1.0, color="black", lw=0.8)
-        ax.set(xscale="log", xlabel="batch", ylabel="tokens/s ÷ no speculation",
-               title="drafts that miss" if not p else f"controlled acceptance p = {p}")
-        ax.set_xticks(batches, [str(b) for b in batches])
-        ax.legend(fontsize=7)
-    fig.suptitle(f"Serving speed vs no speculation, Qwen3.5-27B shapes, 32 layers, {DEVICES[device]}")
+    shapes = list(dict.fromkeys(r["rows"][0].get("shape", "") for r in runs))
+    grid = {shape: ratios([r for r in runs if r["rows"][0].get("shape", "") == shape]) for shape in shapes}
+    panels = sorted({p for series in grid.values() for p, _ in series}, key=lambda p: -(p or 0.0))
+    fig, axes = plt.subplots(len(shapes), len(panels), figsize=(6.2 * len(panels), 4.6 * len(shapes)), squeeze=False)
+    for row, shape in zip(axes, shapes):
+        series = grid[shape]
+        batches = sorted({b for pts in series.values() for b, _, _ in pts})
+        for ax, p in zip(row, panels):
+            for (q, label), pts in sorted(series.items(), key=lambda kv: kv[0][1]):
+                if q != p:
+                    continue
+                acc = sum(a for _, _, a in pts) / len(pts)
+                ax.plot([b for b, _, _ in pts], [x for _, x, _ in pts], marker="o",
+                        ls="-" if label.startswith("lumotree") else ":", label=f"{label}, mean accept {acc:.2f}")
+            ax.axhline(1.0, color="black", lw=0.8)
+            ax.set(xscale="log", xlabel="batch", ylabel="tokens/s ÷ no speculation",
+                   title=f"{shape}: " + ("drafts that miss" if not p else f"controlled acceptance p = {p}"))
+            ax.set_xticks(batches, [str(b) for b in batches])
+            ax.legend(fontsize=7)
+    fig.suptitle(f"Serving speed vs no speculation, {DEVICES[device]}")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     print(out)

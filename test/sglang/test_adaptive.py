@@ -154,7 +154,7 @@ def test_after_a_gap_a_probe_s_rows_outweigh_the_old_estimate():
     assert p.buckets[128].chosen == 3, (p.table(), served)
     q = TreeSizePolicy([0, 3])
     q.accept = 0.1
-    q._gap = [0.1, 0.0, 0, 0]
+    q._gap = [0.1, 0.0, 0, 0, 0.0, adaptive.GAP_SAMPLES]
     q.observe_accept(3, [2])
     assert q.accept == pytest.approx(1.05)
     q.observe_accept(3, [2] * 8)
@@ -1280,3 +1280,55 @@ def test_where_no_draft_is_served_the_probes_are_the_shallowest_chain_s():
     q = TreeSizePolicy([0, 1, 3])
     simulate_overlap(q, 1, 0.0102, {1: 0.0120, 3: 0.0141}, 3, steps=3000)
     assert q.buckets[1].chosen == 3 and min(q.buckets[1].samples.values()) >= adaptive.MIN_SAMPLES
+
+
+def drive_rows(policy, batch, t_none, t_tree, rows_of, steps):
+    """:func:`simulate_overlap`'s timing without its noise, the ``k``-th counted drafted step's rows given by
+    ``rows_of(k)``. Returns the candidates served, in order."""
+    served, pending, timed, k = [], None, [], 0
+    for _ in range(steps):
+        s = policy.choose(batch)
+        if len(timed) >= 2:
+            policy.observe_time(batch, *timed.pop(0))
+        if pending is not None:
+            policy.observe_accept(*pending)
+        pending = None
+        if s and not (served and served[-1] == 0):  # a drafted step after no-draft steps is cold: not counted
+            pending, k = (s, rows_of(k)), k + 1
+        timed.append((s, t_tree if s else t_none))
+        served.append(s)
+    return served
+
+
+def test_a_close_call_after_a_probe_extends_the_probe():
+    """Batch 8, no-draft step 2.73 ms, chain step 6.2 ms (Qwen3-Next MoE shape, 12 layers, H200): the chain pays
+    from 1.27 accepted drafts. After a stretch of misses the drafts are accepted again (2 per request), but the
+    probe's one counted step happens to read 1.25 (8 requests, spread 0 to 3), 1.11 with the old estimate weighing
+    as one request: no draft is kept, within one standard error of the break-even. The probe is extended (a cold step
+    and three counted ones), and the bucket serves the chain -- without it, no draft until the next probe."""
+    p = TreeSizePolicy([0, 3])
+    simulate_overlap(p, 8, 0.00273, 0.0062, 0.0, steps=200)
+    assert p.buckets[8].chosen == 0
+    first = [0, 0, 0, 0, 3, 3, 3, 1]
+    served = drive_rows(p, 8, 0.00273, 0.0062, lambda k: first if k == 0 else [2] * 8, steps=3000)
+    start = served.index(3)
+    window = served[start:start + 12]
+    assert window[:2] == [3, 3] and window[2] == 0 and window[3:7] == [3] * 4, window  # probe, settle, extension
+    assert p._closed_gap is not None and p._closed_gap[2] == 32  # the probe's 8 samples and the extension's 24
+    assert served[start + 8:start + 12] == [3] * 4 and p.buckets[8].chosen == 3, (window, p.table())
+
+
+@pytest.mark.parametrize("batch, t_none, t_tree, accept", [
+    (8, 0.00273, 0.0062, 0.0), (8, 0.00273, 0.0062, 0.3), (1, 0.0074, 0.0105, 0.0), (32, 0.0094, 0.0159, 0.0)])
+def test_drafts_that_miss_extend_no_probe(monkeypatch, batch, t_none, t_tree, accept):
+    """Where drafts miss (or are accepted far below the chain's break-even) no probe is a close call: the steps
+    served are those of a policy without extensions, step for step."""
+    def run():
+        p = TreeSizePolicy([0, 3])
+        simulate_overlap(p, batch, t_none, t_tree, 1.9, steps=200, seed=3)
+        return simulate_overlap(p, batch, t_none, t_tree, accept, steps=4000, seed=4)
+
+    served = run()
+    assert served.count(3) > 0  # it probed
+    monkeypatch.setattr(TreeSizePolicy, "_close_call", lambda self, batch, rates, st: False)
+    assert run() == served

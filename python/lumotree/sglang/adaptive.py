@@ -61,6 +61,13 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   while a tree is served a probe of no draft only refreshes the decode step's time: once the bucket
   has its own samples of it, such probes come every ``PROBE_MAX`` steps. Acceptance that rises while no
   draft is served is seen at the next probe, within ``PROBE_MAX`` steps.
+  A probe of the tree that keeps no draft by a **close call** (:meth:`TreeSizePolicy._close_call`: within one
+  standard error of the switch, from fewer than ``EXTEND_ROWS`` request samples) is extended once, by a cold step and
+  counted steps for ``EXTEND_ROWS`` more samples. Why: at batch 8 of the Qwen3-Next MoE shape (one H200) one counted
+  step's 8 samples read 1.33 accepted drafts where the oracle's accept ~1.95, and the bucket kept no draft through the
+  measured pass (0.89x no speculation); on the CPU model of that pass sequence (``benchmark/serving/sim_pass_choice.py``)
+  the extension takes the measured pass from 0.960 to 0.998 of the better fixed choice there, and changes nothing at
+  the 27B shape's batches or where drafts miss. Not yet served.
   Runs, not single steps: the first drafted step after no-draft steps drafts from zeros (the worker
   skips the MTP draft-extend on no-draft steps) and its acceptance is not counted, so a drafted step
   between two no-draft steps would never measure the acceptance -- and a policy that alternated would
@@ -118,6 +125,12 @@ REMEASURE_RUN = WINDOW + 1
 REMEASURE_BACKOFF = 16
 PROBE_ROWS = 4
 MARGIN = 0.03  # switch only when the other candidate is this much faster (tokens per second)
+# a close call (TreeSizePolicy._close_call): a tree probe that kept no draft is extended once where the tree would pay
+# at an acceptance within CLOSE_Z standard errors of the probe's estimate; the extension drafts a cold step and enough
+# counted steps for EXTEND_ROWS more request samples (1 to GAP_SAMPLES steps), averaged with the probe's own
+CLOSE_Z = 1.0
+EXTEND_ROWS = 24
+SD_FLOOR = 0.5  # the least standard deviation of a request's accepted drafts the close call assumes (few samples)
 PROBE_EVERY = 128  # steps of a bucket before its first probe run of the candidate not chosen
 PROBE_MAX = 1024  # the longest interval between probe runs (doubling from PROBE_EVERY while probes confirm)
 # share of the time served a probe of a candidate that does not pay may cost (interval floor). 2 / 3 of the 1 % it
@@ -201,6 +214,8 @@ class _Bucket:
     remeasure_wait: int = 0  # decisions of the bucket before no draft may be re-measured again (remeasure)
     remeasure_every: int = 0  # the current wait after a re-measure (remeasure: doubles while re-measures confirm)
     remeasured_at: Optional[int] = None  # samples[0] when the last re-measure started
+    probe_of: Optional[int] = None  # the candidate the bucket's last probe run served
+    extended: bool = False  # that probe was extended once already (close call)
 
 
 class TreeSizePolicy:
@@ -230,8 +245,12 @@ class TreeSizePolicy:
         self._measured: Dict[int, set] = {c: set() for c in cands}  # buckets with MIN_SAMPLES times of a candidate
         self._borrows = False  # a bucket has measured every candidate: later buckets borrow (_choose)
         self._last: Optional[int] = None  # the candidate of the last step chosen (any bucket)
-        # after a no-draft gap: [estimate before it, accepted drafts summed over rows, rows, steps] of new samples
+        # after a no-draft gap: [estimate before it, accepted drafts summed over rows, rows, steps, their squares
+        # summed, steps averaged before the EMA resumes] of new samples; the last one closed, for a close call's
+        # extension (_close_call), which reopens it
         self._gap: Optional[list] = None
+        self._closed_gap: Optional[list] = None
+        self._extend_gap = 0  # counted steps a close call's extension adds to the probe's average (choose)
 
     # ------------------------------------------------------------------ estimates
     def tokens_per_step(self, steps: int) -> float:
@@ -274,10 +293,15 @@ class TreeSizePolicy:
         if self._gap is None:
             self.accept = _ema(self.accept, a, self.settings.ema)
             return
-        old, total, rows, n = self._gap
-        total, rows, n = total + sum(accepted_drafts), rows + len(accepted_drafts), n + 1
+        g = self._gap
+        g[1] += sum(accepted_drafts)
+        g[2] += len(accepted_drafts)
+        g[3] += 1
+        g[4] += sum(x * x for x in accepted_drafts)
+        old, total, rows = g[0], g[1], g[2]
         self.accept = (total + old) / (rows + 1) if old is not None else total / rows
-        self._gap = None if n >= GAP_SAMPLES else [old, total, rows, n]
+        if g[3] >= g[5]:
+            self._gap, self._closed_gap = None, g
 
     def step_time(self, batch: int, steps: int) -> Optional[float]:
         """Estimated seconds of a step of ``batch`` with ``steps``: the median of the bucket's own samples
@@ -315,7 +339,13 @@ class TreeSizePolicy:
             return self.candidates[0]
         steps = self._choose(batch)
         if steps > 0 and self._last == 0:  # drafting resumes: its acceptance is measured afresh
-            self._gap = [self.accept, 0.0, 0, 0]
+            g = self._gap or self._closed_gap
+            if self._extend_gap and g is not None:  # a close call's extension: the probe's average goes on
+                g[5] = g[3] + self._extend_gap
+                self._gap = g
+            else:
+                self._gap = [self.accept, 0.0, 0, 0, 0.0, GAP_SAMPLES]
+            self._extend_gap = 0
         self._last = steps
         return steps
 
@@ -338,6 +368,12 @@ class TreeSizePolicy:
             return stale
         rates = {c: self.rate(batch, c) for c in self.candidates}
         best = self._kept(rates, st.chosen)
+        if st.probed and best == 0 and st.chosen == 0 and self._close_call(batch, rates, st):
+            st.extended = True
+            k = min(GAP_SAMPLES, max(1, -(-EXTEND_ROWS // bucket(batch))))
+            self._extend_gap = k
+            st.settle = 1
+            return self._start_run(st, st.probe_of, 1 + k)
         if st.probed and best == st.chosen:  # the decision right after a probe run left the choice
             st.probe_every = min(2 * st.probe_every, self.settings.probe_max)
         if best != st.chosen or st.probed:  # changes, and what each probe measured (probes are rare: logged too)
@@ -357,11 +393,37 @@ class TreeSizePolicy:
             st.since_probe = 0
             st.probed = True
             other = self._probed(st, best)
+            st.probe_of, st.extended = other, False
             if st.samples[other] < MIN_SAMPLES:
                 return self._start_run(st, other, RUN)
             st.settle = 1 if other > 0 else 0
             return self._start_run(st, other, probe_run(batch, other))
         return best
+
+    def _close_call(self, batch: int, rates: Dict[int, float], st: _Bucket) -> bool:
+        """Whether the decision after a probe of the tree, which kept no draft, is too close to trust: the bucket
+        would switch to the tree (its rate ``MARGIN`` above no draft's) at an acceptance within ``CLOSE_Z`` standard
+        errors above the probe's estimate (the request samples since drafting resumed, their deviation at least
+        ``SD_FLOOR``), and the probe holds fewer than ``EXTEND_ROWS`` samples (batch 32 and up one counted step holds
+        as many as an extension would add). Once per probe, for the deepest candidate (or the only drafting one). Why: where a drafted step costs 2.3x a decode step (Qwen3-Next MoE
+        shape, 12 layers, batch 8, one H200) the chain pays from ~1.3-1.7 accepted drafts, and a probe of 8
+        requests' one counted step, averaged with the estimate before it, read 1.33 where the oracle's drafts
+        accept ~1.95: the server kept no draft through the measured pass (0.89x no speculation, SGLang's chain
+        1.26x). An extension costs little where the call is close -- both candidates serve about alike -- and
+        nothing where it is not (drafts that miss: the estimate is far below the tree's break-even)."""
+        c = st.probe_of
+        if st.extended or not c or (self._deepest is not None and c != self._deepest) or self.accept is None:
+            return False
+        g = self._gap or self._closed_gap
+        t = self.step_time(batch, c)
+        if g is None or not 0 < g[2] < EXTEND_ROWS or t is None or not rates.get(0):
+            return False  # a probe of EXTEND_ROWS samples or more (batch 32 and up) is as sure as an extension
+        rows, mean = g[2], g[1] / g[2]
+        var = max(0.0, g[4] / rows - mean * mean) * rows / (rows - 1) if rows > 1 else 0.0
+        se = max(math.sqrt(var), SD_FLOOR) / math.sqrt(rows)
+        # the acceptance from which the tree's rate is MARGIN above no draft's: where the bucket would switch (_kept)
+        switch = (1.0 + MARGIN) * rates[0] * t / bucket(batch) - 1.0
+        return self.accept + CLOSE_Z * se >= switch
 
     def remeasure(self, batch: int) -> Optional[int]:
         """No draft, served for ``REMEASURE_RUN`` of the bucket's steps to time it again, where the bucket's own

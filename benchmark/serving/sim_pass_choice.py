@@ -16,7 +16,6 @@ the chain on fewer than half its steps.
 instead of the installed one. A model, not a measurement of a server.
 """
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -25,6 +24,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "test", "sglang"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "test"))
+sys.path.insert(0, HERE)
+
+from sim_probe_cost import policy_module  # noqa: E402
 
 # shape: {batch: (decode step, drafted 3-step chain step)} in ms, the H200 serving table's decode_step_ms (the MoE
 # shape's batch 8 chain step is SGLang's chain's, LUMOTREE served no draft there; 7.4 ms is what its policy estimated)
@@ -46,13 +48,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import test_adaptive as sim  # simulate_overlap, oracle_draws
 
-    if args.module:
-        spec = importlib.util.spec_from_file_location("adaptive_under_test", args.module)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod  # its dataclasses look their module up
-        spec.loader.exec_module(mod)
-    else:
-        from lumotree.sglang import adaptive as mod
+    mod = policy_module(args.module)
     draws = sim.oracle_draws(0.8, 3)
     rows = []
     for shape, table in STEP_MS.items():

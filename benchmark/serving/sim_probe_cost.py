@@ -35,6 +35,19 @@ STEP_MS = {8: (8.1, 12.7), 32: (9.5, 17.0), 64: (11.2, 25.5), 128: (14.9, 45.0)}
 PASS = 128
 
 
+def policy_module(path=None):
+    """The adaptive policy's module: the installed one, or the ``adaptive.py`` at ``path`` (``--module``)."""
+    if not path:
+        from lumotree.sglang import adaptive
+
+        return adaptive
+    spec = importlib.util.spec_from_file_location("adaptive_under_test", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--module", default=None, help="an adaptive.py to simulate instead of lumotree's")
@@ -43,13 +56,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import test_adaptive as sim  # simulate_overlap, oracle_draws
 
-    if args.module:
-        spec = importlib.util.spec_from_file_location("adaptive_under_test", args.module)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = mod  # its dataclasses look their module up
-        spec.loader.exec_module(mod)
-    else:
-        from lumotree.sglang import adaptive as mod
+    mod = policy_module(args.module)
     cands = [int(c) for c in args.candidates.split(",")]
     rows = []
     for batch, (t_none, t_tree) in STEP_MS.items():

@@ -487,13 +487,14 @@ def test_a_slow_outlier_does_not_decide_a_bucket():
     assert p.choose(32) == 0
 
 
-def simulate_overlap(policy, batch, t_none, t_tree, accept, steps, seed=0):
+def simulate_overlap(policy, batch, t_none, t_tree, accept, steps, seed=0, rows_of=None):
     """As :func:`simulate`, timed as the worker times a step under SGLang's overlap scheduler: each step's own
     time (the device's clock), read when the next step has started -- at the launch after next -- and results
     (acceptance) one step late. ``accept``: each request's accepted drafts, or a function drawing them from a
-    ``random.Random``; ``t_tree``: the drafted step's time, or ``{steps: time}`` per drafting candidate. Returns the
+    ``random.Random``; ``t_tree``: the drafted step's time, or ``{steps: time}`` per drafting candidate. ``rows_of``:
+    instead, the ``k``-th counted drafted step's rows are ``rows_of(k)`` and step times carry no noise. Returns the
     candidates served, in order."""
-    rng, served, pending, timed = random.Random(seed), [], None, []
+    rng, served, pending, timed, k = random.Random(seed), [], None, [], 0
     for _ in range(steps):
         s = policy.choose(batch)
         if len(timed) >= 2:
@@ -501,11 +502,14 @@ def simulate_overlap(policy, batch, t_none, t_tree, accept, steps, seed=0):
         if pending is not None:
             policy.observe_accept(*pending)
         cold = s and served and served[-1] == 0
-        # a chain of s steps accepts at most s drafts (the oracle's leading successes, cut at its depth)
-        rows = [min(s, accept(rng)) for _ in range(batch)] if callable(accept) else [min(s, accept)] * batch
+        if rows_of is not None:
+            rows = rows_of(k) if s and not cold else None
+            k += rows is not None
+        else:  # a chain of s steps accepts at most s drafts (the oracle's leading successes, cut at its depth)
+            rows = [min(s, accept(rng)) for _ in range(batch)] if callable(accept) else [min(s, accept)] * batch
         pending = None if cold or not s else (s, rows)
         t = t_tree.get(s) if isinstance(t_tree, dict) else t_tree  # ``t_tree``: per drafting candidate, or one
-        timed.append((s, (t if s else t_none) * (1 + 0.02 * rng.random())))
+        timed.append((s, (t if s else t_none) * (1 if rows_of is not None else 1 + 0.02 * rng.random())))
         served.append(s)
     return served
 
@@ -1282,24 +1286,6 @@ def test_where_no_draft_is_served_the_probes_are_the_shallowest_chain_s():
     assert q.buckets[1].chosen == 3 and min(q.buckets[1].samples.values()) >= adaptive.MIN_SAMPLES
 
 
-def drive_rows(policy, batch, t_none, t_tree, rows_of, steps):
-    """:func:`simulate_overlap`'s timing without its noise, the ``k``-th counted drafted step's rows given by
-    ``rows_of(k)``. Returns the candidates served, in order."""
-    served, pending, timed, k = [], None, [], 0
-    for _ in range(steps):
-        s = policy.choose(batch)
-        if len(timed) >= 2:
-            policy.observe_time(batch, *timed.pop(0))
-        if pending is not None:
-            policy.observe_accept(*pending)
-        pending = None
-        if s and not (served and served[-1] == 0):  # a drafted step after no-draft steps is cold: not counted
-            pending, k = (s, rows_of(k)), k + 1
-        timed.append((s, t_tree if s else t_none))
-        served.append(s)
-    return served
-
-
 def test_a_close_call_after_a_probe_extends_the_probe():
     """Batch 8, no-draft step 2.73 ms, chain step 6.2 ms (Qwen3-Next MoE shape, 12 layers, H200): the chain pays
     from 1.27 accepted drafts. After a stretch of misses the drafts are accepted again (2 per request), but the
@@ -1310,7 +1296,7 @@ def test_a_close_call_after_a_probe_extends_the_probe():
     simulate_overlap(p, 8, 0.00273, 0.0062, 0.0, steps=200)
     assert p.buckets[8].chosen == 0
     first = [0, 0, 0, 0, 3, 3, 3, 1]
-    served = drive_rows(p, 8, 0.00273, 0.0062, lambda k: first if k == 0 else [2] * 8, steps=3000)
+    served = simulate_overlap(p, 8, 0.00273, 0.0062, None, steps=3000, rows_of=lambda k: first if k == 0 else [2] * 8)
     start = served.index(3)
     window = served[start:start + 12]
     assert window[:2] == [3, 3] and window[2] == 0 and window[3:7] == [3] * 4, window  # probe, settle, extension

@@ -65,8 +65,8 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   standard error of the switch, from fewer than ``EXTEND_ROWS`` request samples) is extended once, by a cold step and
   counted steps for ``EXTEND_ROWS`` more samples. Why: at batch 8 of the Qwen3-Next MoE shape (one H200) one counted
   step's 8 samples read 1.33 accepted drafts where the oracle's accept ~1.95, and the bucket kept no draft through the
-  measured pass (0.89x no speculation); on the CPU model of that pass sequence (``benchmark/serving/sim_pass_choice.py``)
-  the extension takes the measured pass from 0.960 to 0.998 of the better fixed choice there, and changes nothing at
+  measured pass (0.89x no speculation); on the CPU model of that pass sequence
+  (``benchmark/serving/sim_pass_choice.py``) the extension takes the measured pass from 0.960 to 0.998 of the better fixed choice there, and changes nothing at
   the 27B shape's batches or where drafts miss. Not yet served.
   Runs, not single steps: the first drafted step after no-draft steps drafts from zeros (the worker
   skips the MTP draft-extend on no-draft steps) and its acceptance is not counted, so a drafted step
@@ -405,7 +405,8 @@ class TreeSizePolicy:
         would switch to the tree (its rate ``MARGIN`` above no draft's) at an acceptance within ``CLOSE_Z`` standard
         errors above the probe's estimate (the request samples since drafting resumed, their deviation at least
         ``SD_FLOOR``), and the probe holds fewer than ``EXTEND_ROWS`` samples (batch 32 and up one counted step holds
-        as many as an extension would add). Once per probe, for the deepest candidate (or the only drafting one). Why: where a drafted step costs 2.3x a decode step (Qwen3-Next MoE
+        as many as an extension would add). Once per probe, for the deepest candidate (or the only drafting one).
+        Why: where a drafted step costs 2.3x a decode step (Qwen3-Next MoE
         shape, 12 layers, batch 8, one H200) the chain pays from ~1.3-1.7 accepted drafts, and a probe of 8
         requests' one counted step, averaged with the estimate before it, read 1.33 where the oracle's drafts
         accept ~1.95: the server kept no draft through the measured pass (0.89x no speculation, SGLang's chain

@@ -387,10 +387,16 @@ def register() -> None:
 
     jit_log.install()
     if os.environ.get(ENV_ACTIVE) == "1":
-        from lumotree.sglang.patches import (draft_tree_whole, eagle_sample_end, gdn_backend_classes, verify_tree_greedy)
+        from lumotree.sglang.patches import (draft_tree_whole, eagle_sample_end, gdn_backend_classes,
+                                             prompt_state_batch, prompt_state_cache, prompt_state_run,
+                                             verify_tree_greedy)
 
         gdn_backend_classes.install()
         draft_tree_whole.install()
         verify_tree_greedy.install()
         eagle_sample_end.install()
+        # prompt-interior states in the no_buffer radix cache (lumotree.sglang.prompt_state)
+        prompt_state_batch.install()
+        prompt_state_run.install()
+        prompt_state_cache.install()
     _registered = True

@@ -1,0 +1,249 @@
+"""Prompt-interior GDN states in a LumoTree server's radix cache (SGLang's ``no_buffer`` state cache).
+
+SGLang's ``no_buffer`` cache, which LumoTree's servers take (:mod:`lumotree.sglang.scheduling`), keeps a
+request's GDN state at the end of its prompt and at the end of the request. A radix match is only as long as
+the last state on its path, and SGLang matches at most a prompt's first ``L - 1`` tokens (the last one must
+be computed for its logits). So a prompt sent again, or a prefix that different requests share, finds no
+state and is prefilled whole; SGLang's ``extra_buffer`` cache (no speculation's default) finds 192 of a
+256-token prompt there.
+
+What this module adds: every prefill of a LumoTree server with the ``no_buffer`` cache keeps one more
+state, taken from the prefill kernel's own chunk states (SGLang's extend path already copies a chunk state
+into a given slot: ``mamba_track_*`` of the forward batch), at :func:`track_position`:
+
+* the **branching point** the radix match reported (the last 64-token boundary of the matched KV that has
+  no state; another request shares the prefix up to there), where it lies inside this extend on its chunk
+  grid -- as SGLang's ``extra_buffer`` does;
+* else, on the extend that ends the request's fill, the last chunk boundary before its last token
+  (``prefix + (L - 1 - prefix) // 64 * 64``): what the same prompt sent again can reuse, from its first
+  sending on (``extra_buffer`` tracks it at the second).
+
+The slot is taken from the state pool when the batch is prepared (:func:`prepare_extend`; never the last
+free slots, which the cache's prompt-end copies need), handed to the extend forward only
+(:func:`before_forward` checks that the batch still carries them, :func:`after_forward` clears them, so no
+decode or verify sees them: SGLang's read ``mamba_track_indices`` as ``extra_buffer``'s interval snapshot),
+and after the prefill the cache inserts it as the state of the prompt's first ``T`` tokens
+(:func:`commit`) -- or frees it, where the key is not in the tree or already has a state, or where the
+forward did not run with it. The
+state is the prefill kernel's chunk state (its dtype: bf16 for a bf16 model, as ``extra_buffer``'s),
+not the fp32 state a prefill of those ``T`` tokens would end with; states at prompt and request ends stay
+the committed fp32 ones. Not with ``--enable-deterministic-inference`` (the decode-exact mode keeps only
+committed states).
+
+Hooks: :mod:`lumotree.sglang.patches.prompt_state_batch` (``ScheduleBatch.prepare_for_extend``),
+:mod:`lumotree.sglang.patches.prompt_state_run` (``Scheduler.run_batch``),
+:mod:`lumotree.sglang.patches.prompt_state_cache` (``MambaRadixCache``'s two caching calls).
+"""
+from __future__ import annotations
+
+import logging
+from typing import List, Optional, Sequence
+
+logger = logging.getLogger(__name__)
+
+ATTR = "_lumotree_prompt_state"  # on a Req: [T, slot tensor [1], launched] between prepare_extend and commit
+BATCH_ATTR = "_lumotree_prompt_state_mask"  # on a ScheduleBatch: the mamba_track_mask it was given here
+
+
+def applies(server_args) -> bool:
+    """A LumoTree server with the radix cache on, SGLang's ``no_buffer`` state cache (its active pool: no
+    ``--enable-int8-mamba-checkpoint``), page size 1, one pipeline stage, not the decode-exact mode nor mixed
+    chunks (the mixed batch is rebuilt without the tracking fields)."""
+    from lumotree.sglang.backend import lumotree_active
+
+    return (lumotree_active(server_args)
+            and not getattr(server_args, "disable_radix_cache", False)
+            and getattr(server_args, "mamba_radix_cache_strategy", None) == "no_buffer"
+            and (getattr(server_args, "page_size", None) or 1) == 1
+            and (getattr(server_args, "pp_size", None) or 1) == 1
+            and not getattr(server_args, "enable_int8_mamba_checkpoint", False)
+            and not getattr(server_args, "enable_mixed_chunk", False)
+            and not getattr(server_args, "enable_deterministic_inference", False))
+
+
+def track_position(prefix_len: int, extend_end: int, fill_len: int, branching: Optional[int],
+                   chunk: int) -> Optional[int]:
+    """The token count ``T`` whose state one extend keeps, or ``None``.
+
+    Args:
+        prefix_len: tokens before the extend (matched from the cache or an earlier chunk).
+        extend_end: tokens after it.
+        fill_len: the request's whole fill (prompt, and output tokens of a retracted request).
+        branching: the radix match's branching point (SGLang's ``mamba_branching_seqlen``), or None.
+        chunk: the prefill kernel's chunk (SGLang's ``mamba_cache_chunk_size``).
+
+    ``T`` lies strictly inside the extend, on its chunk grid (``T - prefix_len`` a multiple of ``chunk``): the
+    kernel's chunk states are there, and its final state is cached at ``extend_end`` anyway."""
+    if chunk <= 1 or extend_end <= prefix_len:
+        return None
+    if branching is not None and prefix_len < branching < extend_end and (branching - prefix_len) % chunk == 0:
+        return int(branching)
+    if extend_end != fill_len:
+        return None
+    t = prefix_len + (fill_len - 1 - prefix_len) // chunk * chunk
+    return t if prefix_len < t < extend_end else None
+
+
+def kernel_seqlen(t: int, prefix_len: int, chunk: int) -> int:
+    """The ``mamba_track_seqlens`` entry that makes SGLang's extend path copy the chunk state after ``t`` tokens.
+    SGLang reads an aligned length as the extend's final state; one token more selects the chunk state ``h``
+    at ``(t - prefix_len) // chunk`` and the conv window before ``t`` (its ``_force_track_h``)."""
+    assert (t - prefix_len) % chunk == 0 and t > prefix_len
+    return t + 1
+
+
+def budget(free_slots: int, batch_reqs: int) -> int:
+    """How many tracking slots one batch may take from ``free_slots`` free state slots: each of the batch's
+    ``batch_reqs`` requests keeps one free for the cache's copy of its prompt-end state."""
+    return max(0, free_slots - batch_reqs)
+
+
+def _chunk(server_args) -> int:
+    try:
+        return int(server_args.mamba_cache_chunk_size)
+    except Exception:  # noqa: BLE001 -- no model config (tests)
+        from sglang.kernels.ops.attention.fla.chunk_delta_h import CHUNK_SIZE
+
+        return int(CHUNK_SIZE)
+
+
+def plan(reqs: Sequence, chunk: int) -> List[Optional[int]]:
+    """:func:`track_position` for each request of an extend batch (``prefix_indices``, ``extend_range``,
+    ``full_untruncated_fill_ids``, ``mamba_branching_seqlen`` as SGLang's ``Req`` has them)."""
+    out = []
+    for r in reqs:
+        prefix = len(r.prefix_indices)
+        end = prefix + r.extend_range.length
+        fill = len(r.full_untruncated_fill_ids)
+        out.append(track_position(prefix, end, fill, getattr(r, "mamba_branching_seqlen", None), chunk))
+    return out
+
+
+def prepare_extend(batch, server_args=None) -> int:
+    """After SGLang's ``ScheduleBatch.prepare_for_extend``: take a state slot for each request with a
+    :func:`track_position` (within :func:`budget`, evicting cached states of the tree's LRU where the pool
+    has too few free) and set the batch's ``mamba_track_*`` for its forward. Returns the slots taken."""
+    import torch
+
+    if server_args is None:
+        from sglang.srt.server_args import get_server_args
+
+        server_args = get_server_args()
+    if not batch.reqs or getattr(batch, "mamba_track_mask", None) is not None:
+        return 0
+    chunk = _chunk(server_args)
+    points = plan(batch.reqs, chunk)
+    want = sum(t is not None for t in points)
+    if want == 0:
+        return 0
+    pool = batch.req_to_token_pool
+    alloc = pool.mamba_allocator
+    room = budget(alloc.available_size(), len(batch.reqs))
+    cache = batch.tree_cache
+    if room < want and hasattr(cache, "mamba_evictable_size") and cache.mamba_evictable_size() > 0:
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        cache.evict(EvictParams(num_tokens=0, mamba_num=want - room))
+        room = budget(alloc.available_size(), len(batch.reqs))
+    mask, index, seqlen = [], [], []
+    taken = 0
+    for r in batch.reqs:  # a request prepared before whose batch never ran
+        release(alloc, r)
+    for r, t in zip(batch.reqs, points):
+        slot = alloc.alloc(1) if (t is not None and taken < room) else None
+        if slot is None:
+            mask.append(False), index.append(0), seqlen.append(-1)
+            continue
+        taken += 1
+        setattr(r, ATTR, [t, slot, False])
+        mask.append(True), index.append(int(slot[0])), seqlen.append(kernel_seqlen(t, len(r.prefix_indices), chunk))
+    if taken == 0:
+        return 0
+    dev = batch.device
+    batch.mamba_track_mask = torch.tensor(mask, dtype=torch.bool).to(dev, non_blocking=True)
+    batch.mamba_track_indices = torch.tensor(index, dtype=torch.int64).to(dev, non_blocking=True)
+    batch.mamba_track_seqlens = torch.tensor(seqlen, dtype=torch.int64).to(dev, non_blocking=True)
+    setattr(batch, BATCH_ATTR, batch.mamba_track_mask)
+    return taken
+
+
+def before_forward(batch) -> None:
+    """Before SGLang runs a batch prepared by :func:`prepare_extend`: its requests' slots count as written
+    where the batch still carries the tracking fields it was given; else (a path that rebuilt the batch) they
+    are freed."""
+    mark = getattr(batch, BATCH_ATTR, None)
+    if mark is None:
+        return
+    kept = batch.mamba_track_mask is mark
+    alloc = batch.req_to_token_pool.mamba_allocator
+    for r in batch.reqs:
+        track = getattr(r, ATTR, None)
+        if track is None:
+            continue
+        if kept:
+            track[2] = True
+        else:
+            release(alloc, r)
+
+
+def after_forward(batch) -> None:
+    """After SGLang launched the extend: the tracking fields leave the ``ScheduleBatch`` (it may become the
+    running batch, and SGLang's decode and verify read ``mamba_track_indices`` as ``extra_buffer``'s interval
+    snapshot)."""
+    mark = getattr(batch, BATCH_ATTR, None)
+    if mark is None:
+        return
+    if batch.mamba_track_mask is mark:
+        batch.mamba_track_mask = batch.mamba_track_indices = batch.mamba_track_seqlens = None
+    setattr(batch, BATCH_ATTR, None)
+
+
+def _present(cache, key) -> bool:
+    """Whether ``key`` (a ``RadixKey``) lies in ``cache``'s tree whole, without touching LRU or locks."""
+    node, rest = cache.root_node, key
+    while len(rest) > 0:
+        child = node.children.get(rest.child_key(cache.page_size))
+        if child is None:
+            return False
+        n = child.key.match(rest, page_size=cache.page_size)
+        if n < min(len(child.key), len(rest)):
+            return False
+        rest = rest[n:]
+        node = child
+    return True
+
+
+def commit(cache, req) -> bool:
+    """After the cache took a request's prompt (``cache_unfinished_req``) or the request
+    (``cache_finished_req``): the tracked state becomes the state of the fill's first ``T`` tokens where the
+    forward wrote it, that key is in the tree and has no state yet; the slot is freed otherwise. Returns
+    whether it was inserted."""
+    track = getattr(req, ATTR, None)
+    if track is None:
+        return False
+    setattr(req, ATTR, None)
+    t, slot, launched = track
+    token_ids = req.full_untruncated_fill_ids
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    key = RadixKey(token_ids[:t], req.extra_key)
+    inserted = False
+    if launched and not cache.disable and len(token_ids) >= t and _present(cache, key):
+        import torch
+
+        # every token of the key is in the tree: prev_prefix_len = T frees nothing and no node takes `value`
+        res = cache.insert(InsertParams(key=key, value=torch.zeros(t, dtype=torch.int64), mamba_value=slot,
+                                        prev_prefix_len=t))
+        inserted = not res.mamba_exist
+    if not inserted:
+        cache.req_to_token_pool.mamba_allocator.free(slot)
+    return inserted
+
+
+def release(alloc, req) -> None:
+    """Free a request's tracking slot to the state pool's allocator ``alloc`` without caching it."""
+    track = getattr(req, ATTR, None)
+    if track is not None:
+        setattr(req, ATTR, None)
+        alloc.free(track[1])

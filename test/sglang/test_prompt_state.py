@@ -1,0 +1,221 @@
+"""Prompt-interior states in the ``no_buffer`` radix cache (``lumotree.sglang.prompt_state``), on CPU: where an
+extend tracks a state (exact positions), the slots a batch takes and gives back, the fields its forward gets and
+loses, and the insert into SGLang's own ``MambaRadixCache`` (a later match of the prompt's first ``L - 1`` tokens
+finds ``T`` of them; duplicates, absent keys and batches that never ran free their slot). Served behaviour is
+``test_served_prompt_state_gpu.py``."""
+from array import array
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang")
+from sglang.srt.mem_cache.allocator.mamba import MambaSlotAllocator  # noqa: E402
+from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams  # noqa: E402
+from sglang.srt.mem_cache.mamba_radix_cache import MambaRadixCache  # noqa: E402
+from sglang.srt.mem_cache.radix_cache import RadixKey  # noqa: E402
+
+from lumotree.sglang import prompt_state as ps  # noqa: E402
+
+C = 64
+
+
+@pytest.mark.parametrize("prefix,end,fill,branching,want", [
+    pytest.param(0, 256, 256, None, 192, id="resend-256"),
+    pytest.param(0, 257, 257, None, 256, id="resend-257"),
+    pytest.param(0, 65, 65, None, 64, id="just-over-a-chunk"),
+    pytest.param(0, 64, 64, None, None, id="one-chunk"),
+    pytest.param(0, 20, 20, None, None, id="short"),
+    pytest.param(192, 256, 256, None, None, id="matched-to-the-track"),
+    pytest.param(100, 300, 300, None, 292, id="unaligned-prefix-on-its-grid"),
+    pytest.param(0, 128, 300, None, None, id="non-final-chunk"),
+    pytest.param(0, 128, 300, 64, 64, id="branching-in-a-non-final-chunk"),
+    pytest.param(0, 300, 300, 128, 128, id="branching-first"),
+    pytest.param(10, 300, 300, 64, 10 + 256, id="branching-off-grid"),
+    pytest.param(128, 300, 300, 128, 128 + 128, id="branching-at-prefix"),
+    pytest.param(0, 300, 300, 300, 256, id="branching-at-end"),
+])
+def test_track_position(prefix, end, fill, branching, want):
+    assert ps.track_position(prefix, end, fill, branching, C) == want
+
+
+def test_kernel_seqlen_selects_the_chunk_state():
+    # SGLang's extend path reads (seqlen - prefix) // chunk as the chunk state's index and an aligned length as
+    # the final state: t + 1 gives index (t - prefix) / chunk, never aligned
+    for prefix, t in ((0, 64), (0, 192), (100, 292)):
+        s = ps.kernel_seqlen(t, prefix, C)
+        assert (s - prefix) % C != 0 and (s - prefix) // C * C == t - prefix
+
+
+def _req(rid, prompt, prefix=0, end=None, branching=None):
+    end = len(prompt) if end is None else end
+    return SimpleNamespace(rid=rid, prefix_indices=torch.arange(prefix), extend_range=SimpleNamespace(length=end - prefix),
+                           full_untruncated_fill_ids=array("q", prompt), mamba_branching_seqlen=branching,
+                           extra_key=None)
+
+
+class _Tree:
+    def __init__(self, evictable=0, alloc=None):
+        self.evictable, self.alloc, self.evicted = evictable, alloc, 0
+
+    def mamba_evictable_size(self):
+        return self.evictable
+
+    def evict(self, params):  # frees what it evicts, as SGLang's does
+        n = min(params.mamba_num, self.evictable)
+        self.evictable -= n
+        self.evicted += n
+        self.alloc.free(torch.arange(1000, 1000 + n))
+
+
+def _batch(reqs, free, evictable=0):
+    alloc = MambaSlotAllocator(64, "cpu")
+    alloc.free_slots = alloc.free_slots[:free]
+    tree = _Tree(evictable, alloc)
+    return SimpleNamespace(reqs=reqs, req_to_token_pool=SimpleNamespace(mamba_allocator=alloc), tree_cache=tree,
+                           device="cpu", mamba_track_mask=None, mamba_track_indices=None, mamba_track_seqlens=None)
+
+
+ARGS = SimpleNamespace(mamba_cache_chunk_size=C)
+
+
+def test_prepare_sets_the_fields_for_tracked_rows():
+    reqs = [_req("a", list(range(256))), _req("b", list(range(30))), _req("c", list(range(300)), prefix=100)]
+    b = _batch(reqs, free=10)
+    assert ps.prepare_extend(b, ARGS) == 2
+    assert b.mamba_track_mask.tolist() == [True, False, True]
+    assert b.mamba_track_seqlens.tolist() == [193, -1, 293]
+    slots = [getattr(r, ps.ATTR, None) for r in reqs]
+    assert slots[1] is None and slots[0][0] == 192 and slots[2][0] == 292
+    assert b.mamba_track_indices.tolist() == [int(slots[0][1]), 0, int(slots[2][1])]
+    assert b.req_to_token_pool.mamba_allocator.available_size() == 8
+
+
+def test_prepare_leaves_a_free_slot_per_request_and_evicts_for_the_rest():
+    reqs = [_req(str(i), list(range(200))) for i in range(3)]
+    b = _batch(reqs, free=4)  # 3 kept for the prompt-end copies, 1 to track, nothing evictable
+    assert ps.prepare_extend(b, ARGS) == 1
+    assert b.req_to_token_pool.mamba_allocator.available_size() == 3
+    reqs = [_req(str(i), list(range(200))) for i in range(3)]
+    b = _batch(reqs, free=4, evictable=5)
+    assert ps.prepare_extend(b, ARGS) == 3 and b.tree_cache.evicted == 2
+    assert b.req_to_token_pool.mamba_allocator.available_size() == 3
+
+
+def test_prepare_frees_a_slot_left_by_a_batch_that_never_ran():
+    r = _req("a", list(range(200)))
+    b = _batch([r], free=5)
+    ps.prepare_extend(b, ARGS)
+    first = getattr(r, ps.ATTR, None)[1]
+    b.mamba_track_mask = None  # prepared again
+    ps.prepare_extend(b, ARGS)
+    assert b.req_to_token_pool.mamba_allocator.available_size() == 4  # one slot held, not two
+    assert int(first) in b.req_to_token_pool.mamba_allocator.free_slots.tolist()
+
+
+def test_forward_marks_slots_and_clears_the_fields():
+    r = _req("a", list(range(200)))
+    b = _batch([r], free=5)
+    ps.prepare_extend(b, ARGS)
+    ps.before_forward(b)
+    assert getattr(r, ps.ATTR, None)[2] is True
+    ps.after_forward(b)
+    assert b.mamba_track_mask is None and b.mamba_track_indices is None and b.mamba_track_seqlens is None
+    assert getattr(b, ps.BATCH_ATTR) is None
+
+
+def test_a_batch_rebuilt_before_its_forward_gives_the_slots_back():
+    r = _req("a", list(range(200)))
+    b = _batch([r], free=5)
+    ps.prepare_extend(b, ARGS)
+    b.mamba_track_mask = b.mamba_track_indices = b.mamba_track_seqlens = None  # as merge_batch does
+    ps.before_forward(b)
+    assert getattr(r, ps.ATTR, None) is None and b.req_to_token_pool.mamba_allocator.available_size() == 5
+    ps.after_forward(b)
+
+
+class _KV:
+    device = torch.device("cpu")
+
+    def __init__(self):
+        self.freed = []
+
+    def free_segment(self, idx, start_pos=0):
+        self.freed.append(idx.clone())
+
+
+def _cache(slots=64):
+    c = MambaRadixCache.__new__(MambaRadixCache)
+    alloc = MambaSlotAllocator(slots, "cpu")
+    c.req_to_token_pool = SimpleNamespace(mamba_allocator=alloc)
+    c.token_to_kv_pool_allocator = _KV()
+    c.mamba_cache_chunk_size, c.page_size, c.disable = C, 1, False
+    c.enable_kv_cache_events, c.enable_mamba_extra_buffer, c.enable_mamba_extra_buffer_lazy = False, False, False
+    c.kv_event_queue, c.device = [], torch.device("cpu")
+    c.reset()
+    return c
+
+
+def _cache_prompt(c, prompt):
+    """What ``cache_unfinished_req`` leaves: the whole prompt, its KV, its end state."""
+    slot = c.req_to_token_pool.mamba_allocator.alloc(1)
+    c.insert(InsertParams(key=RadixKey(array("q", prompt)), value=torch.arange(len(prompt)), mamba_value=slot))
+    return slot
+
+
+def _match(c, tokens):
+    return len(c.match_prefix(MatchPrefixParams(key=RadixKey(array("q", tokens)))).device_indices)
+
+
+def _tracked(c, prompt, launched=True):
+    r = _req("a", prompt)
+    slot = c.req_to_token_pool.mamba_allocator.alloc(1)
+    setattr(r, ps.ATTR, [ps.track_position(0, len(prompt), len(prompt), None, C), slot, launched])
+    return r, slot
+
+
+def test_commit_makes_a_resent_prompt_hit_its_track():
+    c = _cache()
+    prompt = list(range(1, 257))
+    _cache_prompt(c, prompt)
+    assert _match(c, prompt[:-1]) == 0  # no_buffer alone: no state before the prompt's end
+    r, slot = _tracked(c, prompt)
+    assert ps.commit(c, r) is True and getattr(r, ps.ATTR, None) is None
+    assert _match(c, prompt[:-1]) == 192
+    node = c.match_prefix(MatchPrefixParams(key=RadixKey(array("q", prompt[:-1])))).last_device_node
+    assert torch.equal(node.mamba_value, slot)
+    assert _match(c, prompt) == 256  # the prompt-end state unchanged
+    assert c.token_to_kv_pool_allocator.freed == []  # no KV freed
+    c.sanity_check() if hasattr(c, "sanity_check") else None
+
+
+def test_commit_frees_a_duplicate_an_absent_key_and_an_unlaunched_slot():
+    c = _cache()
+    prompt = list(range(1, 257))
+    _cache_prompt(c, prompt)
+    alloc = c.req_to_token_pool.mamba_allocator
+    r, _ = _tracked(c, prompt)
+    ps.commit(c, r)
+    n = alloc.available_size()
+    r, slot = _tracked(c, prompt)  # the same prompt tracked again
+    assert ps.commit(c, r) is False and alloc.available_size() == n and int(slot) in alloc.free_slots.tolist()
+    other = list(range(1000, 1300))
+    r, slot = _tracked(c, other)  # its prompt never reached the tree
+    assert ps.commit(c, r) is False and alloc.available_size() == n
+    fresh = list(range(5000, 5256))
+    _cache_prompt(c, fresh)
+    r, slot = _tracked(c, fresh, launched=False)  # its batch never ran with the fields
+    n = alloc.available_size()
+    assert ps.commit(c, r) is False and alloc.available_size() == n + 1 and _match(c, fresh[:-1]) == 0
+
+
+def test_applies_only_to_lumotree_no_buffer_servers():
+    base = dict(speculative_algorithm="LUMOTREE", disable_radix_cache=False, mamba_radix_cache_strategy="no_buffer",
+                page_size=1, pp_size=1, enable_int8_mamba_checkpoint=False, enable_mixed_chunk=False,
+                enable_deterministic_inference=False)
+    assert ps.applies(SimpleNamespace(**base))
+    for k, v in (("speculative_algorithm", None), ("speculative_algorithm", "NEXTN"), ("disable_radix_cache", True),
+                 ("mamba_radix_cache_strategy", "extra_buffer"), ("page_size", 64), ("pp_size", 2),
+                 ("enable_int8_mamba_checkpoint", True), ("enable_mixed_chunk", True),
+                 ("enable_deterministic_inference", True)):
+        assert not ps.applies(SimpleNamespace(**{**base, k: v})), (k, v)

@@ -126,7 +126,7 @@ def prepare_extend(batch, server_args=None) -> int:
     import torch
 
     if server_args is None:
-        from sglang.srt.server_args import get_server_args
+        from sglang.srt.runtime_context import get_server_args
 
         server_args = get_server_args()
     if not batch.reqs or getattr(batch, "mamba_track_mask", None) is not None:
@@ -198,12 +198,18 @@ def after_forward(batch) -> None:
     setattr(batch, BATCH_ATTR, None)
 
 
+def _root(cache):
+    core = getattr(cache, "tree_core", None)  # UnifiedRadixCache (SGLang's hybrid-model cache) or MambaRadixCache
+    return core.root_node if core is not None else cache.root_node
+
+
 def _present(cache, key) -> bool:
-    """Whether ``key`` (a ``RadixKey``) lies in ``cache``'s tree whole, without touching LRU or locks."""
-    node, rest = cache.root_node, key
+    """Whether ``key`` (a ``RadixKey``) lies in ``cache``'s tree whole with its KV on the device, without touching
+    LRU or locks."""
+    node, rest = _root(cache), key
     while len(rest) > 0:
         child = node.children.get(rest.child_key(cache.page_size))
-        if child is None:
+        if child is None or getattr(child, "evicted", False):
             return False
         n = child.key.match(rest, page_size=cache.page_size)
         if n < min(len(child.key), len(rest)):
@@ -229,7 +235,8 @@ def commit(cache, req) -> bool:
 
     key = RadixKey(token_ids[:t], req.extra_key)
     inserted = False
-    if launched and not cache.disable and len(token_ids) >= t and _present(cache, key):
+    bigram = getattr(getattr(cache, "tree_core", None), "is_eagle", False)  # bigram keys: not a hybrid-model tree
+    if launched and not bigram and not cache.disable and len(token_ids) >= t and _present(cache, key):
         import torch
 
         # every token of the key is in the tree: prev_prefix_len = T frees nothing and no node takes `value`

@@ -23,7 +23,7 @@ _applies = None
 def _on() -> bool:
     global _applies
     if _applies is None:
-        from sglang.srt.server_args import get_server_args
+        from sglang.srt.runtime_context import get_server_args
 
         from lumotree.sglang.prompt_state import applies
 

@@ -1,10 +1,11 @@
 """Hook: the radix cache takes a prefill's prompt-interior state (:mod:`lumotree.sglang.prompt_state`).
 
-Why: SGLang's ``MambaRadixCache`` with the ``no_buffer`` strategy inserts a request's state at the end of its
+Why: SGLang's hybrid-model radix cache (``UnifiedRadixCache`` with its Mamba component; ``MambaRadixCache``
+where that is chosen) with the ``no_buffer`` strategy inserts a request's state at the end of its
 prompt (``cache_unfinished_req``) and of the request (``cache_finished_req``) only; the state an extend tracked for
 the prompt's first ``T`` tokens has no caller.
 
-How: SGLang's ``HookRegistry`` (``HookType.AROUND`` on both methods): after SGLang's, where the request carries a
+How: SGLang's ``HookRegistry`` (``HookType.AROUND`` on both methods of both classes): after SGLang's, where the request carries a
 tracked state, :func:`lumotree.sglang.prompt_state.commit` inserts it at ``T`` where that key is in the tree whole and
 has no state (``prev_prefix_len = T``: no KV freed, no node takes KV), else frees the slot. Requests without one pass
 through with one attribute read. Installed only while a LumoTree server runs.
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 from lumotree.sglang.prompt_state import ATTR, commit
 
-UNFINISHED = "sglang.srt.mem_cache.mamba_radix_cache.MambaRadixCache.cache_unfinished_req"
-FINISHED = "sglang.srt.mem_cache.mamba_radix_cache.MambaRadixCache.cache_finished_req"
+CLASSES = ("sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache",
+           "sglang.srt.mem_cache.mamba_radix_cache.MambaRadixCache")
 
 
 def cache_unfinished_req(original, self, req, *args, **kwargs):
@@ -36,5 +37,6 @@ def cache_finished_req(original, self, req, *args, **kwargs):
 def install() -> None:
     from lumotree.sglang.patches import register_hook
 
-    register_hook(UNFINISHED, cache_unfinished_req, "AROUND")
-    register_hook(FINISHED, cache_finished_req, "AROUND")
+    for cls in CLASSES:
+        register_hook(cls + ".cache_unfinished_req", cache_unfinished_req, "AROUND")
+        register_hook(cls + ".cache_finished_req", cache_finished_req, "AROUND")

@@ -1318,3 +1318,41 @@ def test_drafts_that_miss_extend_no_probe(monkeypatch, batch, t_none, t_tree, ac
     assert served.count(3) > 0  # it probed
     monkeypatch.setattr(TreeSizePolicy, "_close_call", lambda self, batch, rates, st: False)
     assert run() == served
+
+
+def test_a_probe_that_held_no_running_request_is_run_again():
+    """Batch 32, no-draft step 7.83 ms, chain step 17.8 ms (Qwen3-Next MoE shape, 12 layers, H100): no draft is
+    served after a stretch of misses. The next probe falls on steps whose requests had all finished (the benchmark's
+    one-token passes: every row left out of the sample), then the drafts are accepted (3 per request). The probe
+    measured nothing: it is run again and the bucket serves the chain; without the repeat it decided on the old 0.00,
+    doubled its interval and served no draft for hundreds of steps."""
+    def run():
+        p = TreeSizePolicy([0, 3])
+        simulate_overlap(p, 32, 0.00783, 0.0178, 0.0, steps=300)
+        assert p.buckets[32].chosen == 0
+        every = p.buckets[32].probe_every
+        served = simulate_overlap(p, 32, 0.00783, 0.0178, None, steps=2 * every,
+                                  rows_of=lambda k: [] if k == 0 else [3] * 32)
+        return p, served
+
+    p, served = run()
+    first = served.index(3)
+    assert p.buckets[32].chosen == 3, p.table()
+    assert served[first:first + 12].count(3) >= 6, served[first:first + 12]  # the repeat, then the chain
+    assert adaptive.EMPTY_PROBE_REPEATS > 0
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(adaptive, "EMPTY_PROBE_REPEATS", 0)
+        p, served = run()
+        assert p.buckets[32].chosen == 0 and served[served.index(3) + 2:].count(3) == 0, served
+
+
+def test_probes_that_keep_holding_no_running_request_give_up_and_keep_the_interval():
+    """A workload whose decode steps hold only finished rows (every request ends at its prefill): each probe is
+    repeated EMPTY_PROBE_REPEATS times, then the choice stands, with the probe interval unchanged."""
+    p = TreeSizePolicy([0, 3])
+    simulate_overlap(p, 32, 0.00783, 0.0178, 0.0, steps=300)
+    every = p.buckets[32].probe_every
+    served = simulate_overlap(p, 32, 0.00783, 0.0178, None, steps=every + 40, rows_of=lambda k: [])
+    assert p.buckets[32].chosen == 0 and p.buckets[32].probe_every == every
+    runs = sum(1 for i, s in enumerate(served) if s == 3 and (i == 0 or served[i - 1] == 0))
+    assert runs == 1 + adaptive.EMPTY_PROBE_REPEATS, served

@@ -131,6 +131,12 @@ MARGIN = 0.03  # switch only when the other candidate is this much faster (token
 CLOSE_Z = 1.0
 EXTEND_ROWS = 24
 SD_FLOOR = 0.5  # the least standard deviation of a request's accepted drafts the close call assumes (few samples)
+# a tree probe whose counted steps held no running request (every row had finished: its sample left them out,
+# worker.StepLedger.note_live_rows) measured nothing: it is run again, up to this many times in a row, and the
+# decision after such a probe keeps the probe interval. Why: at batch 32 of the Qwen3-Next MoE shape (one H100) a
+# probe fell on the benchmark's one-token passes, whose requests finish at their prefill, decided on the acceptance
+# from before the no-draft stretch (0.00) and doubled the interval: no draft through the measured pass at accept ~2.4
+EMPTY_PROBE_REPEATS = 3
 PROBE_EVERY = 128  # steps of a bucket before its first probe run of the candidate not chosen
 PROBE_MAX = 1024  # the longest interval between probe runs (doubling from PROBE_EVERY while probes confirm)
 # share of the time served a probe of a candidate that does not pay may cost (interval floor). 2 / 3 of the 1 % it
@@ -216,6 +222,7 @@ class _Bucket:
     remeasured_at: Optional[int] = None  # samples[0] when the last re-measure started
     probe_of: Optional[int] = None  # the candidate the bucket's last probe run served
     extended: bool = False  # that probe was extended once already (close call)
+    empty_probes: int = 0  # tree probes in a row that held no running request (EMPTY_PROBE_REPEATS)
 
 
 class TreeSizePolicy:
@@ -368,13 +375,22 @@ class TreeSizePolicy:
             return stale
         rates = {c: self.rate(batch, c) for c in self.candidates}
         best = self._kept(rates, st.chosen)
+        empty = st.probed and bool(st.probe_of) and self._gap is not None and self._gap[2] == 0
+        if empty and st.empty_probes < EMPTY_PROBE_REPEATS:  # the probe saw no running request: again
+            st.empty_probes += 1
+            logger.info("LumoTree adaptive: batch bucket %d: a probe of the %s held no running request; probing "
+                        "again", bucket(batch), self.tree_name.format(st.probe_of))
+            st.settle = 1
+            return self._start_run(st, st.probe_of, tree_probe_run(batch))
+        if st.probed:
+            st.empty_probes = 0
         if st.probed and best == 0 and st.chosen == 0 and self._close_call(batch, rates, st):
             st.extended = True
             k = min(GAP_SAMPLES, max(1, -(-EXTEND_ROWS // bucket(batch))))
             self._extend_gap = k
             st.settle = 1
             return self._start_run(st, st.probe_of, 1 + k)
-        if st.probed and best == st.chosen:  # the decision right after a probe run left the choice
+        if st.probed and best == st.chosen and not empty:  # the decision right after a probe run left the choice
             st.probe_every = min(2 * st.probe_every, self.settings.probe_max)
         if best != st.chosen or st.probed:  # changes, and what each probe measured (probes are rare: logged too)
             logger.info("LumoTree adaptive: batch bucket %d -> %s (%s; accept %.2f)%s", bucket(batch),

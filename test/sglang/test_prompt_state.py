@@ -119,9 +119,38 @@ def test_forward_marks_slots_and_clears_the_fields():
     ps.prepare_extend(b, ARGS)
     ps.before_forward(b)
     assert getattr(r, ps.ATTR, None)[2] is True
+    ps.note_tracked()  # a GDN layer of the forward copied its tracked states
     ps.after_forward(b)
+    assert getattr(r, ps.ATTR, None) is not None  # kept for the cache
     assert b.mamba_track_mask is None and b.mamba_track_indices is None and b.mamba_track_seqlens is None
     assert getattr(b, ps.BATCH_ATTR) is None
+
+
+def test_a_forward_no_layer_tracked_gives_the_slots_back():
+    """A prefill CUDA graph replays without SGLang's tracking fields: no GDN layer copies a state, so the slots must
+    not be cached (they hold whatever they held)."""
+    r = _req("a", list(range(200)))
+    b = _batch([r], free=5)
+    ps.prepare_extend(b, ARGS)
+    ps.before_forward(b)
+    ps.after_forward(b)
+    assert getattr(r, ps.ATTR, None) is None and b.req_to_token_pool.mamba_allocator.available_size() == 5
+    assert b.mamba_track_mask is None
+
+
+def test_the_gdn_backend_counts_the_layers_that_tracked(monkeypatch):
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
+
+    from lumotree.sglang.backend import LumoTreeGDNBackend
+
+    calls = []
+    monkeypatch.setattr(MambaAttnBackendBase, "_track_mamba_state_extend", lambda self, *a: calls.append(a))
+    be = LumoTreeGDNBackend.__new__(LumoTreeGDNBackend)
+    n = ps._tracked
+    be._track_mamba_state_extend(None, None, None, SimpleNamespace(has_mamba_track_mask=False))
+    assert ps._tracked == n and len(calls) == 1
+    be._track_mamba_state_extend(None, None, None, SimpleNamespace(has_mamba_track_mask=True))
+    assert ps._tracked == n + 1 and len(calls) == 2
 
 
 def test_a_batch_rebuilt_before_its_forward_gives_the_slots_back():

@@ -192,6 +192,16 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         md = super()._replay_metadata(bs, req_pool_indices, forward_mode, *args, **kwargs)
         return self._skip_finished(md, req_pool_indices[:bs], forward_mode)
 
+    def _track_mamba_state_extend(self, forward_batch, h, ssm_states, forward_metadata):
+        """SGLang's copy of an extend's tracked chunk states; counted for :mod:`lumotree.sglang.prompt_state`,
+        which caches a prefill's tracked slot only where a layer of its forward ran this (not a prefill CUDA graph
+        that replays without the tracking fields)."""
+        super()._track_mamba_state_extend(forward_batch, h, ssm_states, forward_metadata)
+        if forward_metadata.has_mamba_track_mask:
+            from lumotree.sglang import prompt_state
+
+            prompt_state.note_tracked()
+
     # ------------------------------------------------------------------ tree
     def _tree_for(self, layer_id: int, md, bs: int, n: int, device):
         """``(ancestor mask int8 [bs, n, n], num_nodes [bs])`` of the step's trees -- all the chunk

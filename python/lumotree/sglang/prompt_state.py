@@ -167,10 +167,21 @@ def prepare_extend(batch, server_args=None) -> int:
     return taken
 
 
+_tracked = 0  # GDN layer forwards that copied tracked chunk states (note_tracked, from LumoTree's GDN backend)
+_untracked_warned = False
+
+
+def note_tracked() -> None:
+    """A GDN layer's extend just copied its tracked chunk states (LumoTree's GDN backend,
+    ``_track_mamba_state_extend``)."""
+    global _tracked
+    _tracked += 1
+
+
 def before_forward(batch) -> None:
     """Before SGLang runs a batch prepared by :func:`prepare_extend`: its requests' slots count as written
     where the batch still carries the tracking fields it was given; else (a path that rebuilt the batch) they
-    are freed."""
+    are freed. Notes the tracked-layer count :func:`after_forward` compares with."""
     mark = getattr(batch, BATCH_ATTR, None)
     if mark is None:
         return
@@ -184,18 +195,33 @@ def before_forward(batch) -> None:
             track[2] = True
         else:
             release(alloc, r)
+    batch._lumotree_prompt_state_tracked = _tracked
 
 
 def after_forward(batch) -> None:
-    """After SGLang launched the extend: the tracking fields leave the ``ScheduleBatch`` (it may become the
-    running batch, and SGLang's decode and verify read ``mamba_track_indices`` as ``extra_buffer``'s interval
-    snapshot)."""
+    """After SGLang launched the extend (every layer's host code has run): where no GDN layer copied its tracked
+    states -- a prefill CUDA graph replayed without the tracking fields (SGLang's graph runners carry them only for
+    ``extra_buffer`` servers without speculation) -- the requests' slots are freed, never cached unwritten. Then
+    the tracking fields leave the ``ScheduleBatch`` (it may become the running batch, and SGLang's decode and
+    verify read ``mamba_track_indices`` as ``extra_buffer``'s interval snapshot)."""
+    global _untracked_warned
     mark = getattr(batch, BATCH_ATTR, None)
     if mark is None:
         return
+    seen = getattr(batch, "_lumotree_prompt_state_tracked", None)
+    if seen is not None and _tracked == seen:
+        alloc = batch.req_to_token_pool.mamba_allocator
+        for r in batch.reqs:
+            release(alloc, r)
+        if not _untracked_warned:
+            _untracked_warned = True
+            logger.info("LumoTree: a prefill ran without SGLang's extend state tracking (a prefill CUDA graph): its "
+                        "prompts' interior states are not cached (--disable-piecewise-cuda-graph runs prefills "
+                        "eagerly)")
     if batch.mamba_track_mask is mark:
         batch.mamba_track_mask = batch.mamba_track_indices = batch.mamba_track_seqlens = None
     setattr(batch, BATCH_ATTR, None)
+    batch._lumotree_prompt_state_tracked = None
 
 
 def _root(cache):

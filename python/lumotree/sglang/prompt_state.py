@@ -23,16 +23,17 @@ free slots, which the cache's prompt-end copies need), handed to the extend forw
 (:func:`before_forward` checks that the batch still carries them, :func:`after_forward` clears them, so no
 decode or verify sees them: SGLang's read ``mamba_track_indices`` as ``extra_buffer``'s interval snapshot),
 and after the prefill the cache inserts it as the state of the prompt's first ``T`` tokens
-(:func:`commit`) -- or frees it, where the key is not in the tree or already has a state, or where the
-forward did not run with it. The
-state is the prefill kernel's chunk state (its dtype: bf16 for a bf16 model, as ``extra_buffer``'s),
-not the fp32 state a prefill of those ``T`` tokens would end with; states at prompt and request ends stay
-the committed fp32 ones. Not with ``--enable-deterministic-inference`` (the decode-exact mode keeps only
-committed states).
+(:func:`commit`) -- or frees it, where the key is not in the tree or already has a state, or where no GDN
+layer of the forward copied it (:func:`note_tracked`, counted by LumoTree's GDN backend: a prefill CUDA
+graph replays without SGLang's tracking fields). The state is the prefill kernel's chunk state (its dtype:
+bf16 for a bf16 model, as ``extra_buffer``'s), not the fp32 state a prefill of those ``T`` tokens would end
+with; states at prompt and request ends stay the committed fp32 ones. Not with
+``--enable-deterministic-inference`` (the decode-exact mode keeps only committed states).
 
 Hooks: :mod:`lumotree.sglang.patches.prompt_state_batch` (``ScheduleBatch.prepare_for_extend``),
 :mod:`lumotree.sglang.patches.prompt_state_run` (``Scheduler.run_batch``),
-:mod:`lumotree.sglang.patches.prompt_state_cache` (``MambaRadixCache``'s two caching calls).
+:mod:`lumotree.sglang.patches.prompt_state_cache` (the two caching calls of ``UnifiedRadixCache``, SGLang's
+hybrid-model cache, and of ``MambaRadixCache``).
 """
 from __future__ import annotations
 

@@ -270,3 +270,15 @@ def test_applies_only_to_lumotree_no_buffer_servers():
                  ("enable_int8_mamba_checkpoint", True), ("enable_mixed_chunk", True),
                  ("enable_deterministic_inference", True)):
         assert not ps.applies(SimpleNamespace(**{**base, k: v})), (k, v)
+
+
+def test_the_hooks_name_sglangs_methods():
+    import importlib
+
+    from lumotree.sglang.patches import prompt_state_batch, prompt_state_cache, prompt_state_run
+
+    targets = [prompt_state_batch.TARGET, prompt_state_run.TARGET]
+    targets += [c + m for c in prompt_state_cache.CLASSES for m in (".cache_unfinished_req", ".cache_finished_req")]
+    for t in targets:
+        mod, cls, meth = t.rsplit(".", 2)
+        assert callable(getattr(getattr(importlib.import_module(mod), cls), meth)), t

@@ -50,9 +50,9 @@ def applies(server_args) -> bool:
     """A LumoTree server with the radix cache on, SGLang's ``no_buffer`` state cache (its active pool: no
     ``--enable-int8-mamba-checkpoint``), page size 1, one pipeline stage, not the decode-exact mode nor mixed
     chunks (the mixed batch is rebuilt without the tracking fields)."""
-    from lumotree.sglang.backend import lumotree_active
+    from lumotree.sglang.scheduling import OVERLAP_ALGORITHMS  # LumoTree's algorithms
 
-    return (lumotree_active(server_args)
+    return (str(getattr(server_args, "speculative_algorithm", None) or "").upper() in OVERLAP_ALGORITHMS
             and not getattr(server_args, "disable_radix_cache", False)
             and getattr(server_args, "mamba_radix_cache_strategy", None) == "no_buffer"
             and (getattr(server_args, "page_size", None) or 1) == 1

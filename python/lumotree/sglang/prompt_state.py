@@ -132,13 +132,14 @@ def prepare_extend(batch, server_args=None) -> int:
         server_args = get_server_args()
     if not batch.reqs or getattr(batch, "mamba_track_mask", None) is not None:
         return 0
+    alloc = batch.req_to_token_pool.mamba_allocator
+    for r in batch.reqs:  # a request prepared before whose batch never ran
+        release(alloc, r)
     chunk = _chunk(server_args)
     points = plan(batch.reqs, chunk)
     want = sum(t is not None for t in points)
     if want == 0:
         return 0
-    pool = batch.req_to_token_pool
-    alloc = pool.mamba_allocator
     room = budget(alloc.available_size(), len(batch.reqs))
     cache = batch.tree_cache
     if room < want and hasattr(cache, "mamba_evictable_size") and cache.mamba_evictable_size() > 0:
@@ -148,8 +149,6 @@ def prepare_extend(batch, server_args=None) -> int:
         room = budget(alloc.available_size(), len(batch.reqs))
     mask, index, seqlen = [], [], []
     taken = 0
-    for r in batch.reqs:  # a request prepared before whose batch never ran
-        release(alloc, r)
     for r, t in zip(batch.reqs, points):
         slot = alloc.alloc(1) if (t is not None and taken < room) else None
         if slot is None:

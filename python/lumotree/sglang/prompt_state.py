@@ -99,15 +99,6 @@ def budget(free_slots: int, batch_reqs: int) -> int:
     return max(0, free_slots - batch_reqs)
 
 
-def _chunk(server_args) -> int:
-    try:
-        return int(server_args.mamba_cache_chunk_size)
-    except Exception:  # noqa: BLE001 -- no model config (tests)
-        from sglang.kernels.ops.attention.fla.chunk_delta_h import CHUNK_SIZE
-
-        return int(CHUNK_SIZE)
-
-
 def plan(reqs: Sequence, chunk: int) -> List[Optional[int]]:
     """:func:`track_position` for each request of an extend batch (``prefix_indices``, ``extend_range``,
     ``full_untruncated_fill_ids``, ``mamba_branching_seqlen`` as SGLang's ``Req`` has them)."""
@@ -135,7 +126,7 @@ def prepare_extend(batch, server_args=None) -> int:
     alloc = batch.req_to_token_pool.mamba_allocator
     for r in batch.reqs:  # a request prepared before whose batch never ran
         release(alloc, r)
-    chunk = _chunk(server_args)
+    chunk = int(server_args.mamba_cache_chunk_size)  # SGLang's prefill chunk grid (64 at page size 1)
     points = plan(batch.reqs, chunk)
     want = sum(t is not None for t in points)
     if want == 0:

@@ -1,9 +1,11 @@
-"""docs/serving_speed_<device>.png from benchmark/results/serving_speed_<device>.json (needs matplotlib):
+"""docs/<name>.png from benchmark/results/<name>.json (default name serving_speed_<device>; needs matplotlib):
 client tokens/s relative to no speculation, per batch, for every configuration of each run, one row of panels per
 model shape (the rows' ``shape``) and one panel per controlled acceptance (``accept_p``; 0.0: drafts that miss). A run
 without no-speculation rows at a batch takes them from the runs its ``none_from`` names.
 
-    python3 benchmark/serving/plot_serving_speed.py [--device h200|h100]
+    python3 benchmark/serving/plot_serving_speed.py [--device h200|h100] [--name serving_speed_moe_h100]
+
+A result of one run (``bench_spec.py --out``: its ``rows`` at the top) is plotted as that run.
 """
 import argparse
 import json
@@ -39,10 +41,12 @@ def ratios(runs):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=sorted(DEVICES), default="h200")
-    device = ap.parse_args().device
-    res = os.path.join(HERE, "..", "results", f"serving_speed_{device}.json")
-    out = os.path.join(HERE, "..", "..", "docs", f"serving_speed_{device}.png")
-    runs = json.load(open(res))["runs"]
+    ap.add_argument("--name", default=None, help="the result file's name without .json (default serving_speed_<device>)")
+    args = ap.parse_args()
+    device, name = args.device, args.name or f"serving_speed_{args.device}"
+    res = json.load(open(os.path.join(HERE, "..", "results", f"{name}.json")))
+    out = os.path.join(HERE, "..", "..", "docs", f"{name}.png")
+    runs = res["runs"] if "runs" in res else [res]
     shapes = list(dict.fromkeys(r["rows"][0].get("shape", "") for r in runs))
     grid = {shape: ratios([r for r in runs if r["rows"][0].get("shape", "") == shape]) for shape in shapes}
     panels = sorted({p for series in grid.values() for p, _ in series}, key=lambda p: -(p or 0.0))

@@ -35,6 +35,8 @@ STEP_MS = {
     "qwen3-next-80b-moe-12l": {1: (1.48, 3.76), 8: (2.73, 6.26), 32: (5.82, 12.58), 64: (8.28, 17.11),
                                128: (11.29, 22.88)},
     "qwen3-next-80b-moe-12l, chain step as estimated": {8: (2.73, 7.4)},
+    # one H100 (serving_speed_moe_h100.json): the served policy's own estimates at buckets 1 and 8 (its log)
+    "qwen3-next-80b-moe-12l, H100 policy estimates": {1: (3.28, 7.05), 8: (3.36, 9.64)},
 }
 PASS = 128
 TOKENS = 1 + 0.8 + 0.8 ** 2 + 0.8 ** 3  # tokens a request gains per counted drafted step at p 0.8, 3 steps

@@ -11,8 +11,8 @@ with the same default prefill graphs:
   kernels differ from a decode step's: bf16 near-ties may part).
 
 On one H100 (``pytest -q -m gpu test/sglang/test_served_prefill_graphs_gpu.py``) all four pass; on the H200 the two
-pinned ones were run and pass. Their prompts are too short for a prompt-interior state (64 tokens), so these servers
-track none (``lumotree.sglang.prompt_state``)."""
+pinned ones were run and pass. No prompt here has an uncached part longer than 64 tokens (the step of a prompt-interior
+state), so these servers track none (``lumotree.sglang.prompt_state``)."""
 import json
 import os
 import sys

@@ -63,8 +63,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from parity import memory_report  # noqa: E402
-from sglang_server import (accept_stats, jit_cache_env, generate, host_speed, log_health, machine,  # noqa: E402
-                           machines_note, post, sglang_server, stop_profile)
+from sglang_server import (accept_stats, jit_cache_env, jit_compiles, generate, host_speed, log_health,  # noqa: E402
+                           machine, machines_note, post, sglang_server, stop_profile)
 
 SHAPES = {  # Qwen3.5-27B's per-layer shapes, fewer layers (dummy weights)
     "qwen3.5-27b-8l": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=8, num_attention_heads=24,
@@ -377,6 +377,10 @@ def main():
     ap.add_argument("--profile-prefill", action="store_true",
                     help="also profile one-token passes (the prefill) at --profile-batches, after the decode profiles")
     ap.add_argument("--profile-prefill-steps", type=int, default=2)
+    ap.add_argument("--jit-log", action="store_true",
+                    help="every server logs each Triton compile or cache load (LUMOTREE_BENCH_JIT_LOG=1, benchmark "
+                         "only); each row records those inside its measured pass (jit: count, ms, kernels) -- what "
+                         "a step met for the first time while it was timed")
     ap.add_argument("--resume", action="store_true",
                     help="--out holds an earlier, interrupted run of the same command (its --configs may differ): "
                          "keep its configurations that finished (a server and every row) and are named again, run the "
@@ -418,6 +422,8 @@ def main():
         oracle_env = "LUMOTREE_BENCH_ORACLE_P" if name in NGRAM_ORACLES else "LUMOTREE_BENCH_DRAFT_ORACLE_P"
         env = {oracle_env: str(args.oracle_p)} if oracle else {}
         env.update(config_env(name))
+        if args.jit_log:
+            env["LUMOTREE_BENCH_JIT_LOG"] = "1"
         srv["env"] = env
         srv["jit_cache"] = args.jit_cache
         srv["machine"] = machine()
@@ -539,6 +545,8 @@ def measure(url, batch, args, key, log):
                decode_tokens_per_s=st["completion_tokens"] / max(wall - prefill, 1e-9),
                accept_length=st["accept_length"])
     row.update(request_spread(outs, wall))
+    if getattr(args, "jit_log", False):  # the compiles the measured pass met (its window: send to answer)
+        row["jit"] = jit_compiles(log, {"pass": (t1, t1 + wall)}).get("pass", dict(count=0, total_ms=0.0, kernels={}))
     best, med, vals = logged_decode(log, bs, at)  # the measured pass only
     most, at_most = logged_running(log, at)
     row.update(logged_decode_tokens_per_s=best, logged_decode_median_tokens_per_s=med,
@@ -600,6 +608,8 @@ def table(rows, memory=None):
         mem = f"{mem / 2**20:.0f} MiB" if mem is not None else "–"
         ap = r.get("accept_p", r.get("oracle_p"))
         cfg += " **suspect**" if r.get("suspect") else ""
+        if (r.get("jit") or {}).get("count"):  # the measured pass met kernels it had to compile or load
+            cfg += f" (JIT {r['jit']['count']}, {r['jit']['total_ms']:.0f} ms)"
         out.append(f"| {cfg} | {r['batch']} | {'–' if ap is None else ap} | {r.get('output_len') or '–'} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {dec} | {acc} | {mem} |")
     return "\n".join(out)
 

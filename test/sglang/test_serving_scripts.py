@@ -500,6 +500,38 @@ def test_bench_spec_profiles_a_batch_after_all_its_measured_phases(tmp_path, mon
     assert [r["accept_p"] for r in rows] == [0.8, 0.0] and all("profile" in r for r in rows)
 
 
+def test_bench_spec_jit_log_counts_the_compiles_inside_each_measured_pass(tmp_path, monkeypatch):
+    """--jit-log: every server logs its Triton compiles; a row holds those of its measured pass only (a compile in
+    the warm pass before it is not the measured pass's)."""
+    import json
+    import sys
+    import time
+
+    bs = load("bench_spec")
+    seen = []
+    monkeypatch.setattr(bs, "sglang_server", recording_server(seen, lambda args, base, env: env))
+    log = tmp_path / "bench-lumotree-topk2.log"
+
+    def fake_generate(url, batch, n, key="text"):
+        if n == 16 and len(batch) == 8:  # the batch's warm pass and its measured pass each meet a compile
+            with open(log, "a") as f:
+                f.write(f"[x] LumoTree JIT: {time.time():.6f} 40.5 ms mod.kern_{n} [('i32', 'D')]\n")
+        return [dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2))) for _ in batch]
+
+    monkeypatch.setattr(bs, "generate", fake_generate)
+    out = tmp_path / "b.json"
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs", "lumotree-topk2", "--batches",
+                                      "1,8", "--output-len", "16", "--out", str(out), "--log-dir", str(tmp_path),
+                                      "--jit-log", "--jit-cache", "shared"])
+    bs.main()
+    assert seen[0]["LUMOTREE_BENCH_JIT_LOG"] == "1"
+    res = json.load(open(out))
+    jit = {r["batch"]: r["jit"] for r in res["rows"]}
+    assert jit[1]["count"] == 0
+    assert jit[8]["count"] == 1 and jit[8]["total_ms"] == 40.5 and jit[8]["kernels"] == {"mod.kern_16": 40.5}
+    assert "(JIT 1, 40 ms)" in bs.table(res["rows"])
+
+
 def test_bench_spec_sync_scheduler_disables_overlap_for_every_configuration(tmp_path, monkeypatch):
     import json
     import sys

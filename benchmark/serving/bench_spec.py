@@ -64,7 +64,7 @@ sys.path.insert(0, HERE)
 
 from parity import memory_report  # noqa: E402
 from sglang_server import (accept_stats, jit_cache_env, jit_compiles, generate, host_speed, log_health,  # noqa: E402
-                           machine, machines_note, post, sglang_server, stop_profile)
+                           machine, machines_note, post, sglang_server, step_timing, stop_profile)
 
 SHAPES = {  # Qwen3.5-27B's per-layer shapes, fewer layers (dummy weights)
     "qwen3.5-27b-8l": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=8, num_attention_heads=24,
@@ -381,6 +381,11 @@ def main():
                     help="every server logs each Triton compile or cache load (LUMOTREE_BENCH_JIT_LOG=1, benchmark "
                          "only); each row records those inside its measured pass (jit: count, ms, kernels) -- what "
                          "a step met for the first time while it was timed")
+    ap.add_argument("--step-timing", action="store_true",
+                    help="every server times its decode steps by parts on the scheduler's thread "
+                         "(LUMOTREE_BENCH_STEP_TIMING=1, lumotree.sglang.step_timing, benchmark only), recorded per "
+                         "server and batch bucket (step_timing): where a step's milliseconds go. Its hooks cost host "
+                         "time: such rows are not the flags-alone rows")
     ap.add_argument("--resume", action="store_true",
                     help="--out holds an earlier, interrupted run of the same command (its --configs may differ): "
                          "keep its configurations that finished (a server and every row) and are named again, run the "
@@ -424,6 +429,8 @@ def main():
         env.update(config_env(name))
         if args.jit_log:
             env["LUMOTREE_BENCH_JIT_LOG"] = "1"
+        if args.step_timing:
+            env["LUMOTREE_BENCH_STEP_TIMING"] = "1"
         srv["env"] = env
         srv["jit_cache"] = args.jit_cache
         srv["machine"] = machine()
@@ -479,6 +486,8 @@ def main():
         except Exception as e:
             srv["error"] = repr(e)[:2000]
         srv.update(memory_report(log), **log_health(log))
+        if args.step_timing:
+            srv["step_timing"] = step_timing(log)
         srv["state_slots"] = state_slots(srv.get("memory_log", []))
         srv["adaptive"] = adaptive_decisions(log)
         res["servers"][label(name, args.scheduler)] = srv

@@ -524,12 +524,38 @@ def test_bench_spec_jit_log_counts_the_compiles_inside_each_measured_pass(tmp_pa
                                       "1,8", "--output-len", "16", "--out", str(out), "--log-dir", str(tmp_path),
                                       "--jit-log", "--jit-cache", "shared"])
     bs.main()
-    assert seen[0]["LUMOTREE_BENCH_JIT_LOG"] == "1"
+    assert seen[0]["LUMOTREE_BENCH_JIT_LOG"] == "1" and "LUMOTREE_BENCH_STEP_TIMING" not in seen[0]
     res = json.load(open(out))
     jit = {r["batch"]: r["jit"] for r in res["rows"]}
     assert jit[1]["count"] == 0
     assert jit[8]["count"] == 1 and jit[8]["total_ms"] == 40.5 and jit[8]["kernels"] == {"mod.kern_16": 40.5}
     assert "(JIT 1, 40 ms)" in bs.table(res["rows"])
+
+
+def test_bench_spec_step_timing_reads_each_servers_step_parts(tmp_path, monkeypatch):
+    """--step-timing: every server times its steps by parts; the server's entry holds them per part and bucket."""
+    import json
+    import sys
+
+    bs = load("bench_spec")
+    seen = []
+    log = tmp_path / "bench-lumotree-chain.log"
+
+    def server(args, base, env):
+        log.write_text("[x] LumoTree step-nodraft timing: batch bucket 1: median 2.500 ms, p95 3.000 ms over 64 steps, "
+                       "total 170.0 ms\n")
+        return env
+    monkeypatch.setattr(bs, "sglang_server", recording_server(seen, server))
+    monkeypatch.setattr(bs, "generate", lambda url, batch, n, key="text": [
+        dict(meta_info=dict(completion_tokens=n, spec_verify_ct=n)) for _ in batch])
+    out = tmp_path / "b.json"
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs", "lumotree-chain", "--batches", "1",
+                                      "--output-len", "4", "--out", str(out), "--log-dir", str(tmp_path),
+                                      "--step-timing", "--jit-cache", "shared"])
+    bs.main()
+    assert seen[0]["LUMOTREE_BENCH_STEP_TIMING"] == "1"
+    timed = json.load(open(out))["servers"]["lumotree-chain"]["step_timing"]
+    assert timed["nodraft"]["1"]["median_ms"] == 2.5 and timed["nodraft"]["1"]["steps"] == 64
 
 
 def test_bench_spec_sync_scheduler_disables_overlap_for_every_configuration(tmp_path, monkeypatch):

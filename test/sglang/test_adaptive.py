@@ -2,6 +2,7 @@
 acceptance), the config flag, and the worker's bookkeeping (step-time attribution, state switches,
 acceptance in launch order) on a worker object without a GPU."""
 import json
+import logging
 import math
 import random
 import statistics
@@ -1286,12 +1287,13 @@ def test_where_no_draft_is_served_the_probes_are_the_shallowest_chain_s():
     assert q.buckets[1].chosen == 3 and min(q.buckets[1].samples.values()) >= adaptive.MIN_SAMPLES
 
 
-def test_a_close_call_after_a_probe_extends_the_probe():
+def test_a_close_call_after_a_probe_extends_the_probe(caplog):
     """Batch 8, no-draft step 2.73 ms, chain step 6.2 ms (Qwen3-Next MoE shape, 12 layers, H200): the chain pays
     from 1.27 accepted drafts. After a stretch of misses the drafts are accepted again (2 per request), but the
     probe's one counted step happens to read 1.25 (8 requests, spread 0 to 3), 1.11 with the old estimate weighing
     as one request: no draft is kept, within one standard error of the break-even. The probe is extended (a cold step
     and three counted ones), and the bucket serves the chain -- without it, no draft until the next probe."""
+    caplog.set_level(logging.INFO, logger="lumotree.sglang.adaptive")
     p = TreeSizePolicy([0, 3])
     simulate_overlap(p, 8, 0.00273, 0.0062, 0.0, steps=200)
     assert p.buckets[8].chosen == 0
@@ -1302,6 +1304,9 @@ def test_a_close_call_after_a_probe_extends_the_probe():
     assert window[:2] == [3, 3] and window[2] == 0 and window[3:7] == [3] * 4, window  # probe, settle, extension
     assert p._closed_gap is not None and p._closed_gap[2] == 32  # the probe's 8 samples and the extension's 24
     assert served[start + 8:start + 12] == [3] * 4 and p.buckets[8].chosen == 3, (window, p.table())
+    # the server log says so (the decision after the extension logs as any decision after a probe)
+    extended = [r.getMessage() for r in caplog.records if "a close call" in r.getMessage()]
+    assert len(extended) == 1 and "batch bucket 8" in extended[0] and "extended by 3 counted steps" in extended[0]
 
 
 @pytest.mark.parametrize("batch, t_none, t_tree, accept", [

@@ -67,7 +67,8 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   step's 8 samples read 1.33 accepted drafts where the oracle's accept ~1.95, and the bucket kept no draft through the
   measured pass (0.89x no speculation); on the CPU model of that pass sequence
   (``benchmark/serving/sim_pass_choice.py``) the extension takes the measured pass from 0.960 to 0.998 of the better fixed choice there, and changes nothing at
-  the 27B shape's batches or where drafts miss. Not yet served.
+  the 27B shape's batches or where drafts miss. In the code the MoE run on one H100 served (whether it acted there
+  is not known: it logged nothing of its own then; it logs each extension now).
   Runs, not single steps: the first drafted step after no-draft steps drafts from zeros (the worker
   skips the MTP draft-extend on no-draft steps) and its acceptance is not counted, so a drafted step
   between two no-draft steps would never measure the acceptance -- and a policy that alternated would
@@ -387,6 +388,10 @@ class TreeSizePolicy:
         if st.probed and best == 0 and st.chosen == 0 and self._close_call(batch, rates, st):
             st.extended = True
             k = min(GAP_SAMPLES, max(1, -(-EXTEND_ROWS // bucket(batch))))
+            logger.info("LumoTree adaptive: batch bucket %d: a close call (%s; accept %.2f); the probe of the %s is "
+                        "extended by %d counted steps", bucket(batch),
+                        ", ".join(f"{c}: {rates[c]:.0f} tok/s" for c in self.candidates), self.accept or 0.0,
+                        self.tree_name.format(st.probe_of), k)
             self._extend_gap = k
             st.settle = 1
             return self._start_run(st, st.probe_of, 1 + k)

@@ -1179,8 +1179,13 @@ def test_each_runtime_state_is_captured_at_its_own_sizes(monkeypatch, caplog):
     monkeypatch.setattr(ew, "SpecRuntimeState", lambda **kw: kw)
     monkeypatch.setattr(decode_step.DecodeStep, "build", classmethod(lambda c, worker, bs: decode_built.append(bs)))
     w._additional_graph_time_usage = {"target_verify": 6.0}  # the configured chain's, captured before
+    from lumotree.sglang import warmup
+    warmed = []
+    monkeypatch.setattr(warmup, "warm_spec_decode_slots", warmed.append)
+    w.req_to_token_pool = "the request pool"
     with caplog.at_level(logging.INFO, logger="lumotree.sglang.worker"):
         cls.init_cuda_graphs(w)
+    assert warmed == ["the request pool"]  # the slot kernel compiled for every batch bucket before serving
     # each state's start-up in the log: its own verify-graph capture time, apart from the rest
     lines = [r.getMessage() for r in caplog.records if "runtime state for" in r.getMessage()]
     assert len(lines) == 3 and "runtime state for 2 draft steps" in lines[2]

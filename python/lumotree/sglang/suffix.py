@@ -774,6 +774,10 @@ def ngram_worker(make_corpus):
             super().init_cuda_graphs()
             import sglang.srt.speculative.eagle_worker_v2 as ew
 
+            from lumotree.sglang import warmup
+
+            warmup.warm_spec_decode_slots(getattr(self, "req_to_token_pool", None))  # every bucket, before serving
+
             from lumotree.sglang.worker import configured_graph_bs, decode_step_graph_bs
 
             mr = self._target_worker.model_runner

@@ -36,7 +36,7 @@ import types
 
 import torch
 
-from lumotree.sglang import adaptive, capacity, shared_times, step_timing
+from lumotree.sglang import adaptive, capacity, shared_times, step_timing, warmup
 from lumotree.sglang.mtp_entries import MtpEntries
 from lumotree.sglang.scheduling import publish_prefill_early
 
@@ -567,6 +567,7 @@ def worker_class():
 
         def init_cuda_graphs(self):
             super().init_cuda_graphs()
+            warmup.warm_spec_decode_slots(getattr(self, "req_to_token_pool", None))  # every bucket, before serving
             if self.tree_policy is None:
                 return
             dw = self._draft_worker

@@ -1,0 +1,61 @@
+"""Start-up compile of SGLang's speculative-decode slot kernel at every batch bucket.
+
+Every decode step of SGLang's speculative loops (EAGLE V2, which LUMOTREE runs, and NGRAM, which LUMOTREE_SUFFIX
+runs) reserves its KV slots through ``sglang.srt.mem_cache.allocation.alloc_for_spec_decode``, whose Triton kernel
+``assign_req_to_token_pool`` takes ``next_power_of_2(batch size)`` as a ``tl.constexpr``: the first decode step at
+each new power-of-two bucket compiles it (or loads it from Triton's disk cache) on the scheduler's thread, inside the
+step, while every running request waits. Seen: a 116 ms compile at a batch size the warm-up had not met inside a
+profiled window of a LUMOTREE_SUFFIX server (tiny model, H200, ``benchmark/results/profile_no_draft_h200.json``); the
+adaptive policy's step-time table of a LUMOTREE server (Qwen3-Next MoE shape, one H100) held 74-81 ms first steps at
+buckets 2 and 4 where its other steps took 3-7 ms, and the batch-8 pass in which bucket 4 first drafted ended 0.3 s
+after its first requests had (``benchmark/results/serving_speed_moe_h100.json``; the kernel was not identified there).
+A server whose requests all end together never meets the smaller buckets in its warm-up; a speculative one meets them
+as its requests end apart -- in the middle of serving.
+
+:func:`warm_spec_decode_slots` compiles the kernel for every bucket up to the request pool's rows (no batch is larger)
+through Triton's ``warmup`` (compile only, nothing launched), for both alignments the kernel is specialised on: the
+allocator hands out ``out_cache_loc`` as a view of its free list at any offset, so its pointer is 16-byte aligned or
+not from step to step. The kernel's other pointers are fresh tensors (aligned), its lengths ``int32``. With
+``--page-size`` > 1 the paged allocator's own per-bucket kernels run before it; those are not warmed here.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import List, Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def buckets(rows: int) -> List[int]:
+    """The powers of two from 1 up to the first one at or above ``rows`` (the batch sizes' ``next_power_of_2``)."""
+    out, b = [1], 1
+    while b < rows:
+        b *= 2
+        out.append(b)
+    return out
+
+
+def warm_spec_decode_slots(req_to_token_pool, kernel=None) -> Optional[dict]:
+    """Compile ``assign_req_to_token_pool`` (``kernel``: SGLang's, default) for each batch bucket of the pool and both
+    alignments of ``out_cache_loc``; ``{"buckets", "variants", "seconds"}``, or ``None`` where the pool is not on a
+    CUDA device (nothing to compile) or has no table."""
+    req_to_token = getattr(req_to_token_pool, "req_to_token", None)
+    if req_to_token is None or not req_to_token.is_cuda:
+        return None
+    if kernel is None:
+        from sglang.srt.mem_cache.allocation import assign_req_to_token_pool as kernel
+    dev = req_to_token.device
+    rows = torch.zeros(1, dtype=torch.int64, device=dev)  # req_pool_indices (int64, a fresh tensor)
+    lens = torch.zeros(1, dtype=torch.int32, device=dev)  # cur / nxt kv lens (int32, fresh: aligned)
+    loc = torch.zeros(2, dtype=torch.int64, device=dev)  # out_cache_loc: [0:] aligned, [1:] 8 bytes off
+    tic, sizes = time.perf_counter(), buckets(int(req_to_token.shape[0]))
+    for b in sizes:
+        for out in (loc, loc[1:]):
+            kernel.warmup(rows, req_to_token, lens, lens, out, int(req_to_token.shape[1]), b, grid=(1,))
+    took = time.perf_counter() - tic
+    logger.info("LumoTree: SGLang's speculative-decode slot kernel compiled for batch buckets %s (2 alignments) in "
+                "%.2f s, before serving", sizes, took)
+    return dict(buckets=sizes, variants=2 * len(sizes), seconds=took)

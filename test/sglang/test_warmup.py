@@ -1,0 +1,103 @@
+"""The start-up compile of SGLang's speculative-decode slot kernel (``lumotree.sglang.warmup``), without a GPU: the
+buckets, and that its compile-only calls carry what Triton specialises a real call of SGLang's on -- each pointer's
+dtype and 16-byte alignment, and the two ``tl.constexpr`` values -- for the calls SGLang's own decode preparation
+(``eagle_prepare_for_decode``, driven here on the CPU) makes at every batch size."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from lumotree.sglang import warmup
+
+
+def test_buckets_reach_the_pools_rows():
+    assert warmup.buckets(1) == [1]
+    assert warmup.buckets(2) == [1, 2]
+    assert warmup.buckets(443) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    assert warmup.buckets(512)[-1] == 512 and warmup.buckets(513)[-1] == 1024
+
+
+def test_nothing_is_compiled_for_a_pool_off_the_gpu():
+    calls = []
+    kernel = SimpleNamespace(warmup=lambda *a, **k: calls.append(a))
+    pool = SimpleNamespace(req_to_token=torch.zeros(4, 16, dtype=torch.int32))
+    assert warmup.warm_spec_decode_slots(pool, kernel=kernel) is None and calls == []
+    assert warmup.warm_spec_decode_slots(SimpleNamespace(), kernel=kernel) is None and calls == []
+
+
+class _OnDevice(torch.Tensor):
+    """A CPU tensor that reads as a CUDA one (the warm-up's check), so that its calls can be recorded here."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
+def key(args):
+    """What Triton specialises a call on: per tensor its dtype and whether its pointer is 16-byte aligned; the
+    constexpr values (the kernel's last two parameters) as they are."""
+    *ptrs, pool_len, bs_upper = args
+    return tuple((t.dtype, t.data_ptr() % 16 == 0) for t in ptrs), pool_len, bs_upper
+
+
+def warmed(rows, pool_len):
+    calls = []
+    kernel = SimpleNamespace(warmup=lambda *a, grid: calls.append((key(a), grid)))
+    table = torch.Tensor._make_subclass(_OnDevice, torch.zeros(rows, pool_len, dtype=torch.int32))
+    out = warmup.warm_spec_decode_slots(SimpleNamespace(req_to_token=table), kernel=kernel)
+    assert all(grid == (1,) for _, grid in calls)
+    return out, {k for k, _ in calls}
+
+
+def test_every_bucket_is_compiled_for_both_alignments_of_the_slots():
+    out, keys = warmed(443, 64)
+    assert out["buckets"] == warmup.buckets(443) and out["variants"] == 20 and len(keys) == 20
+    assert {k[2] for k in keys} == set(warmup.buckets(443)) and {k[1] for k in keys} == {64}
+    assert {k[0][4][1] for k in keys} == {True, False}  # out_cache_loc, aligned and 8 bytes off
+    assert all(all(a for _, a in k[0][:4]) for k in keys)  # the others aligned
+
+
+@pytest.mark.parametrize("bs, allocated", [(1, 0), (3, 0), (5, 1), (8, 1), (100, 3)])
+def test_the_warmed_keys_hold_the_calls_sglangs_decode_preparation_makes(monkeypatch, bs, allocated):
+    """SGLang's ``eagle_prepare_for_decode`` on a batch of ``bs`` requests, its allocator's free list advanced by
+    ``allocated`` slots before (an odd count leaves the slots 8 bytes off 16): the kernel call it makes is one of the
+    warmed ones."""
+    pytest.importorskip("sglang")
+    import sglang.srt.mem_cache.allocation as allocation
+    import sglang.srt.speculative.eagle_utils as eu
+    from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
+
+    seen = []
+
+    class Launch:
+        def __getitem__(self, grid):
+            return lambda *args: seen.append(key(args))
+
+    monkeypatch.setattr(allocation, "_is_cpu", False)  # the CUDA path: SGLang's Triton kernel (recorded)
+    monkeypatch.setattr(allocation, "assign_req_to_token_pool", Launch())
+    monkeypatch.setattr(eu, "get_alloc_reserve_per_decode", lambda *a: 4)
+    pool_len, rows = 64, 128
+    allocator = TokenToKVPoolAllocator(4096, torch.int32, "cpu", kvcache=None, need_sort=False)
+    if allocated:
+        allocator.alloc(allocated)
+    table = torch.zeros(rows, pool_len, dtype=torch.int32)
+    req_to_token_pool = SimpleNamespace(req_to_token=table, write=lambda *a: None)
+    reqs = [SimpleNamespace(kv=SimpleNamespace(kv_allocated_len=2), kv_committed_len=2, decode_batch_idx=0)
+            for _ in range(bs)]
+    batch = SimpleNamespace(
+        maybe_evict_swa=lambda: None, batch_size=lambda: bs, reqs=reqs, device="cpu",
+        sampling_info=SimpleNamespace(penalizer_orchestrator=SimpleNamespace(is_required=False)),
+        token_to_kv_pool_allocator=allocator, req_to_token_pool=req_to_token_pool,
+        tree_cache=SimpleNamespace(token_to_kv_pool_allocator=allocator, evict=lambda *a, **k: None,
+                                   is_tree_cache=lambda: False, supports_mamba=lambda: False),
+        req_pool_indices=torch.tensor(list(range(1, bs + 1)), dtype=torch.int64))
+    monkeypatch.setattr(allocation, "evict_from_tree_cache", lambda *a, **k: None)
+    try:
+        eu.eagle_prepare_for_decode(batch)
+    except Exception:  # what follows the allocation needs a real batch; the kernel call is made by then
+        pass
+    assert len(seen) == 1, seen
+    _, keys = warmed(rows, pool_len)
+    assert seen[0] in keys, (seen[0], sorted(keys, key=str)[:4])
+    assert seen[0][2] == warmup.buckets(bs)[-1]
+    assert seen[0][0][4][1] == (allocated % 2 == 0)  # the slots' alignment follows the free list's offset

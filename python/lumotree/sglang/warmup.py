@@ -16,7 +16,9 @@ as its requests end apart -- in the middle of serving.
 through Triton's ``warmup`` (compile only, nothing launched), for both alignments the kernel is specialised on: the
 allocator hands out ``out_cache_loc`` as a view of its free list at any offset, so its pointer is 16-byte aligned or
 not from step to step. The kernel's other pointers are fresh tensors (aligned), its lengths ``int32``. With
-``--page-size`` > 1 the paged allocator's own per-bucket kernels run before it; those are not warmed here.
+``--page-size`` > 1 the paged allocator's own per-bucket kernels run before it, and a tree of ``topk`` > 1 moves its
+accepted KV through two more (``move_accept_tokens_to_target_kvcache``: ``assign_extend_cache_locs``,
+``fill_accept_out_cache_loc``, per power of two of the batch and of its accepted-token slots); those are not warmed here.
 """
 from __future__ import annotations
 

@@ -49,6 +49,17 @@ def warmed(rows, pool_len):
     return out, {k for k, _ in calls}
 
 
+def test_a_kernel_that_cannot_be_compiled_ahead_leaves_the_server_starting(caplog):
+    """SGLang's kernel changed (another signature, say): the warm-up says so and returns; the server starts."""
+    def warmup_call(*a, grid):
+        raise TypeError("warmup() got an unexpected argument")
+    table = torch.Tensor._make_subclass(_OnDevice, torch.zeros(8, 16, dtype=torch.int32))
+    with caplog.at_level("WARNING", logger="lumotree.sglang.warmup"):
+        out = warmup.warm_spec_decode_slots(SimpleNamespace(req_to_token=table),
+                                            kernel=SimpleNamespace(warmup=warmup_call))
+    assert out is None and "could not be compiled ahead (TypeError" in caplog.text
+
+
 def test_every_bucket_is_compiled_for_both_alignments_of_the_slots():
     out, keys = warmed(443, 64)
     assert out["buckets"] == warmup.buckets(443) and out["variants"] == 20 and len(keys) == 20

@@ -775,10 +775,9 @@ def ngram_worker(make_corpus):
             import sglang.srt.speculative.eagle_worker_v2 as ew
 
             from lumotree.sglang import warmup
+            from lumotree.sglang.worker import configured_graph_bs, decode_step_graph_bs
 
             warmup.warm_spec_decode_slots(getattr(self, "req_to_token_pool", None))  # every bucket, before serving
-
-            from lumotree.sglang.worker import configured_graph_bs, decode_step_graph_bs
 
             mr = self._target_worker.model_runner
             cuda_graph_bs = (None if ew.check_cuda_graph_backend(ew.Phase.DECODE, ew.Backend.DISABLED)

@@ -58,5 +58,12 @@ def install() -> None:
     from triton import knobs
 
     hooks = JitLog()
+    after, previous = hooks.after, knobs.runtime.jit_post_compile_hook  # keep a hook set before (compile_watch)
+
+    def post_compile(*args, **kwargs):
+        if previous is not None:
+            previous(*args, **kwargs)
+        return after(*args, **kwargs)
+
     knobs.runtime.jit_cache_hook = hooks.before
-    knobs.runtime.jit_post_compile_hook = hooks.after
+    knobs.runtime.jit_post_compile_hook = post_compile

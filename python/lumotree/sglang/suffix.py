@@ -725,8 +725,8 @@ def ngram_worker(make_corpus):
 
     import torch
 
-    from lumotree.sglang import (adaptive, draft_timing, post_verify, request_choice, shared_times, step_timing,
-                                 suffix_sizes)
+    from lumotree.sglang import (adaptive, compile_watch, draft_timing, post_verify, request_choice, shared_times,
+                                 step_timing, suffix_sizes)
     from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.decode_step import DecodeStep
     from lumotree.sglang.finish import forward_marked, keep_out_of_cache
@@ -768,7 +768,8 @@ def ngram_worker(make_corpus):
                     self._ledger = StepLedger(self.tree_policy, self._overlap_consistent, adaptive.SUFFIX_TREE,
                                               chooser=None if by_requests is None else
                                               request_choice.RequestQuantile(by_requests),
-                                              shared=shared_times.for_server(server_args), steady=True)
+                                              shared=shared_times.for_server(server_args), steady=True,
+                                              compiles=compile_watch.install())
 
         def init_cuda_graphs(self):
             super().init_cuda_graphs()

@@ -36,7 +36,7 @@ import types
 
 import torch
 
-from lumotree.sglang import adaptive, capacity, shared_times, step_timing, warmup
+from lumotree.sglang import adaptive, capacity, compile_watch, shared_times, step_timing, warmup
 from lumotree.sglang.mtp_entries import MtpEntries
 from lumotree.sglang.scheduling import publish_prefill_early
 
@@ -174,23 +174,38 @@ class StepClock:
     for a server pinned to no draft at 32 agents (an earlier H200 run). Steps within a run of their candidate carry
     what that candidate costs in a run.
 
+    A step in whose interval the host compiled a Triton kernel gives no sample either (``compiles``,
+    :mod:`lumotree.sglang.compile_watch`): whether the compile fell in the step's own launch or in the next step's
+    preparation, the device waited for it inside that interval.
+
     Args:
         event: makes an event with ``record()``, ``query()`` and ``elapsed_time(later)`` (milliseconds),
             as ``torch.cuda.Event(enable_timing=True)``; default that, or :class:`HostEvent` without CUDA.
         steady: samples only of steps followed by a step of their own candidate (above).
+        compiles: the process's count of Triton compiles so far (:func:`lumotree.sglang.compile_watch.count`);
+            ``None``: not watched.
     """
 
     LIMIT = 64  # steps whose times are not read yet (a bound: they are read at every launch)
 
-    def __init__(self, event=None, steady: bool = False):
+    def __init__(self, event=None, steady: bool = False, compiles=None):
         if event is None:
             event = functools.partial(torch.cuda.Event, enable_timing=True) if torch.cuda.is_available() else HostEvent
         self._event = event
         self.steady = steady
+        self._compiles = compiles
+        self._compiled = compiles() if compiles is not None else 0  # the count when the last step started
+        self.compile_drops = 0  # samples left out for a compile (diagnostics, tests)
         self._open = collections.deque(maxlen=self.LIMIT)  # [event, batch, steps, counts] in launch order
 
     def start(self, batch: int, steps: int) -> None:
         """A decode step of ``batch`` requests with ``steps`` draft steps is launched now (before its device work)."""
+        if self._compiles is not None:
+            n = self._compiles()
+            if n != self._compiled and self._open and self._open[-1][3]:  # the last step's interval held a compile
+                self._open[-1][3] = False
+                self.compile_drops += 1
+            self._compiled = n
         ev = self._event()
         ev.record()
         self._open.append([ev, batch, steps, True])
@@ -226,6 +241,7 @@ class StepLedger:
             ``None``: the policy decides.
         shared: with tensor parallelism, the :class:`~lumotree.sglang.shared_times.SharedStepTimes` through which
             every rank's policy takes rank 0's step times at the same steps; ``None`` on one GPU.
+        steady, compiles: :class:`StepClock`'s.
     """
 
     LOG_EVERY = 512  # decode steps between two summary lines in the server log (the served choice, for diagnosis)
@@ -237,11 +253,11 @@ class StepLedger:
     STEADY_PROBE_RUN = 2
 
     def __init__(self, policy, consistent: bool = False, first: int = 0, event=None, chooser=None, shared=None,
-                 steady: bool = False):
+                 steady: bool = False, compiles=None):
         self.policy, self.consistent, self.chooser, self.shared = policy, consistent, chooser, shared
         self.first = first
         self.pinned = None  # the configured tree from an exchange that found the ranks' choices differing on
-        self.clock = StepClock(event, steady=steady)
+        self.clock = StepClock(event, steady=steady, compiles=compiles)
         # [steps, cold, live rows, undrafted rows, request ids, drafted/no-draft time ratio] of decode steps not
         # yet reported (the last two for the chooser)
         self.pending = collections.deque(maxlen=8)
@@ -474,7 +490,8 @@ def worker_class():
                                 if steps != [self.speculative_num_steps] else None)
             self._tree_states = {}
             self._ledger = StepLedger(self.tree_policy, overlap_consistent(server_args), self.speculative_num_steps,
-                                      shared=shared_times.for_server(server_args) if self.tree_policy else None)
+                                      shared=shared_times.for_server(server_args) if self.tree_policy else None,
+                                      compiles=compile_watch.install() if self.tree_policy else None)
             self._decode_step = None  # the no-draft step as a decode forward (built with the CUDA graphs)
             self._decodes = one_token_decode(server_args)
             self._step_chosen = False  # this decode step's tree size is chosen already

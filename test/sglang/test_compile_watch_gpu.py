@@ -3,20 +3,21 @@ specialisation and not for a launch its in-memory cache serves."""
 import pytest
 import torch
 
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
 pytestmark = pytest.mark.gpu
+
+
+@triton.jit
+def _fill(out, value, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    tl.store(out + offs, tl.full((BLOCK,), value, tl.float32))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_each_new_specialisation_counts_once():
-    triton = pytest.importorskip("triton")
-    import triton.language as tl
-
     from lumotree.sglang import compile_watch
-
-    @triton.jit
-    def _fill(out, value, BLOCK: tl.constexpr):
-        offs = tl.arange(0, BLOCK)
-        tl.store(out + offs, tl.full((BLOCK,), value, tl.float32))
 
     count = compile_watch.install()
     assert count is not None

@@ -14,7 +14,7 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   (the worker's :class:`~lumotree.sglang.worker.StepClock`: the target forward, drafting, selection,
   commit, and whatever the device waited for the host in between -- what a user waits for); a step
   followed by a prefill or an idle gap gives no sample, nor does a step whose interval held a Triton compile
-  (:mod:`lumotree.sglang.compile_watch`; not yet served). A median, because single
+  (:mod:`lumotree.sglang.compile_watch`). A median, because single
   steps can take 100x the usual (a first compile at a new shape, a profiler starting): on the H200
   an average of such samples made a bucket serve its slower candidate. Why the device's clock and not
   the host's: under SGLang's overlap scheduler the host interval between two launches ends when an

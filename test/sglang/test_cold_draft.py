@@ -52,3 +52,56 @@ def test_worker_stub_is_sglangs_with_a_whole_tree(monkeypatch):
     d = out.next_draft_input
     assert d.topk_p.tolist() == [[0.5, 0.25]] * 3 and d.topk_index.tolist() == [[0, 1]] * 3
     assert d.hidden_states.shape == (3, 8)
+
+
+def test_overlap_stubs_are_the_cold_first_level_without_new_tensors_each_step():
+    """Under the overlap scheduler the worker's stub comes from :class:`ColdStubs`: the values of
+    :func:`cold_draft_input` and zero hidden states, as views of buffers kept across steps (the FutureMap copies
+    them), grown when a batch outgrows them."""
+    from lumotree.sglang.worker import ColdStubs
+
+    stubs = ColdStubs(2, (8, torch.bfloat16), "cpu")
+    a, b, c = (SimpleNamespace() for _ in range(3))
+    stubs.fill(a, 3)
+    stubs.fill(b, 5)
+    want = SimpleNamespace(topk_p=torch.zeros(5, 2), topk_index=torch.zeros(5, 2, dtype=torch.int64))
+    cold_draft_input(want, 2)
+    assert torch.equal(b.topk_p, want.topk_p) and torch.equal(b.topk_index, want.topk_index)
+    assert b.hidden_states.shape == (5, 8) and b.hidden_states.dtype == torch.bfloat16 and not b.hidden_states.any()
+    assert a.topk_p.shape == (3, 2) and a.topk_p.data_ptr() == b.topk_p.data_ptr()  # no new tensor per step
+    assert a.hidden_states.data_ptr() == b.hidden_states.data_ptr()
+    stubs.fill(c, 100)  # outgrown: new buffers, same values
+    assert c.topk_p.shape == (100, 2) and torch.equal(c.topk_p[:5], want.topk_p) and stubs.rows >= 100
+    stubs = ColdStubs(4, (None, None), "cpu")  # a draft without a recurrent hidden state relays none
+    stubs.fill(a, 2)
+    assert a.hidden_states is None and a.topk_index.tolist() == [[0, 1, 2, 3]] * 2
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_worker_stub_shared_only_under_the_overlap_scheduler(monkeypatch, overlap):
+    """The synchronous scheduler hands the draft input to the next step's draft itself: there the worker keeps
+    SGLang's stub with :func:`cold_draft_input`'s own copies."""
+    import sglang.srt.speculative.eagle_utils as eu
+    import sglang.srt.speculative.eagle_worker_v2 as ew
+
+    from lumotree.sglang.worker import worker_class
+
+    sglang_calls = []
+    monkeypatch.setattr(ew.EAGLEWorkerV2, "_stub_skipped_draft_extend",
+                        lambda self, batch, out: sglang_calls.append(1) or setattr(
+                            out.next_draft_input, "hidden_states", torch.zeros(3, 8)) or setattr(
+                            out.next_draft_input, "topk_p", torch.zeros(3, 2)) or setattr(
+                            out.next_draft_input, "topk_index", torch.zeros(3, 2, dtype=torch.int64)))
+    monkeypatch.setattr(eu, "get_draft_recurrent_hidden_state_spec", lambda runner: (8, torch.float32))
+    w = object.__new__(worker_class())
+    w.topk, w.device, w._cold_stubs = 2, "cpu", None
+    w._draft_worker = SimpleNamespace(draft_runner=None)
+    batch = SimpleNamespace(enable_overlap=overlap, seq_lens=torch.zeros(3))
+    outs = [SimpleNamespace(next_draft_input=SimpleNamespace()) for _ in range(2)]
+    for out in outs:
+        w._stub_skipped_draft_extend(batch, out)
+    d0, d1 = (o.next_draft_input for o in outs)
+    assert d1.topk_p.tolist() == [[0.5, 0.25]] * 3 and d1.topk_index.tolist() == [[0, 1]] * 3
+    assert d1.hidden_states.shape == (3, 8)
+    assert sglang_calls == ([] if overlap else [1, 1])
+    assert (d0.topk_p.data_ptr() == d1.topk_p.data_ptr()) == overlap

@@ -99,6 +99,30 @@ def test_decode_view_and_result(monkeypatch):
     assert out.can_run_cuda_graph and step.steps == 1
 
 
+def test_the_decode_step_hands_its_slots_over_before_its_forward(monkeypatch):
+    """``on_slots`` gets the forward's own ``out_cache_loc`` (the tokens' KV slots), before the forward is launched:
+    the worker zeroes the MTP entries there without a second lookup."""
+    monkeypatch.setattr("sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_uniform_func", cache_locs)
+    mr = Runner()
+    seen, slots = {}, []
+
+    def init_new(batch, model_runner, return_hidden_states_before_norm):
+        seen["out_cache_loc"] = batch.out_cache_loc
+        return SimpleNamespace(tag="fb", bs=batch.seq_lens.shape[0])
+
+    def forward(batch, forward_batch, is_verify):
+        seen["slots_before_forward"] = len(slots)
+        return SimpleNamespace(logits_output="logits", can_run_cuda_graph=True, routed_experts_output=None,
+                               indexer_topk_output=None)
+
+    monkeypatch.setattr("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", init_new)
+    step = ds.DecodeStep(SimpleNamespace(model_runner=mr, forward_batch_generation=forward), "b", "g")
+    b = spec_batch()
+    step.run(b, on_slots=slots.append)
+    assert len(slots) == 1 and seen["slots_before_forward"] == 1 and slots[0] is seen["out_cache_loc"]
+    assert torch.equal(slots[0], mr.req_to_token_pool.req_to_token[b.req_pool_indices, b.seq_lens])
+
+
 def ngram_batch(bs=3, n=4, **kw):
     """A batch of SGLang's NGRAM loop as a decode step finds it: the last step's accepted tokens, rows of ``n``."""
     accept = torch.tensor([[4, 5, 0, 0], [6, 0, 0, 0], [7, 8, 9, 10]][:bs], dtype=torch.int32)[:, :n]
@@ -267,7 +291,7 @@ def test_worker_serves_no_draft_steps_as_decode_steps(monkeypatch, plain):
     class Step:
         serves = staticmethod(ds.DecodeStep.serves)
 
-        def run(self, batch, on_publish=None):
+        def run(self, batch, on_publish=None, on_slots=None):
             on_publish(batch.seq_lens + 1)
             return SimpleNamespace(new_seq_lens=batch.seq_lens + 1)
 

@@ -122,6 +122,40 @@ def test_only_a_no_draft_step_clears_its_tokens_entries(monkeypatch, chosen):
     assert calls == ([([5, 1, 2], [9, 4, 7])] if chosen == 0 else [])
 
 
+def test_a_no_draft_decode_step_zeroes_the_entries_at_its_own_slots(monkeypatch):
+    """Where the no-draft step runs as a decode step, the worker does not look the slots up itself: the step hands it
+    the slots of its forward (``DecodeStep.run``'s ``on_slots``), and those are zeroed (``clear_slots``), once."""
+    from test_adaptive import TreeSizePolicy, bare_worker
+
+    from lumotree.sglang.worker import worker_class
+
+    w = bare_worker(worker_class(), TreeSizePolicy([0, 3]), overlap_consistent=False)
+    w.tree_policy.choose = lambda batch: 0
+
+    def apply_runtime_state(state):
+        w.speculative_num_steps = state
+
+    w.apply_runtime_state = apply_runtime_state
+    calls = []
+    w._mtp_entries = SimpleNamespace(clear=lambda rows, lens: calls.append(("clear", rows.tolist(), lens.tolist())),
+                                     clear_slots=lambda locs: calls.append(("slots", locs.tolist())))
+
+    class Step:
+        serves = staticmethod(lambda batch: True)
+
+        def run(self, batch, on_publish=None, on_slots=None):
+            on_slots(torch.tensor([40, 41, 42]))
+            return "decoded"
+
+    w._decode_step, w._draft_oracle = Step(), False
+    w._stub_skipped_draft_extend = lambda batch, out: None
+    decode = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
+                             is_extend_in_batch=False, seq_lens=torch.tensor([9, 4, 7]),
+                             req_pool_indices=torch.tensor([5, 1, 2, 0]))
+    assert w._forward(decode) == "decoded"
+    assert calls == [("slots", [40, 41, 42])]
+
+
 @pytest.mark.parametrize("candidates,builds", [(None, True), ([3], False)])
 def test_the_worker_builds_its_entries_once_sglang_has_allocated_the_pools(tmp_path, monkeypatch, candidates, builds):
     """SGLang's scheduler builds the speculative worker first and allocates the pools after (``alloc_memory_pool``):

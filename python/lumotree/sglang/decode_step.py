@@ -175,7 +175,7 @@ class DecodeStep:
         finally:
             mr.attn_backend, mr.decode_cuda_graph_runner = keep
 
-    def _decode(self, batch, tokens, on_publish=None):
+    def _decode(self, batch, tokens, on_publish=None, on_slots=None):
         """The target's decode forward of ``batch`` on ``tokens`` (SGLang's speculative V2 conventions: ``seq_lens``
         excludes the last accepted token, which is this step's input) and its sampled tokens, and the lengths after
         it: ``(out, fb, predict, new_seq_lens)``.
@@ -186,7 +186,11 @@ class DecodeStep:
         (``resolve_seq_lens_cpu``, a speculative batch's host lengths); published after the forward, the next step's
         preparation and launch could start only once this step's forward was done, so the device idled for the
         host's launch work at every step -- no speculation's scheduler launches step N+1 while step N runs. SGLang's
-        EAGLE V2 worker likewise publishes as soon as its lengths are known (between the verify and the draft-extend)."""
+        EAGLE V2 worker likewise publishes as soon as its lengths are known (between the verify and the draft-extend).
+
+        ``on_slots`` is called with the tokens' KV slots (``req_to_token[row, seq_len]``, the forward's
+        ``out_cache_loc``) before the forward is launched: the worker zeroes the MTP layer's entries there
+        (:meth:`lumotree.sglang.mtp_entries.MtpEntries.clear_slots`) without looking the slots up again."""
         from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_uniform_func
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -207,6 +211,8 @@ class DecodeStep:
         dec.out_cache_loc = assign_extend_cache_locs_uniform_func(
             req_pool_indices=batch.req_pool_indices, req_to_token=self.model_runner.req_to_token_pool.req_to_token,
             start_offset=batch.seq_lens, batch_size=bs, draft_token_num=1, device=batch.device)
+        if on_slots is not None:
+            on_slots(dec.out_cache_loc)
         dec.seq_lens = batch.seq_lens + 1
         dec.seq_lens_cpu = batch.seq_lens_cpu + 1 if batch.seq_lens_cpu is not None else None
         dec.seq_lens_sum = batch.seq_lens_sum + bs if batch.seq_lens_sum is not None else None
@@ -236,12 +242,12 @@ class DecodeStep:
             routed_experts_output=out.routed_experts_output, indexer_topk_output=out.indexer_topk_output,
             extra_keep_alive_refs=[fb])
 
-    def run(self, batch, on_publish=None):
+    def run(self, batch, on_publish=None, on_slots=None):
         """One decode step of an EAGLE V2 ``batch`` (its input the draft input's last bonus token); returns the
-        one-node verify's result. ``on_publish``: see :meth:`_decode`."""
+        one-node verify's result. ``on_publish``, ``on_slots``: see :meth:`_decode`."""
         from sglang.srt.speculative.eagle_info import EagleDraftInput
 
-        out, fb, predict, seq = self._decode(batch, batch.spec_info.bonus_tokens, on_publish)
+        out, fb, predict, seq = self._decode(batch, batch.spec_info.bonus_tokens, on_publish, on_slots)
         t = step_timing.lap(None, None, 0.0)
         result = self._result(batch, out, fb, predict, seq, 1,
                               lambda lens, seq: EagleDraftInput(bonus_tokens=predict.clone()))

@@ -455,6 +455,41 @@ def cold_first_level(bs: int, topk: int, device):
     return p.expand(bs, topk).clone(), idx.expand(bs, topk).clone()
 
 
+class ColdStubs:
+    """The draft input a no-draft step leaves under SGLang's overlap scheduler -- :func:`cold_draft_input`'s first
+    level and zero hidden states -- as read-only views of buffers kept across steps (``[:bs]``), not new tensors each
+    step. Why: the overlap scheduler copies a step's draft input into its FutureMap's buffers
+    (``FutureMap.stash``) and the next step gathers fresh tensors from them (``_resolve_spec_extras``); the batch's
+    filter and merge index or concatenate (new tensors): nothing writes these. Made anew each step, SGLang's stub
+    and the cold first level were five allocations and kernel launches on a host-bound no-draft step (0.18 ms of
+    4.3 on the tiny model, one H100). The synchronous scheduler hands the draft input itself to the next step's
+    draft, so it keeps :func:`cold_draft_input`'s own copies.
+
+    Args:
+        topk: the draft's first-level width.
+        hidden: ``(size, dtype)`` of the draft's recurrent hidden state, or ``(None, None)`` (none relayed).
+    """
+
+    def __init__(self, topk: int, hidden, device):
+        self.topk, (self.hidden_size, self.hidden_dtype), self.device = topk, hidden, device
+        self.rows = 0
+        self.topk_p = self.topk_index = self.hidden_states = None
+
+    def _grow(self, bs: int) -> None:
+        rows = max(bs, 2 * self.rows, 64)
+        p, idx = cold_first_level(rows, self.topk, self.device)
+        self.topk_p, self.topk_index, self.rows = p, idx, rows
+        self.hidden_states = (None if self.hidden_size is None else
+                              torch.zeros((rows, self.hidden_size), dtype=self.hidden_dtype, device=self.device))
+
+    def fill(self, draft_input, bs: int) -> None:
+        """Set ``draft_input``'s ``topk_p``, ``topk_index`` and ``hidden_states`` for ``bs`` requests."""
+        if bs > self.rows:
+            self._grow(bs)
+        draft_input.topk_p, draft_input.topk_index = self.topk_p[:bs], self.topk_index[:bs]
+        draft_input.hidden_states = None if self.hidden_states is None else self.hidden_states[:bs]
+
+
 @functools.lru_cache(maxsize=None)
 def _cold_rows(topk: int, device):
     ranks = torch.arange(topk, device=device)
@@ -498,6 +533,7 @@ def worker_class():
             self._overlap_consistent = self._ledger.consistent
             self._draft_oracle = draft_oracle.probability() is not None  # benchmark only
             self._mtp_entries = None  # the MTP layer's entries of tokens decoded without a draft, zeroed
+            self._cold_stubs = None  # the overlap scheduler's no-draft draft inputs (ColdStubs)
             self._prefill_stub = False  # this prefill skips the MTP draft-extend (the steps after it serve no draft)
             self._stub_rows = set()  # request rows whose draft input is a prefill's stub until they draft
             self._admitted = set()  # request rows prefilled since the last decode step
@@ -653,12 +689,15 @@ def worker_class():
                     self._admitted.clear()
                 self.activate_step_by_batch(bs)
                 self._step_chosen = True  # SGLang's loop asks again: the choice stands
-                if self.speculative_num_steps == 0 and getattr(self, "_mtp_entries", None) is not None:
-                    # no draft-extend writes this token's MTP entry: zero the stale one in its slot
+                decode = (self._decode_step is not None and self.speculative_num_steps == 0
+                          and self._decode_step.serves(batch))
+                if self.speculative_num_steps == 0 and getattr(self, "_mtp_entries", None) is not None and not decode:
+                    # no draft-extend writes this token's MTP entry: zero the stale one in its slot (the decode
+                    # step zeroes it at the slot it looks up for its forward: _no_draft_decode)
                     self._mtp_entries.clear(batch.req_pool_indices[:bs], batch.seq_lens)
                 elif self.speculative_num_steps > 0 and getattr(self, "_stub_rows", None):
                     self._note_stub_rows(batch)
-                if self._decode_step is not None and self.speculative_num_steps == 0 and self._decode_step.serves(batch):
+                if decode:
                     self._step_chosen = False
                     return step_timing.measure("nodraft", batch, self._no_draft_decode, batch,
                                                kwargs.get("on_publish", args[0] if args else None))
@@ -676,6 +715,14 @@ def worker_class():
             rows.difference_update(r.req_pool_idx for r in batch.reqs)
 
         def _stub_skipped_draft_extend(self, batch, batch_output):
+            if getattr(batch, "enable_overlap", False):  # copied into the FutureMap: shared read-only stubs
+                if self._cold_stubs is None:
+                    from sglang.srt.speculative.eagle_utils import get_draft_recurrent_hidden_state_spec
+
+                    self._cold_stubs = ColdStubs(self.topk, get_draft_recurrent_hidden_state_spec(
+                        self._draft_worker.draft_runner), self.device)
+                self._cold_stubs.fill(batch_output.next_draft_input, batch.seq_lens.shape[0])
+                return
             super()._stub_skipped_draft_extend(batch, batch_output)
             cold_draft_input(batch_output.next_draft_input, self.topk)
 
@@ -684,7 +731,8 @@ def worker_class():
             (publish the lengths -- before the forward here, :meth:`DecodeStep._decode` --, stub the skipped
             draft-extend) follows it too."""
             seq_lens, rows = batch.seq_lens, batch.req_pool_indices
-            out = self._decode_step.run(batch, on_publish)
+            mtp = getattr(self, "_mtp_entries", None)
+            out = self._decode_step.run(batch, on_publish, on_slots=mtp.clear_slots if mtp is not None else None)
             if getattr(self, "_draft_oracle", False):  # SGLang's step (hooked there) does not run
                 draft_oracle.after_step(batch, out, seq_lens, rows, prefill=False)
             self._stub_skipped_draft_extend(batch, out)

@@ -30,8 +30,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "test", "sglang"))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "test"))
 
-# batch: (decode step, drafted 3-step chain step) in ms, client, without the one-token pass (serving table)
-STEP_MS = {8: (8.1, 12.7), 32: (9.5, 17.0), 64: (11.2, 25.5), 128: (14.9, 45.0)}
+# shape: {batch: (decode step, drafted 3-step chain step)} in ms: the 27B serving table's client step times without
+# the one-token pass (H200); the MoE shape's, the served policy's own step-time estimates on one H100 (its log in the
+# serving table's run, serving_speed_moe_h100.json)
+STEP_MS = {
+    "qwen3.5-27b-32l": {8: (8.1, 12.7), 32: (9.5, 17.0), 64: (11.2, 25.5), 128: (14.9, 45.0)},
+    "qwen3-next-80b-moe-12l, H100 policy estimates": {1: (1.736, 3.608), 8: (3.302, 9.941), 32: (7.728, 13.263),
+                                                      64: (11.344, 16.625), 128: (15.03, 26.24)},
+}
 PASS = 128
 
 
@@ -53,13 +59,14 @@ def main(argv=None):
     ap.add_argument("--module", default=None, help="an adaptive.py to simulate instead of lumotree's")
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--candidates", default="0,3", help="the policy's candidates (draft steps; 0 = no draft)")
+    ap.add_argument("--shape", default="qwen3.5-27b-32l", choices=sorted(STEP_MS), help="whose step times")
     args = ap.parse_args(argv)
     import test_adaptive as sim  # simulate_overlap, oracle_draws
 
     mod = policy_module(args.module)
     cands = [int(c) for c in args.candidates.split(",")]
     rows = []
-    for batch, (t_none, t_tree) in STEP_MS.items():
+    for batch, (t_none, t_tree) in STEP_MS[args.shape].items():
         t = {k: (t_none + (t_tree - t_none) * k / 3) / 1e3 for k in cands if k}  # seconds per drafting candidate
         losses, accepted = [], []
         for seed in range(args.seeds):

@@ -178,7 +178,8 @@ def test_a_probe_of_a_measured_candidate_is_short():
 def test_probes_of_a_tree_that_does_not_pay_cost_at_most_the_budget():
     """Drafts that miss (batch 32, decode 9.4 ms, tree 15.9 ms, as on the H200): a probe (a cold and a counted
     drafted step) loses 2 x 6.5 ms, so probes come at least ~208 steps apart (2/3 % of the time), not every
-    PROBE_EVERY steps -- the intervals of the 3-step probes before, each probe a third cheaper."""
+    PROBE_EVERY steps -- the intervals of the 3-step probes before, each probe a third cheaper. The first probe after
+    the choice changed (here: the exploration's end) checks it after PROBE_EVERY steps; the floor applies after it."""
     p = TreeSizePolicy([0, 3])
     served = simulate_overlap(p, 32, 0.0094, 0.0159, 0.0, steps=3000)
     start = 2 * adaptive.RUN + 10
@@ -186,7 +187,8 @@ def test_probes_of_a_tree_that_does_not_pay_cost_at_most_the_budget():
     probes = [i for i in range(start, len(served)) if served[i] == 3 and served[i - 1] == 0]
     assert probes, served
     gaps = [b - a for a, b in zip(probes, probes[1:])]
-    assert probes[0] >= 2 * adaptive.RUN + 200 and min(gaps) >= 200, (probes, gaps)  # floor 208 (+-2 % noise)
+    assert abs(probes[0] - 2 * adaptive.RUN - adaptive.PROBE_EVERY) <= 2, probes
+    assert len(gaps) >= 3 and min(gaps) >= 200, (probes, gaps)  # floor 208 (+-2 % noise)
     assert all(served[i:i + 3] == [3, 3, 0] for i in probes), [served[i:i + 3] for i in probes]
     extra = sum(served[start:]) / 3 * (0.0159 - 0.0094)  # seconds the probes' steps added
     assert extra <= 0.008 * (len(served) - start) * 0.0094
@@ -733,9 +735,10 @@ def test_sim_probe_cost_reports_each_batch_s_measured_miss_pass():
     spec = importlib.util.spec_from_file_location("sim_probe_cost", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    rows = mod.main(["--seeds", "2"])
-    assert [r["batch"] for r in rows] == sorted(mod.STEP_MS)
-    assert all(0 <= r["mean_loss_pct"] <= r["max_loss_pct"] < 10 for r in rows), rows
+    for shape in mod.STEP_MS:
+        rows = mod.main(["--seeds", "2", "--shape", shape])
+        assert [r["batch"] for r in rows] == sorted(mod.STEP_MS[shape])
+        assert all(0 <= r["mean_loss_pct"] <= r["max_loss_pct"] < 10 for r in rows), rows
 
 
 def test_the_one_node_verify_captures_few_graphs_where_decode_steps_serve_no_draft():
@@ -901,12 +904,12 @@ def test_policy_settings_per_algorithm_and_from_the_config(tmp_path):
     assert adaptive.SUFFIX_SETTINGS.ema < adaptive.EMA and adaptive.SUFFIX_SETTINGS.probe_every < adaptive.PROBE_EVERY
     cfg = tmp_path / "a.json"
     cfg.write_text(json.dumps({"candidate_steps": [0, 1], "ema": 0.2, "probe_every": 128, "probe_max": 1024,
-                               "probe_budget": adaptive.PROBE_BUDGET}))
+                               "probe_budget": adaptive.PROBE_BUDGET, "drop_z": adaptive.DROP_Z, "floor_first": False}))
     suf.speculative_adaptive_config = str(cfg)
     assert adaptive.policy_settings(suf) == adaptive.PolicySettings.current()  # the earlier settings, pinned
     assert adaptive.candidate_steps(suf) == [0, 1]
     for bad in ({"ema": 0}, {"ema": 1.5}, {"probe_every": 0}, {"probe_every": 64, "probe_max": 32},
-                {"probe_budget": 1.0}, {"probe_every": 2.5}, {"ema": True}):
+                {"probe_budget": 1.0}, {"probe_every": 2.5}, {"ema": True}, {"drop_z": -1}, {"floor_first": 1}):
         cfg.write_text(json.dumps(dict(candidate_steps=[0, 1], **bad)))
         with pytest.raises(ValueError, match="--speculative-adaptive-config .*ema in"):
             adaptive.policy_settings(suf)
@@ -1366,3 +1369,79 @@ def test_probes_that_keep_holding_no_running_request_give_up_and_keep_the_interv
     assert p.buckets[32].chosen == 0 and p.buckets[32].probe_every == every
     runs = sum(1 for i, s in enumerate(served) if s == 3 and (i == 0 or served[i - 1] == 0))
     assert runs == 1 + adaptive.EMPTY_PROBE_REPEATS, served
+
+
+def test_at_batch_1_a_served_tree_outlasts_the_dips_of_one_request_s_acceptance():
+    """Batch 1, decode step 1.48 ms, 3-step chain 3.76 ms (Qwen3-Next MoE shape, 12 layers, H200): the chain pays
+    from ~1.6 accepted drafts a step, the oracle's p 0.8 draws accept 1.95 on average but 0 to 3 a step (standard
+    deviation ~1.2). The moving average of a few such steps dipped below the break-even now and then, and each dip
+    served no draft until the next probe (the tree on 18 % of 512 steps, mean of 20 seeds); the bucket keeps the tree
+    unless it would not pay even DROP_Z standard errors above the estimate."""
+    shares = []
+    for seed in range(20):
+        p = TreeSizePolicy([0, 3])
+        for k in range(8):  # until a probe has found that the tree pays
+            simulate_overlap(p, 1, 0.00148, 0.00376, oracle_draws(0.8, 3), steps=64, seed=seed + 1000 * k)
+            if p.buckets[1].chosen == 3:
+                break
+        assert p.buckets[1].chosen == 3, p.table()
+        served = simulate_overlap(p, 1, 0.00148, 0.00376, oracle_draws(0.8, 3), steps=512, seed=seed + 100)
+        shares.append(served.count(3) / len(served))
+    assert statistics.mean(shares) >= 0.9, shares
+
+
+def test_a_tree_whose_acceptance_sits_below_its_break_even_is_left():
+    """The allowance's bound: the oracle at p 0.65 (1.35 accepted drafts a step, the chain's break-even ~1.6 at these
+    step times, its rate 0.92 of no draft's): the bucket serves no draft on most steps."""
+    shares = []
+    for seed in range(10):
+        p = TreeSizePolicy([0, 3])
+        for k in range(8):
+            simulate_overlap(p, 1, 0.00148, 0.00376, oracle_draws(0.8, 3), steps=64, seed=seed + 1000 * k)
+            if p.buckets[1].chosen == 3:
+                break
+        served = simulate_overlap(p, 1, 0.00148, 0.00376, oracle_draws(0.65, 3), steps=1024, seed=seed + 100)
+        shares.append(served[512:].count(3) / 512)
+    assert statistics.mean(shares) <= 0.15, shares
+
+
+def test_a_served_tree_whose_drafts_miss_is_left_within_a_few_steps():
+    """Drafts that stop being accepted (0 from a step on) turn a batch-1 bucket that serves the tree to no draft
+    within a few drafted steps, and a batch-32 bucket (its step's sample the mean of 32 requests: a small standard
+    error) within the four it took without the allowance."""
+    for batch, t_none, t_tree, most in ((1, 0.00148, 0.00376, 12), (32, 0.00582, 0.01258, 4)):
+        p = TreeSizePolicy([0, 3])
+        for k in range(8):
+            simulate_overlap(p, batch, t_none, t_tree, oracle_draws(0.8, 3), steps=200, seed=1 + 1000 * k)
+            if p.buckets[batch].chosen == 3 and p._gap is None:
+                break
+        assert p.buckets[batch].chosen == 3
+        served = simulate_overlap(p, batch, t_none, t_tree, 0.0, steps=40, seed=2)
+        assert served[:most].count(3) <= most and served[most:] == [0] * (40 - most), (batch, served)
+
+
+def test_accept_se_is_the_moving_average_s_standard_error():
+    """accept_se: a request's standard deviation (from the averages of squares and of values) over sqrt(batch),
+    times sqrt(w / (2 - w))."""
+    p = TreeSizePolicy([0, 3])
+    assert p.accept_se(1) is None
+    p.observe_accept(3, [2])
+    p.observe_accept(3, [0])
+    w = adaptive.EMA
+    a, sq = (1 - w) * 2, (1 - w) * 4
+    assert p.accept_se(1) == pytest.approx(math.sqrt((sq - a * a) * w / (2 - w)))
+    assert p.accept_se(4) == pytest.approx(math.sqrt((sq - a * a) / 4 * w / (2 - w)))
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_tree_that_pays_is_served_in_the_pass_after_a_recording_pass_at_batch_1(seed):
+    """The serving table's sequence at batch 1 (a recording pass whose drafts miss, three warm passes and a measured
+    pass at p 0.8) with the step times the H100 policy estimated at the MoE shape (1.74 ms, 3.61 ms): the no-draft
+    choice after the recording pass is checked by a probe PROBE_EVERY steps later; with the probe floor (~1000 steps
+    at batch 1: a 5-step probe where drafts miss costs 2.3x a decode step a step) applied to it, the next probe came
+    after the measured pass, which served no draft (0.73 of the chain's rate in the policy's simulation)."""
+    p = TreeSizePolicy([0, 3])
+    simulate_overlap(p, 1, 0.00174, 0.00361, 0.0, steps=128, seed=seed + 50)
+    simulate_overlap(p, 1, 0.00174, 0.00361, oracle_draws(0.8, 3), steps=3 * 128, seed=seed)
+    served = simulate_overlap(p, 1, 0.00174, 0.00361, oracle_draws(0.8, 3), steps=128, seed=seed + 300)
+    assert served.count(3) >= 110, "".join(map(str, served))

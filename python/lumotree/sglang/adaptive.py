@@ -132,6 +132,9 @@ MARGIN = 0.03  # switch only when the other candidate is this much faster (token
 # counted steps for EXTEND_ROWS more request samples (1 to GAP_SAMPLES steps), averaged with the probe's own
 CLOSE_Z = 1.0
 EXTEND_ROWS = 24
+# a bucket that serves a tree leaves it for no draft only where the tree would not pay even at an acceptance DROP_Z
+# standard errors of the moving average above its estimate (TreeSizePolicy._drop_unsure)
+DROP_Z = 3.0
 SD_FLOOR = 0.5  # the least standard deviation of a request's accepted drafts the close call assumes (few samples)
 # a tree probe whose counted steps held no running request (every row had finished: its sample left them out,
 # worker.StepLedger.note_live_rows) measured nothing: it is run again, up to this many times in a row, and the
@@ -179,16 +182,21 @@ def _ema(old: Optional[float], new: float, weight: float) -> float:
 class PolicySettings:
     """How fast a :class:`TreeSizePolicy` follows acceptance and how often it probes: the weight of a new sample in
     the acceptance average (``EMA``) and the probe interval's start, cap and cost budget (``PROBE_EVERY``,
-    ``PROBE_MAX``, ``PROBE_BUDGET``). :meth:`current`: the module's values (LUMOTREE's MTP tree);
+    ``PROBE_MAX``, ``PROBE_BUDGET``); the allowance for the acceptance's noise before a served tree is left
+    (``DROP_Z``, :meth:`TreeSizePolicy._drop_unsure`; 0: none) and whether the probe floor holds back the first probe
+    after the choice changed (``floor_first``). :meth:`current`: the module's values (LUMOTREE's MTP tree);
     :data:`SUFFIX_SETTINGS`: LUMOTREE_SUFFIX's."""
     ema: float
     probe_every: int
     probe_max: int
     probe_budget: float
+    drop_z: float = 0.0
+    floor_first: bool = True
 
     @classmethod
     def current(cls) -> "PolicySettings":
-        return cls(ema=EMA, probe_every=PROBE_EVERY, probe_max=PROBE_MAX, probe_budget=PROBE_BUDGET)
+        return cls(ema=EMA, probe_every=PROBE_EVERY, probe_max=PROBE_MAX, probe_budget=PROBE_BUDGET, drop_z=DROP_Z,
+                   floor_first=False)
 
 
 # LUMOTREE_SUFFIX's policy: a suffix draft's acceptance swings within a turn (a request accepts 20 drafts a step, then
@@ -202,8 +210,10 @@ class PolicySettings:
 # settings); chosen in a sweep of 24 settings (EMA 0.05-0.1, first probe after 16-64 steps, cap 128-256) and of the
 # budget, benchmark/results/policy_sweep_cpu.json. Served (benchmark/results/agents_h200.json, run
 # policy-1-32-agents): 5 % less decode time than the module's settings at 1 agent by step counts, equal at 32
-SUFFIX_SETTINGS = PolicySettings(ema=0.05, probe_every=16, probe_max=256, probe_budget=0.01)
-POLICY_KEYS = ("ema", "probe_every", "probe_max", "probe_budget")  # what --speculative-adaptive-config may set
+# (the noise allowance and the early first probe, LUMOTREE's since, were not served with its suffix drafts: off)
+SUFFIX_SETTINGS = PolicySettings(ema=0.05, probe_every=16, probe_max=256, probe_budget=0.01, drop_z=0.0,
+                                 floor_first=True)
+POLICY_KEYS = ("ema", "probe_every", "probe_max", "probe_budget", "drop_z", "floor_first")  # what --speculative-adaptive-config may set
 REQUEST_KEY = "request_quantile"  # and LUMOTREE_SUFFIX's per-request choice (lumotree.sglang.request_choice.KEY)
 
 
@@ -225,6 +235,7 @@ class _Bucket:
     probe_of: Optional[int] = None  # the candidate the bucket's last probe run served
     extended: bool = False  # that probe was extended once already (close call)
     empty_probes: int = 0  # tree probes in a row that held no running request (EMPTY_PROBE_REPEATS)
+    confirmed: bool = False  # a probe has run since the bucket's choice last changed (its probe floor applies)
 
 
 class TreeSizePolicy:
@@ -246,6 +257,8 @@ class TreeSizePolicy:
             raise ValueError(f"candidate draft steps must be non-negative integers, got {list(candidates)}")
         self.candidates: List[int] = cands
         self.accept: Optional[float] = prior_accept
+        # moving average of the requests' squared accepted drafts (a step's mean over its rows): the acceptance's spread
+        self._sq: Optional[float] = None
         # chains of several depths (a LUMOTREE chain's shallower candidates): ``accept`` is the deepest chain's, and
         # the others' are read from it and into it through a per-depth acceptance (chain_accept)
         drafting = [c for c in cands if c > 0]
@@ -262,11 +275,12 @@ class TreeSizePolicy:
         self._extend_gap = 0  # counted steps a close call's extension adds to the probe's average (choose)
 
     # ------------------------------------------------------------------ estimates
-    def tokens_per_step(self, steps: int) -> float:
-        """Expected tokens a request gains per step with ``steps`` draft steps."""
+    def tokens_per_step(self, steps: int, accept: Optional[float] = None) -> float:
+        """Expected tokens a request gains per step with ``steps`` draft steps (at acceptance ``accept``, default the
+        estimate's)."""
         if steps == 0:
             return 1.0
-        a = self.accept if self.accept is not None else 0.0
+        a = accept if accept is not None else self.accept if self.accept is not None else 0.0
         if self._deepest is not None and steps != self._deepest:
             a = chain_accept(chain_p(a, self._deepest), steps)
         return 1.0 + a
@@ -299,6 +313,8 @@ class TreeSizePolicy:
             same = chain_accept(chain_p(sum(accepted_drafts) / len(accepted_drafts), steps), self._deepest)
             accepted_drafts = [same] * len(accepted_drafts)
         a = sum(accepted_drafts) / len(accepted_drafts)
+        sq = sum(x * x for x in accepted_drafts) / len(accepted_drafts)
+        self._sq = _ema(self._sq, sq, self.settings.ema)
         if self._gap is None:
             self.accept = _ema(self.accept, a, self.settings.ema)
             return
@@ -311,6 +327,7 @@ class TreeSizePolicy:
         self.accept = (total + old) / (rows + 1) if old is not None else total / rows
         if g[3] >= g[5]:
             self._gap, self._closed_gap = None, g
+            self._sq = g[4] / rows if rows else self._sq  # the squares' average restarts from the gap's, as the estimate
 
     def step_time(self, batch: int, steps: int) -> Optional[float]:
         """Estimated seconds of a step of ``batch`` with ``steps``: the median of the bucket's own samples
@@ -377,6 +394,8 @@ class TreeSizePolicy:
             return stale
         rates = {c: self.rate(batch, c) for c in self.candidates}
         best = self._kept(rates, st.chosen)
+        if best == 0 and st.chosen and self.settings.drop_z > 0 and self._drop_unsure(batch, st.chosen, rates):
+            best = st.chosen
         empty = st.probed and bool(st.probe_of) and self._gap is not None and self._gap[2] == 0
         if empty and st.empty_probes < EMPTY_PROBE_REPEATS:  # the probe saw no running request: again
             st.empty_probes += 1
@@ -405,14 +424,16 @@ class TreeSizePolicy:
                         self.accept or 0.0, " after a probe" if st.probed else "")
         st.probed = False
         if best != st.chosen:  # the interval restarts: a first probe PROBE_EVERY steps after the change
-            st.probe_every, st.since_probe = self.settings.probe_every, 0
+            st.probe_every, st.since_probe, st.confirmed = self.settings.probe_every, 0, False
             st.chosen = best
         if best > 0 and 0 in st.samples and st.samples[0] >= MIN_SAMPLES:
             # a drafting choice measures its acceptance itself (module docstring)
             st.probe_every = self.settings.probe_max
         st.since_probe += 1
-        if st.since_probe >= st.probe_every and st.since_probe >= self._probe_floor(batch, best):
-            st.since_probe = 0
+        # the first probe after a change checks the choice: its floor applies only once a probe has confirmed it
+        early = not st.confirmed and not self.settings.floor_first
+        if st.since_probe >= st.probe_every and (early or st.since_probe >= self._probe_floor(batch, best)):
+            st.since_probe, st.confirmed = 0, True
             st.probed = True
             other = self._probed(st, best)
             st.probe_of, st.extended = other, False
@@ -447,6 +468,35 @@ class TreeSizePolicy:
         # the acceptance from which the tree's rate is MARGIN above no draft's: where the bucket would switch (_kept)
         switch = (1.0 + MARGIN) * rates[0] * t / bucket(batch) - 1.0
         return self.accept + CLOSE_Z * se >= switch
+
+    def accept_se(self, batch: int) -> Optional[float]:
+        """The standard error of the acceptance's moving average at steps of ``batch`` requests: a request's standard
+        deviation of accepted drafts (from the moving averages of their squares and of them) over ``sqrt(batch)`` -- a
+        step's sample is the mean of its requests' -- times ``sqrt(w / (2 - w))``, ``w`` the averaging weight (an
+        exponential average of independent samples); ``None`` before a drafted step."""
+        mean, sq, w = self.accept, self._sq, self.settings.ema
+        if mean is None or sq is None:
+            return None
+        return math.sqrt(max(0.0, sq - mean * mean) / max(1, batch) * w / (2.0 - w))
+
+    def _drop_unsure(self, batch: int, steps: int, rates: Dict[int, float]) -> bool:
+        """Whether a bucket serving the drafting candidate ``steps`` should keep it although no draft's estimated rate
+        is the higher: at an acceptance ``DROP_Z`` standard errors (:meth:`accept_se`) above the estimate the
+        candidate would still serve at least no draft's rate (``DROP_Z``: the settings' ``drop_z``). Why: at batch 1
+        a step's sample is one request's accepted drafts (0 to 3 for a 3-step chain, standard deviation ~1.2 at p 0.8), and the moving average of a few
+        of them dipped below the break-even (~1.6 accepted drafts, Qwen3-Next MoE shape, H200 step times) now and
+        then although the drafts were accepted 1.95 a step on average: each dip served no draft until the next probe,
+        most of a measured pass in the policy's simulation (``benchmark/serving/sim_pass_choice.py``). Where drafts
+        miss from a step on, the zeros drive the average and its spread down within a few steps more (~8 at batch 1
+        in the simulation, 4 before); from batch 8 on a step's sample averages its requests and the allowance is
+        small (batch 32: as before). A tree whose acceptance sits below its break-even (1.35 against ~1.6) is still
+        left: the average of a few one-request samples strays that far below it (served on ~6 % of the steps there,
+        the simulation)."""
+        se = self.accept_se(batch)
+        t = self.step_time(batch, steps)
+        if se is None or self.accept is None or t is None or not rates.get(0):
+            return False
+        return bucket(batch) * self.tokens_per_step(steps, self.accept + self.settings.drop_z * se) / t >= rates[0]
 
     def remeasure(self, batch: int) -> Optional[int]:
         """No draft, served for ``REMEASURE_RUN`` of the bucket's steps to time it again, where the bucket's own
@@ -669,7 +719,8 @@ def _config(server_args):
 def policy_settings(server_args) -> PolicySettings:
     """The adaptive policy's settings for a server: LUMOTREE_SUFFIX's (:data:`SUFFIX_SETTINGS`) or the module's
     (LUMOTREE), with those ``--speculative-adaptive-config`` sets (``ema`` in (0, 1], ``probe_every`` and
-    ``probe_max`` whole steps, ``probe_every <= probe_max``, ``probe_budget`` in (0, 1)). Raises ``ValueError``
+    ``probe_max`` whole steps, ``probe_every <= probe_max``, ``probe_budget`` in (0, 1), ``drop_z`` >= 0,
+    ``floor_first`` true or false). Raises ``ValueError``
     naming the flag for a value out of range or a key neither this nor :func:`candidate_steps` reads."""
     base = SUFFIX_SETTINGS if is_suffix(server_args) else PolicySettings.current()
     path, cfg = _config(server_args)
@@ -681,11 +732,12 @@ def policy_settings(server_args) -> PolicySettings:
         return base
     got = dataclasses.replace(base, **{k: cfg[k] for k in POLICY_KEYS if k in cfg})
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (got.probe_every, got.probe_max))
-    nums = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (got.ema, got.probe_budget))
+    nums = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (got.ema, got.probe_budget, got.drop_z))
     if not (ints and nums and 0 < got.ema <= 1 and 1 <= got.probe_every <= got.probe_max
-            and 0 < got.probe_budget < 1):
+            and 0 < got.probe_budget < 1 and got.drop_z >= 0 and isinstance(got.floor_first, bool)):
         raise ValueError(f"--speculative-adaptive-config {path}: ema in (0, 1], probe_every <= probe_max whole steps "
-                         f">= 1, probe_budget in (0, 1); got {dataclasses.asdict(got)}")
+                         f">= 1, probe_budget in (0, 1), drop_z >= 0, floor_first true or false; "
+                         f"got {dataclasses.asdict(got)}")
     return got
 
 

@@ -110,6 +110,7 @@ class DecodeStep:
         self.attn_backend = attn_backend
         self.graph_runner = graph_runner
         self.steps = 0  # decode steps served (diagnostics, tests)
+        self._ones_buf = None  # int32 ones the results' accept lengths are views of (:meth:`_ones`)
 
     @classmethod
     def build(cls, worker, cuda_graph_bs=None) -> "DecodeStep":
@@ -178,7 +179,7 @@ class DecodeStep:
     def _decode(self, batch, tokens, on_publish=None, on_slots=None):
         """The target's decode forward of ``batch`` on ``tokens`` (SGLang's speculative V2 conventions: ``seq_lens``
         excludes the last accepted token, which is this step's input) and its sampled tokens, and the lengths after
-        it: ``(out, fb, predict, new_seq_lens)``.
+        it: ``(out, fb, sampled, new_seq_lens)`` (``sampled``: the sampler's tokens, its dtype).
 
         ``on_publish`` (SGLang's overlap scheduler: its ``FutureMap.publish`` of the step's new lengths) is called
         with ``seq_lens + 1`` *before* the forward is launched: a decode step's lengths do not depend on its
@@ -213,7 +214,7 @@ class DecodeStep:
             start_offset=batch.seq_lens, batch_size=bs, draft_token_num=1, device=batch.device)
         if on_slots is not None:
             on_slots(dec.out_cache_loc)
-        dec.seq_lens = batch.seq_lens + 1
+        dec.seq_lens = new_seq_lens  # (read-only for the forward: one tensor for both)
         dec.seq_lens_cpu = batch.seq_lens_cpu + 1 if batch.seq_lens_cpu is not None else None
         dec.seq_lens_sum = batch.seq_lens_sum + bs if batch.seq_lens_sum is not None else None
         t = step_timing.lap("nd_prep", batch, t)
@@ -223,18 +224,36 @@ class DecodeStep:
             out = self.target_worker.forward_batch_generation(batch=None, forward_batch=fb, is_verify=True)
             t = step_timing.lap("nd_forward", batch, t)
         self.steps += 1
-        predict = self.model_runner.sample(out.logits_output, fb).to(torch.int32)
+        sampled = self.model_runner.sample(out.logits_output, fb)
         step_timing.lap("nd_sample", batch, t)
-        return out, fb, predict, new_seq_lens
+        return out, fb, sampled, new_seq_lens
 
     @staticmethod
-    def _result(batch, out, fb, next_token_ids, new_seq_lens, stride: int, next_draft_input):
-        """The scheduler's result of a decode step: accept lengths 1, lengths ``new_seq_lens`` (+ 1),
-        ``next_token_ids`` in rows of ``stride``; ``next_draft_input(accept_lens, new_seq_lens)`` the loop's input for
-        the next step."""
+    def _int32(sampled: torch.Tensor, copies: int):
+        """``copies`` int32 copies of the sampled tokens ``sampled`` ``[bs]``, rows of one new block written by one
+        launch (a cast and a clone were two, each with its allocation)."""
+        block = torch.empty((copies, sampled.shape[0]), dtype=torch.int32, device=sampled.device)
+        block.copy_(sampled)
+        return block.unbind(0)
+
+    def _ones(self, bs: int, device) -> torch.Tensor:
+        """``[bs]`` int32 ones: a view of a buffer kept across steps (the results' accept lengths, read-only where
+        SGLang's loop and LumoTree's finished-row mark read them), grown as batches grow."""
+        buf = self._ones_buf
+        if buf is None or buf.shape[0] < bs or buf.device != torch.device(device):
+            buf = self._ones_buf = torch.ones(max(bs, 2 * (buf.shape[0] if buf is not None else 32)),
+                                              dtype=torch.int32, device=device)
+        return buf[:bs]
+
+    @staticmethod
+    def _result(batch, out, fb, next_token_ids, new_seq_lens, stride: int, next_draft_input, accept_lens=None):
+        """The scheduler's result of a decode step: accept lengths 1 (``accept_lens``, default new ones), lengths
+        ``new_seq_lens`` (+ 1), ``next_token_ids`` in rows of ``stride``; ``next_draft_input(accept_lens,
+        new_seq_lens)`` the loop's input for the next step."""
         from sglang.srt.managers.utils import GenerationBatchResult
 
-        accept_lens = torch.ones(batch.seq_lens.shape[0], dtype=torch.int32, device=next_token_ids.device)
+        if accept_lens is None:
+            accept_lens = torch.ones(batch.seq_lens.shape[0], dtype=torch.int32, device=next_token_ids.device)
         return GenerationBatchResult(
             logits_output=out.logits_output, next_token_ids=next_token_ids, can_run_cuda_graph=out.can_run_cuda_graph,
             speculative_num_draft_tokens=stride, next_draft_input=next_draft_input(accept_lens, new_seq_lens),
@@ -247,10 +266,11 @@ class DecodeStep:
         one-node verify's result. ``on_publish``, ``on_slots``: see :meth:`_decode`."""
         from sglang.srt.speculative.eagle_info import EagleDraftInput
 
-        out, fb, predict, seq = self._decode(batch, batch.spec_info.bonus_tokens, on_publish, on_slots)
+        out, fb, sampled, seq = self._decode(batch, batch.spec_info.bonus_tokens, on_publish, on_slots)
         t = step_timing.lap(None, None, 0.0)
-        result = self._result(batch, out, fb, predict, seq, 1,
-                              lambda lens, seq: EagleDraftInput(bonus_tokens=predict.clone()))
+        predict, bonus = self._int32(sampled, 2)  # the result's tokens and the next input's: separate memory
+        result = self._result(batch, out, fb, predict, seq, 1, lambda lens, seq: EagleDraftInput(bonus_tokens=bonus),
+                              accept_lens=self._ones(predict.shape[0], predict.device))
         step_timing.lap("nd_result", batch, t)
         return result
 
@@ -265,10 +285,10 @@ class DecodeStep:
         spec, bs, n = batch.spec_info, batch.seq_lens.shape[0], draft_token_num
         last = (spec.accept_lens.to(torch.int64) - 1).clamp_min_(0)
         root = spec.accept_tokens.view(bs, n).gather(1, last[:, None]).squeeze(1)
-        out, fb, predict, new_seq_lens = self._decode(batch, root, on_publish)
+        out, fb, sampled, new_seq_lens = self._decode(batch, root, on_publish)
         t = step_timing.lap(None, None, 0.0)
-        accept_tokens = torch.zeros(bs, n, dtype=torch.int32, device=predict.device)
-        accept_tokens[:, 0] = predict
+        accept_tokens = torch.zeros(bs, n, dtype=torch.int32, device=sampled.device)
+        accept_tokens[:, 0] = sampled
         accept_tokens = accept_tokens.view(-1)
         result = self._result(batch, out, fb, accept_tokens, new_seq_lens, n, lambda lens, seq: NgramVerifyInput(
             draft_token_num=n, new_seq_lens=seq, accept_tokens=accept_tokens, accept_lens=lens))

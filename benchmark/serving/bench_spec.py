@@ -238,24 +238,29 @@ def log_size(log):
         return 0
 
 
-def profile_pass(url, batch, args, key, tag, prefill_s):
+def profile_pass(url, batch, args, key, tag, prefill_s, step_s=None):
     """One more pass of the batch under SGLang's torch profiler (``/start_profile``, stopped by the
     server after ``--profile-steps`` forward steps); the trace lands in ``--profile-dir/tag``. The
-    profiler starts ``prefill_s`` + 0.3 s after the requests are sent (the measured pass's prefill
-    time), so its window holds decode steps only -- a window opening with the batch's prefill is
-    dominated by it (32 x 256 tokens: ~0.3 s of GPU time against ~10 ms per decode step)."""
+    profiler starts ``prefill_s`` plus ``PROFILE_LEAD_STEPS`` of the measured pass's client steps (``step_s``;
+    without it 0.3 s) after the requests are sent, so its window holds decode steps only -- a window opening
+    with the batch's prefill is dominated by it (32 x 256 tokens: ~0.3 s of GPU time against ~10 ms per decode
+    step). Why steps: a fixed 0.3 s outlasted whole passes at batch 1 of the MoE shape (128 steps of ~2 ms), and
+    those traces held only the scheduler's idle loop."""
     import threading
 
     out = os.path.abspath(os.path.join(args.profile_dir, tag))
     os.makedirs(out, exist_ok=True)
     worker = threading.Thread(target=generate, args=(url, batch, args.output_len), kwargs=dict(key=key))
     worker.start()
-    time.sleep(prefill_s + 0.3)
+    time.sleep(prefill_s + (PROFILE_LEAD_STEPS * step_s if step_s else 0.3))
     post(url + "/start_profile", dict(output_dir=out, num_steps=args.profile_steps, activities=["CPU", "GPU"],
                                       with_stack=True, profile_prefix=tag))
     worker.join()
     stop_profile(url, post)  # a pass shorter than --profile-steps would leave no trace
     return out
+
+
+PROFILE_LEAD_STEPS = 4  # decode steps of a profiled pass before its profiler starts (profile_pass)
 
 
 def profile_prefill_pass(url, batch, args, key, tag):
@@ -477,7 +482,9 @@ def main():
                     if args.profile_dir and bs in [int(x) for x in args.profile_batches.split(",")]:
                         for row, prompts_of in (measured_rows if args.profile_steps > 0 else ()):
                             tag = f"{name}-bs{bs}" + ("-miss" if row["accept_p"] == 0.0 else "")
-                            row["profile"] = profile_pass(url, prompts_of(), args, key, tag, row["prefill_seconds"])
+                            step_s = row["step_ms"] / 1e3 if row.get("step_ms") else None
+                            row["profile"] = profile_pass(url, prompts_of(), args, key, tag, row["prefill_seconds"],
+                                                          step_s)
                         if args.profile_prefill:  # the prompts of the first phase (a known prompt for oracles)
                             row, prompts_of = measured_rows[0]
                             row["profile_prefill"] = profile_prefill_pass(url, prompts_of(), args, key,

@@ -358,6 +358,11 @@ def test_profile_pass_asks_sglang_for_a_bounded_cpu_gpu_trace(tmp_path, monkeypa
     assert payload["output_dir"] == out
     # then stopped: a pass of fewer steps than asked would otherwise leave no trace (SGLang writes it at the stop)
     assert calls[2:] == [("http://x/stop_profile", {})]
+    # with the measured pass's step time: a few of its steps after the prefill (a 128-step pass of 2 ms steps is
+    # over before a fixed 0.3 s)
+    slept.clear()
+    bs.profile_pass("http://x", [[1, 2]], args, "input_ids", "lumotree-bs1", 0.03, 0.002)
+    assert slept == [pytest.approx(0.03 + bs.PROFILE_LEAD_STEPS * 0.002)] and bs.PROFILE_LEAD_STEPS * 0.002 < 0.05
 
 
 def test_stop_profile_is_quiet_when_the_profiler_stopped_itself():

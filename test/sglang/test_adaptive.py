@@ -1453,3 +1453,19 @@ def test_a_tree_that_pays_is_served_in_the_pass_after_a_recording_pass_at_batch_
     simulate_overlap(p, 1, 0.00174, 0.00361, oracle_draws(0.8, 3), steps=3 * 128, seed=seed)
     served = simulate_overlap(p, 1, 0.00174, 0.00361, oracle_draws(0.8, 3), steps=128, seed=seed + 300)
     assert served.count(3) >= 110, "".join(map(str, served))
+
+
+def test_serves_keeps_a_tree_within_the_acceptance_s_noise_as_a_decision_would():
+    """serves (what a prefill asks before skipping the MTP draft-extend) answers as the next decision would: a bucket
+    that serves the tree through a dip of one request's acceptance still serves it."""
+    p = TreeSizePolicy([0, 3])
+    for k in range(8):
+        simulate_overlap(p, 1, 0.00148, 0.00376, oracle_draws(0.8, 3), steps=64, seed=7 + 1000 * k)
+        if p.buckets[1].chosen == 3 and p._gap is None:
+            break
+    assert p.buckets[1].chosen == 3
+    p.observe_accept(3, [0])
+    p.observe_accept(3, [0])  # a dip: the estimate alone would serve no draft
+    rates = {c: p.rate(1, c) for c in (0, 3)}
+    assert max(rates, key=rates.__getitem__) == 0, (p.accept, rates)
+    assert p.serves(1) == 3 and p.choose(1) == 3

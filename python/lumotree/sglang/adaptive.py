@@ -393,9 +393,7 @@ class TreeSizePolicy:
         if stale is not None:
             return stale
         rates = {c: self.rate(batch, c) for c in self.candidates}
-        best = self._kept(rates, st.chosen)
-        if best == 0 and st.chosen and self.settings.drop_z > 0 and self._drop_unsure(batch, st.chosen, rates):
-            best = st.chosen
+        best = self._keeps(batch, rates, st.chosen)
         empty = st.probed and bool(st.probe_of) and self._gap is not None and self._gap[2] == 0
         if empty and st.empty_probes < EMPTY_PROBE_REPEATS:  # the probe saw no running request: again
             st.empty_probes += 1
@@ -553,8 +551,9 @@ class TreeSizePolicy:
 
     def serves(self, batch: int) -> Optional[int]:
         """The candidate a decision at ``batch`` would serve now outside exploration and probe runs -- the best
-        estimated rate, the bucket's last choice kept within ``MARGIN`` -- without deciding (nothing changes);
-        ``None`` while a candidate has no step-time estimate anywhere or no drafted step has been measured."""
+        estimated rate, the bucket's last choice kept within ``MARGIN`` or, a tree, within the acceptance's noise
+        (:meth:`_keeps`) -- without deciding (nothing changes); ``None`` while a candidate has no step-time estimate
+        anywhere or no drafted step has been measured."""
         if len(self.candidates) == 1:
             return self.candidates[0]
         if self.accept is None:
@@ -563,7 +562,15 @@ class TreeSizePolicy:
         if any(r is None for r in rates.values()):
             return None
         st = self.buckets.get(bucket(batch))
-        return self._kept(rates, st.chosen if st is not None else None)
+        return self._keeps(batch, rates, st.chosen if st is not None else None)
+
+    def _keeps(self, batch: int, rates: Dict[int, float], chosen: Optional[int]) -> int:
+        """:meth:`_kept`, and a served tree kept where no draft is estimated faster within the acceptance's noise
+        (:meth:`_drop_unsure`, where the settings' ``drop_z`` is above 0)."""
+        best = self._kept(rates, chosen)
+        if best == 0 and chosen and self.settings.drop_z > 0 and self._drop_unsure(batch, chosen, rates):
+            return chosen
+        return best
 
     @staticmethod
     def _kept(rates: Dict[int, float], chosen: Optional[int]) -> int:

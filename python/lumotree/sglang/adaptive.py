@@ -213,7 +213,8 @@ class PolicySettings:
 # (the noise allowance and the early first probe, LUMOTREE's since, were not served with its suffix drafts: off)
 SUFFIX_SETTINGS = PolicySettings(ema=0.05, probe_every=16, probe_max=256, probe_budget=0.01, drop_z=0.0,
                                  floor_first=True)
-POLICY_KEYS = ("ema", "probe_every", "probe_max", "probe_budget", "drop_z", "floor_first")  # what --speculative-adaptive-config may set
+# what --speculative-adaptive-config may set
+POLICY_KEYS = ("ema", "probe_every", "probe_max", "probe_budget", "drop_z", "floor_first")
 REQUEST_KEY = "request_quantile"  # and LUMOTREE_SUFFIX's per-request choice (lumotree.sglang.request_choice.KEY)
 
 
@@ -257,7 +258,7 @@ class TreeSizePolicy:
             raise ValueError(f"candidate draft steps must be non-negative integers, got {list(candidates)}")
         self.candidates: List[int] = cands
         self.accept: Optional[float] = prior_accept
-        # moving average of the requests' squared accepted drafts (a step's mean over its rows): the acceptance's spread
+        # moving average of the requests' squared accepted drafts (a step's mean over its rows): their spread
         self._sq: Optional[float] = None
         # chains of several depths (a LUMOTREE chain's shallower candidates): ``accept`` is the deepest chain's, and
         # the others' are read from it and into it through a per-depth acceptance (chain_accept)
@@ -327,7 +328,7 @@ class TreeSizePolicy:
         self.accept = (total + old) / (rows + 1) if old is not None else total / rows
         if g[3] >= g[5]:
             self._gap, self._closed_gap = None, g
-            self._sq = g[4] / rows if rows else self._sq  # the squares' average restarts from the gap's, as the estimate
+            self._sq = g[4] / rows if rows else self._sq  # restarts from the gap's, as the estimate does
 
     def step_time(self, batch: int, steps: int) -> Optional[float]:
         """Estimated seconds of a step of ``batch`` with ``steps``: the median of the bucket's own samples
@@ -481,13 +482,13 @@ class TreeSizePolicy:
         """Whether a bucket serving the drafting candidate ``steps`` should keep it although no draft's estimated rate
         is the higher: at an acceptance ``DROP_Z`` standard errors (:meth:`accept_se`) above the estimate the
         candidate would still serve at least no draft's rate (``DROP_Z``: the settings' ``drop_z``). Why: at batch 1
-        a step's sample is one request's accepted drafts (0 to 3 for a 3-step chain, standard deviation ~1.2 at p 0.8), and the moving average of a few
-        of them dipped below the break-even (~1.6 accepted drafts, Qwen3-Next MoE shape, H200 step times) now and
-        then although the drafts were accepted 1.95 a step on average: each dip served no draft until the next probe,
-        most of a measured pass in the policy's simulation (``benchmark/serving/sim_pass_choice.py``). Where drafts
-        miss from a step on, the zeros drive the average and its spread down within a few steps more (~8 at batch 1
-        in the simulation, 4 before); from batch 8 on a step's sample averages its requests and the allowance is
-        small (batch 32: as before). A tree whose acceptance sits below its break-even (1.35 against ~1.6) is still
+        a step's sample is one request's accepted drafts (0 to 3 for a 3-step chain, standard deviation ~1.2 at p
+        0.8), and the moving average of a few of them dipped below the break-even (~1.6 accepted drafts, Qwen3-Next
+        MoE shape, H200 step times) now and then although the drafts were accepted 1.95 a step on average: each dip
+        served no draft until the next probe, most of a measured pass in the policy's simulation
+        (``benchmark/serving/sim_pass_choice.py``). Where drafts miss from a step on, the zeros drive the average and
+        its spread down within a few steps more (7-8 drafted steps at batch 1 in the simulation, 4 before); from batch
+        8 on a step's sample averages its requests and the allowance is small (batch 32: 4-5 steps, 4 before). A tree whose acceptance sits below its break-even (1.35 against ~1.6) is still
         left: the average of a few one-request samples strays that far below it (served on ~6 % of the steps there,
         the simulation)."""
         se = self.accept_se(batch)
@@ -739,7 +740,8 @@ def policy_settings(server_args) -> PolicySettings:
         return base
     got = dataclasses.replace(base, **{k: cfg[k] for k in POLICY_KEYS if k in cfg})
     ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (got.probe_every, got.probe_max))
-    nums = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (got.ema, got.probe_budget, got.drop_z))
+    nums = all(isinstance(v, (int, float)) and not isinstance(v, bool)
+               for v in (got.ema, got.probe_budget, got.drop_z))
     if not (ints and nums and 0 < got.ema <= 1 and 1 <= got.probe_every <= got.probe_max
             and 0 < got.probe_budget < 1 and got.drop_z >= 0 and isinstance(got.floor_first, bool)):
         raise ValueError(f"--speculative-adaptive-config {path}: ema in (0, 1], probe_every <= probe_max whole steps "

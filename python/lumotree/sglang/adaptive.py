@@ -489,8 +489,8 @@ class TreeSizePolicy:
         (``benchmark/serving/sim_pass_choice.py``). Where drafts miss from a step on, the zeros drive the average and
         its spread down within a few steps more (7-8 drafted steps at batch 1 in the simulation, 4 before); from batch
         8 on a step's sample averages its requests and the allowance is small (batch 32: 4-5 steps, 4 before). A
-        tree whose acceptance sits below its break-even (1.35 against ~1.6) is still left: the average of a few one-request samples strays that far below it (served on ~6 % of the steps there,
-        the simulation)."""
+        tree whose acceptance sits below its break-even (1.35 against ~1.6) is still left: the average of a few
+        one-request samples strays that far below it (served on ~6 % of the steps there, the simulation)."""
         se = self.accept_se(batch)
         t = self.step_time(batch, steps)
         if se is None or self.accept is None or t is None or not rates.get(0):

@@ -363,6 +363,11 @@ def main():
     ap.add_argument("--prefill-samples", type=int, default=3,
                     help="one-token passes of the batch before each measured pass; the row's prefill_seconds is "
                          "their median (single ones varied by ~30 ms at batch 1)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="measured passes per row (each after its own prefill samples); the row is the pass of median "
+                         "client tokens/s, every pass's figures under its 'repeats' (a row without 'median_of' is one "
+                         "pass). Why: batch-1 passes of one server moved 0.75-1.05x no speculation from one pass or "
+                         "invocation to the next (host-bound steps, MoE shape, H100)")
     ap.add_argument("--port", type=int, default=30000)
     ap.add_argument("--running-cap", choices=("flags", "batches"), default="flags",
                     help="flags: no --max-running-requests, each server its own default (no speculation: memory's; "
@@ -465,7 +470,7 @@ def main():
                     for phase, (accept_p, prompts_of) in enumerate(phases):
                         for _ in range(warm if phase == 0 else miss_warm):
                             generate(url, prompts_of(), args.output_len, key=key)
-                        row = measure(url, prompts_of(), args, key, log)
+                        row = measure_repeats(url, prompts_of, args, key, log)
                         row.update(config=name, shape=None if args.model else args.shape, tp=args.tp, batch=bs,
                                    accept_p=accept_p, scheduler=args.scheduler)
                         why = suspect(row)
@@ -570,6 +575,29 @@ def measure(url, batch, args, key, log):
     return row
 
 
+def measure_repeats(url, prompts_of, args, key, log):
+    """``--repeats`` measured passes (:func:`measure`, each on ``prompts_of()``: the same prompts for a phase whose
+    drafts are known, fresh ones where they should miss) and their row: :func:`median_pass`."""
+    return median_pass([measure(url, prompts_of(), args, key, log) for _ in range(max(1, args.repeats))])
+
+
+def median_pass(rows):
+    """One row for passes ``rows`` (in run order): the pass of median client tokens/s (the lower of the two middle
+    ones for an even count), whole -- its timings, acceptance and server log belong together -- with every pass's
+    figures under ``repeats``, ``median_of`` (how many), ``picked`` (which) and ``tokens_per_s_range``."""
+    if len(rows) == 1:
+        return rows[0]
+    order = sorted(range(len(rows)), key=lambda i: rows[i]["tokens_per_s"])
+    pick = order[(len(rows) - 1) // 2]
+    row = dict(rows[pick])
+    row["repeats"] = [dict(tokens_per_s=round(r["tokens_per_s"], 1), step_ms=round(r["step_ms"], 3),
+                           accept_length=r["accept_length"], logged_decode_tokens_per_s=r.get("logged_decode_tokens_per_s"),
+                           seconds=r["seconds"]) for r in rows]
+    row.update(median_of=len(rows), picked=pick,
+               tokens_per_s_range=[round(rows[order[0]]["tokens_per_s"], 1), round(rows[order[-1]]["tokens_per_s"], 1)])
+    return row
+
+
 def request_spread(outs, wall):
     """How the measured pass's requests spread out: each request's verify steps and end-to-end latency
     (SGLang's ``meta_info``): the batch runs ``max_verify_steps`` steps, the last ones with fewer requests;
@@ -609,7 +637,7 @@ def table(rows, memory=None):
     """Markdown table; ``memory``: the servers' entries, for the speculative-memory column and, where they ran on more
     than one machine (a ``--resume`` on another), a line saying which ran where."""
     out = machines_note(memory, "so rows of different machines are not a comparison") + [
-        "| config | batch | accept_p | new tokens | tokens/s (client) | ms per step (client) | "
+        "| config | batch | accept_p | new tokens | tokens/s (client; median pass, range) | ms per step (client) | "
         "decode tokens/s (server log, best) | median | accept length | spec. memory |",
         "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -626,7 +654,11 @@ def table(rows, memory=None):
         cfg += " **suspect**" if r.get("suspect") else ""
         if (r.get("jit") or {}).get("count"):  # the measured pass met kernels it had to compile or load
             cfg += f" (JIT {r['jit']['count']}, {r['jit']['total_ms']:.0f} ms)"
-        out.append(f"| {cfg} | {r['batch']} | {'–' if ap is None else ap} | {r.get('output_len') or '–'} | {r['tokens_per_s']:.0f} | {r['step_ms']:.2f} | {dec} | {acc} | {mem} |")
+        tps = f"{r['tokens_per_s']:.0f}"
+        if r.get("tokens_per_s_range"):  # the median of several passes: their range beside it
+            lo, hi = r["tokens_per_s_range"]
+            tps += f" ({lo:.0f}-{hi:.0f})"
+        out.append(f"| {cfg} | {r['batch']} | {'–' if ap is None else ap} | {r.get('output_len') or '–'} | {tps} | {r['step_ms']:.2f} | {dec} | {acc} | {mem} |")
     return "\n".join(out)
 
 

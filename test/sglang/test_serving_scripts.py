@@ -465,11 +465,14 @@ def test_bench_spec_main_warms_each_batch_times_prefill_and_profiles_chosen_batc
                                       "--output-len", "16", "--out", str(out), "--log-dir", str(tmp_path),
                                       "--profile-dir", str(tmp_path / "prof"), "--profile-batches", "8"])
     bs.main()
-    # warm-up (1 request), then per batch: warm pass, prefill (1 token) x 3 (the median), measured pass [, profile]
-    assert calls == [(1, 16, "text"), (1, 16, "text")] + [(1, 1, "text")] * 3 + [(1, 16, "text"),
-                     (8, 16, "text")] + [(8, 1, "text")] * 3 + [(8, 16, "text"), (8, 16, "text"), ("profile", 30)]
+    # warm-up (1 request), then per batch: warm pass, 3 measured passes (--repeats' default) each after its prefill
+    # (1 token) x 3 (the median) [, profile]
+    measured = lambda b: ([(b, 1, "text")] * 3 + [(b, 16, "text")]) * 3  # noqa: E731
+    assert calls == ([(1, 16, "text"), (1, 16, "text")] + measured(1) + [(8, 16, "text")] + measured(8)
+                     + [(8, 16, "text"), ("profile", 30)])
     res = json.load(open(out))
     rows = res["rows"]
+    assert all(r["median_of"] == 3 and len(r["repeats"]) == 3 for r in rows)
     assert all(len(r["prefill_samples"]) == 3 and abs(r["prefill_seconds"] - sorted(r["prefill_samples"])[1]) < 1e-3
                for r in rows)
     assert [r["batch"] for r in rows] == [1, 8] and rows[0]["accept_length"] == 2.0
@@ -493,7 +496,7 @@ def test_bench_spec_profiles_a_batch_after_all_its_measured_phases(tmp_path, mon
     fake_bench_endpoints(monkeypatch, bs, lambda batch, n, key: calls.append((len(batch), n)),
                          lambda payload: calls.append(("profile", payload["profile_prefix"])))
     out = tmp_path / "b.json"
-    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs", "lumotree-chain-oracle", "--oracle-p",
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--repeats", "1", "--model", "m", "--configs", "lumotree-chain-oracle", "--oracle-p",
                                       "0.8", "--miss", "--oracle-warm-passes", "0", "--prefill-samples", "1", "--batches", "2", "--output-len",
                                       "16", "--out", str(out), "--log-dir", str(tmp_path), "--profile-dir",
                                       str(tmp_path / "prof"), "--profile-batches", "2"])
@@ -525,7 +528,7 @@ def test_bench_spec_jit_log_counts_the_compiles_inside_each_measured_pass(tmp_pa
 
     monkeypatch.setattr(bs, "generate", fake_generate)
     out = tmp_path / "b.json"
-    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs", "lumotree-topk2", "--batches",
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--repeats", "1", "--model", "m", "--configs", "lumotree-topk2", "--batches",
                                       "1,8", "--output-len", "16", "--out", str(out), "--log-dir", str(tmp_path),
                                       "--jit-log", "--jit-cache", "shared"])
     bs.main()
@@ -554,7 +557,7 @@ def test_bench_spec_step_timing_reads_each_servers_step_parts(tmp_path, monkeypa
     monkeypatch.setattr(bs, "generate", lambda url, batch, n, key="text": [
         dict(meta_info=dict(completion_tokens=n, spec_verify_ct=n)) for _ in batch])
     out = tmp_path / "b.json"
-    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs", "lumotree-chain", "--batches", "1",
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--repeats", "1", "--model", "m", "--configs", "lumotree-chain", "--batches", "1",
                                       "--output-len", "4", "--out", str(out), "--log-dir", str(tmp_path),
                                       "--step-timing", "--jit-cache", "shared"])
     bs.main()
@@ -573,7 +576,7 @@ def test_bench_spec_sync_scheduler_disables_overlap_for_every_configuration(tmp_
     monkeypatch.setattr(bs, "generate", lambda url, batch, n, key="text": [
         dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2))) for _ in batch])
     out = tmp_path / "b.json"
-    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs", "lumotree-topk2,nextn-topk2",
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--repeats", "1", "--model", "m", "--configs", "lumotree-topk2,nextn-topk2",
                                       "--batches", "1", "--output-len", "4", "--out", str(out), "--log-dir",
                                       str(tmp_path), "--scheduler", "sync"])
     bs.main()
@@ -802,7 +805,7 @@ def test_bench_spec_oracle_twins_set_the_oracle_of_their_loop(tmp_path, monkeypa
     monkeypatch.setattr(bs, "generate", fake_generate)
     assert bs.CONFIGS["nextn-topk2-oracle"] == bs.CONFIGS["nextn-topk2"]
     assert "lumotree-topk2-sync-oracle" not in bs.CONFIGS
-    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs",
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--repeats", "1", "--model", "m", "--configs",
                                       "lumotree-topk2-oracle,nextn-topk2-oracle,ngram-oracle", "--batches", "2",
                                       "--output-len", "4", "--oracle-p", "0.8", "--out", str(tmp_path / "b.json"),
                                       "--log-dir", str(tmp_path), "--prefill-samples", "1"])
@@ -833,7 +836,7 @@ def run_miss_bench(tmp_path, monkeypatch, configs, *extra):
     monkeypatch.setattr(bs, "sglang_server", recording_server(seen, lambda args, base, env: env))
     monkeypatch.setattr(bs, "generate", fake_generate)
     out = tmp_path / "b.json"
-    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--configs", configs, "--batches", "2", "--input-len", "8",
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--repeats", "1", "--configs", configs, "--batches", "2", "--input-len", "8",
                                       "--output-len", "4", "--oracle-p", "0.8", "--miss", *extra, "--out", str(out),
                                       "--log-dir", str(tmp_path), "--prefill-samples", "1"])
     bs.main()
@@ -907,7 +910,7 @@ def test_bench_spec_moe_shape_is_a_qwen3_next_model_lumotree_serves_and_tp_reach
     monkeypatch.setattr(bs, "generate", lambda url, batch, n, key="text": [
         dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2))) for _ in batch])
     out = tmp_path / "b.json"
-    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--shape", "qwen3-next-80b-moe-24l", "--tp", "2", "--configs",
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--repeats", "1", "--shape", "qwen3-next-80b-moe-24l", "--tp", "2", "--configs",
                                       "none,lumotree-chain", "--batches", "1", "--output-len", "4", "--out", str(out),
                                       "--log-dir", str(tmp_path)])
     bs.main()
@@ -940,7 +943,7 @@ def test_bench_spec_profiles_one_token_passes_when_asked(tmp_path, monkeypatch):
     fake_bench_endpoints(monkeypatch, bs, lambda batch, n, key: calls.append((len(batch), n)),
                          lambda payload: calls.append(("profile", payload["profile_prefix"], payload["num_steps"])))
     out = tmp_path / "b.json"
-    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs", "none", "--prefill-samples", "1",
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--repeats", "1", "--model", "m", "--configs", "none", "--prefill-samples", "1",
                                       "--batches", "2", "--output-len", "16", "--out", str(out), "--log-dir",
                                       str(tmp_path), "--profile-dir", str(tmp_path / "prof"), "--profile-batches", "2",
                                       "--profile-prefill"])
@@ -970,7 +973,7 @@ def test_bench_spec_resume_keeps_finished_configurations_and_runs_the_rest(tmp_p
     here = ["GPU-a"]
     monkeypatch.setattr(bs, "machine", lambda: here[0])
     out = tmp_path / "b.json"
-    argv = ["bench_spec.py", "--model", "m", "--configs", "none,lumotree-chain", "--batches", "1,2", "--output-len",
+    argv = ["bench_spec.py", "--repeats", "1", "--model", "m", "--configs", "none,lumotree-chain", "--batches", "1,2", "--output-len",
             "4", "--prefill-samples", "1", "--out", str(out), "--log-dir", str(tmp_path), "--resume"]
     monkeypatch.setattr(sys, "argv", argv)
     bs.main()
@@ -1061,3 +1064,33 @@ def test_sglang_adaptive_peer_config_drops_only_the_7_step_candidate():
             {k: v for k, v in entry.items() if k != "candidate_steps"}
     assert asp.resolve_candidate_steps_from_config(path) == [0, 1, 3]
     assert bs.adapts("nextn-chain-adaptive3-oracle") and "--speculative-adaptive" in args
+
+
+def test_bench_spec_row_is_the_median_of_its_repeated_passes():
+    """--repeats: a row is the pass of median client tokens/s, whole (its step time and acceptance its own, not a
+    mix of passes), every pass kept in run order; an even count takes the lower middle; one pass is left as it is."""
+    bs = load("bench_spec")
+    passes = [dict(tokens_per_s=t, step_ms=s, accept_length=a, logged_decode_tokens_per_s=d, seconds=1.0, extra=i)
+              for i, (t, s, a, d) in enumerate([(549.0, 5.07, 2.78, 328.0), (390.0, 7.14, 2.78, 233.0),
+                                                 (418.0, 6.66, 2.70, 244.0)])]
+    row = bs.median_pass(passes)
+    assert (row["tokens_per_s"], row["step_ms"], row["accept_length"], row["extra"]) == (418.0, 6.66, 2.70, 2)
+    assert row["picked"] == 2 and row["median_of"] == 3 and row["tokens_per_s_range"] == [390.0, 549.0]
+    assert [r["tokens_per_s"] for r in row["repeats"]] == [549.0, 390.0, 418.0]
+    assert bs.median_pass(passes[:2])["tokens_per_s"] == 390.0
+    assert bs.median_pass(passes[:1]) is passes[0] and "repeats" not in passes[0]
+    table = bs.table([dict(row, config="none", batch=1, accept_p=None)])
+    assert "| 418 (390-549) |" in table
+
+
+def test_bench_spec_repeats_a_miss_rows_pass_on_new_prompts_each_time(tmp_path, monkeypatch):
+    """Each repeated measured pass of a miss row drafts on prompts no pass sent before (else the oracle would know
+    the second pass's continuation), and of a known-prompt row on the recorded prompts."""
+    sent, out = run_miss_bench(tmp_path, monkeypatch, "lumotree-chain-oracle", "--repeats", "2")
+    lumo = [(p, n) for s, p, n in sent if s == 1][1:]  # after the warm-up request
+    recorded = lumo[0][0]
+    full = [p for p, n in lumo if n == 4]
+    # recording pass, 3 warm, 2 measured on the recorded prompts; 3 warm and 2 measured on new prompts
+    assert [p == recorded for p in full[:6]] == [True] * 6
+    miss = full[6:]
+    assert len(miss) == 5 and len(set(miss)) == 5 and recorded not in miss

@@ -96,7 +96,11 @@ def test_worker_stub_shared_only_under_the_overlap_scheduler(monkeypatch, overla
     w = object.__new__(worker_class())
     w.topk, w.device, w._cold_stubs = 2, "cpu", None
     w._draft_worker = SimpleNamespace(draft_runner=None)
-    batch = SimpleNamespace(enable_overlap=overlap, seq_lens=torch.zeros(3))
+    from lumotree.sglang.patches import future_map_cold_rows as cr
+
+    monkeypatch.setattr(cr, "_pending", None)
+    monkeypatch.setattr(cr, "_stubs", None)
+    batch = SimpleNamespace(enable_overlap=overlap, seq_lens=torch.zeros(3), req_pool_indices_cpu=torch.tensor([4, 1, 7]))
     outs = [SimpleNamespace(next_draft_input=SimpleNamespace()) for _ in range(2)]
     for out in outs:
         w._stub_skipped_draft_extend(batch, out)
@@ -105,3 +109,5 @@ def test_worker_stub_shared_only_under_the_overlap_scheduler(monkeypatch, overla
     assert d1.hidden_states.shape == (3, 8)
     assert sglang_calls == ([] if overlap else [1, 1])
     assert (d0.topk_p.data_ptr() == d1.topk_p.data_ptr()) == overlap
+    # overlap: the stub named, with its host rows, for the FutureMap's stash (patches.future_map_cold_rows)
+    assert (cr._pending is not None and cr._pending[0] is d1.topk_p and cr._pending[1].tolist() == [4, 1, 7]) == overlap

@@ -138,3 +138,24 @@ def test_prefills_back_to_back_count_together_until_a_decode_step(worker, monkey
     assert w._forward(decode(list(range(42)))) == "verified" and w._admitted == set()
     w._ledger.last_batch = 0  # (as if they had all finished)
     assert w._forward(prefill(list(range(50, 62)), [3])) == "draft-extended"
+
+
+def test_under_the_overlap_scheduler_the_prefill_hands_over_the_no_draft_steps_stubs(worker, monkeypatch):
+    """Overlap scheduler: the skipped prefill's draft input is the no-draft step's stubs (read-only views of kept
+    buffers, the same values), named with its host rows for the FutureMap's stash, which may then leave them out of
+    its buffers (lumotree.sglang.patches.future_map_cold_rows)."""
+    from lumotree.sglang.patches import future_map_cold_rows as cr
+
+    monkeypatch.setattr(cr, "_pending", None)
+    monkeypatch.setattr(cr, "_stubs", None)
+    worker._cold_stubs, worker.device = None, torch.device("cpu")
+    worker._ledger.last_batch = 100
+    rows = list(range(40))
+    batch = prefill(rows, list(range(1000, 1040)))
+    batch.enable_overlap, batch.req_pool_indices_cpu = True, torch.tensor(rows)
+    out = worker._forward(batch)
+    assert out.topk_index.tolist() == [[0, 1]] * 40 and out.topk_p.tolist() == [[0.5, 0.25]] * 40
+    assert out.hidden_states.shape == (40, HIDDEN) and not out.hidden_states.any()
+    assert out.topk_p.data_ptr() == worker._cold_stubs.topk_p.data_ptr()  # views, no new tensors
+    assert cr._stubs is worker._cold_stubs and cr._pending[0] is out.topk_p and cr._pending[1].tolist() == rows
+    assert out.bonus_tokens.tolist() == list(range(100, 140)) and worker.cleared == [list(range(1000, 1040))]

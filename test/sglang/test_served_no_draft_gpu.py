@@ -64,6 +64,10 @@ def test_no_draft_step_decodes_like_no_speculation(tmp_path, no_speculation, alg
         # (the first 16 such batches, then every 64th) found no difference
         assert hl.SERVED_LINE in log and hl.UNNEEDED_LINE not in log
     assert "LumoTree: " + hl.MISMATCH_LINE not in log
+    if algorithm == "LUMOTREE":  # its no-draft steps' stub draft inputs stay out of the FutureMap's buffers
+        from lumotree.sglang.patches import future_map_cold_rows
+
+        assert future_map_cold_rows.SERVED_LINE in log
     if algorithm == "LUMOTREE":  # capacity as without speculation (lumotree.sglang.capacity)
         from lumotree.sglang.capacity import RUNNING, SLOTS_LINE
 

@@ -368,9 +368,10 @@ def register() -> None:
     prefill_delayer_idle.install()
     prefill_delayer_early.install()
     if os.environ.get(ENV_ACTIVE) == "1":  # before the step timer's hook on the same method, which then times it too
-        from lumotree.sglang.patches import future_map_host_lengths, state_slots_as_no_spec
+        from lumotree.sglang.patches import future_map_cold_rows, future_map_host_lengths, state_slots_as_no_spec
 
         future_map_host_lengths.install()
+        future_map_cold_rows.install()
         state_slots_as_no_spec.install()
     if os.environ.get("LUMOTREE_BENCH_ORACLE_P"):
         _register_oracle(SpeculativeAlgorithm, get_spec, float(os.environ["LUMOTREE_BENCH_ORACLE_P"]))

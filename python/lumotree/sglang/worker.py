@@ -38,6 +38,7 @@ import torch
 
 from lumotree.sglang import adaptive, capacity, compile_watch, shared_times, step_timing, warmup
 from lumotree.sglang.mtp_entries import MtpEntries
+from lumotree.sglang.patches import future_map_cold_rows
 from lumotree.sglang.scheduling import publish_prefill_early
 
 logger = logging.getLogger(__name__)
@@ -607,14 +608,20 @@ def worker_class():
 
             self._mtp_entries.clear_slots(batch.out_cache_loc)
             bs = next_token_ids.shape[0]
-            topk_p, topk_index = cold_first_level(bs, self.topk, next_token_ids.device)
-            hidden_size, dtype = get_draft_recurrent_hidden_state_spec(self._draft_worker.draft_runner)
-            hidden = (None if hidden_size is None else
-                      torch.zeros((bs, hidden_size), dtype=dtype, device=next_token_ids.device))
             self.prefills_without_draft += 1
             if self.prefills_without_draft == 1:
                 logger.info("LumoTree adaptive: prefills whose decode steps serve no draft skip the MTP draft-extend "
                             "(their prompts' MTP entries zeroed)")
+            if getattr(batch, "enable_overlap", False):  # the no-draft step's stubs (see _stub_skipped_draft_extend)
+                out = EagleDraftInput(bonus_tokens=next_token_ids, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)
+                stubs = self._overlap_stubs()
+                stubs.fill(out, bs)
+                future_map_cold_rows.note_stub(stubs, out, getattr(batch, "req_pool_indices_cpu", None))
+                return out
+            topk_p, topk_index = cold_first_level(bs, self.topk, next_token_ids.device)
+            hidden_size, dtype = get_draft_recurrent_hidden_state_spec(self._draft_worker.draft_runner)
+            hidden = (None if hidden_size is None else
+                      torch.zeros((bs, hidden_size), dtype=dtype, device=next_token_ids.device))
             return EagleDraftInput(topk_p=topk_p, topk_index=topk_index, hidden_states=hidden,
                                    bonus_tokens=next_token_ids, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)
 
@@ -665,6 +672,7 @@ def worker_class():
 
         def _forward_marked(self, batch, *args, **kwargs):
             decode = getattr(self, "tree_policy", None) is not None and batch.forward_mode.is_decode()
+            future_map_cold_rows.note_rows(getattr(batch, "req_pool_indices_cpu", None))  # (for its stash)
             rows = batch.req_pool_indices[:batch.seq_lens.shape[0]] if decode else None
             # where each request ends: the run clamp; the overlap scheduler's finished rows (lumotree.sglang.finish)
             out = forward_marked(getattr(self, "_overlap_consistent", False), batch,
@@ -714,14 +722,21 @@ def worker_class():
                 self._ledger.note_undrafted(stub)
             rows.difference_update(r.req_pool_idx for r in batch.reqs)
 
+        def _overlap_stubs(self) -> "ColdStubs":
+            if self._cold_stubs is None:
+                from sglang.srt.speculative.eagle_utils import get_draft_recurrent_hidden_state_spec
+
+                self._cold_stubs = ColdStubs(self.topk, get_draft_recurrent_hidden_state_spec(
+                    self._draft_worker.draft_runner), self.device)
+            return self._cold_stubs
+
         def _stub_skipped_draft_extend(self, batch, batch_output):
             if getattr(batch, "enable_overlap", False):  # copied into the FutureMap: shared read-only stubs
-                if self._cold_stubs is None:
-                    from sglang.srt.speculative.eagle_utils import get_draft_recurrent_hidden_state_spec
-
-                    self._cold_stubs = ColdStubs(self.topk, get_draft_recurrent_hidden_state_spec(
-                        self._draft_worker.draft_runner), self.device)
-                self._cold_stubs.fill(batch_output.next_draft_input, batch.seq_lens.shape[0])
+                stubs = self._overlap_stubs()
+                stubs.fill(batch_output.next_draft_input, batch.seq_lens.shape[0])
+                # the FutureMap's stash may leave them out of its buffers (patches.future_map_cold_rows)
+                future_map_cold_rows.note_stub(stubs, batch_output.next_draft_input,
+                                               getattr(batch, "req_pool_indices_cpu", None))
                 return
             super()._stub_skipped_draft_extend(batch, batch_output)
             cold_draft_input(batch_output.next_draft_input, self.topk)

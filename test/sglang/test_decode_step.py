@@ -95,13 +95,18 @@ def test_decode_view_and_result(monkeypatch):
     # the new lengths are published before the forward is launched (the scheduler's next step waits for them)
     assert len(seen["published_before_forward"]) == 1 and published[0] is out.new_seq_lens
     bonus = out.next_draft_input.bonus_tokens
-    assert bonus.dtype == torch.int32 and bonus.tolist() == [7, 8, 9]
+    # the sampler's own tensor (int64 where greedy: the FutureMap's dtype, no cast in its stash)
+    assert bonus.dtype == mr.sampled.dtype == torch.int64 and bonus.tolist() == [7, 8, 9]
     assert bonus.data_ptr() != out.next_token_ids.data_ptr()  # separate memory: either may be written alone
     assert out.can_run_cuda_graph and step.steps == 1
     assert d.seq_lens is out.new_seq_lens  # one tensor of the new lengths for the forward and the result
     # the accept lengths are views of one kept buffer: no new tensor a step, grown for a larger batch
     again = step.run(spec_batch())
     assert again.accept_lens.data_ptr() == out.accept_lens.data_ptr() and again.accept_lens.tolist() == [1, 1, 1]
+    mr.sampled = torch.tensor([4, 5, 6], dtype=torch.int32)  # a sampler that returns int32 (non-greedy sampling)
+    own = step.run(spec_batch())
+    assert own.next_token_ids.tolist() == own.next_draft_input.bonus_tokens.tolist() == [4, 5, 6]
+    assert own.next_token_ids.data_ptr() != own.next_draft_input.bonus_tokens.data_ptr()  # still separate memory
     mr.sampled = torch.arange(70, 170)
     big = step.run(spec_batch(bs=3, seq_lens=torch.full((100,), 3), seq_lens_cpu=torch.full((100,), 3),
                               seq_lens_sum=300, req_pool_indices=torch.zeros(100, dtype=torch.int64),

@@ -228,14 +228,6 @@ class DecodeStep:
         step_timing.lap("nd_sample", batch, t)
         return out, fb, sampled, new_seq_lens
 
-    @staticmethod
-    def _int32(sampled: torch.Tensor, copies: int):
-        """``copies`` int32 copies of the sampled tokens ``sampled`` ``[bs]``, rows of one new block written by one
-        launch (a cast and a clone were two, each with its allocation)."""
-        block = torch.empty((copies, sampled.shape[0]), dtype=torch.int32, device=sampled.device)
-        block.copy_(sampled)
-        return block.unbind(0)
-
     def _ones(self, bs: int, device) -> torch.Tensor:
         """``[bs]`` int32 ones: a view of a buffer kept across steps (the results' accept lengths, read-only where
         SGLang's loop and LumoTree's finished-row mark read them), grown as batches grow."""
@@ -268,7 +260,9 @@ class DecodeStep:
 
         out, fb, sampled, seq = self._decode(batch, batch.spec_info.bonus_tokens, on_publish, on_slots)
         t = step_timing.lap(None, None, 0.0)
-        predict, bonus = self._int32(sampled, 2)  # the result's tokens and the next input's: separate memory
+        # the result's tokens (int32, a new tensor) and the next input's: the sampler's own, separate memory, in its
+        # dtype -- int64 where greedy, the overlap scheduler's FutureMap's, whose stash then casts nothing
+        predict, bonus = sampled.to(torch.int32, copy=True), sampled
         result = self._result(batch, out, fb, predict, seq, 1, lambda lens, seq: EagleDraftInput(bonus_tokens=bonus),
                               accept_lens=self._ones(predict.shape[0], predict.device))
         step_timing.lap("nd_result", batch, t)

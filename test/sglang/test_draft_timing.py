@@ -207,7 +207,7 @@ def test_step_timing_installs_only_when_asked(monkeypatch):
                                                       "forward_batch_generation", "_prepare_for_speculative_decoding",
                                                       "eagle_sample", "commit_mamba_states_after_verify",
                                                       "move_accept_tokens_to_target_kvcache"] + [
-        t.rsplit(".", 1)[1] for t, _ in step_timing.SECTIONS]
+        t.rsplit(".", 1)[1] for t, _ in step_timing.SECTIONS] + ["stash", "_resolve_spec_extras", "copy_to_cpu"]
     assert step_timing._on
     assert all(k == "AROUND" for _, k in got)
     # the targets exist in SGLang 0.5.17, and its scheduler's next batch is a plan's batch_to_run
@@ -555,3 +555,25 @@ def test_the_admission_left_line_is_read_back_per_bucket(tmp_path):
     assert ss.draft_timing(str(log), ss.ADMISSION_LEFT_TIMING_LINE) == {
         "4": dict(median_ms=3.0, p95_ms=3.0, steps=2, total_ms=4.0)}
     assert ss.draft_timing(str(log)) == {}
+
+
+def test_the_relay_parts_are_keyed_by_the_steps_request_count(monkeypatch):
+    """The overlap scheduler's relay (FutureMap.stash, its draft-input gather, the result's copy to the host): each
+    timed per batch bucket of the step's requests, read from the call's own arguments."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from lumotree.sglang import step_timing
+
+    timers = {p: draft_timing.DraftTimer(every=100, log=lambda fmt, *a: None, what=f"step-{p}") for p in step_timing.PARTS}
+    monkeypatch.setattr(step_timing, "TIMERS", timers)
+    hooks = {part: step_timing.sized_part(part, size_of) for _, part, size_of in step_timing.RELAY_PARTS}
+    assert hooks["stash"](lambda fm, idx, payload: "stashed", "fm", torch.arange(3), "payload") == "stashed"
+    hooks["extras"](lambda fm, batch: None, "fm", SimpleNamespace(reqs=[1, 2, 3, 4, 5]))
+    hooks["copy_out"](lambda res, **kw: None, SimpleNamespace(accept_lens=torch.ones(2), next_token_ids=torch.ones(8)),
+                      return_logprob=False)
+    hooks["copy_out"](lambda res, **kw: None, SimpleNamespace(accept_lens=None, next_token_ids=torch.ones(7)),
+                      return_logprob=False)
+    assert set(timers["stash"].samples) == {4} and set(timers["extras"].samples) == {8}
+    assert set(timers["copy_out"].samples) == {2, 8}

@@ -11,6 +11,9 @@ Per batch bucket, decode batches only (a prefill between two decode steps breaks
 * ``step``: from one decode batch's ``Scheduler.run_batch`` start to the next one's (the served step, wall);
 * ``schedule``: ``Scheduler.get_next_batch_to_run`` (its preparation of the decode batch);
 * ``launch``: ``Scheduler.run_batch`` (the worker's launch, and any wait inside it);
+* ``stash`` / ``extras`` / ``copy_out``: the overlap scheduler's relay -- ``FutureMap.stash`` of a step's results and
+  draft input, ``FutureMap._resolve_spec_extras`` (the next speculative step's gather of that draft input) and
+  ``GenerationBatchResult.copy_to_cpu`` (the results' copy to the host), keyed by the step's request count, any server;
 * ``lengths``: SGLang's ``FutureMap.resolve_seq_lens_cpu`` inside it (a speculative V2 batch waits there for the
   previous step's published lengths);
 * ``result``: ``Scheduler.process_batch_result`` (waits for the previous step's results, then the host's share);
@@ -81,13 +84,19 @@ TP_WORKER = "sglang.srt.managers.tp_worker.TpModelWorker"
 PARTS = ("step", "schedule", "launch", "lengths", "result", "worker", "nodraft", "drafted", "forward", "verify", "commit",
          "nd_prep", "nd_init", "nd_forward", "nd_sample", "nd_result", "input", "spec_prep", "sample", "state_commit",
          "kv_move", "post_verify", "nodraft_admitting", "dv_pre", "dv_prepare", "dv_mask", "dv_sanitize", "dv_tail",
-         "dv_widen", "dv_choose", "dv_live")
+         "dv_widen", "dv_choose", "dv_live", "stash", "extras", "copy_out")
 NGRAM = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
 # SGLang's NGRAM loop's steps: (target, part, the position of its ScheduleBatch argument, self counted)
 LOOP_PARTS = ((f"{NGRAM}._prepare_for_speculative_decoding", "spec_prep", 1),
               ("sglang.srt.speculative.eagle_utils.eagle_sample", "sample", 1),
               ("sglang.srt.speculative.spec_utils.commit_mamba_states_after_verify", "state_commit", 1),
               ("sglang.srt.speculative.spec_utils.move_accept_tokens_to_target_kvcache", "kv_move", 0))
+# the overlap scheduler's relay of a step's results and draft input (any server; keyed by the step's request count):
+# (target, part, the request count from its arguments)
+RELAY_PARTS = ((f"{FUTURE_MAP}.stash", "stash", lambda args: args[1].shape[0]),
+               (f"{FUTURE_MAP}._resolve_spec_extras", "extras", lambda args: len(getattr(args[1], "reqs", None) or ())),
+               ("sglang.srt.managers.utils.GenerationBatchResult.copy_to_cpu", "copy_out",
+                lambda args: (args[0].accept_lens if args[0].accept_lens is not None else args[0].next_token_ids).shape[0]))
 # sections charged to the interval they fall in only (``<kind>_<part>`` totals, any batch): what a prefill or a decode
 # interval spends inside the target's forward, the scheduler's preparation and its result processing, for any server
 MR = "sglang.srt.model_executor.model_runner.ModelRunner"
@@ -303,6 +312,21 @@ def loop_part(part: str, batch_at: int):
     return hook
 
 
+def sized_part(part: str, size_of):
+    """An ``AROUND`` hook timing ``part`` keyed by the request count ``size_of(args)`` (:data:`RELAY_PARTS`)."""
+    def hook(original, *args, **kwargs):
+        t0 = _clock()
+        out = original(*args, **kwargs)
+        try:
+            bs = int(size_of(args))
+        except (AttributeError, IndexError, TypeError):
+            bs = 0
+        _add(part, bs, _clock() - t0)
+        return out
+
+    return hook
+
+
 def section(part: str):
     """An ``AROUND`` hook charging its target's wall time to ``part`` of the interval now open (:data:`SECTIONS`)."""
     def hook(original, *args, **kwargs):
@@ -341,3 +365,5 @@ def install() -> None:
         register_hook(target, loop_part(part, batch_at), "AROUND")
     for target, part in SECTIONS:
         register_hook(target, section(part), "AROUND")
+    for target, part, size_of in RELAY_PARTS:
+        register_hook(target, sized_part(part, size_of), "AROUND")

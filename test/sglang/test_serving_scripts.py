@@ -1094,3 +1094,19 @@ def test_bench_spec_repeats_a_miss_rows_pass_on_new_prompts_each_time(tmp_path, 
     assert [p == recorded for p in full[:6]] == [True] * 6
     miss = full[6:]
     assert len(miss) == 5 and len(set(miss)) == 5 and recorded not in miss
+
+
+def test_relay_host_cost_times_sglang_s_relay_against_the_hook_on_the_same_rows(tmp_path):
+    """relay_host_cost.py on the CPU: each batch size with SGLang's relay and with the cold-rows hook, int32 and int64
+    bonus tokens; the hooked rounds kept the stubs out of the buffers and resolved from them, SGLang's did not."""
+    import json
+
+    rc = load("relay_host_cost")
+    out = tmp_path / "r.json"
+    res = rc.main(["--batches", "1,3", "--rounds", "3", "--hidden", "8", "--device", "cpu", "--out", str(out)])
+    rows = json.load(open(out))["rows"]
+    assert rows == res["rows"] and len(rows) == 8
+    assert {(r["batch"], r["hook"], r["bonus_dtype"]) for r in rows} == {
+        (b, h, d) for b in (1, 3) for h in (False, True) for d in ("int32", "int64")}
+    assert all((r["kept"] > 0 and r["served"] > 0) == r["hook"] for r in rows)
+    assert all(r["host_us_per_round"] > 0 for r in rows)

@@ -238,6 +238,13 @@ def finish_rule():
     compare_finish_rule("cpu")
 
 
+def decode_prep():
+    """A no-draft decode step's preparation kernel vs its reference (test/ops/decode_prep_cases.py)."""
+    from decode_prep_cases import compare_decode_prep
+
+    compare_decode_prep("cpu")
+
+
 def tree_attention():
     """The tree verify attention's kernels vs its reference (test/ops/tree_attention_cases.py), and vs
     SGLang's prefill kernel with the verify's custom mask as benchmark/kernels/bench_tree_attention.py
@@ -268,6 +275,7 @@ if __name__ == "__main__":
         print("interpreted tree attention == reference")
         sys.exit(0)
     finish_rule()
+    decode_prep()
     gdn_large_tree_public_op()
     commit_layers()
     for kind in ("chain", "star", "caterpillar", "random", "eagle"):

@@ -138,6 +138,36 @@ def test_the_decode_step_hands_its_slots_over_before_its_forward(monkeypatch):
     assert torch.equal(slots[0], mr.req_to_token_pool.req_to_token[b.req_pool_indices, b.seq_lens])
 
 
+def test_the_decode_step_zeroes_the_mtp_rows_in_its_preparation_launch(monkeypatch):
+    """With the MTP layers' buffers (``zero_kv``) the step's slots, its new lengths and the zeroing of those rows come
+    from its preparation (lumotree.ops.decode_prep), before the forward; SGLang's slot lookup does not run."""
+    def no_lookup(**kw):
+        raise AssertionError("SGLang's slot lookup ran")
+
+    monkeypatch.setattr("sglang.kernels.ops.speculative.cache_locs.assign_extend_cache_locs_uniform_func", no_lookup)
+    mr = Runner()
+    k, v = torch.ones(2000, 2, 4), torch.ones(2000, 3)
+    seen = {}
+
+    def init_new(batch, model_runner, return_hidden_states_before_norm):
+        seen["out_cache_loc"], seen["seq_lens"] = batch.out_cache_loc, batch.seq_lens
+        return SimpleNamespace(tag="fb", bs=batch.seq_lens.shape[0])
+
+    def forward(batch, forward_batch, is_verify):
+        seen["zeroed_before_forward"] = int((k.sum((1, 2)) == 0).sum())
+        return SimpleNamespace(logits_output="logits", can_run_cuda_graph=True, routed_experts_output=None,
+                               indexer_topk_output=None)
+
+    monkeypatch.setattr("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", init_new)
+    step = ds.DecodeStep(SimpleNamespace(model_runner=mr, forward_batch_generation=forward), "b", "g")
+    b = spec_batch()
+    out = step.run(b, on_publish=lambda lens: None, zero_kv=[(k, v)])
+    want = mr.req_to_token_pool.req_to_token[b.req_pool_indices, b.seq_lens]
+    assert torch.equal(seen["out_cache_loc"], want) and seen["zeroed_before_forward"] == 3
+    assert not k[want].any() and not v[want].any() and int((v == 0).all(1).sum()) == 3  # those rows only
+    assert seen["seq_lens"] is out.new_seq_lens and out.new_seq_lens.tolist() == [6, 10, 3]
+
+
 def ngram_batch(bs=3, n=4, **kw):
     """A batch of SGLang's NGRAM loop as a decode step finds it: the last step's accepted tokens, rows of ``n``."""
     accept = torch.tensor([[4, 5, 0, 0], [6, 0, 0, 0], [7, 8, 9, 10]][:bs], dtype=torch.int32)[:, :n]
@@ -306,7 +336,7 @@ def test_worker_serves_no_draft_steps_as_decode_steps(monkeypatch, plain):
     class Step:
         serves = staticmethod(ds.DecodeStep.serves)
 
-        def run(self, batch, on_publish=None, on_slots=None):
+        def run(self, batch, on_publish=None, on_slots=None, zero_kv=None):
             on_publish(batch.seq_lens + 1)
             return SimpleNamespace(new_seq_lens=batch.seq_lens + 1)
 

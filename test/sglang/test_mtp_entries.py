@@ -143,8 +143,10 @@ def test_a_no_draft_decode_step_zeroes_the_entries_at_its_own_slots(monkeypatch)
     class Step:
         serves = staticmethod(lambda batch: True)
 
-        def run(self, batch, on_publish=None, on_slots=None):
-            on_slots(torch.tensor([40, 41, 42]))
+        def run(self, batch, on_publish=None, on_slots=None, zero_kv=None):
+            calls.append(("zero_kv", zero_kv))
+            if on_slots is not None:
+                on_slots(torch.tensor([40, 41, 42]))
             return "decoded"
 
     w._decode_step, w._draft_oracle = Step(), False
@@ -153,7 +155,35 @@ def test_a_no_draft_decode_step_zeroes_the_entries_at_its_own_slots(monkeypatch)
                              is_extend_in_batch=False, seq_lens=torch.tensor([9, 4, 7]),
                              req_pool_indices=torch.tensor([5, 1, 2, 0]))
     assert w._forward(decode) == "decoded"
-    assert calls == [("slots", [40, 41, 42])]
+    assert calls == [("zero_kv", None), ("slots", [40, 41, 42])]
+    # a pool whose rows the step's preparation launch zeroes itself: the buffers handed over, no slots back
+    calls.clear()
+    w._mtp_entries.raw_pairs = [("k", "v")]
+    assert w._forward(decode) == "decoded"
+    assert calls == [("zero_kv", [("k", "v")])]
+
+
+def test_raw_pairs_are_the_pool_s_buffers_and_the_prep_launch_zeroes_them_as_clear_does():
+    """SGLang's plain MHA pool: each draft layer's (key, value) buffers, and zeroing their rows at the step's slots in
+    the no-draft step's preparation (lumotree.ops.decode_prep) leaves the pool as the pool's own set_kv_buffer of zeros
+    (:meth:`MtpEntries.clear`) does. Another pool (a quantized one, a stand-in): none, the pool's own writes."""
+    from lumotree import ops
+    from lumotree.sglang.mtp_entries import MtpEntries
+
+    req_to_token = torch.arange(1, 65, dtype=torch.int32).view(4, 16)
+    rows, lens = torch.tensor([2, 0, 3]), torch.tensor([5, 11, 0])
+    (p1, a1), (p2, a2) = _pool_and_layers(), _pool_and_layers()
+    e1, e2 = MtpEntries(p1, a1, req_to_token, max_rows=4), MtpEntries(p2, a2, req_to_token, max_rows=4)
+    assert [(k.data_ptr(), v.data_ptr()) for k, v in e2.raw_pairs] == [
+        (k.data_ptr(), v.data_ptr()) for k, v in zip(p2.k_buffer, p2.v_buffer)]
+    e1.clear(rows, lens)
+    loc, new = ops.decode_prep(req_to_token, rows, lens, e2.raw_pairs)
+    assert loc.tolist() == req_to_token[rows, lens].tolist() and new.tolist() == [6, 12, 1]
+    for a, b in zip(list(p1.k_buffer) + list(p1.v_buffer), list(p2.k_buffer) + list(p2.v_buffer)):
+        assert torch.equal(a, b)
+    p1.use_hnd = True  # SGLang's head-major layout: a slot's entry is not one row
+    assert MtpEntries(p1, a1, req_to_token, max_rows=4).raw_pairs is None
+    assert MtpEntries(SimpleNamespace(dtype=torch.bfloat16), a1, req_to_token, max_rows=4).raw_pairs is None
 
 
 @pytest.mark.parametrize("candidates,builds", [(None, True), ([3], False)])

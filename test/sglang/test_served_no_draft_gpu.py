@@ -68,6 +68,9 @@ def test_no_draft_step_decodes_like_no_speculation(tmp_path, no_speculation, alg
         from lumotree.sglang.patches import future_map_cold_rows
 
         assert future_map_cold_rows.SERVED_LINE in log
+        from lumotree.sglang import mtp_entries  # the MTP entries zeroed in the step's preparation launch
+
+        assert mtp_entries.RAW_LINE in log and mtp_entries.POOL_LINE not in log
     if algorithm == "LUMOTREE":  # capacity as without speculation (lumotree.sglang.capacity)
         from lumotree.sglang.capacity import RUNNING, SLOTS_LINE
 

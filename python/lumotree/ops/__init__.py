@@ -11,6 +11,7 @@ import torch
 
 from lumotree.ops.commit.naive import CommitPlan, commit_plan
 from lumotree.ops.conv_tree import naive as _conv_naive
+from lumotree.ops.decode_prep import naive as _prep_naive
 from lumotree.ops.finish import naive as _finish_naive
 from lumotree.ops.gdn_tree import naive as _gdn_naive
 from lumotree.ops.select import naive as _select_naive
@@ -21,7 +22,7 @@ __all__ = [
     "gdn_tree_verify", "gdn_tree_verify_per_node", "gdn_tree_commit", "conv_tree_verify",
     "conv_tree_commit", "tree_select_greedy", "tree_select_sample", "commit_plan", "CommitPlan",
     "probs_from_logits", "backend_for", "tree_select_and_plan", "mark_finished", "clamp_run",
-    "tree_verify_attention",
+    "tree_verify_attention", "decode_prep",
 ]
 
 
@@ -115,6 +116,15 @@ def mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids, 
                                                      accept_lens, new_seq_lens, stride, live)
     return _finish_naive.mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids, accept_lens,
                                        new_seq_lens, stride, live)
+
+
+def decode_prep(req_to_token, req_pool_indices, seq_lens, zero_kv=()):
+    if backend_for(seq_lens.device) == "triton":
+        return _fused("decode_prep.triton").decode_prep(req_to_token, req_pool_indices, seq_lens, zero_kv)
+    return _prep_naive.decode_prep(req_to_token, req_pool_indices, seq_lens, zero_kv)
+
+
+decode_prep.__doc__ = _prep_naive.decode_prep.__doc__
 
 
 def clamp_run(stop, max_len, ruled, req_pool_indices, seq_lens, predict, accept_lens, accept_index):

@@ -32,6 +32,7 @@ import time
 
 import torch
 
+from lumotree import ops
 from lumotree.sglang import step_timing
 
 logger = logging.getLogger(__name__)
@@ -176,7 +177,7 @@ class DecodeStep:
         finally:
             mr.attn_backend, mr.decode_cuda_graph_runner = keep
 
-    def _decode(self, batch, tokens, on_publish=None, on_slots=None):
+    def _decode(self, batch, tokens, on_publish=None, on_slots=None, zero_kv=None):
         """The target's decode forward of ``batch`` on ``tokens`` (SGLang's speculative V2 conventions: ``seq_lens``
         excludes the last accepted token, which is this step's input) and its sampled tokens, and the lengths after
         it: ``(out, fb, sampled, new_seq_lens)`` (``sampled``: the sampler's tokens, its dtype).
@@ -191,7 +192,9 @@ class DecodeStep:
 
         ``on_slots`` is called with the tokens' KV slots (``req_to_token[row, seq_len]``, the forward's
         ``out_cache_loc``) before the forward is launched: the worker zeroes the MTP layer's entries there
-        (:meth:`lumotree.sglang.mtp_entries.MtpEntries.clear_slots`) without looking the slots up again."""
+        (:meth:`lumotree.sglang.mtp_entries.MtpEntries.clear_slots`) without looking the slots up again. Without it
+        (or with ``zero_kv``, the MTP layers' ``(k, v)`` buffers: :attr:`MtpEntries.raw_pairs`) the slots, the new
+        lengths and those entries' zeroing are one launch (:func:`lumotree.ops.decode_prep`)."""
         from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_uniform_func
         from sglang.srt.model_executor.forward_batch_info import ForwardMode
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
@@ -200,7 +203,12 @@ class DecodeStep:
 
         t = step_timing.lap(None, None, 0.0)  # sections timed only in the benchmark
         bs = batch.seq_lens.shape[0]
-        new_seq_lens = batch.seq_lens + 1
+        req_to_token = self.model_runner.req_to_token_pool.req_to_token
+        fused = on_slots is None or zero_kv is not None
+        if fused:  # slots, lengths + 1 and the MTP entries' zeroing: one launch
+            loc, new_seq_lens = ops.decode_prep(req_to_token, batch.req_pool_indices, batch.seq_lens, zero_kv or ())
+        else:
+            new_seq_lens = batch.seq_lens + 1
         if on_publish is not None:  # the host holds these lengths too: the next step need not wait for their copy
             publish_known(on_publish, new_seq_lens, getattr(batch, "req_pool_indices_cpu", None),
                           batch.seq_lens_cpu + 1 if batch.seq_lens_cpu is not None else None)
@@ -209,10 +217,12 @@ class DecodeStep:
         dec.spec_algorithm = SpeculativeAlgorithm.NONE
         dec.spec_info = None
         dec.input_ids = tokens
-        dec.out_cache_loc = assign_extend_cache_locs_uniform_func(
-            req_pool_indices=batch.req_pool_indices, req_to_token=self.model_runner.req_to_token_pool.req_to_token,
-            start_offset=batch.seq_lens, batch_size=bs, draft_token_num=1, device=batch.device)
-        if on_slots is not None:
+        if fused:
+            dec.out_cache_loc = loc
+        else:
+            dec.out_cache_loc = assign_extend_cache_locs_uniform_func(
+                req_pool_indices=batch.req_pool_indices, req_to_token=req_to_token, start_offset=batch.seq_lens,
+                batch_size=bs, draft_token_num=1, device=batch.device)
             on_slots(dec.out_cache_loc)
         dec.seq_lens = new_seq_lens  # (read-only for the forward: one tensor for both)
         dec.seq_lens_cpu = batch.seq_lens_cpu + 1 if batch.seq_lens_cpu is not None else None
@@ -253,12 +263,12 @@ class DecodeStep:
             routed_experts_output=out.routed_experts_output, indexer_topk_output=out.indexer_topk_output,
             extra_keep_alive_refs=[fb])
 
-    def run(self, batch, on_publish=None, on_slots=None):
+    def run(self, batch, on_publish=None, on_slots=None, zero_kv=None):
         """One decode step of an EAGLE V2 ``batch`` (its input the draft input's last bonus token); returns the
-        one-node verify's result. ``on_publish``, ``on_slots``: see :meth:`_decode`."""
+        one-node verify's result. ``on_publish``, ``on_slots``, ``zero_kv``: see :meth:`_decode`."""
         from sglang.srt.speculative.eagle_info import EagleDraftInput
 
-        out, fb, sampled, seq = self._decode(batch, batch.spec_info.bonus_tokens, on_publish, on_slots)
+        out, fb, sampled, seq = self._decode(batch, batch.spec_info.bonus_tokens, on_publish, on_slots, zero_kv)
         t = step_timing.lap(None, None, 0.0)
         # the result's tokens (int32, a new tensor) and the next input's: the sampler's own, separate memory, in its
         # dtype -- int64 where greedy, the overlap scheduler's FutureMap's, whose stash then casts nothing

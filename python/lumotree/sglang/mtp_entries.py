@@ -26,6 +26,10 @@ import torch
 logger = logging.getLogger(__name__)
 
 
+RAW_LINE = "no-draft steps zero the MTP entries in their preparation launch"  # logged at start-up, one of the two
+POOL_LINE = "no-draft steps zero the MTP entries through the draft pool's set_kv_buffer"
+
+
 class MtpEntries:
     """Zeroes a draft model's KV entries at given request positions (see the module docstring)."""
 
@@ -47,6 +51,41 @@ class MtpEntries:
                               torch.zeros(self.block, key[2], key[3], dtype=dtype, device=device))
             self._targets.append((layer, *zeros[key]))
         self.cleared = 0  # steps whose entries were zeroed (diagnostics, tests)
+        # the layers' (key, value) buffers where a zero row is what the pool's set_kv_buffer of zeros writes: a no-draft
+        # step zeroes them in its preparation launch (lumotree.ops.decode_prep); None: through set_kv_buffer
+        self.raw_pairs = self._raw_pairs()
+
+    def _raw_pairs(self):
+        """``[(k, v)]`` per layer: the buffers of SGLang's plain MHA pool (not quantized, NHD rows, contiguous),
+        directly or as a hybrid pool's full-attention pool -- where a slot's entry is one row and zero bits are what
+        ``set_kv_buffer`` writes for zero keys and values in any of its dtypes. ``None`` for any other pool."""
+        try:
+            from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, MHATokenToKVPool
+        except ImportError:
+            return None
+
+        def plain(p):
+            return (type(p) is MHATokenToKVPool and not getattr(p, "is_quantized_kv_cache", False)
+                    and not getattr(p, "use_hnd", False) and getattr(p, "kv_cache_layout", "nhd") == "nhd")
+
+        pairs = []
+        try:
+            for layer in self.layers:
+                if plain(self.pool):
+                    inner, lid = self.pool, layer.layer_id
+                elif (type(self.pool) is HybridLinearKVPool and not self.pool.use_mla
+                      and plain(self.pool.full_kv_pool)):
+                    inner, lid = self.pool.full_kv_pool, self.pool._transfer_full_attention_id(layer.layer_id)
+                else:
+                    return None
+                at = lid - (inner.start_layer or 0)
+                k, v = inner.k_buffer[at], inner.v_buffer[at]
+                if not (k.is_contiguous() and v.is_contiguous()) or k.device != self.req_to_token.device:
+                    return None
+                pairs.append((k, v))
+        except (AttributeError, IndexError, TypeError, KeyError):
+            return None
+        return pairs or None
 
     @classmethod
     def of_runner(cls, draft_runner) -> Optional["MtpEntries"]:
@@ -60,7 +99,10 @@ class MtpEntries:
             return None
         layers = [m for m in draft_runner.model.modules() if isinstance(m, RadixAttention)]
         rt = draft_runner.req_to_token_pool.req_to_token
-        return cls(draft_runner.token_to_kv_pool, layers, rt, rt.shape[0])
+        got = cls(draft_runner.token_to_kv_pool, layers, rt, rt.shape[0])
+        logger.info("LumoTree: %s (%s)", RAW_LINE if got.raw_pairs is not None else POOL_LINE,
+                    type(draft_runner.token_to_kv_pool).__name__)
+        return got
 
     def clear(self, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> None:
         """Zero the entries at position ``seq_lens[i]`` of request row ``req_pool_indices[i]`` `[bs]`."""

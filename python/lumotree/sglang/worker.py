@@ -747,7 +747,9 @@ def worker_class():
             draft-extend) follows it too."""
             seq_lens, rows = batch.seq_lens, batch.req_pool_indices
             mtp = getattr(self, "_mtp_entries", None)
-            out = self._decode_step.run(batch, on_publish, on_slots=mtp.clear_slots if mtp is not None else None)
+            raw = getattr(mtp, "raw_pairs", None)  # zeroed in the step's preparation launch, or
+            out = self._decode_step.run(batch, on_publish, on_slots=mtp.clear_slots if mtp is not None and raw is None
+                                        else None, zero_kv=raw)  # through the pool's set_kv_buffer
             if getattr(self, "_draft_oracle", False):  # SGLang's step (hooked there) does not run
                 draft_oracle.after_step(batch, out, seq_lens, rows, prefill=False)
             self._stub_skipped_draft_extend(batch, out)

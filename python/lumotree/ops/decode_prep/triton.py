@@ -1,0 +1,56 @@
+"""A no-draft decode step's preparation (:mod:`lumotree.ops.decode_prep.naive`) in one launch.
+
+Why: the step is host-bound at small batches (Qwen3-Next MoE shape, batch 1, one H100: 2.14 ms a step against no
+speculation's 1.66 ms, the step's own preparation 0.23 ms of it, ``benchmark/results/moe_step_parts_h100.json``); its
+lengths + 1, SGLang's slot lookup (a Triton launch) and the MTP entries' clear (the pool's ``set_kv_buffer``: a store
+kernel behind its Python) were three launches. One program per request: the slot, the new length, and the zeroed
+rows of one (k, v) buffer pair.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 1024  # elements of a KV row zeroed per loop step
+
+
+@triton.jit
+def decode_prep_fwd_kernel(p_r2t, r2t_stride, p_rows, p_seq, p_loc, p_new, p_k, p_v, k_row, v_row,
+                           HAS_KV: tl.constexpr, BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    r = tl.load(p_rows + b).to(tl.int64)
+    s = tl.load(p_seq + b)
+    loc = tl.load(p_r2t + r * r2t_stride + s.to(tl.int64)).to(tl.int64)
+    tl.store(p_loc + b, loc)
+    tl.store(p_new + b, s + 1)
+    if HAS_KV:
+        j = tl.arange(0, BLOCK)
+        for start in range(0, k_row, BLOCK):
+            tl.store(p_k + loc * k_row + start + j, tl.zeros([BLOCK], dtype=p_k.dtype.element_ty),
+                     mask=start + j < k_row)
+        for start in range(0, v_row, BLOCK):
+            tl.store(p_v + loc * v_row + start + j, tl.zeros([BLOCK], dtype=p_v.dtype.element_ty),
+                     mask=start + j < v_row)
+
+
+def decode_prep(req_to_token, req_pool_indices, seq_lens, zero_kv=()):
+    bs = seq_lens.shape[0]
+    loc = torch.empty(bs, dtype=torch.int64, device=seq_lens.device)
+    new = torch.empty_like(seq_lens)
+    if bs == 0:
+        return loc, new
+    if req_to_token.stride(1) != 1:
+        raise ValueError(f"decode_prep: req_to_token must have unit column stride, got strides {req_to_token.stride()}")
+    pairs = list(zero_kv)
+    for k, v in pairs:
+        if not (k.is_contiguous() and v.is_contiguous()):
+            raise ValueError("decode_prep: the KV buffers to zero must be contiguous (one slot's entry a row)")
+    first = pairs[0] if pairs else (loc, loc)
+    decode_prep_fwd_kernel[(bs,)](req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, loc, new,
+                                  first[0], first[1], first[0][0].numel() if pairs else 0,
+                                  first[1][0].numel() if pairs else 0, HAS_KV=bool(pairs), BLOCK=BLOCK)
+    for k, v in pairs[1:]:  # further layers (a draft model of several): the reference's writes
+        k[loc] = 0
+        v[loc] = 0
+    return loc, new

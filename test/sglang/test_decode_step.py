@@ -374,3 +374,22 @@ def test_lumotree_prefill_publishes_its_lengths_before_sglang_s_forward(monkeypa
     assert w.forward_batch_generation(b, on_publish=lambda lens: events.append(("publish", lens.tolist()))) == \
         "prefill-result"
     assert events == [("publish", b.seq_lens.tolist()), ("forward", None)]
+
+
+def test_warm_prep_launches_the_served_variant_once_on_scratch_tensors(monkeypatch):
+    """Start-up: the preparation kernel compiled in the variant serving launches (the request map's dtype, int64 rows
+    and lengths, the first buffer pair's dtypes) by one launch on one-row scratch tensors -- not on the pool's own;
+    a no-op where the request map is not on a device that compiles."""
+    calls = []
+    monkeypatch.setattr(ds.ops, "decode_prep", lambda rt, rows, seq, kv: calls.append((rt, rows, seq, kv)))
+    mr = Runner()
+    step = ds.DecodeStep(SimpleNamespace(model_runner=mr), "b", "g")
+    k, v = torch.ones(50, 2, 4, dtype=torch.bfloat16), torch.ones(50, 3, dtype=torch.float16)
+    step.warm_prep([(k, v), (k, v)])
+    assert calls == []  # the request map is on the CPU
+    step.warm_prep([(k, v), (k, v)], devices=("cpu",))
+    (rt, rows, seq, kv), = calls
+    assert rt.shape == (1, 16) and rt.dtype == mr.req_to_token_pool.req_to_token.dtype and not rt.any()
+    assert rows.dtype == seq.dtype == torch.int64 and rows.tolist() == seq.tolist() == [0]
+    assert len(kv) == 1 and kv[0][0].shape == (1, 2, 4) and kv[0][0].dtype == torch.bfloat16
+    assert kv[0][1].shape == (1, 3) and kv[0][1].dtype == torch.float16 and kv[0][0].data_ptr() != k.data_ptr()

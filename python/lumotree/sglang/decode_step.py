@@ -141,7 +141,22 @@ class DecodeStep:
         logger.info("LumoTree: no-draft steps run as decode steps (%s) -- built in %.1f s",
                     "decode CUDA graphs for batch sizes %s" % (runner.capture_bs,) if runner is not None
                     else "no CUDA graphs", time.perf_counter() - tic)
-        return cls(target_worker, backend, runner)
+        step = cls(target_worker, backend, runner)
+        step.warm_prep()  # (the variant without MTP entries; the worker warms its own: MtpEntries.raw_pairs)
+        return step
+
+    def warm_prep(self, zero_kv=(), devices=("cuda",)) -> None:
+        """Compile the preparation kernel (:func:`lumotree.ops.decode_prep`) in the variant serving launches -- the
+        request map's dtype, int64 rows and lengths, the buffers' dtypes -- by one launch on scratch tensors, so that
+        the first no-draft step does not compile it while its requests wait. Nothing on ``devices`` other than the
+        request map's: a no-op (the torch reference)."""
+        rt = self.model_runner.req_to_token_pool.req_to_token
+        if rt.device.type not in devices:
+            return
+        one = torch.zeros(1, dtype=torch.int64, device=rt.device)
+        kv = [(torch.zeros((1, *k.shape[1:]), dtype=k.dtype, device=k.device),
+               torch.zeros((1, *v.shape[1:]), dtype=v.dtype, device=v.device)) for k, v in list(zero_kv)[:1]]
+        ops.decode_prep(torch.zeros((1, rt.shape[1]), dtype=rt.dtype, device=rt.device), one, one.clone(), kv)
 
     @staticmethod
     def serves(batch) -> bool:

@@ -551,6 +551,14 @@ def worker_class():
                 self._mtp_entries = MtpEntries.of_runner(self._draft_worker.draft_runner)
                 if self._mtp_entries is not None:  # (unified memory: its stale entries would stay; always extend)
                     self._skip_prefill_draft_extend_without_draft()
+                    self._warm_decode_prep()
+
+        def _warm_decode_prep(self):
+            """The no-draft step's preparation kernel compiled for the MTP entries it zeroes, once both exist
+            (whichever of the pools and the decode step comes last)."""
+            raw = getattr(getattr(self, "_mtp_entries", None), "raw_pairs", None)
+            if raw is not None and getattr(self, "_decode_step", None) is not None:
+                self._decode_step.warm_prep(raw)
 
         def _skip_draft_extend_without_draft(self):
             dw = self._draft_worker
@@ -664,6 +672,7 @@ def worker_class():
                 if 0 in self.tree_policy.candidates and self._decodes:
                     decode_bs = decode_step_graph_bs(self.server_args, cuda_graph_bs)
                     self._decode_step = DecodeStep.build(self, decode_bs)
+                    self._warm_decode_prep()
             logger.info("LumoTree adaptive tree size: candidates %s draft steps (0 = no draft), chosen per decode "
                         "step from measured step times and acceptance", self.tree_policy.candidates)
 

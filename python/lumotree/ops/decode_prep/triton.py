@@ -15,7 +15,11 @@ import triton.language as tl
 BLOCK = 1024  # elements of a KV row zeroed per loop step
 
 
-@triton.jit
+# one compiled variant per dtype signature, whatever the batch's views (offsets, strides): the step's tensors are views
+# at any offset, and a variant compiled mid-serving stalls every running request (DecodeStep.warm_prep compiles the
+# served one at start-up)
+@triton.jit(do_not_specialize=["r2t_stride", "k_row", "v_row"],
+            do_not_specialize_on_alignment=["p_r2t", "p_rows", "p_seq", "p_loc", "p_new", "p_k", "p_v"])
 def decode_prep_fwd_kernel(p_r2t, r2t_stride, p_rows, p_seq, p_loc, p_new, p_k, p_v, k_row, v_row,
                            HAS_KV: tl.constexpr, BLOCK: tl.constexpr):
     b = tl.program_id(0)

@@ -1110,3 +1110,23 @@ def test_relay_host_cost_times_sglang_s_relay_against_the_hook_on_the_same_rows(
         (b, h, d) for b in (1, 3) for h in (False, True) for d in ("int32", "int64")}
     assert all((r["kept"] > 0 and r["served"] > 0) == r["hook"] for r in rows)
     assert all(r["host_us_per_round"] > 0 for r in rows)
+
+
+def test_a_stopped_servers_whole_process_group_is_waited_for_and_killed_after_the_timeout():
+    """SGLang's scheduler outlives the launcher's exit: the next server waits until no process of the stopped one's
+    group runs (zombies aside), and kills what is left after the timeout."""
+    import subprocess
+    import time
+
+    srv = load("sglang_server")
+    leader = subprocess.Popen(["bash", "-c", "(sleep 1.2; exit 0) & exit 0"], start_new_session=True)
+    leader.wait()
+    assert srv.group_alive(leader.pid)  # the leader is gone, its child is not
+    waited = srv.wait_group_gone(leader.pid, timeout=20)
+    assert 0.5 < waited < 10 and not srv.group_alive(leader.pid)
+    stuck = subprocess.Popen(["bash", "-c", "(sleep 60; exit 0) & exit 0"], start_new_session=True)
+    stuck.wait()
+    t0 = time.time()
+    srv.wait_group_gone(stuck.pid, timeout=0.5)
+    assert time.time() - t0 < 10 and not srv.group_alive(stuck.pid)
+    assert not srv.group_alive(2 ** 22 + 12345)  # no such group

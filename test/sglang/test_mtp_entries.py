@@ -245,3 +245,23 @@ def test_the_worker_builds_its_entries_once_sglang_has_allocated_the_pools(tmp_p
         assert draft_worker._draft_extend_for_prefill is not prefill_extend  # the prefill's draft-extend is hooked
     else:
         assert w._mtp_entries is None and draft_worker._draft_extend_for_prefill is prefill_extend
+
+
+def test_raw_pairs_of_a_hybrid_pool_are_its_full_attention_pool_s_and_none_for_a_layer_it_does_not_map():
+    """SGLang's hybrid pool (GDN + attention): a draft layer's buffers are its full-attention pool's at the layer's
+    mapped index; a layer the pool does not map (its own ValueError) leaves the entries to set_kv_buffer, no error."""
+    from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool
+
+    from lumotree.sglang.mtp_entries import MtpEntries
+
+    inner, attn = _pool_and_layers(start_layer=0, layers=2)
+    hybrid = object.__new__(HybridLinearKVPool)
+    hybrid.full_kv_pool, hybrid.use_mla = inner, False
+    hybrid.full_attention_layer_id_mapping = {7: 1}
+    hybrid.dtype = torch.bfloat16
+    req_to_token = torch.arange(1, 65, dtype=torch.int32).view(4, 16)
+    attn[0].layer_id = 7
+    got = MtpEntries(hybrid, attn[:1], req_to_token, max_rows=4).raw_pairs
+    assert [(k.data_ptr(), v.data_ptr()) for k, v in got] == [(inner.k_buffer[1].data_ptr(), inner.v_buffer[1].data_ptr())]
+    attn[0].layer_id = 3  # not a full-attention layer of this pool
+    assert MtpEntries(hybrid, attn[:1], req_to_token, max_rows=4).raw_pairs is None

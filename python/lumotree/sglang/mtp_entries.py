@@ -83,7 +83,7 @@ class MtpEntries:
                 if not (k.is_contiguous() and v.is_contiguous()) or k.device != self.req_to_token.device:
                     return None
                 pairs.append((k, v))
-        except (AttributeError, IndexError, TypeError, KeyError):
+        except (AttributeError, IndexError, TypeError, KeyError, ValueError):  # (a layer the pool does not map)
             return None
         return pairs or None
 

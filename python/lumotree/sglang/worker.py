@@ -622,9 +622,7 @@ def worker_class():
                             "(their prompts' MTP entries zeroed)")
             if getattr(batch, "enable_overlap", False):  # the no-draft step's stubs (see _stub_skipped_draft_extend)
                 out = EagleDraftInput(bonus_tokens=next_token_ids, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)
-                stubs = self._overlap_stubs()
-                stubs.fill(out, bs)
-                future_map_cold_rows.note_stub(stubs, out, getattr(batch, "req_pool_indices_cpu", None))
+                self._fill_overlap_stubs(out, bs, batch)
                 return out
             topk_p, topk_index = cold_first_level(bs, self.topk, next_token_ids.device)
             hidden_size, dtype = get_draft_recurrent_hidden_state_spec(self._draft_worker.draft_runner)
@@ -731,21 +729,21 @@ def worker_class():
                 self._ledger.note_undrafted(stub)
             rows.difference_update(r.req_pool_idx for r in batch.reqs)
 
-        def _overlap_stubs(self) -> "ColdStubs":
+        def _fill_overlap_stubs(self, draft_input, bs: int, batch) -> None:
+            """``draft_input``'s draft fields as the kept stubs' views (:class:`ColdStubs`), named with ``batch``'s
+            host rows for the FutureMap's stash, which may then leave them out of its buffers
+            (:mod:`lumotree.sglang.patches.future_map_cold_rows`)."""
             if self._cold_stubs is None:
                 from sglang.srt.speculative.eagle_utils import get_draft_recurrent_hidden_state_spec
 
                 self._cold_stubs = ColdStubs(self.topk, get_draft_recurrent_hidden_state_spec(
                     self._draft_worker.draft_runner), self.device)
-            return self._cold_stubs
+            self._cold_stubs.fill(draft_input, bs)
+            future_map_cold_rows.note_stub(self._cold_stubs, draft_input, getattr(batch, "req_pool_indices_cpu", None))
 
         def _stub_skipped_draft_extend(self, batch, batch_output):
             if getattr(batch, "enable_overlap", False):  # copied into the FutureMap: shared read-only stubs
-                stubs = self._overlap_stubs()
-                stubs.fill(batch_output.next_draft_input, batch.seq_lens.shape[0])
-                # the FutureMap's stash may leave them out of its buffers (patches.future_map_cold_rows)
-                future_map_cold_rows.note_stub(stubs, batch_output.next_draft_input,
-                                               getattr(batch, "req_pool_indices_cpu", None))
+                self._fill_overlap_stubs(batch_output.next_draft_input, batch.seq_lens.shape[0], batch)
                 return
             super()._stub_skipped_draft_extend(batch, batch_output)
             cold_draft_input(batch_output.next_draft_input, self.topk)

@@ -64,7 +64,7 @@ sys.path.insert(0, HERE)
 
 from parity import memory_report  # noqa: E402
 from sglang_server import (accept_stats, jit_cache_env, jit_compiles, generate, host_speed, log_health,  # noqa: E402
-                           machine, machines_note, post, sglang_server, step_timing, stop_profile)
+                           machine, machines_note, post, sglang_server, step_timing, step_totals, stop_profile)
 
 SHAPES = {  # Qwen3.5-27B's per-layer shapes, fewer layers (dummy weights)
     "qwen3.5-27b-8l": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=8, num_attention_heads=24,
@@ -394,7 +394,9 @@ def main():
     ap.add_argument("--step-timing", action="store_true",
                     help="every server times its decode steps by parts on the scheduler's thread "
                          "(LUMOTREE_BENCH_STEP_TIMING=1, lumotree.sglang.step_timing, benchmark only), recorded per "
-                         "server and batch bucket (step_timing): where a step's milliseconds go. Its hooks cost host "
+                         "server and batch bucket (step_timing): where a step's milliseconds go; and per row the "
+                         "server's time totals over its phase (step_totals: from its warm passes to its last measured "
+                         "pass, all decode intervals, split into the timed sections). Its hooks cost host "
                          "time: such rows are not the flags-alone rows")
     ap.add_argument("--resume", action="store_true",
                     help="--out holds an earlier, interrupted run of the same command (its --configs may differ): "
@@ -468,9 +470,13 @@ def main():
                     measured_rows = []
                     miss_warm = warm if args.miss_warm_passes is None or not adapts(name) else args.miss_warm_passes
                     for phase, (accept_p, prompts_of) in enumerate(phases):
+                        t_phase = time.time()
                         for _ in range(warm if phase == 0 else miss_warm):
                             generate(url, prompts_of(), args.output_len, key=key)
                         row = measure_repeats(url, prompts_of, args, key, log)
+                        if args.step_timing:  # (the totals are logged at most once a second)
+                            time.sleep(1.2)
+                            row["step_totals"] = step_totals(log, {"phase": (t_phase, time.time())}).get("phase")
                         row.update(config=name, shape=None if args.model else args.shape, tp=args.tp, batch=bs,
                                    accept_p=accept_p, scheduler=args.scheduler)
                         why = suspect(row)

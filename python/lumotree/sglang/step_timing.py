@@ -63,7 +63,8 @@ an interval go to the same key, ``<kind>_<part>`` (ms and the intervals that had
 so that a prefill interval's time is split too. Cumulative totals are logged at most once a second with the wall
 clock, ``LumoTree step totals at T: decode X ms N, prefill ..., idle ..., decode_schedule X ms N, ...``, so that a
 benchmark takes the difference over its own time windows (``sglang_server.py: step_totals``). The :data:`SECTIONS`
-(the target's forward split into its batch's init, the model and the sampler; the scheduler's prefill preparation and
+(the target's forward split into its batch's init, the model and the sampler, and a CUDA-graph forward's model into
+the graph runner's input copies with its attention metadata and the replay; the scheduler's prefill preparation and
 result processing; the radix tree's calls; CUDA event waits; LumoTree's prefill work) are charged to those totals only,
 so that an interval of any kind is split further, the same way for every server. Beside them, the prompt tokens the
 batches that opened each kind's intervals computed (a prefill batch's ``extend_num_tokens``), as
@@ -104,6 +105,13 @@ SECTIONS = (("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new
             (f"{MR}._forward_raw", "model"),
             (f"{MR}._maybe_execute_deferred_mamba_cow_and_clear", "mamba_cow"),
             (f"{MR}.sample", "sampling"),
+            # inside a CUDA-graph forward: the graph runner's input copies and attention metadata, its replay
+            ("sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.load_batch",
+             "graph_load"),
+            ("sglang.srt.layers.attention.hybrid_linear_attn_backend.HybridLinearAttnBackend"
+             ".init_forward_metadata_out_graph", "attn_meta"),
+            ("sglang.srt.model_executor.runner_backend.full_cuda_graph_backend.FullCudaGraphBackend.replay",
+             "graph_replay"),
             ("sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend", "prep_extend"),
             (f"{SCHEDULER}.get_new_batch_prefill", "new_prefill"),
             ("sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"

@@ -1,9 +1,11 @@
 """A no-draft decode step's preparation (:mod:`lumotree.ops.decode_prep.naive`) in one launch.
 
-Why: the step is host-bound at small batches (Qwen3-Next MoE shape, batch 1, one H100: 2.14 ms a step against no
-speculation's 1.66 ms, the step's own preparation 0.23 ms of it, ``benchmark/results/moe_step_parts_h100.json``); its
-lengths + 1, SGLang's slot lookup (a Triton launch) and the MTP entries' clear (the pool's ``set_kv_buffer``: a store
-kernel behind its Python) were three launches. One program per request: the slot, the new length, and the zeroed
+Why: the step is host-bound at small batches (Qwen3-Next MoE shape, batch 1, one H100: 2.17 ms a step against no
+speculation's 1.66 ms, the step's own preparation 0.24 ms of it; ``git show
+16dedbd:benchmark/results/moe_step_parts_h100.json``); its lengths + 1, SGLang's slot lookup (a Triton launch) and the
+MTP entries' clear (the pool's ``set_kv_buffer``: a store kernel behind its Python) were three launches. Served as one
+(with the relay hook of :mod:`lumotree.sglang.patches.future_map_cold_rows`): the preparation 0.15 ms, the step 1.82
+against 1.69 ms, ``benchmark/results/moe_step_parts_h100.json``. One program per request: the slot, the new length, and the zeroed
 rows of one (k, v) buffer pair.
 """
 from __future__ import annotations

@@ -6,9 +6,11 @@ Why: under SGLang 0.5.17's overlap scheduler every speculative step's draft inpu
 launch). A step LumoTree serves without a draft, and a prefill whose draft-extend it skipped, hands over constant
 stubs for the three draft fields (:class:`lumotree.sglang.worker.ColdStubs`: read-only views of kept buffers), and the
 step after a no-draft step is mostly another one, which reads none of them. So at batch 1 of the Qwen3-Next MoE shape,
-where the no-draft step is host-bound (2.14 ms against no speculation's 1.66 ms on one H100, SGLang's relay around
-the worker 0.58 ms against 0.33 ms: ``benchmark/results/moe_step_parts_h100.json``), the relay copied, per step,
-three tensors whose values were known.
+where the no-draft step is host-bound (2.17 ms against no speculation's 1.66 ms on one H100, SGLang's relay around
+the worker 0.58 ms against 0.33 ms: ``git show 16dedbd:benchmark/results/moe_step_parts_h100.json``), the relay copied,
+per step, three tensors whose values were known. Served: a relay round 111 -> 43 µs in one process
+(``benchmark/results/relay_host_cost_h100.json``), the relay's parts +0.16 ms over no speculation's in a served step
+(``benchmark/results/moe_step_parts_h100.json``).
 
 How: SGLang's ``HookRegistry`` (``HookType.AROUND``) on ``FutureMap.stash`` and ``FutureMap._resolve_spec_extras``.
 The worker names the stub fields it hands over and its batch's host rows (:func:`note_stub`, :func:`note_rows`).

@@ -212,7 +212,7 @@ def test_a_size_whose_memory_moved_under_its_graph_runs_eagerly_from_then_on(sgl
     captures, replays = [], []
     monkeypatch.setattr(graphs, "_capture", lambda key, *a: captures.append(key) or graphs.graphs.__setitem__(
         key, post_verify._Graph(SimpleNamespace(replay=lambda: replays.append(1)), None, None, None, ("here",))))
-    monkeypatch.setattr(graphs, "_replay", lambda g, b: (g.graph.replay(), "replayed")[1])
+    monkeypatch.setattr(graphs, "_replay", lambda g, b, vi=None: (g.graph.replay(), "replayed")[1])
 
     def step():
         worker, batch = make()

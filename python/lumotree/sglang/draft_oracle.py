@@ -278,13 +278,22 @@ def draft(original, self, batch, *args, **kwargs):
 def sample(original, verify_input, batch, logits_output, *args, **kwargs):
     """SGLang's ``eagle_sample`` after the verify's logits are forced along the drawn runs (the plan of
     this step's injection: drafting and sampling alternate within a step)."""
+    force_planned(verify_input, batch, logits_output)
+    return original(verify_input, batch, logits_output, *args, **kwargs)
+
+
+def force_planned(verify_input, batch, logits_output) -> None:
+    """Force the verify's logits along this step's plan (:func:`force`) and forget the plan, so that the
+    ``eagle_sample`` after it forces nothing more: LumoTree's post-verify CUDA graphs
+    (:mod:`lumotree.sglang.post_verify`) force before their replay, since a plan is a new tensor each step. A no-op
+    without the oracle or a plan."""
     oracle = _oracle_for(batch)
-    plan, n = (oracle.plan, getattr(verify_input, "draft_token_num", None)) if oracle is not None else (None, None)
-    if oracle is not None:
-        oracle.plan = None
+    if oracle is None:
+        return
+    plan, n = oracle.plan, getattr(verify_input, "draft_token_num", None)
+    oracle.plan = None
     if plan is not None and n and not batch.forward_mode.is_idle():
         force(logits_output.next_token_logits, plan, int(n))
-    return original(verify_input, batch, logits_output, *args, **kwargs)
 
 
 FORCE_BOOST = 1.0e4  # added to a forced logit: far above the logits of any model here, under softmax too

@@ -1,5 +1,5 @@
 """A drafted step's work after the verify forward, replayed as one CUDA graph per batch size
-(LUMOTREE_SUFFIX: SGLang's NGRAM loop with LumoTree's verify and commit).
+(LUMOTREE_SUFFIX: SGLang's NGRAM loop with LumoTree's verify and commit; LUMOTREE's chains: SGLang's EAGLE V2 loop).
 
 After the target's verify forward SGLang's NGRAM loop runs, eagerly and for every drafted step: the greedy tree
 walk (``eagle_sample``: the argmax, LumoTree's selection op, and LumoTree's clamp of each run at its request's end),
@@ -20,10 +20,22 @@ trusts the graph.
 
 Only plain greedy batches whose verify ran on a CUDA graph take this path (:meth:`PostVerifyGraphs.serves`); the
 others (sampling, log-probabilities, grammars, penalties, a verify without a graph) keep SGLang's step unchanged.
+
+LUMOTREE's chains (``--speculative-eagle-topk 1``) take the same path through :class:`EagleVerifyGraphs` and
+:func:`eagle_verify_step`: after its verify forward SGLang's EAGLE V2 step (``run_eagle_verify``) samples
+(``eagle_sample``: the argmax, LumoTree's selection op and its clamp at each request's end), commits the states
+(``commit_mamba_states_after_verify``: LumoTree's replay commit) and gathers the accepted and bonus tokens -- on one
+H100 (Qwen3-Next MoE shape, 12 layers) 0.75 ms of the scheduler's thread per drafted step at batch 8 (``sample`` +
+``state_commit``, ``benchmark/results/moe_step_parts_h100.json``), 0.91 ms at batch 1 in the run before (``git show
+16dedbd:benchmark/results/moe_step_parts_h100.json``), where the drafted step's host work is most of its 4.6 ms. Its draft tree's tensors are the draft's new ones at every step, so a graph takes them as
+inputs (copied in, as the batch's lengths and rows are); the benchmark's draft oracle forces the verify's logits
+before the graph (:func:`lumotree.sglang.draft_oracle.force_planned`), not inside it. **Not yet served.**
 """
 from __future__ import annotations
 
+import copy
 import logging
+import math
 from types import SimpleNamespace
 from typing import Dict, Optional, Tuple
 
@@ -84,7 +96,7 @@ class _Graph:
         self.graph = graph
         self.inputs = inputs
         self.packed = packed
-        self.split = split  # (bs, n, W)
+        self.split = split  # the outputs' shapes, in order
         self.pointers = pointers
 
 
@@ -92,6 +104,11 @@ class PostVerifyGraphs:
     """The post-verify sequence (:func:`post_verify`) of a LUMOTREE_SUFFIX server's drafted steps as one CUDA graph
     per (tree size, batch size): captured at the second such step (the first runs eagerly, which also compiles its
     Triton kernels), replayed after (module docstring). ``stats``: steps replayed, run eagerly, graphs captured."""
+
+    # the step's tensors a graph takes as inputs (copied into its buffers at each replay): the batch's, the draft's
+    BATCH_INPUTS = ("seq_lens", "req_pool_indices", "out_cache_loc", "mamba_track_indices")
+    SPEC_INPUTS: Tuple[str, ...] = ()
+    NAME = "LUMOTREE_SUFFIX"
 
     def __init__(self, device):
         self.device = torch.device(device)
@@ -137,23 +154,23 @@ class PostVerifyGraphs:
         indices are the bucket's static buffers). Returns its outputs (fresh tensors)."""
         if not on_graph:
             self.stats["eager"] += 1
-            return post_verify(target_worker, batch, verify_input, logits, allocator)
+            return self._sequence(target_worker, batch, verify_input, logits, allocator)
         n, bs = verify_input.draft_token_num, batch.seq_lens.shape[0]
         key = (n, bs, batch.mamba_track_indices is not None, id(target_worker.model_runner.attn_backend))
         g = self.graphs.get(key)
         if g is not None:
             if g.pointers == self._pointers(target_worker, batch, verify_input, logits):
-                return self._replay(g, batch)
+                return self._replay(g, batch, verify_input)
             # the memory moved (never seen so far): this key runs eagerly from now on -- capturing again would cost a
             # capture per step if it kept moving
             self.stats["stale"] += 1
             del self.graphs[key]
             self.eager_only.add(key)
             if self.stats["stale"] == 1:
-                logger.warning("LUMOTREE_SUFFIX: memory a post-verify CUDA graph reads moved (%d requests x %d nodes); "
-                               "that size runs eagerly", bs, n)
+                logger.warning("%s: memory a post-verify CUDA graph reads moved (%d requests x %d nodes); "
+                               "that size runs eagerly", self.NAME, bs, n)
         self.stats["eager"] += 1
-        out = post_verify(target_worker, batch, verify_input, logits, allocator)
+        out = self._sequence(target_worker, batch, verify_input, logits, allocator)
         if self.failed is None and key not in self.eager_only:
             if key in self.seen:
                 self._capture(key, target_worker, batch, verify_input, logits, allocator)
@@ -161,30 +178,38 @@ class PostVerifyGraphs:
                 self.seen.add(key)
         return out
 
-    def _replay(self, g: _Graph, batch):
-        ins = g.inputs
-        ins["seq_lens"].copy_(batch.seq_lens)
-        ins["req_pool_indices"].copy_(batch.req_pool_indices)
-        ins["out_cache_loc"].copy_(batch.out_cache_loc)
-        if ins["mamba_track_indices"] is not None:
-            ins["mamba_track_indices"].copy_(batch.mamba_track_indices)
-        g.graph.replay()
-        self.stats["replays"] += 1
-        bs, n, w = g.split
-        out = g.packed.clone()
-        predict, lens, index, tokens = out.split((bs * n, bs, bs * w, bs * w))
-        return predict, lens, index.view(bs, w), tokens
+    def _sequence(self, target_worker, batch, verify_input, logits, allocator) -> Tuple[torch.Tensor, ...]:
+        """The work a graph captures (run eagerly where none replays): :func:`post_verify`."""
+        return post_verify(target_worker, batch, verify_input, logits, allocator)
 
-    def _capture(self, key, target_worker, batch, verify_input, logits, allocator) -> None:
-        bs, n = key[1], key[0]
-        track = batch.mamba_track_indices
-        ins = dict(seq_lens=batch.seq_lens.clone(), req_pool_indices=batch.req_pool_indices.clone(),
-                   out_cache_loc=batch.out_cache_loc.clone(),
-                   mamba_track_indices=track.clone() if track is not None else None)
+    def _inputs_of(self, batch, verify_input):
+        """The step's input tensors by name (``None`` where the step has none)."""
+        got = {k: getattr(batch, k, None) for k in self.BATCH_INPUTS}
+        got.update({k: getattr(verify_input, k, None) for k in self.SPEC_INPUTS})
+        return got
+
+    def _views(self, batch, verify_input, ins):
+        """The batch and draft a capture runs on: their input tensors the graph's buffers ``ins``."""
         view = SimpleNamespace(seq_lens=ins["seq_lens"], req_pool_indices=ins["req_pool_indices"],
                                out_cache_loc=ins["out_cache_loc"], mamba_track_indices=ins["mamba_track_indices"],
                                forward_mode=batch.forward_mode, req_to_token_pool=batch.req_to_token_pool,
                                reqs=batch.reqs, device=batch.device)
+        return view, verify_input
+
+    def _replay(self, g: _Graph, batch, verify_input=None):
+        for name, t in self._inputs_of(batch, verify_input).items():
+            if g.inputs[name] is not None:
+                g.inputs[name].copy_(t)
+        g.graph.replay()
+        self.stats["replays"] += 1
+        out = g.packed.clone()
+        parts = out.split([math.prod(shape) for shape in g.split])
+        return tuple(t.view(shape) for t, shape in zip(parts, g.split))
+
+    def _capture(self, key, target_worker, batch, verify_input, logits, allocator) -> None:
+        bs, n = key[1], key[0]
+        ins = {k: (t.clone() if t is not None else None) for k, t in self._inputs_of(batch, verify_input).items()}
+        view, view_input = self._views(batch, verify_input, ins)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
             self.stream = torch.cuda.Stream(device=self.device)
@@ -195,24 +220,23 @@ class PostVerifyGraphs:
             with torch.cuda.stream(self.stream):
                 graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
                 try:
-                    predict, lens, index, tokens = post_verify(target_worker, view, verify_input, logits, allocator)
-                    w = index.shape[1]
-                    packed = torch.cat([predict.to(torch.int32), lens.to(torch.int32),
-                                        index.to(torch.int32).flatten(), tokens.to(torch.int32)])
+                    outs = self._sequence(target_worker, view, view_input, logits, allocator)
+                    shapes = [tuple(t.shape) for t in outs]
+                    packed = torch.cat([t.to(torch.int32).flatten() for t in outs])
                 finally:
                     graph.capture_end()
         except Exception as e:  # a launch that cannot be captured: this server's steps stay eager
             self.failed = repr(e)
-            logger.warning("LUMOTREE_SUFFIX: the post-verify step could not be captured as a CUDA graph (%s); "
-                           "it runs eagerly", self.failed)
+            logger.warning("%s: the post-verify step could not be captured as a CUDA graph (%s); "
+                           "it runs eagerly", self.NAME, self.failed)
             return
         finally:
             current.wait_stream(self.stream)
-        self.graphs[key] = _Graph(graph, ins, packed, (bs, n, w),
+        self.graphs[key] = _Graph(graph, ins, packed, shapes,
                                   self._pointers(target_worker, batch, verify_input, logits))
         self.stats["captures"] += 1
-        logger.info("LUMOTREE_SUFFIX: post-verify CUDA graph captured for %d requests x %d nodes (%d graphs)",
-                    bs, n, len(self.graphs))
+        logger.info("%s: post-verify CUDA graph captured for %d requests x %d nodes (%d graphs)",
+                    self.NAME, bs, n, len(self.graphs))
 
 
 def ngram_verify_step(worker, graphs: PostVerifyGraphs, batch, on_publish=None):
@@ -262,3 +286,103 @@ def ngram_verify_step(worker, graphs: PostVerifyGraphs, batch, on_publish=None):
         speculative_num_draft_tokens=worker.speculative_num_draft_tokens)
     step_timing.lap_size("dv_tail", bs, t)
     return out
+
+
+def eagle_post_verify(target_worker, batch, verify_input, logits_output, num_draft_tokens: int):
+    """SGLang 0.5.17's ``run_eagle_verify`` after the verify forward, for a plain greedy chain batch: ``eagle_sample``,
+    ``commit_mamba_states_after_verify``, the accepted tokens' gather and the bonus tokens, through the names
+    ``run_eagle_verify`` calls (``eagle_worker_common``'s, so LumoTree's hooks on them apply).
+
+    Returns:
+        ``(predict [bs * n] int32, accept_lens [bs] int32, accept_index [bs, W] int32, bonus_tokens [bs] int32)``.
+    """
+    import sglang.srt.speculative.eagle_worker_common as ewc
+
+    bs = batch.seq_lens.shape[0]
+    predict, accept_lens, accept_index = ewc.eagle_sample(verify_input, batch, logits_output)
+    ewc.commit_mamba_states_after_verify(target_worker, batch, accept_lens, accept_index, num_draft_tokens)
+    accept_tokens = predict[accept_index]
+    bonus_tokens = torch.empty_like(accept_lens, dtype=torch.int32)
+    ewc.fill_bonus_tokens_func(accept_tokens, accept_lens, bonus_tokens, accept_index.shape[1], bs)
+    return predict, accept_lens, accept_index, bonus_tokens
+
+
+class EagleVerifyGraphs(PostVerifyGraphs):
+    """:func:`eagle_post_verify` of a LUMOTREE chain server's drafted steps as one CUDA graph per (tree size, batch
+    size), as :class:`PostVerifyGraphs` does for LUMOTREE_SUFFIX. ``logits`` is here the verify's
+    ``LogitsProcessorOutput`` (``eagle_sample`` takes it whole); the draft tree's tensors are inputs."""
+
+    BATCH_INPUTS = ("seq_lens", "req_pool_indices", "mamba_track_indices")
+    SPEC_INPUTS = ("draft_token", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling")
+    NAME = "LUMOTREE"
+
+    @staticmethod
+    def serves_eagle(worker, batch) -> bool:
+        """Whether ``batch``'s drafted step is one :func:`eagle_verify_step` computes as SGLang's ``run_eagle_verify``
+        would: :meth:`PostVerifyGraphs.serves`, a chain (``topk`` 1: no tree-path compaction), and a KV cache without
+        SGLang's per-step clear of unaccepted draft states."""
+        kv = worker.token_to_kv_pool_allocator.get_kvcache()
+        return (worker.topk == 1 and PostVerifyGraphs.serves(batch)
+                and getattr(kv, "clear_unaccepted_c128_draft_states", None) is None)
+
+    def _sequence(self, target_worker, batch, verify_input, logits_output, allocator):
+        return eagle_post_verify(target_worker, batch, verify_input, logits_output, verify_input.draft_token_num)
+
+    def _views(self, batch, verify_input, ins):
+        view, spec = copy.copy(batch), copy.copy(verify_input)  # every other field as the step's own
+        for name in self.BATCH_INPUTS:
+            setattr(view, name, ins[name])
+        for name in self.SPEC_INPUTS:
+            setattr(spec, name, ins[name])
+        return view, spec
+
+    def _pointers(self, target_worker, batch, verify_input, logits_output) -> tuple:
+        """What a captured graph reads besides its inputs: the verify graph's logits, the request table, the attention
+        backend's state indices and verify scratch, the finish table."""
+        backend = target_worker.model_runner.attn_backend
+        lin = getattr(backend, "linear_attn_backend", None)
+        md = getattr(lin, "forward_metadata", None)
+        scratch = getattr(lin, "scratch", None)
+        rows = getattr(batch.req_to_token_pool, "lumotree_finished", None)
+        ts = (logits_output.next_token_logits, batch.req_to_token_pool.req_to_token,
+              getattr(md, "mamba_cache_indices", None), getattr(md, "retrieve_parent_token", None),
+              getattr(scratch, "k", None), getattr(lin, "verify_intermediate_state_indices", None),
+              getattr(rows, "stop", None))
+        return (id(backend),) + tuple(None if t is None else (t.data_ptr(), tuple(t.shape)) for t in ts)
+
+
+def eagle_verify_step(worker, graphs: EagleVerifyGraphs, batch):
+    """SGLang 0.5.17's ``run_eagle_verify`` (as ``EAGLEWorkerV2.verify`` calls it) for a batch that
+    :meth:`EagleVerifyGraphs.serves_eagle`: the same verify preparation on the plan stream and verify forward, then
+    :func:`eagle_post_verify` through ``graphs``, then the same result."""
+    import sglang.srt.speculative.eagle_worker_common as ewc
+
+    from lumotree.sglang import draft_oracle, step_timing
+
+    target_worker = worker.target_worker
+    fwd_stream = torch.get_device_module(worker.device).current_stream()
+    verify_input = batch.spec_info
+    ewc.record_stream_for_v2_verify(batch, verify_input, fwd_stream)
+    bs = len(batch.seq_lens)
+    with worker.plan_stream_ctx:
+        verify_forward_batch, can_run_cuda_graph = ewc.eagle_prepare_for_verify(
+            verify_input, worker.req_to_token_pool, batch, target_worker)
+    ewc.record_stream_each((batch.input_ids, batch.out_cache_loc), fwd_stream)
+    if worker.plan_stream:
+        torch.get_device_module(worker.device).current_stream().wait_stream(worker.plan_stream)
+        target_worker.model_runner.attn_backend.update_verify_buffers_to_fill_after_draft(
+            verify_input, target_worker.model_runner.decode_cuda_graph_runner.bs if can_run_cuda_graph else None)
+    out = target_worker.forward_batch_generation(batch=None, forward_batch=verify_forward_batch, is_verify=True)
+    logits_output = out.logits_output
+    ewc.maybe_detect_nan(logits_output.next_token_logits, "verify: target model logits")
+    ewc.maybe_detect_inf(logits_output.next_token_logits, "verify: target model logits")
+    draft_oracle.force_planned(verify_input, batch, logits_output)  # benchmark only: before the graph, not in it
+    predict, accept_lens, accept_index, bonus_tokens = step_timing.measure_size(
+        "post_verify", bs, graphs.run, target_worker, batch, verify_input, logits_output,
+        worker.token_to_kv_pool_allocator, bool(can_run_cuda_graph))
+    return ewc.GenerationBatchResult(
+        logits_output=logits_output, next_token_ids=predict, can_run_cuda_graph=can_run_cuda_graph,
+        speculative_num_draft_tokens=worker.speculative_num_draft_tokens,
+        next_draft_input=ewc.EagleDraftInput(bonus_tokens=bonus_tokens), accept_lens=accept_lens,
+        new_seq_lens=batch.seq_lens + accept_lens, routed_experts_output=out.routed_experts_output,
+        indexer_topk_output=out.indexer_topk_output, extra_keep_alive_refs=[verify_forward_batch])

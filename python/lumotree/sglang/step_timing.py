@@ -32,9 +32,11 @@ Per batch bucket, decode batches only (a prefill between two decode steps breaks
   (``commit_mamba_states_after_verify``: the step indices it derives and the backend's commit -- LumoTree's ``commit``
   below inside it -- or SGLang's own) and its move of the accepted tokens' KV
   (``move_accept_tokens_to_target_kvcache``), keyed by the step's request count;
-* ``post_verify``: LUMOTREE_SUFFIX's drafted step after its verify forward (:mod:`lumotree.sglang.post_verify`: the
-  tree walk, the state commit, the accepted tokens and their KV move, replayed as a CUDA graph or run eagerly), in
-  place of ``sample`` / ``state_commit`` / ``kv_move``, which then time only its eager steps and captures;
+* ``post_verify``: a drafted step's work after its verify forward where LumoTree runs it
+  (:mod:`lumotree.sglang.post_verify`, replayed as a CUDA graph or run eagerly): LUMOTREE_SUFFIX's tree walk, state
+  commit, accepted tokens and their KV move, in place of ``sample`` / ``state_commit`` / ``kv_move``; a LUMOTREE
+  chain's sampling, state commit and accepted and bonus tokens, in place of ``sample`` / ``state_commit``. Those then
+  time only the eager steps and captures;
 * ``commit``: LumoTree's commit after a verify (:meth:`~lumotree.sglang.backend.LumoTreeGDNBackend.commit_after_verify`);
 * ``nd_prep`` / ``nd_init`` / ``nd_forward`` / ``nd_sample`` / ``nd_result``: a no-draft step's sections
   (:class:`~lumotree.sglang.decode_step.DecodeStep`: its decode batch, SGLang's ``ForwardBatch.init_new``, the

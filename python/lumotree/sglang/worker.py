@@ -501,7 +501,7 @@ def _cold_rows(topk: int, device):
 def worker_class():
     import sglang.srt.speculative.eagle_worker_v2 as ew
 
-    from lumotree.sglang import draft_oracle
+    from lumotree.sglang import draft_oracle, post_verify
     from lumotree.sglang.backend import one_token_decode
     from lumotree.sglang.decode_step import DecodeStep, capture_sizes
     from lumotree.sglang.finish import forward_marked, keep_out_of_cache
@@ -634,6 +634,10 @@ def worker_class():
         def init_cuda_graphs(self):
             super().init_cuda_graphs()
             warmup.warm_spec_decode_slots(getattr(self, "req_to_token_pool", None))  # every bucket, before serving
+            if (getattr(self, "topk", None) == 1 and torch.cuda.is_available()
+                    and not ew.check_cuda_graph_backend(ew.Phase.DECODE, ew.Backend.DISABLED)):
+                # a chain's work after each verify forward as CUDA graphs (lumotree.sglang.post_verify)
+                self._post_verify = post_verify.EagleVerifyGraphs(self.device)
             if self.tree_policy is None:
                 return
             dw = self._draft_worker
@@ -687,6 +691,16 @@ def worker_class():
             if decode:
                 self._ledger.note_live_rows(batch.req_to_token_pool, rows)
             return out
+
+        def verify(self, batch, grammar_barrier=None):
+            """SGLang's verify step; a plain greedy chain's work after the verify forward through CUDA graphs
+            (:func:`lumotree.sglang.post_verify.eagle_verify_step`)."""
+            graphs = getattr(self, "_post_verify", None)
+            if (graphs is not None and grammar_barrier is None and not batch.forward_mode.is_idle()
+                    and getattr(batch.spec_info, "draft_token_num", None) == self.speculative_num_draft_tokens
+                    and post_verify.EagleVerifyGraphs.serves_eagle(self, batch)):
+                return post_verify.eagle_verify_step(self, graphs, batch)
+            return super().verify(batch, grammar_barrier=grammar_barrier)
 
         def prepare_for_kv_cache_release(self, req) -> None:
             keep_out_of_cache(getattr(self, "_overlap_consistent", False), req)

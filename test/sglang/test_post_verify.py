@@ -62,6 +62,21 @@ class Recorder:
         self.calls.append(("move", batch.out_cache_loc.clone(), accept_index.clone(), num_correct.clone()))
 
 
+def requests(rng, bs, finished):
+    """``bs`` requests' lengths, request-pool rows and pool; ``finished``: LumoTree's finish table with a stop token at
+    every row and a length limit two tokens on at row 0."""
+    seq_lens = torch.tensor([rng.randrange(20, 40) for _ in range(bs)], dtype=torch.int64)
+    rows = torch.randperm(16)[:bs].to(torch.int64)
+    pool = SimpleNamespace(req_to_token=torch.zeros(16, 64, dtype=torch.int32))
+    if finished:
+        table = FinishedRows.of(pool)
+        for b in range(bs):  # a stop token at every row, a length limit at one
+            table.stop[rows[b], 0] = rng.randrange(VOCAB)
+            table.max_len[rows[b]] = int(seq_lens[b]) + (2 if b == 0 else 100)
+            table.ruled[rows[b]] = True
+    return seq_lens, rows, pool
+
+
 def make_case(seed, bs, n, finished):
     """A fake NGRAM worker and a decode batch of ``bs`` requests with ``n``-node drafts; the target's logits agree
     with a random child's token at most nodes (runs of several accepted drafts)."""
@@ -75,15 +90,7 @@ def make_case(seed, bs, n, finished):
             kids = [j for j in range(n) if parents[j] == i]
             if kids and rng.random() < 0.8:
                 logits[b * n + i, toks[rng.choice(kids)]] += 10.0
-    seq_lens = torch.tensor([rng.randrange(20, 40) for _ in range(bs)], dtype=torch.int64)
-    rows = torch.randperm(16)[:bs].to(torch.int64)
-    pool = SimpleNamespace(req_to_token=torch.zeros(16, 64, dtype=torch.int32))
-    if finished:
-        table = FinishedRows.of(pool)
-        for b in range(bs):  # a stop token at every row, a length limit at one
-            table.stop[rows[b], 0] = rng.randrange(VOCAB)
-            table.max_len[rows[b]] = int(seq_lens[b]) + (2 if b == 0 else 100)
-            table.ruled[rows[b]] = True
+    seq_lens, rows, pool = requests(rng, bs, finished)
 
     def prepare(batch):
         batch.forward_mode = ForwardMode.TARGET_VERIFY

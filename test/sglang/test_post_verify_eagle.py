@@ -7,7 +7,9 @@ The state commit is an SGLang function on device pools: both steps call it throu
 test compares what it was handed."""
 import contextlib
 import functools
+import os
 import random
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -19,11 +21,11 @@ import sglang.srt.speculative.eagle_worker_common as ewc  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
 from lumotree.sglang import draft_oracle, post_verify  # noqa: E402
-from lumotree.sglang.finish import FinishedRows  # noqa: E402
 from lumotree.sglang.patches.eagle_sample_end import eagle_sample_end  # noqa: E402
 from lumotree.sglang.select import verify_tree_greedy  # noqa: E402
 
-VOCAB = 12
+sys.path.insert(0, os.path.dirname(__file__))
+from test_post_verify import VOCAB, requests  # noqa: E402  (the requests and their finish table)
 
 
 def fill_bonus(accept_tokens, accept_lens, bonus_tokens, stride, bs):
@@ -63,15 +65,7 @@ def make_case(seed, bs, steps, finished):
         for i in range(rng.randrange(n)):  # levels whose next draft the target agrees with
             logits[b * n + i, draft[b * n + i + 1]] += 10.0
     nxt = torch.tensor([[i + 1 if i + 1 < n else -1 for i in range(n)]] * bs, dtype=torch.int64)
-    seq_lens = torch.tensor([rng.randrange(20, 40) for _ in range(bs)], dtype=torch.int64)
-    rows = torch.randperm(16)[:bs].to(torch.int64)
-    pool = SimpleNamespace(req_to_token=torch.zeros(16, 64, dtype=torch.int32))
-    if finished:
-        table = FinishedRows.of(pool)
-        for b in range(bs):  # a stop token at every row, a length limit at one
-            table.stop[rows[b], 0] = rng.randrange(VOCAB)
-            table.max_len[rows[b]] = int(seq_lens[b]) + (2 if b == 0 else 100)
-            table.ruled[rows[b]] = True
+    seq_lens, rows, pool = requests(rng, bs, finished)
 
     def make():
         si = SimpleNamespace(is_all_greedy=True, acc_additive_penalties=None, acc_scaling_penalties=None,

@@ -66,7 +66,8 @@ so that a prefill interval's time is split too. Cumulative totals are logged at 
 clock, ``LumoTree step totals at T: decode X ms N, prefill ..., idle ..., decode_schedule X ms N, ...``, so that a
 benchmark takes the difference over its own time windows (``sglang_server.py: step_totals``). The :data:`SECTIONS`
 (the target's forward split into its batch's init, the model and the sampler, and a CUDA-graph forward's model into
-the graph runner's input copies with its attention metadata and the replay; the scheduler's prefill preparation and
+the graph runner's input copies with its attention metadata and the replay; an EAGLE V2 drafted step's draft, verify
+preparation and draft-extend; the scheduler's prefill preparation and
 result processing; the radix tree's calls; CUDA event waits; LumoTree's prefill work) are charged to those totals only,
 so that an interval of any kind is split further, the same way for every server. Beside them, the prompt tokens the
 batches that opened each kind's intervals computed (a prefill batch's ``extend_num_tokens``), as
@@ -114,6 +115,11 @@ SECTIONS = (("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new
              ".init_forward_metadata_out_graph", "attn_meta"),
             ("sglang.srt.model_executor.runner_backend.full_cuda_graph_backend.FullCudaGraphBackend.replay",
              "graph_replay"),
+            # SGLang's EAGLE V2 drafted step (LUMOTREE's and SGLang's chains alike): the MTP draft, the verify's
+            # preparation (on SGLang's plan stream), the draft-extend after the verify
+            ("sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft", "draft"),
+            ("sglang.srt.speculative.eagle_utils.eagle_prepare_for_verify", "verify_prep"),
+            ("sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode", "draft_extend"),
             ("sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend", "prep_extend"),
             (f"{SCHEDULER}.get_new_batch_prefill", "new_prefill"),
             ("sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"

@@ -216,3 +216,15 @@ def test_the_worker_verifies_through_the_graphs_where_they_serve(monkeypatch):
     assert worker(_post_verify=None).verify(batch) == "sglang"
     batch.return_logprob = True
     assert worker().verify(batch) == "sglang"
+
+
+def test_a_chain_graph_checks_the_logits_memory_but_not_the_draft_s_which_it_copies_in():
+    worker, batch = make_case(8, 2, 3, False)()
+    worker.target_worker.model_runner = SimpleNamespace(attn_backend=SimpleNamespace())
+    graphs = post_verify.EagleVerifyGraphs("cpu")
+    vi, out = batch.spec_info, SimpleNamespace(next_token_logits=torch.zeros(8, VOCAB))
+    p = graphs._pointers(worker.target_worker, batch, vi, out)
+    vi.draft_token, vi.retrieve_next_token = vi.draft_token.clone(), vi.retrieve_next_token.clone()  # a new draft
+    assert graphs._pointers(worker.target_worker, batch, vi, out) == p
+    out.next_token_logits = out.next_token_logits.clone()
+    assert graphs._pointers(worker.target_worker, batch, vi, out) != p

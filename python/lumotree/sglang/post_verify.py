@@ -88,6 +88,10 @@ def post_verify(target_worker, batch, verify_input, logits: torch.Tensor, alloca
     return predict, accept_lens, accept_index, accept_tokens
 
 
+# a verify input's draft tree: the drafted tokens and the tree's links
+DRAFT_TREE = ("draft_token", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling")
+
+
 class _Graph:
     """One captured :func:`post_verify`: its input buffers, its outputs packed in one int32 buffer, and the
     addresses of everything else it reads."""
@@ -133,16 +137,21 @@ class PostVerifyGraphs:
         return (si is not None and si.is_all_greedy and DecodeStep._plain(batch) and SIMULATE_ACC_LEN <= 0
                 and si.acc_additive_penalties is None and si.acc_scaling_penalties is None and si.logit_bias is None)
 
+    def _logits(self, logits) -> torch.Tensor:
+        """The verify's logits tensor of what :meth:`run` is handed (here the tensor itself)."""
+        return logits
+
     def _pointers(self, target_worker, batch, verify_input, logits) -> tuple:
-        """The addresses of what a captured graph reads besides its inputs: the logits, the draft buffers, the
-        attention backend's state indices and verify scratch, the request table, the finish table."""
+        """The addresses of what a captured graph reads besides its inputs: the logits, the draft's tree (those of its
+        tensors that are not inputs), the attention backend's state indices and verify scratch, the request table, the
+        finish table."""
         backend = target_worker.model_runner.attn_backend
         lin = getattr(backend, "linear_attn_backend", None)
         md = getattr(lin, "forward_metadata", None)
         scratch = getattr(lin, "scratch", None)
         rows = getattr(batch.req_to_token_pool, "lumotree_finished", None)
-        ts = (logits, verify_input.draft_token, verify_input.retrieve_index, verify_input.retrieve_next_token,
-              verify_input.retrieve_next_sibling, batch.req_to_token_pool.req_to_token,
+        tree = tuple(getattr(verify_input, k) for k in DRAFT_TREE if k not in self.SPEC_INPUTS)
+        ts = (self._logits(logits), *tree, batch.req_to_token_pool.req_to_token,
               getattr(md, "mamba_cache_indices", None), getattr(md, "retrieve_parent_token", None),
               getattr(scratch, "k", None), getattr(lin, "verify_intermediate_state_indices", None),
               getattr(rows, "stop", None))
@@ -313,7 +322,7 @@ class EagleVerifyGraphs(PostVerifyGraphs):
     ``LogitsProcessorOutput`` (``eagle_sample`` takes it whole); the draft tree's tensors are inputs."""
 
     BATCH_INPUTS = ("seq_lens", "req_pool_indices", "mamba_track_indices")
-    SPEC_INPUTS = ("draft_token", "retrieve_index", "retrieve_next_token", "retrieve_next_sibling")
+    SPEC_INPUTS = DRAFT_TREE
     NAME = "LUMOTREE"
 
     @staticmethod
@@ -336,19 +345,8 @@ class EagleVerifyGraphs(PostVerifyGraphs):
             setattr(spec, name, ins[name])
         return view, spec
 
-    def _pointers(self, target_worker, batch, verify_input, logits_output) -> tuple:
-        """What a captured graph reads besides its inputs: the verify graph's logits, the request table, the attention
-        backend's state indices and verify scratch, the finish table."""
-        backend = target_worker.model_runner.attn_backend
-        lin = getattr(backend, "linear_attn_backend", None)
-        md = getattr(lin, "forward_metadata", None)
-        scratch = getattr(lin, "scratch", None)
-        rows = getattr(batch.req_to_token_pool, "lumotree_finished", None)
-        ts = (logits_output.next_token_logits, batch.req_to_token_pool.req_to_token,
-              getattr(md, "mamba_cache_indices", None), getattr(md, "retrieve_parent_token", None),
-              getattr(scratch, "k", None), getattr(lin, "verify_intermediate_state_indices", None),
-              getattr(rows, "stop", None))
-        return (id(backend),) + tuple(None if t is None else (t.data_ptr(), tuple(t.shape)) for t in ts)
+    def _logits(self, logits_output) -> torch.Tensor:
+        return logits_output.next_token_logits
 
 
 def eagle_verify_step(worker, graphs: EagleVerifyGraphs, batch):

@@ -64,7 +64,7 @@ def busy_union(intervals):
     return total
 
 
-def summarize(events, focus=FOCUS, top=12, steps=None, python_top=0):
+def summarize(events, focus=FOCUS, top=12, steps=None, python_top=0, all_kernels=False):
     """The trace's window, GPU busy time and idle share, launches, heaviest kernels, runtime calls and
     focus functions; ``gpu_by_part``: kernel time per :data:`PARTS` entry (ms, per step when ``steps`` --
     the forward steps in the window, e.g. ``--profile-steps`` of a decode-only profile -- is given)."""
@@ -112,7 +112,8 @@ def summarize(events, focus=FOCUS, top=12, steps=None, python_top=0):
                 kernel_launches=sum(c for k, (c, _) in rt.items() if "LaunchKernel" in k),
                 top_kernels=rows(kern, top), runtime_calls=rows(rt, top), python_focus=rows(py, top),
                 gpu_by_part=by_part, gpu_by_part_unit="ms per step" if steps else "ms", steps=steps,
-                **({"python_top": rows(every, python_top)} if python_top else {}))
+                **({"python_top": rows(every, python_top)} if python_top else {}),
+                **({"kernels": rows(kern, len(kern))} if all_kernels else {}))
 
 
 LAUNCHES = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync", "cudaGraphLaunch")
@@ -172,6 +173,29 @@ def compare(a: dict, b: dict, top: int = 40) -> dict:
         for n in names[:top]])
 
 
+def compare_kernels(a: dict, b: dict, top: int = 40) -> dict:
+    """Two summaries' GPU kernels (``kernels``: every name, :func:`summarize` ``all_kernels``) per forward step of each
+    window (the scheduler's ``run_batch`` calls, as :func:`compare`): launches and microseconds per step in ``a``, in
+    ``b`` and ``b - a``, the largest time differences first -- which kernels make one server's device-bound step
+    longer than the other's."""
+    def per_step(s):
+        steps = next((r["count"] for r in s.get("python_top", []) if r["name"].endswith(STEP_FUNCTION)), 0)
+        if not steps:
+            raise ValueError("compare: a summary without the scheduler's run_batch in its python_top (--python-top)")
+        return {r["name"]: (r["count"] / steps, r["total_us"] / steps) for r in s["kernels"]}, steps
+
+    (ka, sa), (kb, sb) = per_step(a), per_step(b)
+    zero = (0.0, 0.0)
+    names = sorted(set(ka) | set(kb), key=lambda n: -abs(kb.get(n, zero)[1] - ka.get(n, zero)[1]))
+    tot = lambda k: sum(v[1] for v in k.values())  # noqa: E731
+    return dict(steps=[sa, sb], unit="per forward step (launches, us)",
+                total_us=[round(tot(ka), 1), round(tot(kb), 1), round(tot(kb) - tot(ka), 1)],
+                launches=[round(sum(v[0] for v in ka.values()), 1), round(sum(v[0] for v in kb.values()), 1)],
+                rows=[dict(name=n, a_n=round(ka.get(n, zero)[0], 2), b_n=round(kb.get(n, zero)[0], 2),
+                           a_us=round(ka.get(n, zero)[1], 2), b_us=round(kb.get(n, zero)[1], 2),
+                           diff_us=round(kb.get(n, zero)[1] - ka.get(n, zero)[1], 2)) for n in names[:top]])
+
+
 def traces(paths):
     for p in paths:
         if os.path.isdir(p):
@@ -197,12 +221,12 @@ def main(argv=None):
                     help="also count eager launches per Python caller (traces written with_stack)")
     ap.add_argument("--compare", action="store_true",
                     help="two traces: their Python functions' host time per forward step side by side, under "
-                         "'comparison' (needs --python-top)")
+                         "'comparison', and their GPU kernels per step, under 'kernel_comparison' (needs --python-top)")
     args = ap.parse_args(argv)
     res = {}
     for t in traces(args.paths):
         events = load(t)
-        res[t] = summarize(events, top=args.top, steps=args.steps, python_top=args.python_top)
+        res[t] = summarize(events, top=args.top, steps=args.steps, python_top=args.python_top, all_kernels=args.compare)
         if args.callers:
             res[t]["launches_by_caller"] = launches_by_caller(events, steps=args.steps)
         s = res[t]
@@ -214,6 +238,9 @@ def main(argv=None):
             raise SystemExit("--compare takes two traces and --python-top")
         a, b = res.values()
         res["comparison"] = dict(traces=list(res)[:2], **compare(a, b, top=args.python_top))
+        res["kernel_comparison"] = dict(traces=list(res)[:2], **compare_kernels(a, b, top=args.python_top))
+        for t in list(res)[:2]:  # every kernel was for the comparison; the summaries keep their top ones
+            res[t].pop("kernels", None)
     if args.out:
         json.dump(res, open(args.out, "w"), indent=1)
     else:

@@ -358,8 +358,9 @@ def main():
                          "passes right after the acceptance fell")
     ap.add_argument("--tp", type=int, default=1, help="--tp-size of every server (rows record it)")
     ap.add_argument("--miss", action="store_true",
-                    help="oracle configurations: after each batch's controlled-acceptance row, a row of the same server "
-                         "with drafts that miss (fresh prompts the oracle has no continuation for; accept_p 0)")
+                    help="after each batch's row, a row of the same server on fresh prompts (FreshPrompts: the same for "
+                         "every server): oracle configurations' drafts then miss (accept_p 0); no speculation's row is "
+                         "what they are compared with")
     ap.add_argument("--prefill-samples", type=int, default=3,
                     help="one-token passes of the batch before each measured pass; the row's prefill_seconds is "
                          "their median (single ones varied by ~30 ms at batch 1)")
@@ -404,6 +405,8 @@ def main():
                          "others (so that one command can be spread over calls shorter than the whole table); "
                          "those of another machine run again")
     args = ap.parse_args()
+    if args.miss and args.model:
+        ap.error("--miss draws token-id prompts: it needs --shape, not --model")
     if args.merge:
         res = merge(args.merge, args.out)
         print(table(res["rows"], memory=res["servers"]))
@@ -464,21 +467,22 @@ def main():
                     # compile caches a first pass that accepts may still compile (SGLang's chain once measured a pass
                     # at batch 8 whose requests finished 0.58-0.99 s in, LUMOTREE's 0.56-0.66 s; 27B shapes, H200)
                     warm = (args.oracle_warm_passes if adapts(name) else 1) if oracle else 0
-                    phases = [(args.oracle_p if oracle else None, lambda: batch)]
-                    if oracle and args.miss:  # the same server with drafts that miss: prompts never seen
-                        phases.append((0.0, lambda: fresh_prompts(rng, bs, args.input_len)))
+                    phases = [(args.oracle_p if oracle else None, "known", lambda: batch, lambda: batch)]
+                    if args.miss and not args.model:  # prompts never seen (oracles: drafts that miss), every server
+                        phases.append((0.0 if oracle else None, "fresh", FreshPrompts(bs, args.input_len, "warm"),
+                                       FreshPrompts(bs, args.input_len, "measured")))
                     measured_rows = []
                     miss_warm = warm if args.miss_warm_passes is None or not adapts(name) else args.miss_warm_passes
-                    for phase, (accept_p, prompts_of) in enumerate(phases):
+                    for phase, (accept_p, kind, warm_prompts, prompts_of) in enumerate(phases):
                         t_phase = time.time()
                         for _ in range(warm if phase == 0 else miss_warm):
-                            generate(url, prompts_of(), args.output_len, key=key)
+                            generate(url, warm_prompts(), args.output_len, key=key)
                         row = measure_repeats(url, prompts_of, args, key, log)
                         if args.step_timing:  # (the totals are logged at most once a second)
                             time.sleep(1.2)
                             row["step_totals"] = step_totals(log, {"phase": (t_phase, time.time())}).get("phase")
                         row.update(config=name, shape=None if args.model else args.shape, tp=args.tp, batch=bs,
-                                   accept_p=accept_p, scheduler=args.scheduler)
+                                   accept_p=accept_p, prompts=kind, scheduler=args.scheduler)
                         why = suspect(row)
                         if why:
                             row["suspect"] = why
@@ -492,7 +496,7 @@ def main():
                     # phase measured after one was seen serving its slower candidate throughout
                     if args.profile_dir and bs in [int(x) for x in args.profile_batches.split(",")]:
                         for row, prompts_of in (measured_rows if args.profile_steps > 0 else ()):
-                            tag = f"{name}-bs{bs}" + ("-miss" if row["accept_p"] == 0.0 else "")
+                            tag = f"{name}-bs{bs}" + ("-miss" if row["prompts"] == "fresh" else "")
                             step_s = row["step_ms"] / 1e3 if row.get("step_ms") else None
                             row["profile"] = profile_pass(url, prompts_of(), args, key, tag, row["prefill_seconds"],
                                                           step_s)
@@ -515,9 +519,16 @@ def main():
 
 
 def phases_of(name, args):
-    """The ``accept_p`` of the rows a configuration's server makes per batch."""
+    """The ``(accept_p, prompts)`` of the rows a configuration's server makes per batch."""
     oracle = name.endswith("-oracle")
-    return [args.oracle_p if oracle else None] + ([0.0] if oracle and args.miss else [])
+    return [(args.oracle_p if oracle else None, "known")] + (
+        [(0.0 if oracle else None, "fresh")] if args.miss and not args.model else [])
+
+
+def row_prompts(row) -> str:
+    """A row's prompts: ``known`` (the batch's, repeated) or ``fresh`` (:class:`FreshPrompts`); rows written before
+    the field: fresh where drafts missed."""
+    return row.get("prompts") or ("fresh" if row.get("accept_p") == 0.0 else "known")
 
 
 def resumed(res, args, batches) -> set:
@@ -535,7 +546,7 @@ def resumed(res, args, batches) -> set:
         srv = old.get("servers", {}).get(label(name, args.scheduler))
         rows = [r for r in old.get("rows", []) if r.get("config") == name]
         want = {(b, p) for b in batches for p in phases_of(name, args)}
-        if (srv is not None and "error" not in srv and {(r["batch"], r["accept_p"]) for r in rows} >= want
+        if (srv is not None and "error" not in srv and {(r["batch"], (r["accept_p"], row_prompts(r))) for r in rows} >= want
                 and kept_on(srv, name, here)):
             done.add(name)
             res["rows"] += rows
@@ -543,10 +554,22 @@ def resumed(res, args, batches) -> set:
     return done
 
 
-def fresh_prompts(rng, n, length):
-    """``n`` random prompts of ``length`` token ids that no server has seen: the draft oracle has no
-    continuation for them, so the MTP layer's own drafts are verified (dummy weights: they miss)."""
-    return [[rng.randrange(1000, 100000) for _ in range(length)] for _ in range(n)]
+class FreshPrompts:
+    """Each call: ``n`` random prompts of ``length`` token ids that no server has seen (the draft oracle has no
+    continuation for them, so the MTP layer's own drafts are verified; dummy weights: they miss), the ``i``-th call's
+    drawn from its own seed -- ``(n, length, kind, i)`` --, so every server of a run meets the same ones whatever ran
+    before it. Why: the MoE shape's step time depends on the tokens (the experts they route to): no speculation's
+    pass on its known prompts against LUMOTREE's on fresh ones differed by 130 us of ``fused_moe_kernel`` per decode
+    step at batch 8 (one H100, torch profiles), as much as the rows' whole gap; so with ``--miss`` every server,
+    no speculation too, also runs the measured passes' fresh prompts."""
+
+    def __init__(self, n: int, length: int, kind: str):
+        self.n, self.length, self.kind, self.i = n, length, kind, 0
+
+    def __call__(self):
+        rng = random.Random(f"fresh {self.n} {self.length} {self.kind} {self.i}")
+        self.i += 1
+        return [[rng.randrange(1000, 100000) for _ in range(self.length)] for _ in range(self.n)]
 
 
 def measure(url, batch, args, key, log):
@@ -664,7 +687,8 @@ def table(rows, memory=None):
         if r.get("tokens_per_s_range"):  # the median of several passes: their range beside it
             lo, hi = r["tokens_per_s_range"]
             tps += f" ({lo:.0f}-{hi:.0f})"
-        out.append(f"| {cfg} | {r['batch']} | {'–' if ap is None else ap} | {r.get('output_len') or '–'} | {tps} | {r['step_ms']:.2f} | {dec} | {acc} | {mem} |")
+        ap = ("–" if ap is None else str(ap)) + (" (fresh)" if ap is None and row_prompts(r) == "fresh" else "")
+        out.append(f"| {cfg} | {r['batch']} | {ap} | {r.get('output_len') or '–'} | {tps} | {r['step_ms']:.2f} | {dec} | {acc} | {mem} |")
     return "\n".join(out)
 
 

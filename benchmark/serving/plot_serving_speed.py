@@ -20,6 +20,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEVICES = {"h200": "one H200", "h100": "one H100 80GB"}
 
 
+def prompts(row) -> str:
+    """A row's prompts (``bench_spec.row_prompts``): ``known`` or ``fresh``; rows written before the field: fresh where
+    drafts missed."""
+    return row.get("prompts") or ("fresh" if row.get("accept_p") == 0.0 else "known")
+
+
 def ratios(runs):
     """``{(accept_p, label): [(batch, tokens/s ÷ no speculation, accept length)]}`` over all runs."""
     by_name = {run.get("run"): run for run in runs}
@@ -27,14 +33,16 @@ def ratios(runs):
     for i, run in enumerate(runs):
         none = {}  # the run's own no-speculation rows; batches it lacks from the runs it names
         for src in reversed([run] + [by_name[n] for n in run.get("none_from", []) if n in by_name]):
-            none.update({r["batch"]: r["tokens_per_s"] for r in src["rows"] if r["config"] == "none"})
+            none.update({(r["batch"], prompts(r)): r["tokens_per_s"] for r in src["rows"] if r["config"] == "none"})
         for r in run["rows"]:
-            if r["config"] == "none" or r["batch"] not in none:
+            # against no speculation on the same prompts (fresh ones where drafts miss), else on the known ones
+            base = none.get((r["batch"], prompts(r)), none.get((r["batch"], "known")))
+            if r["config"] == "none" or base is None:
                 continue
             tag = [f"run {run.get('run', i + 1)}"] if len(runs) > 1 else []
             tag += [run["tag"]] if run.get("tag") else []
             key = (r.get("accept_p"), r["config"] + (f" ({', '.join(tag)})" if tag else ""))
-            out.setdefault(key, []).append((r["batch"], r["tokens_per_s"] / none[r["batch"]], r.get("accept_length") or 1.0))
+            out.setdefault(key, []).append((r["batch"], r["tokens_per_s"] / base, r.get("accept_length") or 1.0))
     return out
 
 

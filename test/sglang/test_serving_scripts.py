@@ -234,6 +234,8 @@ def test_profile_summary_compares_two_traces_per_forward_step(tmp_path):
     def trace(name, steps, extra_us):
         ev = [dict(ph="X", cat="kernel", name="k", ts=0, dur=10, pid=0, tid=7)]
         for i in range(steps):
+            if extra_us:  # one more kernel every step
+                ev.append(dict(ph="X", cat="kernel", name="extra_k", ts=i * 100 + 40, dur=8, pid=0, tid=7))
             ev.append(dict(ph="X", cat="python_function", name="scheduler.py(1): run_batch", ts=i * 100, dur=90, pid=1,
                            tid=1))
             ev.append(dict(ph="X", cat="python_function", name="x.py(2): common", ts=i * 100, dur=20, pid=1, tid=1))
@@ -253,6 +255,13 @@ def test_profile_summary_compares_two_traces_per_forward_step(tmp_path):
     rows = {r["name"]: r for r in c["rows"]}
     assert c["rows"][0]["name"] == "y.py(3): extra" and rows["y.py(3): extra"]["diff"] == 0.05
     assert rows["x.py(2): common"]["diff"] == 0.0 and rows["scheduler.py(1): run_batch"]["a"] == 0.09
+    # the GPU kernels per step: "k" twice per window (4 and 2 steps), "extra_k" once per step in b only
+    k = res["kernel_comparison"]
+    assert k["steps"] == [4, 2] and k["launches"] == [0.5, 2.0] and k["total_us"] == [5.0, 18.0, 13.0]
+    krows = {r["name"]: r for r in k["rows"]}
+    assert k["rows"][0]["name"] == "extra_k" and krows["extra_k"] == dict(
+        name="extra_k", a_n=0.0, b_n=1.0, a_us=0.0, b_us=8.0, diff_us=8.0)
+    assert krows["k"]["a_us"] == 5.0 and krows["k"]["b_us"] == 10.0 and "kernels" not in res[a]
     with pytest.raises(SystemExit):
         ps.main([a, "--python-top", "10", "--compare"])
 
@@ -496,7 +505,7 @@ def test_bench_spec_profiles_a_batch_after_all_its_measured_phases(tmp_path, mon
     fake_bench_endpoints(monkeypatch, bs, lambda batch, n, key: calls.append((len(batch), n)),
                          lambda payload: calls.append(("profile", payload["profile_prefix"])))
     out = tmp_path / "b.json"
-    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--repeats", "1", "--model", "m", "--configs", "lumotree-chain-oracle", "--oracle-p",
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--repeats", "1", "--configs", "lumotree-chain-oracle", "--oracle-p",
                                       "0.8", "--miss", "--oracle-warm-passes", "0", "--prefill-samples", "1", "--batches", "2", "--output-len",
                                       "16", "--out", str(out), "--log-dir", str(tmp_path), "--profile-dir",
                                       str(tmp_path / "prof"), "--profile-batches", "2"])
@@ -845,26 +854,33 @@ def run_miss_bench(tmp_path, monkeypatch, configs, *extra):
 
 def test_bench_spec_miss_rows_come_from_the_same_server_with_prompts_it_never_saw(tmp_path, monkeypatch):
     """``--miss``: per batch, after the controlled-acceptance row, a row of the same server whose prompts are
-    new to it (the oracle knows no continuation: drafts miss), warmed like the first; none for no speculation."""
+    new to it (the oracle knows no continuation: drafts miss), warmed like the first; no speculation gets a row on
+    the same fresh prompts -- every server's measured miss pass runs the same ones, whatever ran before it."""
     import json
 
     sent, out = run_miss_bench(tmp_path, monkeypatch, "none,lumotree-chain-oracle,nextn-chain-oracle")
     rows = json.load(open(out))["rows"]
-    assert [(r["config"], r["accept_p"], r["shape"], r["tp"]) for r in rows] == [
-        ("none", None, "qwen3.5-27b-8l", 1), ("lumotree-chain-oracle", 0.8, "qwen3.5-27b-8l", 1),
-        ("lumotree-chain-oracle", 0.0, "qwen3.5-27b-8l", 1), ("nextn-chain-oracle", 0.8, "qwen3.5-27b-8l", 1),
-        ("nextn-chain-oracle", 0.0, "qwen3.5-27b-8l", 1)]
+    assert [(r["config"], r["accept_p"], r["prompts"], r["shape"], r["tp"]) for r in rows] == [
+        ("none", None, "known", "qwen3.5-27b-8l", 1), ("none", None, "fresh", "qwen3.5-27b-8l", 1),
+        ("lumotree-chain-oracle", 0.8, "known", "qwen3.5-27b-8l", 1),
+        ("lumotree-chain-oracle", 0.0, "fresh", "qwen3.5-27b-8l", 1),
+        ("nextn-chain-oracle", 0.8, "known", "qwen3.5-27b-8l", 1), ("nextn-chain-oracle", 0.0, "fresh", "qwen3.5-27b-8l", 1)]
     lumo = [(p, n) for s, p, n in sent if s == 2][1:]  # after the warm-up request
     recorded = lumo[0][0]
     # recording pass, 3 warm passes, prefill, measured (the recorded prompts); then 3 warm passes with
-    # prompts never sent before, the prefill and the measured pass on one more new set
+    # prompts never sent to it before, the prefill and the measured pass on one more new set
     assert [p == recorded for p, _ in lumo[:6]] == [True] * 6 and [n for _, n in lumo[4:6]] == [1, 4]
     miss = [p for p, _ in lumo[6:]]
     assert len(miss) == 5 and miss[3] == miss[4] and len(set(miss[:4])) == 4
-    before = {p for _, p, _ in sent[:sent.index((2, miss[0], 4))]}
-    assert not set(miss) & before
+    before = {p for s, p, _ in sent if s == 2}
+    assert not set(miss) & {p for p, _ in lumo[:6]} and recorded in before
+    # no speculation: the known pass (prefill, measured), then the fresh measured pass (prefill, measured), no warm
+    # passes; its fresh prompts are LUMOTREE's measured miss prompts, and SGLang's chain's
+    none = [p for s, p, _ in sent if s == 1][1:]
+    assert len(none) == 1 + 2 + 2 and none[3] == none[4] == miss[4]
     nextn = [p for s, p, _ in sent if s == 3][1:]
-    assert len(nextn) == 4 + 3  # one warm pass per phase for a server that does not adapt
+    assert len(nextn) == 4 + 3 and nextn[-1] == miss[4]  # one warm pass per phase for a server that does not adapt
+    assert nextn[4] == miss[0]  # its one warm pass: the first of the same warm sequence
 
 
 def test_bench_spec_reads_the_adaptive_decisions(tmp_path):
@@ -1130,3 +1146,28 @@ def test_a_stopped_servers_whole_process_group_is_waited_for_and_killed_after_th
     srv.wait_group_gone(stuck.pid, timeout=0.5)
     assert time.time() - t0 < 10 and not srv.group_alive(stuck.pid)
     assert not srv.group_alive(2 ** 22 + 12345)  # no such group
+
+
+def test_serving_speed_plot_divides_each_row_by_no_speculation_on_the_same_prompts():
+    """A row on fresh prompts (drafts that miss) against no speculation's fresh row; rows written before the field
+    (accept_p 0.0: fresh) likewise; where a run has no fresh row of no speculation, its known one."""
+    pytest.importorskip("matplotlib")
+    ps = load("plot_serving_speed")
+    rows = [dict(config="none", batch=8, accept_p=None, prompts="known", tokens_per_s=2000.0),
+            dict(config="none", batch=8, accept_p=None, prompts="fresh", tokens_per_s=1600.0),
+            dict(config="lt", batch=8, accept_p=0.8, prompts="known", tokens_per_s=3000.0, accept_length=2.9),
+            dict(config="lt", batch=8, accept_p=0.0, prompts="fresh", tokens_per_s=1580.0),
+            dict(config="none", batch=1, accept_p=None, tokens_per_s=500.0),
+            dict(config="lt", batch=1, accept_p=0.0, tokens_per_s=490.0)]
+    r = ps.ratios([dict(rows=rows)])
+    assert r[(0.8, "lt")] == [(8, 1.5, 2.9)]
+    assert r[(0.0, "lt")] == [(8, 1580.0 / 1600.0, 1.0), (1, 490.0 / 500.0, 1.0)]
+
+
+def test_bench_spec_refuses_miss_rows_of_a_model_with_text_prompts(monkeypatch):
+    import sys
+
+    bs = load("bench_spec")
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--miss", "--configs", "none"])
+    with pytest.raises(SystemExit):
+        bs.main()

@@ -10,6 +10,7 @@ A result of one run (``bench_spec.py --out``: its ``rows`` at the top) is plotte
 import argparse
 import json
 import os
+import sys
 
 import matplotlib
 
@@ -17,13 +18,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from bench_spec import row_prompts  # noqa: E402
+
 DEVICES = {"h200": "one H200", "h100": "one H100 80GB"}
-
-
-def prompts(row) -> str:
-    """A row's prompts (``bench_spec.row_prompts``): ``known`` or ``fresh``; rows written before the field: fresh where
-    drafts missed."""
-    return row.get("prompts") or ("fresh" if row.get("accept_p") == 0.0 else "known")
 
 
 def ratios(runs):
@@ -33,10 +31,10 @@ def ratios(runs):
     for i, run in enumerate(runs):
         none = {}  # the run's own no-speculation rows; batches it lacks from the runs it names
         for src in reversed([run] + [by_name[n] for n in run.get("none_from", []) if n in by_name]):
-            none.update({(r["batch"], prompts(r)): r["tokens_per_s"] for r in src["rows"] if r["config"] == "none"})
+            none.update({(r["batch"], row_prompts(r)): r["tokens_per_s"] for r in src["rows"] if r["config"] == "none"})
         for r in run["rows"]:
             # against no speculation on the same prompts (fresh ones where drafts miss), else on the known ones
-            base = none.get((r["batch"], prompts(r)), none.get((r["batch"], "known")))
+            base = none.get((r["batch"], row_prompts(r)), none.get((r["batch"], "known")))
             if r["config"] == "none" or base is None:
                 continue
             tag = [f"run {run.get('run', i + 1)}"] if len(runs) > 1 else []

@@ -9,7 +9,12 @@ drafts miss (the recording pass and three warm passes), then the measured miss p
 times of the serving table (27B shapes, 32 layers, H200: decode step and drafted step, ms). Reports the
 measured pass's time over 128 no-draft steps, mean and worst over seeds.
 
-    python3 benchmark/serving/sim_probe_cost.py [--module path/to/adaptive.py]
+``--sequence repeats``: the passes ``bench_spec.py --miss`` now runs per batch instead -- the recording pass (drafts
+miss), three warm and three measured passes at p 0.8, three warm passes whose drafts miss, then three measured ones
+(``--repeats 3``) --, the three measured miss passes' time over 3 x 128 no-draft steps and how many of their steps
+drafted (``drafted_steps``, mean over seeds): what the policy's probes cost a drafts-miss row of the serving table.
+
+    python3 benchmark/serving/sim_probe_cost.py [--module path/to/adaptive.py] [--sequence repeats]
 
 ``--module``: another version of ``adaptive.py`` (e.g. ``git show REV:python/lumotree/sglang/adaptive.py``)
 simulated instead of the installed one. ``--candidates 0,1,3``: a chain that may also serve shallower depths (opt-in,
@@ -60,6 +65,9 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=20)
     ap.add_argument("--candidates", default="0,3", help="the policy's candidates (draft steps; 0 = no draft)")
     ap.add_argument("--shape", default="qwen3.5-27b-32l", choices=sorted(STEP_MS), help="whose step times")
+    ap.add_argument("--sequence", default="table", choices=("table", "repeats"),
+                    help="table: two accepted passes, four whose drafts miss, the measured one; repeats: bench_spec's "
+                         "passes with --repeats 3 (module docstring)")
     args = ap.parse_args(argv)
     import test_adaptive as sim  # simulate_overlap, oracle_draws
 
@@ -68,16 +76,25 @@ def main(argv=None):
     rows = []
     for batch, (t_none, t_tree) in STEP_MS[args.shape].items():
         t = {k: (t_none + (t_tree - t_none) * k / 3) / 1e3 for k in cands if k}  # seconds per drafting candidate
-        losses, accepted = [], []
+        losses, accepted, drafted = [], [], []
         for seed in range(args.seeds):
             p = mod.TreeSizePolicy(cands)
-            hit = sim.simulate_overlap(p, batch, t_none / 1e3, t, sim.oracle_draws(0.8, 3), steps=2 * PASS, seed=seed)
-            sim.simulate_overlap(p, batch, t_none / 1e3, t, 0.0, steps=4 * PASS, seed=seed + 100)
-            served = sim.simulate_overlap(p, batch, t_none / 1e3, t, 0.0, steps=PASS, seed=seed + 200)
-            losses.append(sum(t[s] * 1e3 if s else t_none for s in served) / (PASS * t_none) - 1)
-            accepted.append(collections.Counter(hit[PASS:]))  # what the second accepted pass served
+            if args.sequence == "repeats":  # recording pass, 3 + 3 accepted, 3 warm misses, the 3 measured
+                sim.simulate_overlap(p, batch, t_none / 1e3, t, 0.0, steps=PASS, seed=seed + 300)
+                hit = sim.simulate_overlap(p, batch, t_none / 1e3, t, sim.oracle_draws(0.8, 3), steps=6 * PASS,
+                                           seed=seed)
+                sim.simulate_overlap(p, batch, t_none / 1e3, t, 0.0, steps=3 * PASS, seed=seed + 100)
+                served = sim.simulate_overlap(p, batch, t_none / 1e3, t, 0.0, steps=3 * PASS, seed=seed + 200)
+            else:
+                hit = sim.simulate_overlap(p, batch, t_none / 1e3, t, sim.oracle_draws(0.8, 3), steps=2 * PASS,
+                                           seed=seed)
+                sim.simulate_overlap(p, batch, t_none / 1e3, t, 0.0, steps=4 * PASS, seed=seed + 100)
+                served = sim.simulate_overlap(p, batch, t_none / 1e3, t, 0.0, steps=PASS, seed=seed + 200)
+            losses.append(sum(t[s] * 1e3 if s else t_none for s in served) / (len(served) * t_none) - 1)
+            drafted.append(sum(1 for s in served if s))
+            accepted.append(collections.Counter(hit[-PASS:]))  # what the last accepted pass served
         rows.append(dict(batch=batch, candidates=cands, mean_loss_pct=round(100 * statistics.mean(losses), 2),
-                         max_loss_pct=round(100 * max(losses), 2),
+                         max_loss_pct=round(100 * max(losses), 2), drafted_steps=round(statistics.mean(drafted), 1),
                          accepted_pass_served={k: sum(c[k] for c in accepted) for k in cands}))
         print(json.dumps(rows[-1]), flush=True)
     return rows

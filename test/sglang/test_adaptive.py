@@ -740,6 +740,16 @@ def test_sim_probe_cost_reports_each_batch_s_measured_miss_pass():
         rows = mod.main(["--seeds", "2", "--shape", shape])
         assert [r["batch"] for r in rows] == sorted(mod.STEP_MS[shape])
         assert all(0 <= r["mean_loss_pct"] <= r["max_loss_pct"] < 10 for r in rows), rows
+    # bench_spec's passes (--sequence repeats): three measured miss passes, whose loss is their drafted steps' extra time
+    shape = "qwen3-next-80b-moe-12l, H100 policy estimates"
+    rows = mod.main(["--seeds", "2", "--shape", shape, "--sequence", "repeats"])
+    assert [r["batch"] for r in rows] == sorted(mod.STEP_MS[shape])
+    for r in rows:
+        t_none, t_tree = mod.STEP_MS[shape][r["batch"]]
+        assert 0 <= r["mean_loss_pct"] <= r["max_loss_pct"] < 10, r
+        assert r["mean_loss_pct"] == pytest.approx(100 * r["drafted_steps"] * (t_tree / t_none - 1) / (3 * mod.PASS),
+                                                   abs=0.006), r
+    assert any(r["drafted_steps"] > 0 for r in rows)  # probes fall in the measured passes at some batch
 
 
 def test_the_one_node_verify_captures_few_graphs_where_decode_steps_serve_no_draft():

@@ -154,17 +154,22 @@ def launches_by_caller(events, steps=None, top=40):
 STEP_FUNCTION = ": run_batch"  # SGLang's scheduler calls it once per forward step (prefill or decode)
 
 
+def forward_steps(summary: dict) -> int:
+    """The forward steps in a summary's window: its scheduler's ``run_batch`` calls (from ``python_top``)."""
+    steps = next((r["count"] for r in summary.get("python_top", []) if r["name"].endswith(STEP_FUNCTION)), 0)
+    if not steps:
+        raise ValueError("compare: a summary without the scheduler's run_batch in its python_top (--python-top)")
+    return steps
+
+
 def compare(a: dict, b: dict, top: int = 40) -> dict:
     """Two summaries' ``python_top`` (``--python-top``) side by side, per forward step of each window (the scheduler's
     ``run_batch`` calls): ms per step in ``a``, in ``b`` and ``b - a``, the largest differences first -- where one
     server's step spends host time the other's does not (e.g. a speculative server pinned to no draft against no
     speculation on the same sessions)."""
     def per_step(s):
-        rows = {r["name"]: r for r in s.get("python_top", [])}
-        steps = next((r["count"] for n, r in rows.items() if n.endswith(STEP_FUNCTION)), 0)
-        if not steps:
-            raise ValueError("compare: a summary without the scheduler's run_batch in its python_top (--python-top)")
-        return {n: r["total_us"] / 1e3 / steps for n, r in rows.items()}, steps
+        steps = forward_steps(s)
+        return {r["name"]: r["total_us"] / 1e3 / steps for r in s.get("python_top", [])}, steps
 
     (pa, sa), (pb, sb) = per_step(a), per_step(b)
     names = sorted(set(pa) | set(pb), key=lambda n: -abs(pb.get(n, 0.0) - pa.get(n, 0.0)))
@@ -179,9 +184,7 @@ def compare_kernels(a: dict, b: dict, top: int = 40) -> dict:
     ``b`` and ``b - a``, the largest time differences first -- which kernels make one server's device-bound step
     longer than the other's."""
     def per_step(s):
-        steps = next((r["count"] for r in s.get("python_top", []) if r["name"].endswith(STEP_FUNCTION)), 0)
-        if not steps:
-            raise ValueError("compare: a summary without the scheduler's run_batch in its python_top (--python-top)")
+        steps = forward_steps(s)
         return {r["name"]: (r["count"] / steps, r["total_us"] / steps) for r in s["kernels"]}, steps
 
     (ka, sa), (kb, sb) = per_step(a), per_step(b)

@@ -26,10 +26,12 @@ LUMOTREE's chains (``--speculative-eagle-topk 1``) take the same path through :c
 (``eagle_sample``: the argmax, LumoTree's selection op and its clamp at each request's end), commits the states
 (``commit_mamba_states_after_verify``: LumoTree's replay commit) and gathers the accepted and bonus tokens -- on one
 H100 (Qwen3-Next MoE shape, 12 layers) 0.75 ms of the scheduler's thread per drafted step at batch 8 (``sample`` +
-``state_commit``, ``benchmark/results/moe_step_parts_h100.json``), 0.91 ms at batch 1 in the run before (``git show
-16dedbd:benchmark/results/moe_step_parts_h100.json``), where the drafted step's host work is most of its 4.6 ms. Its draft tree's tensors are the draft's new ones at every step, so a graph takes them as
-inputs (copied in, as the batch's lengths and rows are); the benchmark's draft oracle forces the verify's logits
-before the graph (:func:`lumotree.sglang.draft_oracle.force_planned`), not inside it. **Not yet served.**
+``state_commit``, ``benchmark/results/moe_step_parts_h100.json``, before these graphs). Its draft tree's tensors are
+the draft's new ones at every step, so a graph takes them as inputs (copied in, as the batch's lengths and rows are);
+the benchmark's draft oracle forces the verify's logits before the graph
+(:func:`lumotree.sglang.draft_oracle.force_planned`), not inside it. Served at the MoE shape on two H100s
+(``benchmark/results/serving_speed_moe_b1_128_h100.json``: 1.19x / 1.18-1.20x no speculation at batch 1 / 8 against
+1.16x / 1.16x before, other machines); the drafted step with them has not been timed by parts.
 """
 from __future__ import annotations
 

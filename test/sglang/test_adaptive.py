@@ -712,6 +712,28 @@ def test_a_small_bucket_is_never_estimated_slower_than_a_larger_one():
     assert p.choose(4) == 3
 
 
+def test_a_bucket_s_candidates_are_capped_by_the_same_larger_bucket():
+    """The cap comes from a larger bucket that has measured every candidate. Seen on one H100 (Qwen3-Next MoE shape,
+    batch 1): bucket 2 held only the warm-up's no-draft samples (2.15 ms) when bucket 1's steps ran 1.5x slow (no
+    draft 3.15 ms, the chain 6.49 ms); capping no draft alone read it at 466 tokens/s against the chain's 455 at an
+    acceptance of 1.95, and the bucket served no draft through a pass whose drafts were accepted. On the bucket's
+    own times the chain pays (455 against 317)."""
+    p = TreeSizePolicy([0, 3])
+    for _ in range(adaptive.MIN_SAMPLES):
+        p.observe_time(2, 0, 0.00215)
+        p.observe_time(1, 0, 0.00315)
+        p.observe_time(1, 3, 0.00649)
+    p.accept = 1.95
+    assert p.step_time(1, 0) == pytest.approx(0.00315) and p.step_time(1, 3) == pytest.approx(0.00649)
+    p.buckets[1].chosen = 0
+    assert p.choose(1) == 3
+    # once bucket 2 has measured the chain too, it caps both of bucket 1's candidates (the estimates cached before
+    # are dropped)
+    for _ in range(adaptive.MIN_SAMPLES):
+        p.observe_time(2, 3, 0.0045)
+    assert p.step_time(1, 0) == pytest.approx(0.00215) and p.step_time(1, 3) == pytest.approx(0.0045)
+
+
 def test_every_probe_s_outcome_is_logged_once(caplog):
     """Changes are logged, and so is the decision right after each probe run, kept or not (with the rates and
     the acceptance it rests on): what a served bucket measured when it did not switch."""

@@ -21,10 +21,11 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   *earlier* step's results are in, so runs of a candidate started with samples of the step before them;
   dropping a run's first sample did not make up for it -- right after a probe the tree's step read about a
   decode step's time (10.9 against ~40 ms at batch 128, 9.8 against ~25 at 64, 27B shapes, H200) and the
-  bucket chose the tree on a rate 2.5-3.5x too high until its own steps outvoted those samples. A bucket's estimate is
-  never above the next larger measured bucket's (a step's time grows with the batch), which keeps a
-  bucket met while a pass's batch ramps up -- few samples, the ones a stray prefill inflates -- from
-  serving the wrong candidate;
+  bucket chose the tree on a rate 2.5-3.5x too high until its own steps outvoted those samples. A bucket's estimates are
+  never above those of the next larger bucket that has measured every candidate (a step's time grows with the
+  batch), which keeps a bucket met while a pass's batch ramps up -- few samples, the ones a stray prefill
+  inflates -- from serving the wrong candidate; every candidate's from the same bucket, so that a slow spell
+  inflates all of a bucket's candidates alike (:meth:`TreeSizePolicy.step_time`);
 * the **acceptance** ``a`` is a moving average of the accepted drafts per request over the steps that
   drafted -- restarted at each drafted run that follows no-draft steps: its first ``GAP_SAMPLES`` steps
   are averaged over their rows (requests) with the estimate from before the gap weighing as one row, so
@@ -304,6 +305,8 @@ class TreeSizePolicy:
             other.medians.pop(steps, None)
         if st.samples[steps] == MIN_SAMPLES:
             self._measured[steps].add(bucket(batch))
+            for other in self.buckets.values():  # the buckets that cap every candidate may have changed
+                other.medians.clear()
             self._borrows = self._borrows or min(st.samples.values()) >= MIN_SAMPLES
 
     def observe_accept(self, steps: int, accepted_drafts: Sequence[int]) -> None:
@@ -333,9 +336,14 @@ class TreeSizePolicy:
     def step_time(self, batch: int, steps: int) -> Optional[float]:
         """Estimated seconds of a step of ``batch`` with ``steps``: the median of the bucket's own samples
         once it has ``MIN_SAMPLES``, else those of the nearest bucket that has them (ties: the larger);
-        never above the estimate of the next larger bucket that has measured ``steps`` (a step's time grows
+        never above the estimate of the next larger bucket that has measured every candidate (a step's time grows
         with the batch: a small bucket's few samples, taken while a pass's batch ramps up, are the ones a
-        stray prefill or compile inflates); ``None`` when no bucket has."""
+        stray prefill or compile inflates); ``None`` when no bucket has. Every candidate, not just ``steps``: a cap
+        from a bucket that has measured only one candidate compares that candidate's time from there with the
+        others' own -- on one H100 (Qwen3-Next MoE shape, batch 1) bucket 2 had only no-draft samples (2.1 ms, from the
+        warm-up) while bucket 1's steps ran 1.5x slow for seconds (no draft 3.2 ms, the chain 6.5 ms): no draft's
+        estimate was capped and the chain's was not, and the bucket served no draft through a pass whose drafts
+        accepted ~1.9 (312 tokens/s against 591 in the same server's earlier run)."""
         b = bucket(batch)
         st = self.buckets.get(b)  # not created: a query (serves) reads buckets no step has run in
         if st is None or st.samples[steps] < MIN_SAMPLES:
@@ -348,8 +356,11 @@ class TreeSizePolicy:
         m = st.medians.get(steps)
         if m is None and st.times[steps]:
             m = statistics.median(st.times[steps])
-            above = [k for k in self._measured[steps] if k > b]
-            if above:  # a step of a smaller batch is never slower than one of a larger (padded graphs)
+            # a step of a smaller batch is never slower than one of a larger (padded graphs); the cap comes from a
+            # bucket that has measured every candidate, so that all of this bucket's candidates are capped by the
+            # same bucket's times
+            above = [k for k in set.intersection(*self._measured.values()) if k > b]
+            if above:
                 m = min(m, self.step_time(min(above), steps))
             st.medians[steps] = m
         return m

@@ -58,6 +58,7 @@ import re
 import statistics
 import sys
 import time
+from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -595,6 +596,7 @@ def measure(url, batch, args, key, log):
                decode_tokens_per_s=st["completion_tokens"] / max(wall - prefill, 1e-9),
                accept_length=st["accept_length"])
     row.update(request_spread(outs, wall))
+    row["output_digests"] = output_digests(outs)
     if getattr(args, "jit_log", False):  # the compiles the measured pass met (its window: send to answer)
         row["jit"] = jit_compiles(log, {"pass": (t1, t1 + wall)}).get("pass", dict(count=0, total_ms=0.0, kernels={}))
     best, med, vals = logged_decode(log, bs, at)  # the measured pass only
@@ -621,10 +623,44 @@ def median_pass(rows):
     row = dict(rows[pick])
     row["repeats"] = [dict(tokens_per_s=round(r["tokens_per_s"], 1), step_ms=round(r["step_ms"], 3),
                            accept_length=r["accept_length"], logged_decode_tokens_per_s=r.get("logged_decode_tokens_per_s"),
-                           seconds=r["seconds"]) for r in rows]
+                           seconds=r["seconds"], **({"output_digests": r["output_digests"]} if "output_digests" in r else {}))
+                      for r in rows]
     row.update(median_of=len(rows), picked=pick,
                tokens_per_s_range=[round(rows[order[0]]["tokens_per_s"], 1), round(rows[order[-1]]["tokens_per_s"], 1)])
     return row
+
+
+def output_digests(outs) -> list:
+    """Each request's generated token ids as a short digest (in request order): two servers' passes on the same
+    prompts generated the same tokens where their digests agree. Why: the MoE step's time follows the experts the
+    tokens route to, so servers whose greedy tokens part (numerics of a cached prompt state, say) time other work."""
+    import hashlib
+
+    return [hashlib.sha1(json.dumps(o.get("output_ids", [])).encode()).hexdigest()[:10] for o in outs]
+
+
+def paired_ratio(row, base):
+    """``row``'s client tokens/s over ``base``'s, pass by pass: the median of the per-pass ratios where both rows
+    kept their passes (``repeats``, equally many -- the i-th pass of every server runs the same prompts: the known
+    ones, or :class:`FreshPrompts`'s i-th draw), else the two rows' own ratio. Why: the fresh prompts' passes differ
+    by up to 4 % on one server (the MoE step follows the tokens' experts), and two servers' median passes need not be
+    the same prompts; paired, the prompts drop out. Returns ``(ratio, the per-pass ratios or None)``."""
+    a, b = row.get("repeats"), base.get("repeats")
+    if a and b and len(a) == len(b):
+        per = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(a, b)]
+        return statistics.median(per), per
+    return row["tokens_per_s"] / base["tokens_per_s"], None
+
+
+def same_tokens(row, base) -> Optional[float]:
+    """The share of ``row``'s requests, over its passes, whose generated tokens equal ``base``'s on the same pass
+    (:func:`output_digests`); ``None`` where either row has no digests."""
+    a = [r.get("output_digests") for r in row.get("repeats", [row])]
+    b = [r.get("output_digests") for r in base.get("repeats", [base])]
+    if len(a) != len(b) or not all(a) or not all(b):
+        return None
+    pairs = [(x, y) for da, db in zip(a, b) for x, y in zip(da, db)]
+    return sum(x == y for x, y in pairs) / len(pairs) if pairs else None
 
 
 def request_spread(outs, wall):

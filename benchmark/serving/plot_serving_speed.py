@@ -1,5 +1,5 @@
 """docs/<name>.png from benchmark/results/<name>.json (default name serving_speed_<device>; needs matplotlib):
-client tokens/s relative to no speculation, per batch, for every configuration of each run, one row of panels per
+client tokens/s relative to no speculation (pass by pass where both rows kept their passes), per batch, for every configuration of each run, one row of panels per
 model shape (the rows' ``shape``) and one panel per controlled acceptance (``accept_p``; 0.0: drafts that miss). A run
 without no-speculation rows at a batch takes them from the runs its ``none_from`` names.
 
@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_spec import row_prompts  # noqa: E402
+from bench_spec import paired_ratio, row_prompts  # noqa: E402
 
 DEVICES = {"h200": "one H200", "h100": "one H100 80GB"}
 
@@ -31,16 +31,18 @@ def ratios(runs):
     for i, run in enumerate(runs):
         none = {}  # the run's own no-speculation rows; batches it lacks from the runs it names
         for src in reversed([run] + [by_name[n] for n in run.get("none_from", []) if n in by_name]):
-            none.update({(r["batch"], row_prompts(r)): r["tokens_per_s"] for r in src["rows"] if r["config"] == "none"})
+            none.update({(r["batch"], row_prompts(r)): r for r in src["rows"] if r["config"] == "none"})
         for r in run["rows"]:
-            # against no speculation on the same prompts (fresh ones where drafts miss), else on the known ones
+            # against no speculation on the same prompts (fresh ones where drafts miss), else on the known ones;
+            # pass by pass where both kept their passes (bench_spec.paired_ratio)
             base = none.get((r["batch"], row_prompts(r)), none.get((r["batch"], "known")))
             if r["config"] == "none" or base is None:
                 continue
+            ratio = paired_ratio(r, base)[0] if row_prompts(base) == row_prompts(r) else r["tokens_per_s"] / base["tokens_per_s"]
             tag = [f"run {run.get('run', i + 1)}"] if len(runs) > 1 else []
             tag += [run["tag"]] if run.get("tag") else []
             key = (r.get("accept_p"), r["config"] + (f" ({', '.join(tag)})" if tag else ""))
-            out.setdefault(key, []).append((r["batch"], r["tokens_per_s"] / base, r.get("accept_length") or 1.0))
+            out.setdefault(key, []).append((r["batch"], ratio, r.get("accept_length") or 1.0))
     return out
 
 

@@ -1164,6 +1164,33 @@ def test_serving_speed_plot_divides_each_row_by_no_speculation_on_the_same_promp
     assert r[(0.0, "lt")] == [(8, 1580.0 / 1600.0, 1.0), (1, 490.0 / 500.0, 1.0)]
 
 
+def test_rows_are_compared_pass_by_pass_on_the_same_prompts():
+    """paired_ratio: the median of per-pass ratios (the i-th pass of each server runs the same prompts), not the ratio
+    of two median passes that ran other prompts; rows without their passes, or unequally many, by their own figures.
+    same_tokens: the share of requests whose generated tokens agree on the same pass. The plot divides that way."""
+    bs = load("bench_spec")
+    # prompt sets of different speed: no speculation's median pass is set 2, LUMOTREE's set 1
+    none = dict(tokens_per_s=2146.0, repeats=[dict(tokens_per_s=t, output_digests=d) for t, d in
+                                              [(2181.0, ["a", "b"]), (2104.0, ["c", "d"]), (2146.0, ["e", "f"])]])
+    lt = dict(tokens_per_s=2117.0, repeats=[dict(tokens_per_s=t, output_digests=d) for t, d in
+                                            [(2175.0, ["a", "b"]), (2117.0, ["c", "x"]), (2110.0, ["e", "f"])]])
+    ratio, per = bs.paired_ratio(lt, none)
+    assert per == pytest.approx([2175 / 2181, 2117 / 2104, 2110 / 2146])
+    assert ratio == pytest.approx(2175 / 2181) and ratio != pytest.approx(2117 / 2146)
+    assert bs.paired_ratio(dict(tokens_per_s=90.0), dict(tokens_per_s=100.0)) == (pytest.approx(0.9), None)
+    assert bs.paired_ratio(dict(lt, repeats=lt["repeats"][:2]), none)[1] is None
+    assert bs.same_tokens(lt, none) == pytest.approx(5 / 6)
+    assert bs.same_tokens(dict(tokens_per_s=1.0), none) is None
+    outs = [dict(output_ids=[1, 2, 3]), dict(output_ids=[1, 2, 3]), dict(output_ids=[1, 2, 4])]
+    d = bs.output_digests(outs)
+    assert d[0] == d[1] != d[2] and len(d) == 3
+    pytest.importorskip("matplotlib")
+    ps = load("plot_serving_speed")
+    rows = [dict(none, config="none", batch=8, accept_p=None, prompts="fresh"),
+            dict(lt, config="lt", batch=8, accept_p=0.0, prompts="fresh")]
+    assert ps.ratios([dict(rows=rows)])[(0.0, "lt")] == [(8, pytest.approx(2175 / 2181), 1.0)]
+
+
 def test_bench_spec_refuses_miss_rows_of_a_model_with_text_prompts(monkeypatch):
     import sys
 

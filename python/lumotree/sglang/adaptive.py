@@ -69,8 +69,8 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   step's 8 samples read 1.33 accepted drafts where the oracle's accept ~1.95, and the bucket kept no draft through the
   measured pass (0.89x no speculation); on the CPU model of that pass sequence
   (``benchmark/serving/sim_pass_choice.py``) the extension takes the measured pass from 0.960 to 0.998 of the better fixed choice there, and changes nothing at
-  the 27B shape's batches or where drafts miss. Served in the MoE run on one H100; whether it acted there is not
-  known (it logged nothing of its own then; it logs each extension now).
+  the 27B shape's batches or where drafts miss. Served: in the MoE table on one H100 it acted once in each of two
+  servers, at batch 8 with accepted drafts (estimates 1.71 and 1.58), and the bucket switched to the tree after it.
   Runs, not single steps: the first drafted step after no-draft steps drafts from zeros (the worker
   skips the MTP draft-extend on no-draft steps) and its acceptance is not counted, so a drafted step
   between two no-draft steps would never measure the acceptance -- and a policy that alternated would

@@ -623,8 +623,8 @@ def median_pass(rows):
     row = dict(rows[pick])
     row["repeats"] = [dict(tokens_per_s=round(r["tokens_per_s"], 1), step_ms=round(r["step_ms"], 3),
                            accept_length=r["accept_length"], logged_decode_tokens_per_s=r.get("logged_decode_tokens_per_s"),
-                           seconds=r["seconds"], **({"output_digests": r["output_digests"]} if "output_digests" in r else {}))
-                      for r in rows]
+                           seconds=r["seconds"],
+                           **({"output_digests": r["output_digests"]} if "output_digests" in r else {})) for r in rows]
     row.update(median_of=len(rows), picked=pick,
                tokens_per_s_range=[round(rows[order[0]]["tokens_per_s"], 1), round(rows[order[-1]]["tokens_per_s"], 1)])
     return row

@@ -1,7 +1,8 @@
 """docs/<name>.png from benchmark/results/<name>.json (default name serving_speed_<device>; needs matplotlib):
-client tokens/s relative to no speculation (pass by pass where both rows kept their passes), per batch, for every configuration of each run, one row of panels per
-model shape (the rows' ``shape``) and one panel per controlled acceptance (``accept_p``; 0.0: drafts that miss). A run
-without no-speculation rows at a batch takes them from the runs its ``none_from`` names.
+client tokens/s relative to no speculation (pass by pass where both rows kept their passes), per batch, for every
+configuration of each run, one row of panels per model shape (the rows' ``shape``) and one panel per controlled
+acceptance (``accept_p``; 0.0: drafts that miss). A run without no-speculation rows at a batch takes them from the
+runs its ``none_from`` names.
 
     python3 benchmark/serving/plot_serving_speed.py [--device h200|h100] [--name serving_speed_moe_h100]
 
@@ -38,7 +39,8 @@ def ratios(runs):
             base = none.get((r["batch"], row_prompts(r)), none.get((r["batch"], "known")))
             if r["config"] == "none" or base is None:
                 continue
-            ratio = paired_ratio(r, base)[0] if row_prompts(base) == row_prompts(r) else r["tokens_per_s"] / base["tokens_per_s"]
+            same = row_prompts(base) == row_prompts(r)
+            ratio = paired_ratio(r, base)[0] if same else r["tokens_per_s"] / base["tokens_per_s"]
             tag = [f"run {run.get('run', i + 1)}"] if len(runs) > 1 else []
             tag += [run["tag"]] if run.get("tag") else []
             key = (r.get("accept_p"), r["config"] + (f" ({', '.join(tag)})" if tag else ""))

@@ -343,7 +343,7 @@ class TreeSizePolicy:
         others' own -- on one H100 (Qwen3-Next MoE shape, batch 1) bucket 2 had only no-draft samples (2.1 ms, from the
         warm-up) while bucket 1's steps ran 1.5x slow for seconds (no draft 3.2 ms, the chain 6.5 ms): no draft's
         estimate was capped and the chain's was not, and the bucket served no draft through a pass whose drafts
-        accepted ~1.9 (312 tokens/s against 591 in the same server's earlier run)."""
+        accepted ~1.9 (312 tokens/s against 591 in the same configuration's earlier run on that machine)."""
         b = bucket(batch)
         st = self.buckets.get(b)  # not created: a query (serves) reads buckets no step has run in
         if st is None or st.samples[steps] < MIN_SAMPLES:

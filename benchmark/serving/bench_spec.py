@@ -698,13 +698,27 @@ def label(config, scheduler):
     return config if scheduler in (None, "default") else f"{config} [{scheduler}]"
 
 
+def versus(row, base) -> str:
+    """A table cell: ``row`` against no speculation's row ``base`` on the same prompts, pass by pass
+    (:func:`paired_ratio`: the median and the range of the per-pass ratios) and the share of requests that generated
+    the same tokens (:func:`same_tokens`, where both recorded them); "–" without ``base`` or for ``base`` itself."""
+    if base is None or base is row:
+        return "–"
+    ratio, per = paired_ratio(row, base)
+    cell = f"{ratio:.3f}" + (f" ({min(per):.3f}-{max(per):.3f})" if per and len(per) > 1 else "")
+    same = same_tokens(row, base)
+    return cell + (f"; same tokens {100 * same:.0f} %" if same is not None else "")
+
+
 def table(rows, memory=None):
     """Markdown table; ``memory``: the servers' entries, for the speculative-memory column and, where they ran on more
     than one machine (a ``--resume`` on another), a line saying which ran where."""
     out = machines_note(memory, "so rows of different machines are not a comparison") + [
         "| config | batch | accept_p | new tokens | tokens/s (client; median pass, range) | ms per step (client) | "
-        "decode tokens/s (server log, best) | median | accept length | spec. memory |",
-        "|---|---|---|---|---|---|---|---|---|---|"]
+        "decode tokens/s (server log, best) | median | accept length | spec. memory | "
+        "x no speculation (pass by pass: median, range; same tokens) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|"]
+    none = {(r["batch"], row_prompts(r), r.get("scheduler")): r for r in rows if r["config"] == "none"}
     for r in rows:
         acc = f"{r['accept_length']:.2f}" if r["accept_length"] else "–"
         dec = f"{r['logged_decode_tokens_per_s']:.0f}" if r.get("logged_decode_tokens_per_s") else "–"
@@ -724,7 +738,9 @@ def table(rows, memory=None):
             lo, hi = r["tokens_per_s_range"]
             tps += f" ({lo:.0f}-{hi:.0f})"
         ap = ("–" if ap is None else str(ap)) + (" (fresh)" if ap is None and row_prompts(r) == "fresh" else "")
-        out.append(f"| {cfg} | {r['batch']} | {ap} | {r.get('output_len') or '–'} | {tps} | {r['step_ms']:.2f} | {dec} | {acc} | {mem} |")
+        vs = versus(r, none.get((r["batch"], row_prompts(r), r.get("scheduler"))))
+        out.append(f"| {cfg} | {r['batch']} | {ap} | {r.get('output_len') or '–'} | {tps} | {r['step_ms']:.2f} | {dec} "
+                   f"| {acc} | {mem} | {vs} |")
     return "\n".join(out)
 
 

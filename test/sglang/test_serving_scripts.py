@@ -306,7 +306,7 @@ def test_bench_spec_reads_the_servers_decode_throughput_and_merges_lanes(tmp_pat
     assert res2["commands"] == ["cmd0", "cmd1", "cmd0"]
     assert [r["command"] for r in res2["rows"]] == ["cmd0", "cmd1", "cmd0"]
     t = bs.table(res["rows"], memory=res["servers"])
-    assert "| lumotree-topk2 | 8 | – | 128 | 101 | 5.00 | 1000 | – | 1.00 | 1 MiB |" in t and "| 10 MiB |" in t
+    assert "| lumotree-topk2 | 8 | – | 128 | 101 | 5.00 | 1000 | – | 1.00 | 1 MiB | – |" in t and "| 10 MiB |" in t
     assert "machines" not in t
     # servers recorded on two machines (a --resume that continued on another): the table says which ran where
     res["servers"]["nextn-topk2"]["machine"], res["servers"]["lumotree-topk2"]["machine"] = "GPU-a", "GPU-b"
@@ -1189,6 +1189,10 @@ def test_rows_are_compared_pass_by_pass_on_the_same_prompts():
     rows = [dict(none, config="none", batch=8, accept_p=None, prompts="fresh"),
             dict(lt, config="lt", batch=8, accept_p=0.0, prompts="fresh")]
     assert ps.ratios([dict(rows=rows)])[(0.0, "lt")] == [(8, pytest.approx(2175 / 2181), 1.0)]
+    # the run's table says the same, beside each row
+    common = dict(step_ms=3.8, accept_length=None, tokens_per_s_range=[2104.0, 2181.0])
+    t = bs.table([dict(rows[0], **common), dict(rows[1], **common)]).splitlines()
+    assert t[-2].endswith("| – |") and t[-1].endswith("| 0.997 (0.983-1.006); same tokens 83 % |"), t
 
 
 def test_bench_spec_refuses_miss_rows_of_a_model_with_text_prompts(monkeypatch):

@@ -597,6 +597,7 @@ def measure(url, batch, args, key, log):
                accept_length=st["accept_length"])
     row.update(request_spread(outs, wall))
     row["output_digests"] = output_digests(outs)
+    row["first_output_ids"] = [int(t) for t in outs[0].get("output_ids", [])] if outs else []  # (first_difference)
     if getattr(args, "jit_log", False):  # the compiles the measured pass met (its window: send to answer)
         row["jit"] = jit_compiles(log, {"pass": (t1, t1 + wall)}).get("pass", dict(count=0, total_ms=0.0, kernels={}))
     best, med, vals = logged_decode(log, bs, at)  # the measured pass only
@@ -624,7 +625,7 @@ def median_pass(rows):
     row["repeats"] = [dict(tokens_per_s=round(r["tokens_per_s"], 1), step_ms=round(r["step_ms"], 3),
                            accept_length=r["accept_length"], logged_decode_tokens_per_s=r.get("logged_decode_tokens_per_s"),
                            seconds=r["seconds"],
-                           **({"output_digests": r["output_digests"]} if "output_digests" in r else {})) for r in rows]
+                           **{k: r[k] for k in ("output_digests", "first_output_ids") if k in r}) for r in rows]
     row.update(median_of=len(rows), picked=pick,
                tokens_per_s_range=[round(rows[order[0]]["tokens_per_s"], 1), round(rows[order[-1]]["tokens_per_s"], 1)])
     return row
@@ -661,6 +662,19 @@ def same_tokens(row, base) -> Optional[float]:
         return None
     pairs = [(x, y) for da, db in zip(a, b) for x, y in zip(da, db)]
     return sum(x == y for x, y in pairs) / len(pairs) if pairs else None
+
+
+def first_difference(row, base) -> Optional[list]:
+    """Per pass, the first token index at which ``row``'s first request generated another token than ``base``'s on the
+    same pass (``first_output_ids``; ``None`` for a pass where the two agree, or where one is a prefix of the other
+    at the shorter length), or ``None`` where either row lacks them. Why: two servers whose digests part on every
+    request part somewhere -- at the first drafted step after a stretch of no-draft steps, at the prefill's token,
+    or from the start -- and where tells which of them."""
+    a = [r.get("first_output_ids") for r in row.get("repeats", [row])]
+    b = [r.get("first_output_ids") for r in base.get("repeats", [base])]
+    if len(a) != len(b) or any(x is None for x in a + b):
+        return None
+    return [next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), None) for x, y in zip(a, b)]
 
 
 def request_spread(outs, wall):
@@ -701,13 +715,16 @@ def label(config, scheduler):
 def versus(row, base) -> str:
     """A table cell: ``row`` against no speculation's row ``base`` on the same prompts, pass by pass
     (:func:`paired_ratio`: the median and the range of the per-pass ratios) and the share of requests that generated
-    the same tokens (:func:`same_tokens`, where both recorded them); "–" without ``base`` or for ``base`` itself."""
+    the same tokens (:func:`same_tokens`, where both recorded them) with, where the first requests part, the token
+    at which (:func:`first_difference`); "–" without ``base`` or for ``base`` itself."""
     if base is None or base is row:
         return "–"
     ratio, per = paired_ratio(row, base)
     cell = f"{ratio:.3f}" + (f" ({min(per):.3f}-{max(per):.3f})" if per and len(per) > 1 else "")
     same = same_tokens(row, base)
-    return cell + (f"; same tokens {100 * same:.0f} %" if same is not None else "")
+    cell += f"; same tokens {100 * same:.0f} %" if same is not None else ""
+    parts = [i for i in (first_difference(row, base) or []) if i is not None]
+    return cell + (f" (first request parts at token {min(parts)}-{max(parts)})" if parts else "")
 
 
 def table(rows, memory=None):

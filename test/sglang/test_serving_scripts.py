@@ -1193,6 +1193,16 @@ def test_rows_are_compared_pass_by_pass_on_the_same_prompts():
     common = dict(step_ms=3.8, accept_length=None, tokens_per_s_range=[2104.0, 2181.0])
     t = bs.table([dict(rows[0], **common), dict(rows[1], **common)]).splitlines()
     assert t[-2].endswith("| – |") and t[-1].endswith("| 0.997 (0.983-1.006); same tokens 83 % |"), t
+    # where the first requests part: per pass, and in the table's cell
+    firsts = [[5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8]]
+    none_f = dict(none, repeats=[dict(r, first_output_ids=f) for r, f in zip(none["repeats"], firsts)])
+    lt_f = dict(lt, repeats=[dict(r, first_output_ids=f) for r, f in
+                             zip(lt["repeats"], [[5, 6, 7, 8], [5, 6, 9, 8], [4, 6, 7, 8]])])
+    assert bs.first_difference(lt_f, none_f) == [None, 2, 0]
+    assert bs.first_difference(lt, none_f) is None
+    rows_f = [dict(none_f, config="none", batch=8, accept_p=None, prompts="fresh", **common),
+              dict(lt_f, config="lt", batch=8, accept_p=0.0, prompts="fresh", **common)]
+    assert bs.table(rows_f).splitlines()[-1].endswith("same tokens 83 % (first request parts at token 0-2) |")
 
 
 def test_bench_spec_refuses_miss_rows_of_a_model_with_text_prompts(monkeypatch):

@@ -624,7 +624,8 @@ def median_pass(rows):
     row = dict(rows[pick])
     row["repeats"] = [dict(tokens_per_s=round(r["tokens_per_s"], 1), step_ms=round(r["step_ms"], 3),
                            accept_length=r["accept_length"], logged_decode_tokens_per_s=r.get("logged_decode_tokens_per_s"),
-                           seconds=r["seconds"],
+                           seconds=r["seconds"], prefill_seconds=r.get("prefill_seconds"),
+                           decode_tokens_per_s=r.get("decode_tokens_per_s"),
                            **{k: r[k] for k in ("output_digests", "first_output_ids") if k in r}) for r in rows]
     row.update(median_of=len(rows), picked=pick,
                tokens_per_s_range=[round(rows[order[0]]["tokens_per_s"], 1), round(rows[order[-1]]["tokens_per_s"], 1)])
@@ -651,6 +652,21 @@ def paired_ratio(row, base):
         per = [x["tokens_per_s"] / y["tokens_per_s"] for x, y in zip(a, b)]
         return statistics.median(per), per
     return row["tokens_per_s"] / base["tokens_per_s"], None
+
+
+def decode_ratio(row, base) -> Optional[float]:
+    """``row``'s decode tokens/s over ``base``'s -- each pass's tokens over its wall time less its prefill samples'
+    median (``decode_tokens_per_s``) --, pass by pass where both rows kept them (as :func:`paired_ratio`), else the
+    two rows' own; ``None`` where either lacks them. Why: a pass re-sends prompts its server has just seen, and
+    servers whose radix caches resume them at different tokens (LumoTree's prompt-interior states; SGLang's
+    ``extra_buffer`` cache, every 256 tokens) spend different prefill times on them: the client ratio counts that,
+    this one leaves it out."""
+    a, b = row.get("repeats"), base.get("repeats")
+    if a and b and len(a) == len(b) and all(r.get("decode_tokens_per_s") for r in a + b):
+        return statistics.median(x["decode_tokens_per_s"] / y["decode_tokens_per_s"] for x, y in zip(a, b))
+    if row.get("decode_tokens_per_s") and base.get("decode_tokens_per_s"):
+        return row["decode_tokens_per_s"] / base["decode_tokens_per_s"]
+    return None
 
 
 def same_tokens(row, base) -> Optional[float]:
@@ -714,13 +730,16 @@ def label(config, scheduler):
 
 def versus(row, base) -> str:
     """A table cell: ``row`` against no speculation's row ``base`` on the same prompts, pass by pass
-    (:func:`paired_ratio`: the median and the range of the per-pass ratios) and the share of requests that generated
+    (:func:`paired_ratio`: the median and the range of the per-pass ratios), without the passes' prefill
+    (:func:`decode_ratio`), and the share of requests that generated
     the same tokens (:func:`same_tokens`, where both recorded them) with, where the first requests part, the token
     at which (:func:`first_difference`); "–" without ``base`` or for ``base`` itself."""
     if base is None or base is row:
         return "–"
     ratio, per = paired_ratio(row, base)
     cell = f"{ratio:.3f}" + (f" ({min(per):.3f}-{max(per):.3f})" if per and len(per) > 1 else "")
+    dec = decode_ratio(row, base)
+    cell += f"; decode {dec:.3f}" if dec is not None else ""
     same = same_tokens(row, base)
     cell += f"; same tokens {100 * same:.0f} %" if same is not None else ""
     parts = [i for i in (first_difference(row, base) or []) if i is not None]
@@ -733,7 +752,7 @@ def table(rows, memory=None):
     out = machines_note(memory, "so rows of different machines are not a comparison") + [
         "| config | batch | accept_p | new tokens | tokens/s (client; median pass, range) | ms per step (client) | "
         "decode tokens/s (server log, best) | median | accept length | spec. memory | "
-        "x no speculation (pass by pass: median, range; same tokens) |",
+        "x no speculation (pass by pass: median, range; decode alone; same tokens) |",
         "|---|---|---|---|---|---|---|---|---|---|---|"]
     none = {(r["batch"], row_prompts(r), r.get("scheduler")): r for r in rows if r["config"] == "none"}
     for r in rows:

@@ -1203,6 +1203,16 @@ def test_rows_are_compared_pass_by_pass_on_the_same_prompts():
     rows_f = [dict(none_f, config="none", batch=8, accept_p=None, prompts="fresh", **common),
               dict(lt_f, config="lt", batch=8, accept_p=0.0, prompts="fresh", **common)]
     assert bs.table(rows_f).splitlines()[-1].endswith("same tokens 83 % (first request parts at token 0-2) |")
+    # decode alone: pass by pass where both kept it, else the rows' own, else nothing
+    none_d = dict(none, decode_tokens_per_s=2400.0,
+                  repeats=[dict(r, decode_tokens_per_s=d) for r, d in zip(none["repeats"], [2400.0, 2300.0, 2200.0])])
+    lt_d = dict(lt, decode_tokens_per_s=2000.0,
+                repeats=[dict(r, decode_tokens_per_s=d) for r, d in zip(lt["repeats"], [2376.0, 2346.0, 2244.0])])
+    assert bs.decode_ratio(lt_d, none_d) == pytest.approx(1.02)  # per pass 0.99, 1.02, 1.02
+    assert bs.decode_ratio(dict(lt_d, repeats=lt["repeats"]), none_d) == pytest.approx(2000 / 2400)
+    assert bs.decode_ratio(lt, none) is None
+    cell = bs.versus(dict(lt_d, prompts="fresh"), dict(none_d, prompts="fresh"))
+    assert cell == "0.997 (0.983-1.006); decode 1.020; same tokens 83 %", cell
 
 
 def test_bench_spec_refuses_miss_rows_of_a_model_with_text_prompts(monkeypatch):

@@ -71,6 +71,7 @@ def setup(rng, bs, n, levels, p, vocab=50, plen=7, known=40):
         truth = [rng.randrange(vocab) for _ in range(known)]
         slot = b
         oracle.row_slot[row], oracle.row_plen[row] = slot, plen
+        oracle.row_end[row] = 64 if b % 3 else rng.randrange(8, 40)  # some requests asked for fewer outputs
         oracle.cont[slot, :known] = torch.tensor(truth)
         oracle.filled[slot] = known if b % 5 else rng.randrange(known)  # some rows know less
         key = rng.randrange(1 << 31)
@@ -245,6 +246,32 @@ def test_recorded_continuation_serves_a_second_request_with_the_same_prompt():
     draft = torch.tensor([50, 99, 99, 99, 22, 99])
     oracle.inject(draft, positions, first_child, torch.tensor([3]), 3)
     assert draft.tolist() == [50, 99, 99, 99, 22, 99]
+
+
+def test_a_finished_requests_extra_step_is_not_recorded():
+    """SGLang's overlap scheduler runs a request that finished in step N through step N+1 too (the host drops its
+    token; LumoTree masks its state rows, so the token is no continuation). The benchmark's one-token prefill passes
+    finish at their prefill: their extra step must not overwrite output 1 of the prompt's recorded continuation."""
+    oracle = DraftOracle(1.0, rows=4, device="cpu", slots=2, max_len=16)
+    prompt = [5, 6, 7, 8]
+
+    def req(row, max_new):
+        return SimpleNamespace(origin_input_ids=list(prompt), req_pool_idx=row,
+                               sampling_params=SimpleNamespace(max_new_tokens=max_new))
+
+    oracle.admit([req(1, 4)])
+    rows = torch.tensor([1])
+    oracle.record(rows, torch.tensor([4]), torch.tensor([20]), None, 1, prefill=True)
+    oracle.record(rows, torch.tensor([4]), torch.tensor([21, 22, 23, 0]), torch.tensor([3]), 4, prefill=False)
+    # its own extra step (output 4: past the 4 it asked for) writes nothing
+    oracle.record(rows, torch.tensor([7]), torch.tensor([0]), torch.tensor([1]), 1, prefill=False)
+    assert oracle.cont[0, :5].tolist() == [20, 21, 22, 23, 0] and int(oracle.filled[0]) == 4
+    oracle.admit([req(2, 1)])  # the same prompt, one token asked for: its prefill, then the extra no-draft step
+    rows = torch.tensor([2])
+    oracle.record(rows, torch.tensor([4]), torch.tensor([20]), None, 1, prefill=True)
+    oracle.record(rows, torch.tensor([4]), torch.tensor([0]), torch.tensor([1]), 1, prefill=False)
+    oracle.record(rows, torch.tensor([4]), torch.tensor([0, 0, 0, 0]), torch.tensor([2]), 4, prefill=False)
+    assert oracle.cont[0, :4].tolist() == [20, 21, 22, 23] and int(oracle.filled[0]) == 4
 
 
 def test_a_reused_slot_starts_empty():

@@ -9,7 +9,17 @@ drafted tokens before the verify, so the step costs what it costs and accepts wh
 
 * **recording** (every step, on the device): the tokens a step produced -- a prefill's sampled token,
   a verify's accepted run, a no-draft step's token -- are written into a table keyed by the request's
-  prompt (:meth:`DraftOracle.record`). A prompt served once has its greedy continuation there.
+  prompt (:meth:`DraftOracle.record`). A prompt served once has its greedy continuation there. Only
+  outputs the request asked for (index below its ``max_new_tokens``, kept per request-pool row at
+  admission): SGLang's overlap scheduler launches step N+1 before it knows that step N finished a
+  request, so a finished request's row takes part in one more step, whose token the host drops (its
+  GDN state rows are masked, :mod:`lumotree.sglang.finish`: the token is not the continuation). Recorded,
+  it overwrites the continuation: the benchmark's one-token prefill passes (``bench_spec.measure``) finish
+  at their prefill, so their extra step would write output 1 of every prompt of the batch, and the
+  measured pass after them is forced to emit it. LUMOTREE's forced passes at the 27B shape, batches 8 and
+  64, emitted token 0 at output 1 of the first request where no speculation emitted its repeated token
+  (the oracle's table is zeros before a write; one H100) -- this extra step is the cause inferred from
+  that, not yet confirmed by a run with this check.
 * **injection** (each drafted step, on the device, after SGLang's ``EagleDraftWorker.draft``): in each
   request's draft tree the first-child chain from the root carries the recorded continuation for the
   first ``k`` levels, ``k`` the leading successes of Bernoulli(``p``) draws (deterministic in the
@@ -104,6 +114,7 @@ class DraftOracle:
         self.slot_key = torch.zeros(slots + 1, dtype=torch.int64, device=dev)
         self.row_slot = torch.full((rows,), -1, dtype=torch.int64, device=dev)
         self.row_plen = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.row_end = torch.zeros(rows, dtype=torch.int64, device=dev)  # outputs the row's request asked for
         self._keys: Dict[Tuple[int, int], int] = {}
         self._next = 0
         self.plan: Optional[Tuple[torch.Tensor, torch.Tensor]] = None  # the last injection's, until sampled
@@ -134,13 +145,15 @@ class DraftOracle:
         """Rows of requests entering by prefill: their prompt's slot (a new prompt: an empty slot)."""
         if not reqs:
             return
-        rows, slots, plens, keys, fresh = [], [], [], [], []
+        rows, slots, plens, ends, keys, fresh = [], [], [], [], [], []
         for req in reqs:
             key = prompt_key(req.origin_input_ids)
             slot, new = self._slot(key)
             rows.append(int(req.req_pool_idx))
             slots.append(slot)
             plens.append(len(req.origin_input_ids))
+            limit = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None)
+            ends.append(self.max_len if limit is None else min(int(limit), self.max_len))
             keys.append(key[1])
             fresh.append(new)
         dev = self.cont.device
@@ -152,6 +165,7 @@ class DraftOracle:
         rows_t, slots_t = put(rows), put(slots)
         self.row_slot[rows_t] = slots_t
         self.row_plen[rows_t] = put(plens)
+        self.row_end[rows_t] = put(ends)
         self.slot_key[slots_t] = put(keys)
         # a new prompt in a reused slot starts empty; a known prompt keeps what was recorded
         self.filled[slots_t] = torch.where(put(fresh, torch.bool), torch.zeros_like(slots_t), self.filled[slots_t])
@@ -161,7 +175,8 @@ class DraftOracle:
                accept_lens: Optional[torch.Tensor], stride: int, prefill: bool) -> None:
         """Write what a step produced. Prefill: ``tokens[b]`` is output 0 of row ``b``. Otherwise
         ``tokens`` ``[bs * stride]`` holds each row's accepted run first (``accept_lens[b]`` tokens),
-        following the root at output index ``seq_lens[b] - prompt length``. On CUDA one kernel launch
+        following the root at output index ``seq_lens[b] - prompt length``. Outputs at or past the row's
+        ``max_new_tokens`` are not written (the module docstring: a finished request's extra step). On CUDA one kernel launch
         (:mod:`lumotree.sglang.draft_oracle_kernels`), these torch ops elsewhere."""
         bs = seq_lens.shape[0]
         if bs == 0:
@@ -179,7 +194,7 @@ class DraftOracle:
             j = torch.arange(stride, device=slot.device)[None]
             idx = (seq_lens[:bs].long() - self.row_plen[rows])[:, None] + 1 + j
             keep = j < accept_lens[:bs].long()[:, None]
-        keep = keep & (slot[:, None] >= 0) & (idx >= 0) & (idx < self.max_len)
+        keep = keep & (slot[:, None] >= 0) & (idx >= 0) & (idx < self.max_len) & (idx < self.row_end[rows][:, None])
         s = torch.where(keep, slot[:, None].expand_as(idx), torch.full_like(idx, self.slots))
         c = torch.where(keep, idx, torch.full_like(idx, self.max_len))
         self.cont.index_put_((s.reshape(-1), c.reshape(-1)), toks.reshape(-1))

@@ -29,7 +29,7 @@ def _uniform_bits(key, idx):
 
 
 @triton.jit
-def oracle_record_fwd_kernel(p_cont, p_filled, p_row_slot, p_row_plen, p_rows, p_seq, p_tok, p_acc, stride,
+def oracle_record_fwd_kernel(p_cont, p_filled, p_row_slot, p_row_plen, p_row_end, p_rows, p_seq, p_tok, p_acc, stride,
                              cont_stride, max_len, PREFILL: tl.constexpr, BLOCK_J: tl.constexpr):
     b = tl.program_id(0)
     r = tl.load(p_rows + b).to(tl.int64)
@@ -43,7 +43,7 @@ def oracle_record_fwd_kernel(p_cont, p_filled, p_row_slot, p_row_plen, p_rows, p
         idx = tl.load(p_seq + b).to(tl.int64) - tl.load(p_row_plen + r) + 1 + j
         keep = (j < stride) & (j < tl.load(p_acc + b).to(tl.int64))
         toks = tl.load(p_tok + b * stride + j, mask=keep, other=0).to(tl.int64)
-    keep = keep & (slot >= 0) & (idx >= 0) & (idx < max_len)
+    keep = keep & (slot >= 0) & (idx >= 0) & (idx < max_len) & (idx < tl.load(p_row_end + r))
     tl.store(p_cont + slot * cont_stride + idx, toks, mask=keep)
     end = tl.max(tl.where(keep, idx + 1, 0), axis=0)
     tl.atomic_max(p_filled + slot, end, mask=(slot >= 0) & (end > 0))
@@ -106,7 +106,7 @@ def record(oracle, req_pool_indices, seq_lens, tokens, accept_lens, stride: int,
     if bs == 0:
         return
     acc = accept_lens if accept_lens is not None else seq_lens  # unread with PREFILL
-    oracle_record_fwd_kernel[(bs,)](oracle.cont, oracle.filled, oracle.row_slot, oracle.row_plen,
+    oracle_record_fwd_kernel[(bs,)](oracle.cont, oracle.filled, oracle.row_slot, oracle.row_plen, oracle.row_end,
                                     req_pool_indices.contiguous(), seq_lens.contiguous(), tokens.contiguous(),
                                     acc.contiguous(), stride, oracle.cont.stride(0), oracle.max_len,
                                     PREFILL=bool(prefill), BLOCK_J=triton.next_power_of_2(max(int(stride), 1)))

@@ -18,8 +18,8 @@ drafted tokens before the verify, so the step costs what it costs and accepts wh
   at their prefill, so their extra step would write output 1 of every prompt of the batch, and the
   measured pass after them is forced to emit it. LUMOTREE's forced passes at the 27B shape, batches 8 and
   64, emitted token 0 at output 1 of the first request where no speculation emitted its repeated token
-  (the oracle's table is zeros before a write; one H100) -- this extra step is the cause inferred from
-  that, not yet confirmed by a run with this check.
+  (one H100); with this check every row's tokens equal no speculation's
+  (``benchmark/results/oracle_tokens_27b_h100.json``).
 * **injection** (each drafted step, on the device, after SGLang's ``EagleDraftWorker.draft``): in each
   request's draft tree the first-child chain from the root carries the recorded continuation for the
   first ``k`` levels, ``k`` the leading successes of Bernoulli(``p``) draws (deterministic in the

@@ -176,8 +176,8 @@ class DraftOracle:
         """Write what a step produced. Prefill: ``tokens[b]`` is output 0 of row ``b``. Otherwise
         ``tokens`` ``[bs * stride]`` holds each row's accepted run first (``accept_lens[b]`` tokens),
         following the root at output index ``seq_lens[b] - prompt length``. Outputs at or past the row's
-        ``max_new_tokens`` are not written (the module docstring: a finished request's extra step). On CUDA one kernel launch
-        (:mod:`lumotree.sglang.draft_oracle_kernels`), these torch ops elsewhere."""
+        ``max_new_tokens`` are not written (the module docstring: a finished request's extra step). On CUDA
+        one kernel launch (:mod:`lumotree.sglang.draft_oracle_kernels`), these torch ops elsewhere."""
         bs = seq_lens.shape[0]
         if bs == 0:
             return

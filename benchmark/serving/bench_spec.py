@@ -626,7 +626,7 @@ def median_pass(rows):
                            accept_length=r["accept_length"], logged_decode_tokens_per_s=r.get("logged_decode_tokens_per_s"),
                            seconds=r["seconds"], prefill_seconds=r.get("prefill_seconds"),
                            decode_tokens_per_s=r.get("decode_tokens_per_s"),
-                           **{k: r[k] for k in ("output_digests", "first_output_ids") if k in r}) for r in rows]
+                           **{k: r[k] for k in ("output_digests", "first_output_ids", "jit") if k in r}) for r in rows]
     row.update(median_of=len(rows), picked=pick,
                tokens_per_s_range=[round(rows[order[0]]["tokens_per_s"], 1), round(rows[order[-1]]["tokens_per_s"], 1)])
     return row
@@ -728,12 +728,23 @@ def label(config, scheduler):
     return config if scheduler in (None, "default") else f"{config} [{scheduler}]"
 
 
+def jit_passes(row) -> int:
+    """How many of ``row``'s measured passes met Triton compiles or cache loads (``--jit-log``): such a pass's time
+    holds them (no speculation's batch-8 pass on fresh prompts once met a 464 ms compile, and a speculative row's
+    ratio against it read 1.34x). Its passes' own records where kept, else the row's (its median pass)."""
+    reps = row.get("repeats")
+    if not reps or not any("jit" in r for r in reps):
+        reps = [row]
+    return sum(1 for r in reps if (r.get("jit") or {}).get("count"))
+
+
 def versus(row, base) -> str:
     """A table cell: ``row`` against no speculation's row ``base`` on the same prompts, pass by pass
     (:func:`paired_ratio`: the median and the range of the per-pass ratios), without the passes' prefill
     (:func:`decode_ratio`), and the share of requests that generated
     the same tokens (:func:`same_tokens`, where both recorded them) with, where the first requests part, the token
-    at which (:func:`first_difference`); "–" without ``base`` or for ``base`` itself."""
+    at which (:func:`first_difference`), and where either row's passes met JIT compiles (:func:`jit_passes`), how
+    many; "–" without ``base`` or for ``base`` itself."""
     if base is None or base is row:
         return "–"
     ratio, per = paired_ratio(row, base)
@@ -743,7 +754,9 @@ def versus(row, base) -> str:
     same = same_tokens(row, base)
     cell += f"; same tokens {100 * same:.0f} %" if same is not None else ""
     parts = [i for i in (first_difference(row, base) or []) if i is not None]
-    return cell + (f" (first request parts at token {min(parts)}-{max(parts)})" if parts else "")
+    cell += f" (first request parts at token {min(parts)}-{max(parts)})" if parts else ""
+    jit = [f"{who} {n}" for who, r in (("no speculation", base), ("this row", row)) if (n := jit_passes(r))]
+    return cell + ("; passes with JIT compiles: " + ", ".join(jit) if jit else "")
 
 
 def table(rows, memory=None):

@@ -1215,7 +1215,8 @@ def test_rows_are_compared_pass_by_pass_on_the_same_prompts():
     assert cell == "0.997 (0.983-1.006); decode 1.020; same tokens 83 %", cell
     # a pass that met JIT compiles: the ratio's cell says whose and how many (passes' records, else the row's own)
     jit = dict(count=1, total_ms=464.0, kernels={})
-    none_j = dict(none_d, repeats=[dict(r, jit=jit if i == 1 else dict(count=0)) for i, r in enumerate(none_d["repeats"])])
+    none_j = dict(none_d, repeats=[dict(r, jit=jit if i == 1 else dict(count=0))
+                                   for i, r in enumerate(none_d["repeats"])])
     assert bs.jit_passes(none_j) == 1 and bs.jit_passes(none_d) == 0
     assert bs.jit_passes(dict(tokens_per_s=1.0, jit=jit)) == 1
     cell = bs.versus(dict(lt_d, jit=jit), none_j)

@@ -122,6 +122,12 @@ def jit_cache_env(mode, env=None, base=None):
         shutil.rmtree(root, ignore_errors=True)
 
 
+# how often the client asks whether a starting server answers: a start's ready_s is late by up to this much (a poll
+# every second made ready times multiples of one second plus the first poll's, 48.1 / 58.1 s: a 1.2x start-up
+# target read at one-second resolution)
+READY_POLL_S = 0.1
+
+
 @contextlib.contextmanager
 def sglang_server(model, extra_args=(), port=30000, log=None, timeout=300, base_args=BASE_ARGS, env=None):
     # A server left on the port (e.g. by a killed run) would answer the health check of this one,
@@ -147,7 +153,7 @@ def sglang_server(model, extra_args=(), port=30000, log=None, timeout=300, base_
                     if proc.poll() is None:  # it is this process that answers
                         break
                 except (urllib.error.URLError, ConnectionError, OSError):
-                    time.sleep(1)
+                    time.sleep(READY_POLL_S)
             print(json.dumps(dict(server_ready_s=round(time.time() - t0, 1), cmd=" ".join(cmd))), flush=True)
             yield url
         finally:

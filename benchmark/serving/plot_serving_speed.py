@@ -14,6 +14,7 @@ import os
 import sys
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -43,6 +44,8 @@ def ratios(runs):
             ratio = paired_ratio(r, base)[0] if same else r["tokens_per_s"] / base["tokens_per_s"]
             tag = [f"run {run.get('run', i + 1)}"] if len(runs) > 1 else []
             tag += [run["tag"]] if run.get("tag") else []
+            if r.get("accept_p") is None:  # no oracle: its rows on known and on fresh prompts are two series
+                tag += [row_prompts(r) + " prompts"]
             key = (r.get("accept_p"), r["config"] + (f" ({', '.join(tag)})" if tag else ""))
             out.setdefault(key, []).append((r["batch"], ratio, r.get("accept_length") or 1.0))
     return out
@@ -59,7 +62,7 @@ def main():
     runs = res["runs"] if "runs" in res else [res]
     shapes = list(dict.fromkeys(r["rows"][0].get("shape", "") for r in runs))
     grid = {shape: ratios([r for r in runs if r["rows"][0].get("shape", "") == shape]) for shape in shapes}
-    panels = sorted({p for series in grid.values() for p, _ in series}, key=lambda p: -(p or 0.0))
+    panels = sorted({p for series in grid.values() for p, _ in series}, key=lambda p: (p is None, -(p or 0.0)))
     fig, axes = plt.subplots(len(shapes), len(panels), figsize=(6.2 * len(panels), 4.6 * len(shapes)), squeeze=False)
     for row, shape in zip(axes, shapes):
         series = grid[shape]
@@ -73,8 +76,10 @@ def main():
                         ls="-" if label.startswith("lumotree") else ":", label=f"{label}, mean accept {acc:.2f}")
             ax.axhline(1.0, color="black", lw=0.8)
             ax.set(xscale="log", xlabel="batch", ylabel="tokens/s ÷ no speculation",
-                   title=f"{shape}: " + ("drafts that miss" if not p else f"controlled acceptance p = {p}"))
+                   title=f"{shape}: " + ("no oracle: the server's own drafts" if p is None else
+                                         "drafts that miss" if not p else f"controlled acceptance p = {p}"))
             ax.set_xticks(batches, [str(b) for b in batches])
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.legend(fontsize=7)
     fig.suptitle(f"Serving speed vs no speculation, {DEVICES[device]}")
     fig.tight_layout()

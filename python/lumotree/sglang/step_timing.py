@@ -68,7 +68,9 @@ benchmark takes the difference over its own time windows (``sglang_server.py: st
 (the target's forward split into its batch's init, the model and the sampler, and a CUDA-graph forward's model into
 the graph runner's input copies with its attention metadata and the replay; an EAGLE V2 drafted step's draft, verify
 preparation and draft-extend; the scheduler's prefill preparation and
-result processing; the radix tree's calls; CUDA event waits; LumoTree's prefill work) are charged to those totals only,
+result processing; the radix tree's calls; CUDA event waits; LumoTree's prefill work: its finish rules' admission,
+its adaptive worker's choice whether the prefill runs the MTP draft-extend, ``lt_pf_choose``, and the stub draft input
+that replaces it, ``lt_pf_stub``, :mod:`lumotree.sglang.worker`) are charged to those totals only,
 so that an interval of any kind is split further, the same way for every server. Beside them, the prompt tokens the
 batches that opened each kind's intervals computed (a prefill batch's ``extend_num_tokens``), as
 ``<kind>_tokens N tokens M`` (tokens, intervals that had some), so that two servers' prefill time compares per token.
@@ -120,6 +122,8 @@ SECTIONS = (("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new
             ("sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker.draft", "draft"),
             ("sglang.srt.speculative.eagle_utils.eagle_prepare_for_verify", "verify_prep"),
             ("sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_decode", "draft_extend"),
+            # and a prefill's MTP draft-extend over its prompts (where an adaptive LumoTree worker runs it)
+            ("sglang.srt.speculative.eagle_worker_v2.EagleDraftWorker._draft_extend_for_prefill", "draft_extend_prefill"),
             ("sglang.srt.managers.schedule_batch.ScheduleBatch.prepare_for_extend", "prep_extend"),
             (f"{SCHEDULER}.get_new_batch_prefill", "new_prefill"),
             ("sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"

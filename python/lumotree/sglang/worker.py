@@ -577,7 +577,7 @@ def worker_class():
 
             def draft_extend_for_prefill(batch, target_hidden_states, next_token_ids, mm_input_embeds=None):
                 if self._prefill_stub and not batch.forward_mode.is_idle():
-                    return self._prefill_without_draft(batch, next_token_ids)
+                    return step_timing.measure_size("lt_pf_stub", 0, self._prefill_without_draft, batch, next_token_ids)
                 return draft_extend(batch, target_hidden_states, next_token_ids, mm_input_embeds)
 
             dw._draft_extend_for_prefill = draft_extend_for_prefill
@@ -711,7 +711,7 @@ def worker_class():
                 self._ledger.clock.interrupt()
                 args, kwargs = publish_prefill_early(batch, args, kwargs)  # its lengths are known: publish, launch
                 if getattr(self, "_mtp_entries", None) is not None:  # (only adaptive servers that can serve none)
-                    self._choose_prefill_draft_extend(batch)
+                    step_timing.measure_size("lt_pf_choose", 0, self._choose_prefill_draft_extend, batch)
             elif self.tree_policy is not None and not batch.forward_mode.is_idle():
                 bs = batch.seq_lens.shape[0]
                 if getattr(self, "_admitted", None):

@@ -1070,27 +1070,40 @@ def test_the_worker_builds_shallower_chains_with_their_own_tokens_and_attributes
     assert w.tree_policy.accept == pytest.approx(3.0 * (1 - adaptive.EMA))
 
 
-@pytest.mark.parametrize("why, kw", [("data parallelism", dict(dp_size=2)),
-                                     ("data parallelism", dict(enable_dp_attention=True)),
-                                     ("decode-exact", dict(enable_deterministic_inference=True)),
-                                     ("multi-layer-eagle", dict(enable_multi_layer_eagle=True))])
-@pytest.mark.parametrize("algorithm, configured", [("LUMOTREE", 3), ("LUMOTREE_SUFFIX", 1)])
-def test_a_fixed_tree_server_refuses_a_config_that_asks_it_to_choose(tmp_path, why, kw, algorithm, configured):
-    """A server that serves its configured tree on every step would ignore a config asking it to choose: it fails at
-    start-up naming the flag and why; a config of the configured tree alone, or none, passes."""
+def _args(tmp_path, algorithm, cfg, **kw):
+    """Server arguments as the adaptive checks read them, ``cfg`` the ``--speculative-adaptive-config`` (JSON)."""
     import json
     from types import SimpleNamespace
 
+    path = None
+    if cfg is not None:
+        path = tmp_path / "c.json"
+        path.write_text(json.dumps(cfg))
+    base = dict(speculative_algorithm=algorithm, speculative_num_steps=3, speculative_adaptive_config=path,
+                tp_size=2, dp_size=1, enable_dp_attention=False, enable_multi_layer_eagle=False,
+                enable_deterministic_inference=False)
+    base.update(kw)
+    return SimpleNamespace(**base)
+
+
+@pytest.mark.parametrize("why, kw, algorithms", [
+    ("data parallelism", dict(dp_size=2), ("LUMOTREE", "LUMOTREE_SUFFIX")),
+    ("data parallelism", dict(enable_dp_attention=True), ("LUMOTREE", "LUMOTREE_SUFFIX")),
+    ("data parallelism", dict(enable_dp_attention=True, enable_deterministic_inference=True), ("LUMOTREE",)),
+    ("decode-exact", dict(enable_deterministic_inference=True), ("LUMOTREE_SUFFIX",)),
+    ("multi-layer-eagle", dict(enable_multi_layer_eagle=True), ("LUMOTREE", "LUMOTREE_SUFFIX"))])
+@pytest.mark.parametrize("algorithm, configured", [("LUMOTREE", 3), ("LUMOTREE_SUFFIX", 1)])
+def test_a_fixed_tree_server_refuses_a_config_that_asks_it_to_choose(tmp_path, why, kw, algorithms, algorithm,
+                                                                      configured):
+    """A server that serves its configured tree on every step would ignore a config asking it to choose: it fails at
+    start-up naming the flag and why; a config of the configured tree alone, or none, passes."""
+    from types import SimpleNamespace
+
+    if algorithm not in algorithms:
+        pytest.skip(f"{algorithm} chooses there (test_a_decode_exact_lumotree_server_chooses_where_its_config_asks)")
+
     def sa(cfg):
-        path = None
-        if cfg is not None:
-            path = tmp_path / "c.json"
-            path.write_text(json.dumps(cfg))
-        base = dict(speculative_algorithm=algorithm, speculative_num_steps=3, speculative_adaptive_config=path,
-                    tp_size=2, dp_size=1, enable_dp_attention=False, enable_multi_layer_eagle=False,
-                    enable_deterministic_inference=False)
-        base.update(kw)
-        return SimpleNamespace(**base)
+        return _args(tmp_path, algorithm, cfg, **kw)
 
     assert not adaptive.adaptive_tree_size(sa(None))
     with pytest.raises(ValueError, match=r"--speculative-adaptive-config .*" + why + r".* drop the flag"):
@@ -1100,6 +1113,25 @@ def test_a_fixed_tree_server_refuses_a_config_that_asks_it_to_choose(tmp_path, w
     # a tensor-parallel server alone chooses: nothing to refuse
     kw_tp = {k: (1 if k == "dp_size" else False) for k in kw}
     adaptive.check_fixed_tree_config(SimpleNamespace(**{**vars(sa({"candidate_steps": [0, configured]})), **kw_tp}))
+
+
+def test_a_decode_exact_lumotree_server_chooses_where_its_config_asks(tmp_path):
+    """The decode-exact mode serves the configured tree unless a LUMOTREE server's config lists other candidates: then
+    it chooses between them (its no-draft step a decode step, its tree's verify the decode-exact one)."""
+    exact = dict(enable_deterministic_inference=True)
+    assert not adaptive.adaptive_tree_size(_args(tmp_path, "LUMOTREE", None, **exact))
+    assert not adaptive.adaptive_tree_size(_args(tmp_path, "LUMOTREE", {"candidate_steps": [3]}, **exact))
+    sa = _args(tmp_path, "LUMOTREE", {"candidate_steps": [0, 3], "probe_every": 2}, **exact)
+    assert adaptive.adaptive_tree_size(sa) and adaptive.exact_choice(sa)
+    adaptive.check_fixed_tree_config(sa)  # nothing to refuse
+    assert adaptive.candidate_steps(sa) == [0, 3] and adaptive.policy_settings(sa).probe_every == 2
+    # a config without candidates (policy settings only) leaves the exact mode's fixed tree, and is refused by name
+    settings_only = _args(tmp_path, "LUMOTREE", {"probe_every": 2}, **exact)
+    assert not adaptive.adaptive_tree_size(settings_only)
+    with pytest.raises(ValueError, match=r"--speculative-adaptive-config .*decode-exact mode .*without candidate_steps"):
+        adaptive.check_fixed_tree_config(settings_only)
+    # LUMOTREE_SUFFIX's decode-exact mode keeps its tree whatever its config lists
+    assert not adaptive.adaptive_tree_size(_args(tmp_path, "LUMOTREE_SUFFIX", {"candidate_steps": [0, 1]}, **exact))
 
 
 def measured_policy(accept=1.0, times=None):

@@ -1,6 +1,7 @@
 """The one-token verify (the adaptive worker's no-draft step) is served as a decode step: SGLang's
-decode path updates the pool rows in place and the commit does nothing; a tree verify, the exact
-mode and SGLang's extra_buffer state cache keep LumoTree's verify and replay commit. Dispatch only
+decode path updates the pool rows in place and the commit does nothing, in the decode-exact mode too (the decode
+kernels are what its exact verify computes for one node); a tree verify (the exact mode's too) and SGLang's
+extra_buffer state cache keep LumoTree's verify and replay commit. Dispatch only
 (CPU): the numerics are SGLang's decode kernels, compared end to end on the GPU
 (test_served_no_draft_gpu.py)."""
 from types import SimpleNamespace
@@ -28,16 +29,17 @@ def fb(n):
                            spec_info=SimpleNamespace(draft_token_num=n))
 
 
-def test_one_token_verify_is_a_decode_and_commits_nothing(monkeypatch):
-    be, calls = backend(monkeypatch)
+@pytest.mark.parametrize("exact", [False, True], ids=["default", "exact"])
+def test_one_token_verify_is_a_decode_and_commits_nothing(monkeypatch, exact):
+    be, calls = backend(monkeypatch, exact=exact)
     be.forward_extend(SimpleNamespace(layer_id=0), fb(1), None, None, None)
     assert calls == ["decode"] and be._verify_tokens == 1
     be.forward_metadata = None  # the commit must not touch anything: it would fail on this
     be.commit_after_verify(SimpleNamespace(shape=(4,)), None, None)
 
 
-@pytest.mark.parametrize("n,kw", [(6, {}), (1, {"one_token_decode": False}), (1, {"exact": True})],
-                         ids=["tree", "extra-buffer", "exact"])
+@pytest.mark.parametrize("n,kw", [(6, {}), (1, {"one_token_decode": False}), (4, {"exact": True})],
+                         ids=["tree", "extra-buffer", "exact-tree"])
 def test_other_verifies_keep_the_tree_verify_and_commit(monkeypatch, n, kw):
     be, calls = backend(monkeypatch, **kw)
     be.forward_extend(SimpleNamespace(layer_id=0), fb(n), None, None, None)

@@ -378,7 +378,9 @@ for extra in ([], ["--speculative-adaptive"], ["--speculative-adaptive-config", 
               ["--speculative-algorithm", "LUMOTREE_SUFFIX", "--speculative-adaptive-config", bad_quantile],
               ["--speculative-adaptive-config", mtp_quantile],
               chain + ["--speculative-adaptive-config", depths], ["--speculative-adaptive-config", depths],
-              ["--tp-size", "2", "--dp-size", "2", "--speculative-adaptive-config", both]):
+              ["--tp-size", "2", "--dp-size", "2", "--speculative-adaptive-config", both],
+              ["--enable-deterministic-inference", "--speculative-adaptive-config", both],
+              ["--enable-deterministic-inference"]):
     try:
         sa = prepare_server_args(base + extra)
         print("RESULT ok", adaptive_tree_size(sa), sa.speculative_adaptive, sa.speculative_num_draft_tokens)
@@ -391,14 +393,18 @@ def test_lumotree_is_adaptive_by_default_and_checks_the_adaptive_flags(tmp_path)
     """A LUMOTREE server chooses its tree size per step by default; ``--speculative-adaptive`` is
     accepted, on LUMOTREE_SUFFIX too (and SGLang's chain-only controller kept off, so its draft-token sizing does
     not apply to the tree); a config naming a tree it cannot serve, or a policy setting out of range, fails at
-    parsing; with tensor parallelism it stays adaptive (the ranks choose alike, lumotree.sglang.shared_times). LUMOTREE_SUFFIX's
+    parsing; with tensor parallelism it stays adaptive (the ranks choose alike, lumotree.sglang.shared_times), in the
+    decode-exact mode only where its config lists candidates (adaptive.exact_choice). LUMOTREE_SUFFIX's
     per-request choice is checked there too, and a chain's shallower depths (a tree's fail by name)."""
     if not os.path.isfile(os.path.join(CKPT, "config.json")):
         pytest.skip("tiny checkpoint not in this checkout")
     out = subprocess.run([sys.executable, "-c", ADAPTIVE_SCRIPT, CKPT, str(tmp_path)], capture_output=True,
                          text=True, timeout=600, cwd=ROOT)
     lines = [ln[len("RESULT "):] for ln in out.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert len(lines) == 12, out.stdout[-2000:] + out.stderr[-4000:]
+    assert len(lines) == 14, out.stdout[-2000:] + out.stderr[-4000:]
+    # the decode-exact mode chooses where its config lists no draft too, else it serves the configured tree
+    assert lines[12] == "ok True False 6", lines[12]
+    assert lines[13] == "ok False False 6", lines[13]
     # data parallelism serves the configured tree: a config asking it to choose fails, naming the flag and why
     assert "--speculative-adaptive-config" in lines[11] and "data parallelism" in lines[11], lines[11]
     assert lines[0] == "ok True False 6", lines[0]

@@ -686,20 +686,39 @@ def adaptive_tree_size(server_args) -> bool:
     ``--enable-multi-layer-eagle``, the decode-exact mode and data parallelism (``--dp-size`` > 1, DP attention:
     its ranks run batches of their own, and ranks choosing differently would launch different collectives), which
     serve the configured tree. Tensor-parallel ranks choose alike: their policies take rank 0's step times at the
-    same steps (:mod:`lumotree.sglang.shared_times`)."""
+    same steps (:mod:`lumotree.sglang.shared_times`).
+
+    A LUMOTREE server in the decode-exact mode chooses where ``--speculative-adaptive-config`` lists more than its
+    configured tree (:func:`exact_choice`): both its step kinds compute what a decode computes -- the no-draft step
+    is a decode step (SGLang's decode forward), the tree's verify the decode-exact one -- so its greedy outputs stay
+    token-identical to the server without speculation whatever it chooses, and the switches between them can be
+    checked token for token (``test/sglang/test_served_switch_gpu.py``)."""
     from lumotree.sglang.exact import exact_mode
 
-    data_parallel = ((getattr(server_args, "dp_size", 1) or 1) > 1
-                     or bool(getattr(server_args, "enable_dp_attention", False)))
-    return not (getattr(server_args, "enable_multi_layer_eagle", False) or exact_mode(server_args) or data_parallel)
+    if getattr(server_args, "enable_multi_layer_eagle", False) or _data_parallel(server_args):
+        return False
+    return exact_choice(server_args) if exact_mode(server_args) else True
+
+
+def _data_parallel(server_args) -> bool:
+    return (getattr(server_args, "dp_size", 1) or 1) > 1 or bool(getattr(server_args, "enable_dp_attention", False))
+
+
+def exact_choice(server_args) -> bool:
+    """Whether a decode-exact server's ``--speculative-adaptive-config`` asks it to choose: a LUMOTREE server whose
+    config lists candidates besides its configured tree (LUMOTREE_SUFFIX's decode-exact mode serves its tree on
+    every step)."""
+    if is_suffix(server_args):
+        return False
+    _, cfg = _config(server_args)
+    got = cfg.get("candidate_steps") if isinstance(cfg, dict) else None
+    return isinstance(got, list) and got != [int(server_args.speculative_num_steps or 0)]
 
 
 def check_fixed_tree_config(server_args) -> None:
     """On a server that serves its configured tree on every step (:func:`adaptive_tree_size` false): raise
     ``ValueError`` naming ``--speculative-adaptive-config`` if that flag asks for any other candidate -- the server
     would ignore it. A config of the configured tree alone (``{"candidate_steps": [3]}``) is what it serves anyway."""
-    from lumotree.sglang.exact import exact_mode
-
     path, cfg = _config(server_args)
     if cfg is None or adaptive_tree_size(server_args):
         return
@@ -707,9 +726,10 @@ def check_fixed_tree_config(server_args) -> None:
     got = cfg.get("candidate_steps") if isinstance(cfg, dict) else None
     if got == [configured]:
         return
-    why = ("the decode-exact mode (--enable-deterministic-inference)" if exact_mode(server_args) else
-           "--enable-multi-layer-eagle" if getattr(server_args, "enable_multi_layer_eagle", False) else
-           "data parallelism (--dp-size > 1 or --enable-dp-attention)")
+    why = ("--enable-multi-layer-eagle" if getattr(server_args, "enable_multi_layer_eagle", False) else
+           "data parallelism (--dp-size > 1 or --enable-dp-attention)" if _data_parallel(server_args) else
+           "LUMOTREE_SUFFIX's decode-exact mode (--enable-deterministic-inference)" if is_suffix(server_args) else
+           "the decode-exact mode (--enable-deterministic-inference) without candidate_steps in the config")
     raise ValueError(f"--speculative-adaptive-config {path}: {why} serves the configured tree on every step, so "
                      f"{got!r} cannot be chosen from; drop the flag (or give {{\"candidate_steps\": [{configured}]}})")
 

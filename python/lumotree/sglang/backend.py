@@ -233,8 +233,9 @@ class LumoTreeGDNBackend(GDNAttnBackend):
 
     # ------------------------------------------------------------------ verify
     def _decodes_in_place(self) -> bool:
-        """This backend's verifies are one-token (no-draft) steps served as a decode, in place."""
-        return self._verify_tokens == 1 and self.one_token_decode and not self.exact
+        """This backend's verifies are one-token (no-draft) steps served as a decode, in place (in the decode-exact
+        mode too: the decode kernels in place are what its exact verify computes for one node)."""
+        return self._verify_tokens == 1 and self.one_token_decode
 
     def forward_extend(self, layer, forward_batch, mixed_qkv, a, b, **kwargs):
         if not (self.lumotree and forward_batch.forward_mode.is_target_verify()):

@@ -26,9 +26,9 @@ ENV = {"SGLANG_BATCH_INVARIANT_OPS_ENABLE_MM_DEEPGEMM": "0"}
 SIZES_ENV = {"LUMOTREE_SUFFIX_TOKENS_PER_STEP": "32"}
 
 
-def serve(tmp_path, name, args, env):
-    """One request, then batches of 2, 4 and 8 (each batch's requests end together, so its steps run at its
-    size, then smaller ones as no request leaves early)."""
+def serve(tmp_path, name, args, env, prompts=PROMPTS):
+    """One request, then batches of 2, 4 and 8 of ``prompts`` (each batch's requests end together, so its steps run
+    at its size, then smaller ones as no request leaves early)."""
     from sglang_server import BASE_ARGS, generate, sglang_server
 
     base = ["info" if a == "warning" else a for a in BASE_ARGS] + ["--max-running-requests", "8"]
@@ -38,7 +38,7 @@ def serve(tmp_path, name, args, env):
                        log=str(tmp_path / f"{name}.log"), timeout=600) as url:
         outs = []
         for k in (1, 2, 4, 8):
-            outs += generate(url, PROMPTS[:k], 64)
+            outs += generate(url, prompts[:k], 64)
     log = (tmp_path / f"{name}.log").read_text(errors="replace")
     return [o["output_ids"] for o in outs], [o["meta_info"] for o in outs], log
 

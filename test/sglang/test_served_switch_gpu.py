@@ -18,7 +18,7 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 sys.path.insert(0, os.path.dirname(__file__))
-from test_served_suffix_sizes_gpu import ENV, EXACT, PROMPTS, ROOT  # noqa: E402  (tiny model's prompts, exact mode)
+from test_served_suffix_sizes_gpu import EXACT, PROMPTS, serve  # noqa: E402  (tiny model, exact mode, batches 1-8)
 
 PROSE = ["The committee met on a rainy Tuesday to discuss ", "Rivers carry sediment from mountains toward ",
          "In the old market, traders argued about ", "A quiet morning: the baker opened his shop and "]
@@ -29,28 +29,12 @@ SWITCHY = {"candidate_steps": [0, 3], "ema": 0.5, "probe_every": 2, "probe_max":
            "drop_z": 0.0, "floor_first": False}
 
 
-def serve(tmp_path, name, args):
-    """One request, then batches of 2, 4 and 8 of :data:`MIXED`, 64 greedy tokens each."""
-    sys.path.insert(0, os.path.join(ROOT, "benchmark", "serving"))
-    from sglang_server import BASE_ARGS, generate, sglang_server
-
-    base = ["info" if a == "warning" else a for a in BASE_ARGS] + ["--max-running-requests", "8"]
-    model = os.path.join(ROOT, "benchmark", "models", "tiny-hybrid")
-    port = int(os.environ.get("LUMOTREE_TEST_PORT", "30000"))
-    with sglang_server(model, args, port=port, base_args=base, env=dict(ENV), log=str(tmp_path / f"{name}.log"),
-                       timeout=600) as url:
-        outs = []
-        for k in (1, 2, 4, 8):
-            outs += generate(url, MIXED[:k], 64)
-    log = (tmp_path / f"{name}.log").read_text(errors="replace")
-    return [o["output_ids"] for o in outs], [o["meta_info"] for o in outs], log
-
-
 def test_exact_mode_replies_through_switches_between_no_draft_and_the_chain_are_token_identical(tmp_path):
     cfg = tmp_path / "switchy.json"
     cfg.write_text(json.dumps(SWITCHY))
-    ref, _, ref_log = serve(tmp_path, "none-exact", EXACT)
-    got, meta, log = serve(tmp_path, "switchy-exact", CHAIN + EXACT + ["--speculative-adaptive-config", str(cfg)])
+    ref, _, ref_log = serve(tmp_path, "none-exact", EXACT, {}, MIXED)
+    got, meta, log = serve(tmp_path, "switchy-exact", CHAIN + EXACT + ["--speculative-adaptive-config", str(cfg)], {},
+                           MIXED)
     assert "Traceback" not in log and "Traceback" not in ref_log
     assert "no-draft steps run as decode steps" in log
     on = len(re.findall(r"Switch adaptive runtime state: steps 0 -> 3", log))

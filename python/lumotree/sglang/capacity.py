@@ -10,8 +10,8 @@ speculation, and at batch 64 and up that alone decides the race (the requests be
   (a smaller ``--cuda-graph-max-bs`` does not cap it: batches above it run eager, as without speculation). Its price:
   SGLang's verify graphs keep KV-index buffers of (their largest batch x draft tokens x context length) int64, 2 GiB
   for 256 x 4 at a 262k-token context (no speculation's decode graphs: a quarter of that), taken from the memory
-  outside the pools. A fixed tree (the decode-exact mode unless its config asks it to choose, data parallelism) keeps SGLang's 48; an explicit flag is
-  kept as given. LUMOTREE_SUFFIX keeps 48: its 32-node trees would make those
+  outside the pools. A fixed tree (the decode-exact mode unless its config asks it to choose, data parallelism)
+  keeps SGLang's 48; an explicit flag is kept as given. LUMOTREE_SUFFIX keeps 48: its 32-node trees would make those
   buffers eight times larger (its agent workloads run up to 32 requests).
 * **The state slots.** SGLang sizes a hybrid model's state pool (``max_mamba_cache_size``; with the radix cache it
   allows ``slots // 3`` running requests) from the memory left after the weights, shared between state slots and KV

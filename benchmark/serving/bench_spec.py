@@ -255,7 +255,7 @@ def profile_pass(url, batch, args, key, tag, prefill_s, step_s=None):
     worker.start()
     time.sleep(prefill_s + (PROFILE_LEAD_STEPS * step_s if step_s else 0.3))
     post(url + "/start_profile", dict(output_dir=out, num_steps=args.profile_steps, activities=["CPU", "GPU"],
-                                      with_stack=True, profile_prefix=tag))
+                                      with_stack=not args.profile_no_stack, profile_prefix=tag))
     worker.join()
     stop_profile(url, post)  # a pass shorter than --profile-steps would leave no trace
     return out
@@ -272,7 +272,7 @@ def profile_prefill_pass(url, batch, args, key, tag):
     out = os.path.abspath(os.path.join(args.profile_dir, tag))
     os.makedirs(out, exist_ok=True)
     post(url + "/start_profile", dict(output_dir=out, num_steps=args.profile_prefill_steps, activities=["CPU", "GPU"],
-                                      with_stack=True, profile_prefix=tag))
+                                      with_stack=not args.profile_no_stack, profile_prefix=tag))
     time.sleep(0.2)
     for _ in range(2):
         generate(url, batch, 1, key=key)
@@ -389,6 +389,9 @@ def main():
     ap.add_argument("--profile-prefill", action="store_true",
                     help="also profile one-token passes (the prefill) at --profile-batches, after the decode profiles")
     ap.add_argument("--profile-prefill-steps", type=int, default=2)
+    ap.add_argument("--profile-no-stack", action="store_true",
+                    help="profiles without Python stacks: the host runs at its own speed (with stacks about threefold "
+                         "slower), for a timeline of when each launch reaches the device (profile_summary.py --gaps)")
     ap.add_argument("--jit-log", action="store_true",
                     help="every server logs each Triton compile or cache load (LUMOTREE_BENCH_JIT_LOG=1, benchmark "
                          "only); each row records those inside its measured pass (jit: count, ms, kernels) -- what "

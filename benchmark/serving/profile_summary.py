@@ -7,7 +7,8 @@ Per trace: the window from the first to the last GPU activity, the time the GPU 
 of kernel / memcpy / memset intervals) and so the idle share -- a step the GPU waits for is
 host-bound -- the CUDA-graph launches, the heaviest kernels, the CUDA runtime calls, and the
 inclusive host time of Python functions (``with_stack``) whose names match ``--focus`` (``--python-top``: of any
-name; ``--compare``: two traces' functions per forward step side by side).
+name; ``--compare``: two traces' functions per forward step side by side; ``--gaps``: the GPU's idle gaps, by the
+operations around them and by whether the host launched late).
 """
 from __future__ import annotations
 
@@ -199,6 +200,43 @@ def compare_kernels(a: dict, b: dict, top: int = 40) -> dict:
                            diff_us=round(kb.get(n, zero)[1] - ka.get(n, zero)[1], 2)) for n in names[:top]])
 
 
+def gaps(events, top: int = 20, steps=None, min_us: float = 1.0) -> dict:
+    """The GPU's idle gaps (``min_us`` or longer) between one GPU operation's end and the next one's start, whole
+    and by the pair of operations around them, and whether the host was late: the launch call of the operation
+    after the gap (its CUDA runtime call, matched by correlation id) began after the gap opened -- the device waited
+    for the host -- or before it (the wait was the device's own: a stream or event dependency, a graph's start).
+    Per step when ``steps`` is given. Read from a trace written without Python stacks (``bench_spec.py
+    --profile-no-stack``), whose host runs at its own speed."""
+    xs = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
+    gpu = sorted((e for e in xs if e.get("cat") in GPU_CATS), key=lambda e: e["ts"])
+    launch = {e.get("args", {}).get("correlation"): e for e in xs if e.get("cat") == "cuda_runtime"}
+    pairs = collections.defaultdict(lambda: [0, 0.0, 0.0])  # count, idle us, of it host-late us
+    total = late = 0.0
+    n = 0
+    end, prev = None, None
+    for e in gpu:
+        if end is not None and e["ts"] - end >= min_us:
+            gap = e["ts"] - end
+            call = launch.get(e.get("args", {}).get("correlation"))
+            host_late = call is not None and call["ts"] > end
+            key = (prev["name"][:60], e["name"][:60], call["name"] if call is not None else "?")
+            row = pairs[key]
+            row[0] += 1
+            row[1] += gap
+            row[2] += gap if host_late else 0.0
+            total += gap
+            late += gap if host_late else 0.0
+            n += 1
+        if end is None or e["ts"] + e["dur"] > end:
+            end, prev = e["ts"] + e["dur"], e
+    div = steps or 1
+    return dict(unit="us per step" if steps else "us", gaps=round(n / div, 2), idle_us=round(total / div, 2),
+                host_late_us=round(late / div, 2),
+                pairs=[dict(before=k[0], after=k[1], launched_by=k[2], count=round(c / div, 2),
+                            idle_us=round(t / div, 2), host_late_us=round(h / div, 2))
+                       for k, (c, t, h) in sorted(pairs.items(), key=lambda x: -x[1][1])[:top]])
+
+
 def traces(paths):
     for p in paths:
         if os.path.isdir(p):
@@ -222,6 +260,9 @@ def main(argv=None):
                     help="also the N Python functions of most inclusive host time (any name; traces written with_stack)")
     ap.add_argument("--callers", action="store_true",
                     help="also count eager launches per Python caller (traces written with_stack)")
+    ap.add_argument("--gaps", action="store_true",
+                    help="also the GPU's idle gaps by the operations around them, and how much of each the host "
+                         "was late for (traces written with bench_spec.py --profile-no-stack)")
     ap.add_argument("--compare", action="store_true",
                     help="two traces: their Python functions' host time per forward step side by side, under "
                          "'comparison', and their GPU kernels per step, under 'kernel_comparison' (needs --python-top)")
@@ -232,6 +273,8 @@ def main(argv=None):
         res[t] = summarize(events, top=args.top, steps=args.steps, python_top=args.python_top, all_kernels=args.compare)
         if args.callers:
             res[t]["launches_by_caller"] = launches_by_caller(events, steps=args.steps)
+        if args.gaps:
+            res[t]["gpu_gaps"] = gaps(events, top=args.top, steps=args.steps)
         s = res[t]
         print(f"{t}: window {s.get('window_ms')} ms, GPU busy {s.get('gpu_busy_ms')} ms "
               f"(idle {100 * s.get('gpu_idle_fraction', 0):.0f}%), graph launches {s.get('graph_launches')}, "

@@ -348,6 +348,33 @@ def test_state_slots_from_the_memory_log():
     assert bs.state_slots(["no such line"]) is None
 
 
+def test_profile_summary_gaps_tell_a_late_host_from_the_device_s_own_wait(tmp_path):
+    """--gaps: kernel a ends at 10; b starts at 15, launched at 12 (after a ended: the host was late, 5 us); c starts
+    at 30, launched at 6 (the device's own wait, 10 us); d right after c (no gap). Per step with --steps."""
+    import gzip
+    import json
+
+    ps = load("profile_summary")
+    ev = [dict(ph="X", cat="kernel", name="a", ts=0, dur=10, args=dict(correlation=1)),
+          dict(ph="X", cat="kernel", name="b", ts=15, dur=5, args=dict(correlation=2)),
+          dict(ph="X", cat="kernel", name="c", ts=30, dur=10, args=dict(correlation=3)),
+          dict(ph="X", cat="gpu_memcpy", name="d", ts=40, dur=2, args=dict(correlation=4)),
+          dict(ph="X", cat="cuda_runtime", name="cudaLaunchKernel", ts=1, dur=2, args=dict(correlation=1)),
+          dict(ph="X", cat="cuda_runtime", name="cudaLaunchKernel", ts=12, dur=2, args=dict(correlation=2)),
+          dict(ph="X", cat="cuda_runtime", name="cudaGraphLaunch", ts=6, dur=2, args=dict(correlation=3)),
+          dict(ph="X", cat="cuda_runtime", name="cudaMemcpyAsync", ts=7, dur=2, args=dict(correlation=4))]
+    f = tmp_path / "g.trace.json.gz"
+    with gzip.open(f, "wt") as h:
+        json.dump(dict(traceEvents=ev), h)
+    g = ps.main([str(f), "--gaps"])[str(f)]["gpu_gaps"]
+    assert (g["gaps"], g["idle_us"], g["host_late_us"]) == (2, 15.0, 5.0)
+    assert g["pairs"] == [
+        dict(before="b", after="c", launched_by="cudaGraphLaunch", count=1, idle_us=10.0, host_late_us=0.0),
+        dict(before="a", after="b", launched_by="cudaLaunchKernel", count=1, idle_us=5.0, host_late_us=5.0)]
+    g2 = ps.main([str(f), "--gaps", "--steps", "2"])[str(f)]["gpu_gaps"]
+    assert (g2["gaps"], g2["idle_us"], g2["host_late_us"], g2["unit"]) == (1.0, 7.5, 2.5, "us per step")
+
+
 def test_profile_pass_asks_sglang_for_a_bounded_cpu_gpu_trace(tmp_path, monkeypatch):
     import argparse
 
@@ -357,14 +384,15 @@ def test_profile_pass_asks_sglang_for_a_bounded_cpu_gpu_trace(tmp_path, monkeypa
     monkeypatch.setattr(bs, "generate", lambda url, batch, n, key="text": calls.append(("gen", len(batch), n)) or [])
     slept = []
     monkeypatch.setattr(bs.time, "sleep", lambda s: slept.append(s))
-    args = argparse.Namespace(profile_dir=str(tmp_path / "prof"), profile_steps=30, output_len=128)
+    args = argparse.Namespace(profile_dir=str(tmp_path / "prof"), profile_steps=30, output_len=128,
+                              profile_no_stack=False)
     out = bs.profile_pass("http://x", [[1, 2]] * 8, args, "input_ids", "lumotree-topk2-bs8", 0.4)
     assert out == str(tmp_path / "prof" / "lumotree-topk2-bs8") and (tmp_path / "prof" / "lumotree-topk2-bs8").is_dir()
     # the requests first, the profiler once their prefill is over: the window holds decode steps only
     assert calls[0] == ("gen", 8, 128) and slept == [pytest.approx(0.7)]
     url, payload = calls[1]
     assert url == "http://x/start_profile" and payload["num_steps"] == 30 and payload["activities"] == ["CPU", "GPU"]
-    assert payload["output_dir"] == out
+    assert payload["output_dir"] == out and payload["with_stack"] is True
     # then stopped: a pass of fewer steps than asked would otherwise leave no trace (SGLang writes it at the stop)
     assert calls[2:] == [("http://x/stop_profile", {})]
     # with the measured pass's step time: a few of its steps after the prefill (a 128-step pass of 2 ms steps is
@@ -372,6 +400,11 @@ def test_profile_pass_asks_sglang_for_a_bounded_cpu_gpu_trace(tmp_path, monkeypa
     slept.clear()
     bs.profile_pass("http://x", [[1, 2]], args, "input_ids", "lumotree-bs1", 0.03, 0.002)
     assert slept == [pytest.approx(0.03 + bs.PROFILE_LEAD_STEPS * 0.002)] and bs.PROFILE_LEAD_STEPS * 0.002 < 0.05
+    # --profile-no-stack: no Python stacks (the host at its own speed, for the GPU's gaps)
+    calls.clear()
+    args.profile_no_stack = True
+    bs.profile_pass("http://x", [[1, 2]], args, "input_ids", "lumotree-bs1", 0.03, 0.002)
+    assert calls[1][1]["with_stack"] is False
 
 
 def test_stop_profile_is_quiet_when_the_profiler_stopped_itself():

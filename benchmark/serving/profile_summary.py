@@ -8,7 +8,8 @@ of kernel / memcpy / memset intervals) and so the idle share -- a step the GPU w
 host-bound -- the CUDA-graph launches, the heaviest kernels, the CUDA runtime calls, and the
 inclusive host time of Python functions (``with_stack``) whose names match ``--focus`` (``--python-top``: of any
 name; ``--compare``: two traces' functions per forward step side by side; ``--gaps``: the GPU's idle gaps, by the
-operations around them and by whether the host launched late).
+operations around them and by whether the host launched late; ``--between-graphs``: the eager operations between two
+CUDA-graph replays and what launched each).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import collections
 import gzip
 import json
 import os
+import statistics
 import sys
 
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -237,6 +239,53 @@ def gaps(events, top: int = 20, steps=None, min_us: float = 1.0) -> dict:
                        for k, (c, t, h) in sorted(pairs.items(), key=lambda x: -x[1][1])[:top]])
 
 
+def between_graphs(events, top: int = 40) -> dict:
+    """What the GPU runs between two CUDA-graph replays (a decode step's graph and the next one's), outside any
+    graph: per interval its span (the earlier graph's last operation's end to the next graph's first operation's
+    start), its eager operations and their GPU time, medians over the window's intervals; and the operations of the
+    median interval in order, each with its GPU start, its gap to the operation before, its duration and what
+    launched it on the host (the outermost ``cpu_op`` / ``user_annotation`` events around its launch call: the
+    scheduler's section, the aten op). A graph's operations are those whose launch call is a ``cudaGraphLaunch``
+    (correlation ids). Why: a device-bound decode step's eager launches run one after another between the graphs,
+    ~1.2 µs apart even when the host launched them milliseconds earlier, so each one lengthens the step."""
+    xs = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
+    gpu = sorted((e for e in xs if e.get("cat") in GPU_CATS), key=lambda e: e["ts"])
+    calls = {e.get("args", {}).get("correlation"): e for e in xs if e.get("cat") in ("cuda_runtime", "cuda_driver")}
+    graph_ids = {c for c, e in calls.items() if e["name"] == "cudaGraphLaunch"}
+    spans = {}
+    for e in gpu:
+        c = e.get("args", {}).get("correlation")
+        if c in graph_ids:
+            s = spans.setdefault(c, [e["ts"], e["ts"] + e["dur"]])
+            s[0], s[1] = min(s[0], e["ts"]), max(s[1], e["ts"] + e["dur"])
+    graphs = sorted(spans.values())
+    if len(graphs) < 2:
+        return dict(error="fewer than two CUDA-graph replays in the trace")
+    intervals = []
+    for (_, end), (start, _) in zip(graphs, graphs[1:]):
+        intervals.append((end, [e for e in gpu if end <= e["ts"] < start
+                                and e.get("args", {}).get("correlation") not in graph_ids], start))
+    host = [e for e in xs if e.get("cat") in ("cpu_op", "user_annotation")]
+
+    def source(call):
+        around = sorted((e for e in host if e.get("tid") == call.get("tid") and e["ts"] <= call["ts"] <= e["ts"] + e["dur"]),
+                        key=lambda e: -e["dur"])
+        return " / ".join(e["name"][:60] for e in around[:3])
+
+    med = lambda v: round(statistics.median(v), 2)  # noqa: E731
+    end, ops, start = sorted(intervals, key=lambda iv: iv[2] - iv[0])[len(intervals) // 2]
+    rows, t = [], end
+    for o in ops[:top]:
+        call = calls.get(o.get("args", {}).get("correlation"))
+        rows.append(dict(at_us=round(o["ts"] - end, 1), gap_us=round(o["ts"] - t, 1), dur_us=round(o["dur"], 1),
+                         name=o["name"][:70], launched_by=source(call) if call is not None else "?"))
+        t = max(t, o["ts"] + o["dur"])
+    return dict(graphs=len(graphs), graph_span_us=med([b - a for a, b in graphs]),
+                span_us=med([s - e for e, _, s in intervals]), ops=med([len(o) for _, o, _ in intervals]),
+                ops_gpu_us=med([sum(x["dur"] for x in o) for _, o, _ in intervals]),
+                median_interval=dict(span_us=round(start - end, 1), ops=rows))
+
+
 def traces(paths):
     for p in paths:
         if os.path.isdir(p):
@@ -263,6 +312,9 @@ def main(argv=None):
     ap.add_argument("--gaps", action="store_true",
                     help="also the GPU's idle gaps by the operations around them, and how much of each the host "
                          "was late for (traces written with bench_spec.py --profile-no-stack)")
+    ap.add_argument("--between-graphs", action="store_true",
+                    help="also what the GPU runs between consecutive CUDA-graph replays, outside the graphs: spans, "
+                         "eager operations and, for the median interval, each operation and what launched it")
     ap.add_argument("--compare", action="store_true",
                     help="two traces: their Python functions' host time per forward step side by side, under "
                          "'comparison', and their GPU kernels per step, under 'kernel_comparison' (needs --python-top)")
@@ -275,6 +327,8 @@ def main(argv=None):
             res[t]["launches_by_caller"] = launches_by_caller(events, steps=args.steps)
         if args.gaps:
             res[t]["gpu_gaps"] = gaps(events, top=args.top, steps=args.steps)
+        if args.between_graphs:
+            res[t]["between_graphs"] = between_graphs(events)
         s = res[t]
         print(f"{t}: window {s.get('window_ms')} ms, GPU busy {s.get('gpu_busy_ms')} ms "
               f"(idle {100 * s.get('gpu_idle_fraction', 0):.0f}%), graph launches {s.get('graph_launches')}, "

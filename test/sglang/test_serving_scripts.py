@@ -375,6 +375,37 @@ def test_profile_summary_gaps_tell_a_late_host_from_the_device_s_own_wait(tmp_pa
     assert (g2["gaps"], g2["idle_us"], g2["host_late_us"], g2["unit"]) == (1.0, 7.5, 2.5, "us per step")
 
 
+def test_profile_summary_lists_what_runs_between_two_graph_replays_and_who_launched_it(tmp_path):
+    """--between-graphs: graph A (two operations, 0-20 us), eager x (22-24, launched inside aten::index) and y (26-27),
+    graph B (30-40), then graph C (45-50) right after B with nothing between: spans 10 and 5 us, the median interval
+    (the upper of two) the one holding x and y."""
+    import gzip
+    import json
+
+    ps = load("profile_summary")
+    ev = [dict(ph="X", cat="kernel", name="ga1", ts=0, dur=10, args=dict(correlation=1)),
+          dict(ph="X", cat="kernel", name="ga2", ts=12, dur=8, args=dict(correlation=1)),
+          dict(ph="X", cat="kernel", name="x", ts=22, dur=2, args=dict(correlation=2)),
+          dict(ph="X", cat="gpu_memcpy", name="y", ts=26, dur=1, args=dict(correlation=3)),
+          dict(ph="X", cat="kernel", name="gb", ts=30, dur=10, args=dict(correlation=4)),
+          dict(ph="X", cat="kernel", name="gc", ts=45, dur=5, args=dict(correlation=5)),
+          dict(ph="X", cat="cuda_runtime", name="cudaGraphLaunch", ts=0, dur=1, tid=1, args=dict(correlation=1)),
+          dict(ph="X", cat="cuda_runtime", name="cudaLaunchKernel", ts=5, dur=1, tid=1, args=dict(correlation=2)),
+          dict(ph="X", cat="cuda_runtime", name="cudaMemcpyAsync", ts=8, dur=1, tid=1, args=dict(correlation=3)),
+          dict(ph="X", cat="cuda_runtime", name="cudaGraphLaunch", ts=9, dur=1, tid=1, args=dict(correlation=4)),
+          dict(ph="X", cat="cuda_runtime", name="cudaGraphLaunch", ts=11, dur=1, tid=1, args=dict(correlation=5)),
+          dict(ph="X", cat="cpu_op", name="aten::index", ts=4, dur=3, tid=1),
+          dict(ph="X", cat="user_annotation", name="scheduler.run_batch", ts=3, dur=5, tid=1)]
+    f = tmp_path / "b.trace.json.gz"
+    with gzip.open(f, "wt") as h:
+        json.dump(dict(traceEvents=ev), h)
+    b = ps.main([str(f), "--between-graphs"])[str(f)]["between_graphs"]
+    assert (b["graphs"], b["graph_span_us"], b["span_us"], b["ops"], b["ops_gpu_us"]) == (3, 10, 7.5, 1, 1.5)
+    assert b["median_interval"] == dict(span_us=10.0, ops=[
+        dict(at_us=2.0, gap_us=2.0, dur_us=2.0, name="x", launched_by="scheduler.run_batch / aten::index"),
+        dict(at_us=6.0, gap_us=2.0, dur_us=1.0, name="y", launched_by="scheduler.run_batch")])
+
+
 def test_profile_pass_asks_sglang_for_a_bounded_cpu_gpu_trace(tmp_path, monkeypatch):
     import argparse
 

@@ -348,12 +348,19 @@ def test_state_slots_from_the_memory_log():
     assert bs.state_slots(["no such line"]) is None
 
 
-def test_profile_summary_gaps_tell_a_late_host_from_the_device_s_own_wait(tmp_path):
-    """--gaps: kernel a ends at 10; b starts at 15, launched at 12 (after a ended: the host was late, 5 us); c starts
-    at 30, launched at 6 (the device's own wait, 10 us); d right after c (no gap). Per step with --steps."""
+def write_trace(path, events) -> str:
+    """A torch-profiler trace file (gzipped JSON) holding ``events``; its path."""
     import gzip
     import json
 
+    with gzip.open(path, "wt") as h:
+        json.dump(dict(traceEvents=events), h)
+    return str(path)
+
+
+def test_profile_summary_gaps_tell_a_late_host_from_the_device_s_own_wait(tmp_path):
+    """--gaps: kernel a ends at 10; b starts at 15, launched at 12 (after a ended: the host was late, 5 us); c starts
+    at 30, launched at 6 (the device's own wait, 10 us); d right after c (no gap). Per step with --steps."""
     ps = load("profile_summary")
     ev = [dict(ph="X", cat="kernel", name="a", ts=0, dur=10, args=dict(correlation=1)),
           dict(ph="X", cat="kernel", name="b", ts=15, dur=5, args=dict(correlation=2)),
@@ -363,15 +370,13 @@ def test_profile_summary_gaps_tell_a_late_host_from_the_device_s_own_wait(tmp_pa
           dict(ph="X", cat="cuda_runtime", name="cudaLaunchKernel", ts=12, dur=2, args=dict(correlation=2)),
           dict(ph="X", cat="cuda_runtime", name="cudaGraphLaunch", ts=6, dur=2, args=dict(correlation=3)),
           dict(ph="X", cat="cuda_runtime", name="cudaMemcpyAsync", ts=7, dur=2, args=dict(correlation=4))]
-    f = tmp_path / "g.trace.json.gz"
-    with gzip.open(f, "wt") as h:
-        json.dump(dict(traceEvents=ev), h)
-    g = ps.main([str(f), "--gaps"])[str(f)]["gpu_gaps"]
+    f = write_trace(tmp_path / "g.trace.json.gz", ev)
+    g = ps.main([f, "--gaps"])[f]["gpu_gaps"]
     assert (g["gaps"], g["idle_us"], g["host_late_us"]) == (2, 15.0, 5.0)
     assert g["pairs"] == [
         dict(before="b", after="c", launched_by="cudaGraphLaunch", count=1, idle_us=10.0, host_late_us=0.0),
         dict(before="a", after="b", launched_by="cudaLaunchKernel", count=1, idle_us=5.0, host_late_us=5.0)]
-    g2 = ps.main([str(f), "--gaps", "--steps", "2"])[str(f)]["gpu_gaps"]
+    g2 = ps.main([f, "--gaps", "--steps", "2"])[f]["gpu_gaps"]
     assert (g2["gaps"], g2["idle_us"], g2["host_late_us"], g2["unit"]) == (1.0, 7.5, 2.5, "us per step")
 
 
@@ -379,9 +384,6 @@ def test_profile_summary_lists_what_runs_between_two_graph_replays_and_who_launc
     """--between-graphs: graph A (two operations, 0-20 us), eager x (22-24, launched inside aten::index) and y (26-27),
     graph B (30-40), then graph C (45-50) right after B with nothing between: spans 10 and 5 us, the median interval
     (the upper of two) the one holding x and y."""
-    import gzip
-    import json
-
     ps = load("profile_summary")
     ev = [dict(ph="X", cat="kernel", name="ga1", ts=0, dur=10, args=dict(correlation=1)),
           dict(ph="X", cat="kernel", name="ga2", ts=12, dur=8, args=dict(correlation=1)),
@@ -396,10 +398,8 @@ def test_profile_summary_lists_what_runs_between_two_graph_replays_and_who_launc
           dict(ph="X", cat="cuda_runtime", name="cudaGraphLaunch", ts=11, dur=1, tid=1, args=dict(correlation=5)),
           dict(ph="X", cat="cpu_op", name="aten::index", ts=4, dur=3, tid=1),
           dict(ph="X", cat="user_annotation", name="scheduler.run_batch", ts=3, dur=5, tid=1)]
-    f = tmp_path / "b.trace.json.gz"
-    with gzip.open(f, "wt") as h:
-        json.dump(dict(traceEvents=ev), h)
-    b = ps.main([str(f), "--between-graphs"])[str(f)]["between_graphs"]
+    f = write_trace(tmp_path / "b.trace.json.gz", ev)
+    b = ps.main([f, "--between-graphs"])[f]["between_graphs"]
     assert (b["graphs"], b["graph_span_us"], b["span_us"], b["ops"], b["ops_gpu_us"]) == (3, 10, 7.5, 1, 1.5)
     assert b["median_interval"] == dict(span_us=10.0, ops=[
         dict(at_us=2.0, gap_us=2.0, dur_us=2.0, name="x", launched_by="scheduler.run_batch / aten::index"),

@@ -268,7 +268,8 @@ def between_graphs(events, top: int = 40) -> dict:
     host = [e for e in xs if e.get("cat") in ("cpu_op", "user_annotation")]
 
     def source(call):
-        around = sorted((e for e in host if e.get("tid") == call.get("tid") and e["ts"] <= call["ts"] <= e["ts"] + e["dur"]),
+        around = sorted((e for e in host
+                         if e.get("tid") == call.get("tid") and e["ts"] <= call["ts"] <= e["ts"] + e["dur"]),
                         key=lambda e: -e["dur"])
         return " / ".join(e["name"][:60] for e in around[:3])
 

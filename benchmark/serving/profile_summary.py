@@ -211,7 +211,7 @@ def gaps(events, top: int = 20, steps=None, min_us: float = 1.0) -> dict:
     --profile-no-stack``), whose host runs at its own speed."""
     xs = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
     gpu = sorted((e for e in xs if e.get("cat") in GPU_CATS), key=lambda e: e["ts"])
-    launch = {e.get("args", {}).get("correlation"): e for e in xs if e.get("cat") == "cuda_runtime"}
+    launch = {e.get("args", {}).get("correlation"): e for e in xs if e.get("cat") in ("cuda_runtime", "cuda_driver")}
     pairs = collections.defaultdict(lambda: [0, 0.0, 0.0])  # count, idle us, of it host-late us
     total = late = 0.0
     n = 0

@@ -359,15 +359,16 @@ def write_trace(path, events) -> str:
 
 
 def test_profile_summary_gaps_tell_a_late_host_from_the_device_s_own_wait(tmp_path):
-    """--gaps: kernel a ends at 10; b starts at 15, launched at 12 (after a ended: the host was late, 5 us); c starts
-    at 30, launched at 6 (the device's own wait, 10 us); d right after c (no gap). Per step with --steps."""
+    """--gaps: kernel a ends at 10; b starts at 15, launched at 12 by the driver API (a Triton kernel's launch; after
+    a ended: the host was late, 5 us); c starts at 30, launched at 6 (the device's own wait, 10 us); d right after c
+    (no gap). Per step with --steps."""
     ps = load("profile_summary")
     ev = [dict(ph="X", cat="kernel", name="a", ts=0, dur=10, args=dict(correlation=1)),
           dict(ph="X", cat="kernel", name="b", ts=15, dur=5, args=dict(correlation=2)),
           dict(ph="X", cat="kernel", name="c", ts=30, dur=10, args=dict(correlation=3)),
           dict(ph="X", cat="gpu_memcpy", name="d", ts=40, dur=2, args=dict(correlation=4)),
           dict(ph="X", cat="cuda_runtime", name="cudaLaunchKernel", ts=1, dur=2, args=dict(correlation=1)),
-          dict(ph="X", cat="cuda_runtime", name="cudaLaunchKernel", ts=12, dur=2, args=dict(correlation=2)),
+          dict(ph="X", cat="cuda_driver", name="cuLaunchKernelEx", ts=12, dur=2, args=dict(correlation=2)),
           dict(ph="X", cat="cuda_runtime", name="cudaGraphLaunch", ts=6, dur=2, args=dict(correlation=3)),
           dict(ph="X", cat="cuda_runtime", name="cudaMemcpyAsync", ts=7, dur=2, args=dict(correlation=4))]
     f = write_trace(tmp_path / "g.trace.json.gz", ev)
@@ -375,7 +376,7 @@ def test_profile_summary_gaps_tell_a_late_host_from_the_device_s_own_wait(tmp_pa
     assert (g["gaps"], g["idle_us"], g["host_late_us"]) == (2, 15.0, 5.0)
     assert g["pairs"] == [
         dict(before="b", after="c", launched_by="cudaGraphLaunch", count=1, idle_us=10.0, host_late_us=0.0),
-        dict(before="a", after="b", launched_by="cudaLaunchKernel", count=1, idle_us=5.0, host_late_us=5.0)]
+        dict(before="a", after="b", launched_by="cuLaunchKernelEx", count=1, idle_us=5.0, host_late_us=5.0)]
     g2 = ps.main([f, "--gaps", "--steps", "2"])[f]["gpu_gaps"]
     assert (g2["gaps"], g2["idle_us"], g2["host_late_us"], g2["unit"]) == (1.0, 7.5, 2.5, "us per step")
 

@@ -52,3 +52,29 @@ def compare_finish_rule(device):
         cuts += int((l1 < acc).sum())
         marks += int((d1 & ~done).sum())
     assert cuts > 0 and marks > 0, (cuts, marks)  # the draws exercised both rules
+    compare_mask_finished(device)
+
+
+def compare_mask_finished(device):
+    """The finished-row mask of the state indices: kernel vs reference, int32 and int64 indices and rows, a
+    strided index view, more rows than one program holds, and rows past the shorter of the two left alone."""
+    from lumotree.ops.finish import naive as fin_naive, triton as fin_tri
+
+    g = torch.Generator().manual_seed(5)
+    slots = 700
+    done = torch.rand(slots, generator=g) < 0.3
+    masked = 0
+    for trial, (n_rows, n_idx) in enumerate(((1, 1), (7, 9), (300, 300), (600, 520), (40, 30))):
+        idx_dt = torch.int32 if trial % 2 else torch.int64
+        row_dt = torch.int64 if trial % 3 else torch.int32
+        rows = torch.randperm(slots, generator=g)[:n_rows].to(row_dt)
+        base = torch.randint(0, 1000, (n_idx * 2,), generator=g).to(idx_dt)
+        b1, b2 = base.clone(), base.clone().to(device)
+        i1, i2 = (b1[::2], b2[::2]) if trial == 1 else (b1[:n_idx], b2[:n_idx])  # a strided view on one trial
+        fin_naive.mask_finished(i1, done, rows)
+        fin_tri.mask_finished(i2, done.to(device), rows.to(device))
+        assert torch.equal(b1, b2.cpu()), (trial, b1, b2)  # the whole buffer: nothing written outside the view
+        n = min(n_rows, n_idx)
+        assert torch.equal(i1[n:], (base[::2] if trial == 1 else base[:n_idx])[n:])  # past the step's rows: as they were
+        masked += int((i1[:n] == -1).sum())
+    assert masked > 100, masked

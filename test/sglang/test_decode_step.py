@@ -393,3 +393,52 @@ def test_warm_prep_launches_the_served_variant_once_on_scratch_tensors(monkeypat
     assert rows.dtype == seq.dtype == torch.int64 and rows.tolist() == seq.tolist() == [0]
     assert len(kv) == 1 and kv[0][0].shape == (1, 2, 4) and kv[0][0].dtype == torch.bfloat16
     assert kv[0][1].shape == (1, 3) and kv[0][1].dtype == torch.float16 and kv[0][0].data_ptr() != k.data_ptr()
+
+
+def test_the_decode_graphs_compile_sglangs_compiled_functions_afresh(monkeypatch):
+    """While the decode graphs are captured an SGLang function compiled with automatic dynamic shapes is a fresh
+    compile of itself: its first shape compiles static although the original has gone dynamic (the verify graphs
+    called it first); the original is back after, and a function that is not compiled is left alone."""
+    import functools
+    import sys
+    import types
+
+    kinds = []
+
+    def backend(gm, example_inputs):  # which variant dynamo compiled: a dynamic one takes the sizes as SymInts
+        kind = "dynamic" if any(isinstance(a, torch.SymInt) for a in example_inputs) else "static"
+
+        def run(*args):
+            kinds.append(kind)
+            return gm(*args)
+        return run
+
+    def sum_reduce(x, out, scale):
+        torch.sum(x, dim=1, out=out)
+        out.mul_(scale)
+
+    def call(mod, n):
+        x = torch.randn(n, 10, 8)
+        out = torch.empty(n, 8)
+        mod.reduce(x, out, 2.0)
+        assert torch.allclose(out, x.sum(1) * 2.0)
+        return kinds[-1]
+
+    torch._dynamo.reset()
+    mod = types.ModuleType("lumotree_test_compiled")
+    mod.reduce = torch.compile(sum_reduce, backend=backend)
+    mod.plain = sum_reduce
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    assert [call(mod, n) for n in (16, 8, 32)] == ["static", "dynamic", "dynamic"]  # the verify graphs' calls
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=backend))
+    original = mod.reduce
+    with ds.fresh_compiled(((mod.__name__, "reduce"), (mod.__name__, "plain"), ("lumotree_no_such_module", "f"))) \
+            as copies:
+        assert mod.reduce is not original and copies == [mod.reduce] and mod.plain is sum_reduce
+        assert [call(mod, n) for n in (32, 24, 32)] == ["static", "dynamic", "dynamic"]  # as no speculation's graphs
+    assert mod.reduce is original and call(mod, 32) == "dynamic"
+    assert ds.fresh_copy(sum_reduce) is None
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe
+
+    assert (fused_moe.__name__, "moe_sum_reduce_torch_compile") in ds.DECODE_COMPILED
+    assert ds.fresh_copy(fused_moe.moe_sum_reduce_torch_compile) is not None  # SGLang's is a compiled function

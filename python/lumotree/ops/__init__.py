@@ -21,7 +21,7 @@ from lumotree.ops.tree_attention import naive as _attn_naive
 __all__ = [
     "gdn_tree_verify", "gdn_tree_verify_per_node", "gdn_tree_commit", "conv_tree_verify",
     "conv_tree_commit", "tree_select_greedy", "tree_select_sample", "commit_plan", "CommitPlan",
-    "probs_from_logits", "backend_for", "tree_select_and_plan", "mark_finished", "clamp_run",
+    "probs_from_logits", "backend_for", "tree_select_and_plan", "mark_finished", "mask_finished", "clamp_run",
     "tree_verify_attention", "decode_prep",
 ]
 
@@ -135,7 +135,14 @@ def clamp_run(stop, max_len, ruled, req_pool_indices, seq_lens, predict, accept_
                                    accept_index)
 
 
+def mask_finished(state_indices, done, req_pool_indices):
+    if backend_for(done.device) == "triton":
+        return _fused("finish.triton").mask_finished(state_indices, done, req_pool_indices)
+    return _finish_naive.mask_finished(state_indices, done, req_pool_indices)
+
+
 mark_finished.__doc__ = _finish_naive.mark_finished.__doc__
+mask_finished.__doc__ = _finish_naive.mask_finished.__doc__
 clamp_run.__doc__ = _finish_naive.clamp_run.__doc__
 
 

@@ -73,6 +73,63 @@ def capture_sizes(server_args, cuda_graph_bs):
         phase.bs = keep
 
 
+# SGLang functions compiled by ``torch.compile`` with automatic dynamic shapes that a decode forward calls, as
+# ``(module, attribute)``; :func:`fresh_compiled` gives each its own compile cache while the decode graphs are captured
+DECODE_COMPILED = (("sglang.srt.layers.moe.moe_runner.triton_utils.fused_moe", "moe_sum_reduce_torch_compile"),)
+
+
+def fresh_copy(compiled):
+    """A new ``torch.compile`` of the function ``compiled`` wraps (its ``_torchdynamo_orig_callable``), under a new
+    code object and name: dynamo keys its compiled variants and its automatic-dynamic record by the code object and
+    by ``(file, line, name)``, so the copy starts as the original did -- its first shape compiled static -- whatever
+    the original has compiled since. ``None`` where ``compiled`` is not a compiled function."""
+    import types
+
+    orig = getattr(compiled, "_torchdynamo_orig_callable", None)
+    code = getattr(orig, "__code__", None)
+    if code is None:
+        return None
+    code = code.replace(co_name=code.co_name + "_lumotree_decode")
+    fn = types.FunctionType(code, orig.__globals__, code.co_name, orig.__defaults__, orig.__closure__)
+    fn.__kwdefaults__ = getattr(orig, "__kwdefaults__", None)
+    return torch.compile(fn)
+
+
+@contextlib.contextmanager
+def fresh_compiled(names=DECODE_COMPILED):
+    """While the no-draft step's decode graphs are captured, each of SGLang's functions ``names`` (``(module,
+    attribute)``, :data:`DECODE_COMPILED`) is a fresh compile of itself (:func:`fresh_copy`); the originals are back
+    after. Yields the copies (the caller keeps them alive with the graphs that hold their kernels).
+
+    Why: with ``torch.compile``'s automatic dynamic shapes a function compiles its first shape static and, at the
+    next shape, a dynamic variant that is looked up first from then on. No speculation's server first calls SGLang's
+    MoE sum-reduce (``moe_sum_reduce_torch_compile``, up to 32 tokens) in its decode graph at batch 32, so that graph
+    holds the static kernel; a LUMOTREE server has called it in its verify graphs before, so its decode graph at
+    batch 32 held the dynamic one: 6.05 against 3.10 us a launch, 12 launches a step, +35 us of a 5.9 ms step
+    (Qwen3-Next MoE shape, H200, ``benchmark/results/no_draft_step_gaps_h200.json``). With a fresh copy the decode
+    graphs are compiled in the order no speculation's are."""
+    import importlib
+
+    swapped, copies = [], []
+    try:
+        for mod_name, attr in names:
+            try:
+                mod = importlib.import_module(mod_name)
+            except ImportError:
+                continue
+            orig = getattr(mod, attr, None)
+            copy_ = fresh_copy(orig) if orig is not None else None
+            if copy_ is None:
+                continue
+            setattr(mod, attr, copy_)
+            swapped.append((mod, attr, orig))
+            copies.append(copy_)
+        yield copies
+    finally:
+        for mod, attr, orig in reversed(swapped):
+            setattr(mod, attr, orig)
+
+
 def new_attention_backend(model_runner):
     """A new attention backend of ``model_runner`` (its own workspace), as SGLang builds one per runtime state, built
     under whatever speculative config the caller has set; the runner's ``init_new_workspace`` as it was after."""
@@ -135,9 +192,10 @@ class DecodeStep:
             backend = new_attention_backend(mr)
             runner = None
             if not ew.check_cuda_graph_backend(ew.Phase.DECODE, ew.Backend.DISABLED):
-                with _non_speculative(mr), capture_sizes(mr.server_args, cuda_graph_bs):
+                with _non_speculative(mr), capture_sizes(mr.server_args, cuda_graph_bs), fresh_compiled() as compiled:
                     runner = mr._decode_cuda_graph_runner_cls()(
                         mr, attn_backend=backend, speculative_num_steps=0, speculative_num_draft_tokens=1)
+                runner.lumotree_compiled = compiled  # the graphs hold their kernels
         logger.info("LumoTree: no-draft steps run as decode steps (%s) -- built in %.1f s",
                     "decode CUDA graphs for batch sizes %s" % (runner.capture_bs,) if runner is not None
                     else "no CUDA graphs", time.perf_counter() - tic)

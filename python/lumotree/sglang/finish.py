@@ -100,6 +100,10 @@ class FinishedRows:
         self._live = torch.zeros(slots, dtype=torch.bool, device=device)
         # the rows of the step being marked still running after it (:meth:`mark_step`), ``None`` until it is marked
         self.step_live: Optional[torch.Tensor] = None
+        if self.done.device.type == "cuda" and ops.backend_for(self.done.device) == "triton":
+            from lumotree.ops.finish.triton import warm_mask_finished
+
+            warm_mask_finished(self.done.device)  # compiled at start-up: mask_rows runs before every decode forward
 
     @classmethod
     def of(cls, req_to_token_pool) -> "FinishedRows":
@@ -178,11 +182,10 @@ class FinishedRows:
     # ------------------------------------------------------------------ device: before a forward
     def mask_rows(self, state_indices: torch.Tensor, req_pool_indices: torch.Tensor) -> None:
         """Set the GDN state indices of finished rows to ``-1`` in place (``state_indices`` ``[>= n]``,
-        ``req_pool_indices`` ``[n]``)."""
-        n = min(req_pool_indices.shape[0], state_indices.shape[0])
-        if n == 0:
-            return
-        state_indices[:n].masked_fill_(self.done[req_pool_indices[:n].long()], -1)
+        ``req_pool_indices`` ``[n]``; :func:`lumotree.ops.mask_finished`: one kernel launch on CUDA, where the torch
+        ops -- a gather and a masked fill -- were two of the eager launches between a no-draft step's decode graphs
+        that no speculation does not have, ``benchmark/results/no_draft_step_gaps_h200.json``)."""
+        ops.mask_finished(state_indices, self.done, req_pool_indices)
 
 
 def trusts_device_finish(req) -> bool:

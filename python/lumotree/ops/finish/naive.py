@@ -77,3 +77,19 @@ def clamp_run(stop: torch.Tensor, max_len: torch.Tensor, ruled: torch.Tensor, re
     new_lens = torch.minimum(accept_lens.long(), first + 1).to(accept_lens.dtype)
     accept_index.masked_fill_(pos >= new_lens[:, None].long(), -1)
     return new_lens
+
+
+def mask_finished(state_indices: torch.Tensor, done: torch.Tensor, req_pool_indices: torch.Tensor) -> None:
+    """Set the state index of each of a step's rows whose request is marked finished to ``-1`` in place (SGLang's
+    padding sentinel: the GDN kernels skip the row), for the first ``min(len(req_pool_indices), len(state_indices))``
+    rows.
+
+    Args:
+        state_indices (torch.Tensor): `[>= n]` the step's GDN state indices (int32 or int64), updated in place.
+        done (torch.Tensor): `[slots]` bool, the finished marks (:func:`mark_finished`).
+        req_pool_indices (torch.Tensor): `[>= n]` the step's rows.
+    """
+    n = min(req_pool_indices.shape[0], state_indices.shape[0])
+    if n == 0:
+        return
+    state_indices[:n].masked_fill_(done[req_pool_indices[:n].long()], -1)

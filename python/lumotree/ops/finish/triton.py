@@ -4,6 +4,8 @@ Why: the rule runs outside the CUDA graphs on every decode step (:meth:`mark_fin
 verify (:meth:`clamp_run`); as torch ops it was ~15 and ~25 eager launches, host time of a step that
 is host-bound at small batches (27B shapes, H200: a drafted step's GPU time is ~8 ms of a ~12.5 ms
 step at batch 1). One program per request row; the row's stop ids and tokens fit one block.
+:meth:`mask_finished` (before every decode forward and verify) is one launch for up to 256 rows, and is not
+specialised on the row count (one compiled variant per index dtype, :func:`warm_mask_finished`).
 """
 from __future__ import annotations
 
@@ -55,6 +57,18 @@ def clamp_run_fwd_kernel(p_stop, p_max_len, p_ruled, p_rows, p_seq, p_predict, p
     tl.store(p_index + b * W + j, tl.where(j >= new_len, -1, b_idx), mask=in_w)
 
 
+@triton.jit(do_not_specialize=["n", "idx_stride"])
+def mask_finished_fwd_kernel(p_idx, p_done, p_rows, n, idx_stride, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    r = tl.load(p_rows + i, mask=m, other=0).to(tl.int64)
+    fin = tl.load(p_done + r, mask=m, other=0) != 0
+    tl.store(p_idx + i.to(tl.int64) * idx_stride, tl.full([BLOCK], -1, p_idx.dtype.element_ty), mask=m & fin)
+
+
+MASK_BLOCK = 256  # rows per program of mask_finished (one program up to batch 256)
+
+
 def _check_tables(done, stop, max_len, ruled) -> None:
     s = stop.shape[1]
     if stop.stride(1) != 1 or s & (s - 1):
@@ -97,3 +111,24 @@ def clamp_run(stop, max_len, ruled, req_pool_indices, seq_lens, predict, accept_
                                 accept_index, out, width, stop.stride(0), S=stop.shape[1],
                                 BLOCK_W=triton.next_power_of_2(max(int(width), 1)))
     return out
+
+
+def mask_finished(state_indices, done, req_pool_indices) -> None:
+    n = min(req_pool_indices.shape[0], state_indices.shape[0])
+    if n == 0:
+        return
+    if not done.is_contiguous():
+        raise ValueError("finish rule: done must be contiguous")
+    rows = req_pool_indices[:n]
+    mask_finished_fwd_kernel[(triton.cdiv(n, MASK_BLOCK),)](state_indices, _u8(done), rows.contiguous(), n,
+                                                             state_indices.stride(0), BLOCK=MASK_BLOCK)
+
+
+def warm_mask_finished(device, dtypes=(torch.int32, torch.int64)) -> None:
+    """Compile :func:`mask_finished` for every pairing of state-index and row dtypes by a launch on scratch tensors
+    (nothing is marked): the kernel is not specialised on the row count, so that is every variant serving meets."""
+    done = torch.zeros(1, dtype=torch.bool, device=device)
+    for idx_dtype in dtypes:
+        for row_dtype in dtypes:
+            mask_finished(torch.zeros(1, dtype=idx_dtype, device=device), done,
+                          torch.zeros(1, dtype=row_dtype, device=device))

@@ -75,6 +75,6 @@ def compare_mask_finished(device):
         fin_tri.mask_finished(i2, done.to(device), rows.to(device))
         assert torch.equal(b1, b2.cpu()), (trial, b1, b2)  # the whole buffer: nothing written outside the view
         n = min(n_rows, n_idx)
-        assert torch.equal(i1[n:], (base[::2] if trial == 1 else base[:n_idx])[n:])  # past the step's rows: as they were
+        assert torch.equal(i1[n:], (base[::2] if trial == 1 else base[:n_idx])[n:])  # past the rows: unchanged
         masked += int((i1[:n] == -1).sum())
     assert masked > 100, masked

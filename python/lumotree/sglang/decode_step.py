@@ -106,8 +106,9 @@ def fresh_compiled(names=DECODE_COMPILED):
     MoE sum-reduce (``moe_sum_reduce_torch_compile``, up to 32 tokens) in its decode graph at batch 32, so that graph
     holds the static kernel; a LUMOTREE server has called it in its verify graphs before, so its decode graph at
     batch 32 held the dynamic one: 6.05 against 3.10 us a launch, 12 launches a step, +35 us of a 5.9 ms step
-    (Qwen3-Next MoE shape, H200, ``benchmark/results/no_draft_step_gaps_h200.json``). With a fresh copy the decode
-    graphs are compiled in the order no speculation's are."""
+    (Qwen3-Next MoE shape, an H200's profiles). With a fresh copy the decode graphs are compiled in the order no
+    speculation's are: the same kernel at the same time in both servers' graphs, and LUMOTREE's decode graph no
+    longer than no speculation's (``benchmark/results/no_draft_step_gaps_h100.json``)."""
     import importlib
 
     swapped, copies = [], []

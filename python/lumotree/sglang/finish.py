@@ -184,7 +184,7 @@ class FinishedRows:
         """Set the GDN state indices of finished rows to ``-1`` in place (``state_indices`` ``[>= n]``,
         ``req_pool_indices`` ``[n]``; :func:`lumotree.ops.mask_finished`: one kernel launch on CUDA, where the torch
         ops -- a gather and a masked fill -- were two of the eager launches between a no-draft step's decode graphs
-        that no speculation does not have, ``benchmark/results/no_draft_step_gaps_h200.json``)."""
+        that no speculation's decode step does not have, ``benchmark/results/no_draft_step_gaps_h100.json``)."""
         ops.mask_finished(state_indices, self.done, req_pool_indices)
 
 

@@ -35,7 +35,7 @@ MAX_SPLITS = 16
 # SMs). Triton compiles an integer argument's value 1 and its multiples of 16 as variants of their own, so a server
 # capturing verify graphs at batch sizes 128 .. 1 compiled each kernel three times per verify width (an H200's server
 # log: ~1-2 s stalls where the split count first left 1 and first reached 16); unspecialized, once (an H200's first
-# start, benchmark/results/startup_h200.json: one compile of each per verify width, 4 and 1 tokens)
+# start: one compile of each per verify width, 4 and 1 tokens)
 UNSPECIALIZED = ["S"]
 LOG2E = 1.4426950408889634
 

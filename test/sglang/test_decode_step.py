@@ -442,3 +442,32 @@ def test_the_decode_graphs_compile_sglangs_compiled_functions_afresh(monkeypatch
 
     assert (fused_moe.__name__, "moe_sum_reduce_torch_compile") in ds.DECODE_COMPILED
     assert ds.fresh_copy(fused_moe.moe_sum_reduce_torch_compile) is not None  # SGLang's is a compiled function
+
+
+def test_the_decode_graphs_are_captured_with_the_fresh_compiles(monkeypatch):
+    """``DecodeStep.build_target`` captures its decode graphs while SGLang's compiled MoE sum-reduce is a fresh compile
+    of itself, keeps the copy with the graph runner (its graphs hold the copy's kernels) and puts SGLang's back."""
+    import contextlib
+
+    import sglang.srt.speculative.eagle_worker_v2 as ew
+    from sglang.srt.layers.moe.moe_runner.triton_utils import fused_moe
+
+    original = fused_moe.moe_sum_reduce_torch_compile
+    seen = {}
+
+    class GraphRunner:
+        capture_bs = [1, 2]
+
+        def __init__(self, mr, attn_backend, speculative_num_steps, speculative_num_draft_tokens):
+            seen["during"] = fused_moe.moe_sum_reduce_torch_compile
+            seen["spec"] = mr.spec_algorithm
+
+    mr = SimpleNamespace(spec_algorithm="EAGLE", server_args=SimpleNamespace(),
+                         _decode_cuda_graph_runner_cls=lambda: GraphRunner,
+                         req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(2, 8, dtype=torch.int32)))
+    monkeypatch.setattr(ew, "check_cuda_graph_backend", lambda phase, backend: False)
+    monkeypatch.setattr(ds, "new_attention_backend", lambda model_runner: "decode-backend")
+    step = ds.DecodeStep.build_target(SimpleNamespace(model_runner=mr), None, contextlib.nullcontext())
+    assert seen["during"] is not original and seen["during"] in step.graph_runner.lumotree_compiled
+    assert fused_moe.moe_sum_reduce_torch_compile is original and mr.spec_algorithm == "EAGLE"
+    assert str(seen["spec"]).endswith("NONE")  # captured as a non-speculative runner's decode graphs

@@ -1533,3 +1533,24 @@ def test_serves_keeps_a_tree_within_the_acceptance_s_noise_as_a_decision_would()
     rates = {c: p.rate(1, c) for c in (0, 3)}
     assert max(rates, key=rates.__getitem__) == 0, (p.accept, rates)
     assert p.serves(1) == 3 and p.choose(1) == 3
+
+
+def test_a_drafted_step_never_reads_faster_than_no_draft():
+    """A bucket whose own no-draft samples are slow (taken right after the start) and whose tree time is borrowed
+    from a bucket where the tree is cheap does not serve the tree at acceptance 0: a drafted step runs a no-draft
+    step's forward and more, so the decisions read its time as at least no draft's (the served case: 27B shape, one
+    H100, bucket 2 at 32.0 ms own no-draft against the chain's 14.0 ms borrowed from bucket 1, accept 0.00). Where
+    drafts are accepted the tree still serves."""
+    for accept, want in ((0.0, 0), (1.5, 3)):
+        p = TreeSizePolicy([0, 3])
+        simulate(p, 1, 0.0102, 0.0140, accept, steps=3 * adaptive.RUN)  # bucket 1 explores and measures both
+        for _ in range(adaptive.MIN_SAMPLES):
+            p.observe_time(2, 0, 0.032)  # bucket 2: only its own slow no-draft samples
+        assert p.step_time(2, 3) == pytest.approx(0.0140, rel=0.03)  # borrowed from bucket 1
+        assert p.decision_time(2, 3) == pytest.approx(0.032) and p.decision_time(2, 0) == pytest.approx(0.032)
+        assert p.choose(2) == want, (accept, p.table())
+    q = TreeSizePolicy([0, 1, 3])  # chain depths: each depth at least the shallower one's
+    for c, t in ((0, 0.010), (1, 0.009), (3, 0.012)):
+        for _ in range(adaptive.MIN_SAMPLES):
+            q.observe_time(1, c, t)
+    assert [q.decision_time(1, c) for c in (0, 1, 3)] == [0.010, 0.010, 0.012]

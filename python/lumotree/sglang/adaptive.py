@@ -25,7 +25,10 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   never above those of the next larger bucket that has measured every candidate (a step's time grows with the
   batch), which keeps a bucket met while a pass's batch ramps up -- few samples, the ones a stray prefill
   inflates -- from serving the wrong candidate; every candidate's from the same bucket, so that a slow spell
-  inflates all of a bucket's candidates alike (:meth:`TreeSizePolicy.step_time`);
+  inflates all of a bucket's candidates alike (:meth:`TreeSizePolicy.step_time`). The decisions read a drafting
+  candidate's time as never below a shallower candidate's at the same batch (a drafted step runs that step's
+  forward and more), so that estimates from different buckets or few samples never make a tree whose drafts miss
+  look faster than no draft (:meth:`TreeSizePolicy.decision_time`);
 * the **acceptance** ``a`` is a moving average of the accepted drafts per request over the steps that
   drafted -- restarted at each drafted run that follows no-draft steps: its first ``GAP_SAMPLES`` steps
   are averaged over their rows (requests) with the estimate from before the gap weighing as one row, so
@@ -365,9 +368,29 @@ class TreeSizePolicy:
             st.medians[steps] = m
         return m
 
-    def rate(self, batch: int, steps: int) -> Optional[float]:
-        """Estimated tokens per second of the batch with ``steps``; ``None`` before a time sample."""
+    def decision_time(self, batch: int, steps: int) -> Optional[float]:
+        """:meth:`step_time` as the decisions read it: never below the estimate of a candidate with fewer draft steps
+        at the same batch (a drafted step runs a shallower step's forward and more: drafting, a wider verify, its
+        commit), so that a drafting candidate whose acceptance is ~0 never reads faster than no draft.
+
+        Why: an estimate of each candidate may come from another bucket (borrowed) or from a few samples, and the
+        two need not agree. On one H100 (27B shape, batch 1 benchmark) bucket 2's own no-draft samples, taken right
+        after the start, read 32.0 ms while the chain's time was borrowed from bucket 1 (14.0 ms): the bucket served
+        the chain at accept 0.00 (63 against 137 tokens/s estimated) until its own chain samples came in."""
         t = self.step_time(batch, steps)
+        if t is None:
+            return None
+        for c in self.candidates:
+            if c < steps:
+                shallower = self.step_time(batch, c)
+                if shallower is not None and shallower > t:
+                    t = shallower
+        return t
+
+    def rate(self, batch: int, steps: int) -> Optional[float]:
+        """Estimated tokens per second of the batch with ``steps`` (its :meth:`decision_time`); ``None`` before a
+        time sample."""
+        t = self.decision_time(batch, steps)
         return None if t is None else bucket(batch) * self.tokens_per_step(steps) / t
 
     # ------------------------------------------------------------------ decision
@@ -469,7 +492,7 @@ class TreeSizePolicy:
         if st.extended or not c or (self._deepest is not None and c != self._deepest) or self.accept is None:
             return False
         g = self._gap or self._closed_gap
-        t = self.step_time(batch, c)
+        t = self.decision_time(batch, c)
         if g is None or not 0 < g[2] < EXTEND_ROWS or t is None or not rates.get(0):
             return False  # a probe of EXTEND_ROWS samples or more (batch 32 and up) is as sure as an extension
         rows, mean = g[2], g[1] / g[2]
@@ -503,7 +526,7 @@ class TreeSizePolicy:
         tree whose acceptance sits below its break-even (1.35 against ~1.6) is still left: the average of a few
         one-request samples strays that far below it (served on ~6 % of the steps there, the simulation)."""
         se = self.accept_se(batch)
-        t = self.step_time(batch, steps)
+        t = self.decision_time(batch, steps)
         if se is None or self.accept is None or t is None or not rates.get(0):
             return False
         return bucket(batch) * self.tokens_per_step(steps, self.accept + self.settings.drop_z * se) / t >= rates[0]

@@ -25,8 +25,8 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   never above those of the next larger bucket that has measured every candidate (a step's time grows with the
   batch), which keeps a bucket met while a pass's batch ramps up -- few samples, the ones a stray prefill
   inflates -- from serving the wrong candidate; every candidate's from the same bucket, so that a slow spell
-  inflates all of a bucket's candidates alike (:meth:`TreeSizePolicy.step_time`). The decisions read a drafting
-  candidate's time as never below a shallower candidate's at the same batch (a drafted step runs that step's
+  inflates all of a bucket's candidates alike (:meth:`TreeSizePolicy.step_time`). The policy's own decisions
+  (:meth:`TreeSizePolicy.choose`; not LUMOTREE_SUFFIX's per-request choice) read a drafting candidate's time as never below a shallower candidate's at the same batch (a drafted step runs that step's
   forward and more), so that estimates from different buckets or few samples never make a tree whose drafts miss
   look faster than no draft (:meth:`TreeSizePolicy.decision_time`);
 * the **acceptance** ``a`` is a moving average of the accepted drafts per request over the steps that

@@ -26,9 +26,10 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   batch), which keeps a bucket met while a pass's batch ramps up -- few samples, the ones a stray prefill
   inflates -- from serving the wrong candidate; every candidate's from the same bucket, so that a slow spell
   inflates all of a bucket's candidates alike (:meth:`TreeSizePolicy.step_time`). The policy's own decisions
-  (:meth:`TreeSizePolicy.choose`; not LUMOTREE_SUFFIX's per-request choice) read a drafting candidate's time as never below a shallower candidate's at the same batch (a drafted step runs that step's
-  forward and more), so that estimates from different buckets or few samples never make a tree whose drafts miss
-  look faster than no draft (:meth:`TreeSizePolicy.decision_time`);
+  (:meth:`TreeSizePolicy.choose`; not LUMOTREE_SUFFIX's per-request choice) read a drafting candidate's time as
+  never below a shallower candidate's at the same batch (a drafted step runs that step's forward and more), so
+  that estimates from different buckets or few samples never make a tree whose drafts miss look faster than no
+  draft (:meth:`TreeSizePolicy.decision_time`);
 * the **acceptance** ``a`` is a moving average of the accepted drafts per request over the steps that
   drafted -- restarted at each drafted run that follows no-draft steps: its first ``GAP_SAMPLES`` steps
   are averaged over their rows (requests) with the estimate from before the gap weighing as one row, so

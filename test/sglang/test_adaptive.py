@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from lumotree.sglang import adaptive
-from lumotree.sglang.adaptive import TreeSizePolicy, bucket
+from lumotree.sglang.adaptive import WARM, TreeSizePolicy, bucket
 
 
 def test_bucket_is_the_cuda_graph_padding():
@@ -465,7 +465,11 @@ def test_no_draft_steps_skip_the_draft_extend_and_its_graphs():
     w._draft_worker._draft_extend_for_decode("b0", None)
     w.speculative_num_steps = 3
     w._draft_worker._draft_extend_for_decode("b1", None)
-    assert calls == [("stub", "b0"), ("extend", "b1")]
+    w.speculative_num_steps, w._warm = 0, True  # a warm no-draft step (TreeSizePolicy.warm): its draft-extend runs
+    w._draft_worker._draft_extend_for_decode("b2", None)
+    w._warm = False
+    w._draft_worker._draft_extend_for_decode("b3", None)
+    assert calls == [("stub", "b0"), ("extend", "b1"), ("extend", "b2"), ("stub", "b3")]
 
     captured = []
 
@@ -498,14 +502,16 @@ def simulate_overlap(policy, batch, t_none, t_tree, accept, steps, seed=0, rows_
     ``random.Random``; ``t_tree``: the drafted step's time, or ``{steps: time}`` per drafting candidate. ``rows_of``:
     instead, the ``k``-th counted drafted step's rows are ``rows_of(k)`` and step times carry no noise. Returns the
     candidates served, in order."""
-    rng, served, pending, timed, k = random.Random(seed), [], None, [], 0
+    rng, served, pending, timed, k, warm = random.Random(seed), [], None, [], 0, False
     for _ in range(steps):
         s = policy.choose(batch)
         if len(timed) >= 2:
             policy.observe_time(batch, *timed.pop(0))
         if pending is not None:
             policy.observe_accept(*pending)
-        cold = s and served and served[-1] == 0
+        # after a warm no-draft step (TreeSizePolicy.warm: the MTP draft-extend ran) a drafted step is not cold
+        cold = s and served and served[-1] == 0 and not warm
+        warm = policy.warm
         if rows_of is not None:
             rows = rows_of(k) if s and not cold else None
             k += rows is not None
@@ -513,7 +519,8 @@ def simulate_overlap(policy, batch, t_none, t_tree, accept, steps, seed=0, rows_
             rows = [min(s, accept(rng)) for _ in range(batch)] if callable(accept) else [min(s, accept)] * batch
         pending = None if cold or not s else (s, rows)
         t = t_tree.get(s) if isinstance(t_tree, dict) else t_tree  # ``t_tree``: per drafting candidate, or one
-        timed.append((s, (t if s else t_none) * (1 if rows_of is not None else 1 + 0.02 * rng.random())))
+        timed.append((WARM if warm else s,
+                      (t if s else t_none) * (1 if rows_of is not None else 1 + 0.02 * rng.random())))
         served.append(s)
     return served
 
@@ -530,6 +537,30 @@ def test_a_probe_shows_risen_acceptance_at_once():
     assert p.buckets[32].chosen == 3, p.table()
     first_tree = served.index(3)
     assert served[first_tree:].count(0) <= adaptive.RUN, served[first_tree:]  # one probe of no draft at most
+
+
+@pytest.mark.parametrize("batch, t_none, t_tree", [(32, 0.0094, 0.0159), (1, 0.0102, 0.0140)])
+def test_a_warm_probe_is_a_cold_probe_without_its_cold_drafted_step(batch, t_none, t_tree):
+    """Where drafts miss, a policy with warm probes probes the tree at the same steps as one without, each probe's
+    cold drafted step served as a warm no-draft step instead (``warm`` set on that step alone); and where the
+    acceptance rises, the first probe after it switches to the tree as before."""
+    served, warmed = {}, {}
+    for warm in (False, True):
+        p = TreeSizePolicy([0, 3], warm_probes=warm)
+        flags, choose = [], p.choose
+        p.choose = lambda b: (choose(b), flags.append(p.warm))[0]
+        served[warm], warmed[warm] = simulate_overlap(p, batch, t_none, t_tree, 0.0, steps=3000), flags
+    cold = [i for i, s in enumerate(served[False]) if s and i > adaptive.RUN and not served[False][i - 1]]
+    assert len(cold) >= 4  # probes after the exploration (the server's first steps)
+    assert [i for i, w in enumerate(warmed[True]) if w] == cold
+    assert all(served[True][i] == 0 for i in cold)
+    assert [i for i, s in enumerate(served[True]) if s] == [i for i, s in enumerate(served[False]) if s and i not in cold]
+    assert not any(warmed[False])
+    p = TreeSizePolicy([0, 3], warm_probes=True)
+    simulate_overlap(p, batch, t_none, t_tree, 0.0, steps=700)
+    assert p.buckets[batch].chosen == 0
+    simulate_overlap(p, batch, t_none, t_tree, 1.4, steps=p.buckets[batch].probe_every + 3 * adaptive.RUN, seed=1)
+    assert p.buckets[batch].chosen == 3, p.table()
 
 
 def test_overlap_timing_learns_each_candidate_s_own_step_time():

@@ -265,3 +265,58 @@ def test_raw_pairs_of_a_hybrid_pool_are_its_full_attention_pool_s_and_none_for_a
     assert [(k.data_ptr(), v.data_ptr()) for k, v in got] == [(inner.k_buffer[1].data_ptr(), inner.v_buffer[1].data_ptr())]
     attn[0].layer_id = 3  # not a full-attention layer of this pool
     assert MtpEntries(hybrid, attn[:1], req_to_token, max_rows=4).raw_pairs is None
+
+
+def test_a_warm_no_draft_step_runs_sglang_s_step_and_its_draft_extend(monkeypatch):
+    """A warm no-draft step (``TreeSizePolicy.warm``: a tree probe's first step) is SGLang's one-node verify with its
+    MTP draft-extend: not the decode step, no entries zeroed (the draft-extend writes them), the prefill stubs of its
+    rows gone; the drafted step after it is counted (not cold), and the warm step's time is no sample of no draft's."""
+    from test_adaptive import TreeSizePolicy, bare_worker
+
+    from lumotree.sglang import adaptive
+    from lumotree.sglang.worker import worker_class
+
+    w = bare_worker(worker_class(), TreeSizePolicy([0, 3], warm_probes=True), overlap_consistent=False)
+    plan = iter([(0, False), (0, True), (3, False)])
+
+    def choose(batch):
+        steps, w.tree_policy.warm = next(plan)
+        return steps
+
+    w.tree_policy.choose = choose
+
+    def apply_runtime_state(state):
+        w.speculative_num_steps = state
+
+    w.apply_runtime_state = apply_runtime_state
+    calls = []
+    w._mtp_entries = SimpleNamespace(clear=lambda rows, lens: calls.append("clear"),
+                                     clear_slots=lambda locs: calls.append("slots"))
+
+    class Step:
+        serves = staticmethod(lambda batch: True)
+
+        def run(self, batch, on_publish=None, on_slots=None, zero_kv=None):
+            calls.append("decode")
+            return "decoded"
+
+    w._decode_step, w._draft_oracle = Step(), False
+    w._stub_skipped_draft_extend = lambda batch, out: None
+    w._stub_rows = {5, 9}
+    # SGLang's step asks the worker for its tree size again (the choice stands: activate_step_by_batch)
+    monkeypatch.setattr(type(w).__mro__[1], "forward_batch_generation",
+                        lambda self, batch, *a, **k: self.activate_step_by_batch(3) or "sglang")
+    decode = SimpleNamespace(forward_mode=SimpleNamespace(is_extend=lambda: False, is_idle=lambda: False),
+                             is_extend_in_batch=False, seq_lens=torch.tensor([9, 4, 7]),
+                             req_pool_indices=torch.tensor([5, 1, 2, 0]),
+                             reqs=[SimpleNamespace(req_pool_idx=r) for r in (5, 1, 2)])
+    assert w._forward(decode) == "decoded" and not w._warm  # a plain no-draft step: the decode step
+    assert w._forward(decode) == "sglang" and w._warm  # the warm one: SGLang's step, nothing zeroed
+    assert calls == ["decode"] and w._stub_rows == {9}
+    w._stub_rows = set()
+    assert w._forward(decode) == "sglang" and not w._warm  # the tree
+    assert [e[1] for e in w._ledger.pending] == [False, False, False]  # the drafted step after it is counted
+    seen = [s for _, s, _ in w._ledger.clock.samples()]  # (HostEvent: every started step's next has started)
+    assert w._ledger.clock._open[0][2] == 3  # the drafted step's own sample waits for the next step
+    w.tree_policy.observe_time(3, adaptive.WARM, 0.5)
+    assert w.tree_policy.buckets[4].samples[0] == 1 and adaptive.WARM not in w.tree_policy.buckets[4].samples, seen

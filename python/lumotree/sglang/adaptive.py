@@ -62,7 +62,10 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   yet, else ``probe_run``: of no draft 3 steps; of the tree a cold and one counted drafted step from batch 4
   on (more at batch 1-2, for four samples), after which the bucket keeps its choice for one step while the
   counted step's acceptance comes back (overlap) and then decides -- a third drafted step, as probes had
-  before, was cost without information: its acceptance arrived after the decision. Acceptance that drops
+  before, was cost without information: its acceptance arrived after the decision. On a LUMOTREE server (MTP drafts,
+  not the decode-exact mode) the cold step is a **warm** no-draft step instead: SGLang's one-node verify with the MTP
+  draft-extend, so that the drafted steps after it draft from the model's own draft and are all counted
+  (:meth:`TreeSizePolicy._tree_run`; the intervals stay those of a cold probe). Acceptance that drops
   while the tree is served is seen at once (every drafted step measures it), so
   while a tree is served a probe of no draft only refreshes the decode step's time: once the bucket
   has its own samples of it, such probes come every ``PROBE_MAX`` steps. Acceptance that rises while no
@@ -153,6 +156,8 @@ PROBE_MAX = 1024  # the longest interval between probe runs (doubling from PROBE
 # was while a tree probe also drafted the step whose acceptance arrives after the decision (3 drafted steps from
 # batch 4 on, now 2): the same intervals, each probe a third cheaper
 PROBE_BUDGET = 0.01 * 2 / 3
+# the step clock's candidate of a warm no-draft step (TreeSizePolicy.warm): not a candidate, so its time is no sample
+WARM = -1
 
 
 @functools.lru_cache(maxsize=4096)
@@ -255,8 +260,11 @@ class TreeSizePolicy:
     """
 
     def __init__(self, candidates: Sequence[int], prior_accept: Optional[float] = None, tree_name: str = "{}-step tree",
-                 settings: Optional[PolicySettings] = None):
+                 settings: Optional[PolicySettings] = None, warm_probes: bool = False):
         self.tree_name = tree_name  # a drafting candidate in the log (LUMOTREE_SUFFIX: its one tree)
+        # a probe of a tree after no-draft steps starts with a warm no-draft step instead of a cold drafted one (warm)
+        self.warm_probes = warm_probes
+        self.warm = False  # the step just chosen serves no draft warm: the next step drafts (see _tree_run)
         self.settings = settings if settings is not None else PolicySettings.current()
         cands = sorted(set(int(c) for c in candidates))
         if not cands or cands[0] < 0:
@@ -397,6 +405,7 @@ class TreeSizePolicy:
     # ------------------------------------------------------------------ decision
     def choose(self, batch: int) -> int:
         """The draft steps of the next decode step of ``batch`` requests."""
+        self.warm = False
         if len(self.candidates) == 1:
             return self.candidates[0]
         steps = self._choose(batch)
@@ -436,7 +445,7 @@ class TreeSizePolicy:
             logger.info("LumoTree adaptive: batch bucket %d: a probe of the %s held no running request; probing "
                         "again", bucket(batch), self.tree_name.format(st.probe_of))
             st.settle = 1
-            return self._start_run(st, st.probe_of, tree_probe_run(batch))
+            return self._tree_run(st, st.probe_of, tree_probe_run(batch))
         if st.probed:
             st.empty_probes = 0
         if st.probed and best == 0 and st.chosen == 0 and self._close_call(batch, rates, st):
@@ -448,7 +457,7 @@ class TreeSizePolicy:
                         self.tree_name.format(st.probe_of), k)
             self._extend_gap = k
             st.settle = 1
-            return self._start_run(st, st.probe_of, 1 + k)
+            return self._tree_run(st, st.probe_of, 1 + k)
         if st.probed and best == st.chosen and not empty:  # the decision right after a probe run left the choice
             st.probe_every = min(2 * st.probe_every, self.settings.probe_max)
         if best != st.chosen or st.probed:  # changes, and what each probe measured (probes are rare: logged too)
@@ -474,7 +483,8 @@ class TreeSizePolicy:
             if st.samples[other] < MIN_SAMPLES:
                 return self._start_run(st, other, RUN)
             st.settle = 1 if other > 0 else 0
-            return self._start_run(st, other, probe_run(batch, other))
+            return (self._tree_run(st, other, probe_run(batch, other)) if other > 0
+                    else self._start_run(st, other, probe_run(batch, other)))
         return best
 
     def _close_call(self, batch: int, rates: Dict[int, float], st: _Bucket) -> bool:
@@ -669,6 +679,22 @@ class TreeSizePolicy:
         if steps not in self.candidates or length < 1:
             raise ValueError(f"serve_run: {steps} is not a candidate of {self.candidates} or length {length} < 1")
         return self._start_run(self._bucket(batch), steps, length)
+
+    def _tree_run(self, st: _Bucket, steps: int, length: int) -> int:
+        """A probe run of the drafting candidate ``steps``: ``length`` steps, the first of them cold where the step
+        before served no draft (its draft comes from a stub; its acceptance is not counted). With ``warm_probes``
+        that first step serves no draft *warm* instead -- a decode step whose MTP draft-extend runs (:attr:`warm`;
+        :class:`lumotree.sglang.worker.LumoTreeWorker`), so that the ``length - 1`` drafted steps after it are all
+        counted, the first drafting from the model's own draft. Why: where drafts miss, a cold drafted step cost as
+        much as a counted one (~2x a decode step at batch 32 of both shapes, one H100) and measured nothing; a probe
+        from batch 4 on is a cold and one counted step, so the warm step takes half of its drafted steps. The
+        interval between probes stays as for a cold probe (:meth:`_probe_floor` counts ``length`` drafted steps):
+        the same probes, each cheaper."""
+        if self.warm_probes and self._last == 0 and length > 1:
+            self.warm = True
+            self._start_run(st, steps, length)  # the next length - 1 steps draft
+            return 0
+        return self._start_run(st, steps, length)
 
     @staticmethod
     def _start_run(st: _Bucket, steps: int, length: Optional[int] = None) -> int:

@@ -87,10 +87,10 @@ ENV = "LUMOTREE_BENCH_STEP_TIMING"
 SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 FUTURE_MAP = "sglang.srt.managers.overlap_utils.FutureMap"
 TP_WORKER = "sglang.srt.managers.tp_worker.TpModelWorker"
-PARTS = ("step", "schedule", "launch", "lengths", "result", "worker", "nodraft", "drafted", "forward", "verify", "commit",
-         "nd_prep", "nd_init", "nd_forward", "nd_sample", "nd_result", "input", "spec_prep", "sample", "state_commit",
-         "kv_move", "post_verify", "nodraft_admitting", "dv_pre", "dv_prepare", "dv_mask", "dv_sanitize", "dv_tail",
-         "dv_widen", "dv_choose", "dv_live", "stash", "extras", "copy_out")
+PARTS = ("step", "schedule", "launch", "lengths", "result", "worker", "nodraft", "warm", "drafted", "forward", "verify",
+         "commit", "nd_prep", "nd_init", "nd_forward", "nd_sample", "nd_result", "input", "spec_prep", "sample",
+         "state_commit", "kv_move", "post_verify", "nodraft_admitting", "dv_pre", "dv_prepare", "dv_mask", "dv_sanitize",
+         "dv_tail", "dv_widen", "dv_choose", "dv_live", "stash", "extras", "copy_out")
 NGRAM = "sglang.srt.speculative.ngram_worker.NGRAMWorker"
 # SGLang's NGRAM loop's steps: (target, part, the position of its ScheduleBatch argument, self counted)
 LOOP_PARTS = ((f"{NGRAM}._prepare_for_speculative_decoding", "spec_prep", 1),

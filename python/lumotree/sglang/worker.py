@@ -22,7 +22,9 @@ cold start and with those holes when drafting resumes -- which the policy only d
 pays at that batch size. The holes' slots are zeroed before each no-draft step (:mod:`lumotree.sglang.mtp_entries`:
 left alone they hold a finished request's entries, which cost the trained tiny model's MTP head more acceptance than
 no entries). The acceptance of the first drafted step after such a stretch is not counted (its draft comes from a
-stub). A prefill skips the draft-extend over its prompts too where the decode steps its requests join will serve no
+stub) -- except after a **warm** no-draft step, the first step of the policy's probes of the tree: SGLang's one-node
+verify with the MTP draft-extend (:attr:`lumotree.sglang.adaptive.TreeSizePolicy.warm`), whose draft the next step
+drafts from. A prefill skips the draft-extend over its prompts too where the decode steps its requests join will serve no
 draft by the policy's estimates (:meth:`LumoTreeWorker._prefill_without_draft`), their slots zeroed alike.
 """
 from __future__ import annotations
@@ -132,6 +134,14 @@ def take_no_speculation_graph_sizes(server_args) -> None:
         logger.info("LumoTree: verify and draft CUDA graphs at no speculation's %d batch sizes (SGLang's speculative "
                     "list: %d; --cuda-graph-bs sets them)", len(sizes), len(config.bs))
         config.bs = sizes
+
+
+def warm_probes(server_args, candidates) -> bool:
+    """Whether the policy's probes of the tree after no-draft steps start with a warm no-draft step (SGLang's one-node
+    verify and the MTP draft-extend, :meth:`lumotree.sglang.adaptive.TreeSizePolicy._tree_run`) instead of a cold
+    drafted step: where no draft is a candidate, except in the decode-exact mode (its no-draft step is a decode step,
+    :func:`lumotree.sglang.adaptive.exact_choice`; the one-node verify is not one)."""
+    return 0 in candidates and len(candidates) > 1 and not adaptive.exact_choice(server_args)
 
 
 def candidate_tokens(steps: int, configured_steps: int, configured_tokens: int) -> int:
@@ -308,17 +318,20 @@ class StepLedger:
                 return tree
         return self.policy.choose(batch_size)
 
-    def launched(self, batch_size: int, steps: int, cold: bool = False, rids=None) -> None:
+    def launched(self, batch_size: int, steps: int, cold: bool = False, rids=None, warm: bool = False) -> None:
         """A decode step serving candidate ``steps`` is launched now; ``cold``: its acceptance is not counted;
-        ``rids``: its requests' ids in row order (the chooser's)."""
+        ``rids``: its requests' ids in row order (the chooser's); ``warm``: a no-draft step that runs the MTP
+        draft-extend (:attr:`lumotree.sglang.adaptive.TreeSizePolicy.warm`) -- its time is no sample of no draft's
+        (the clock keeps it as :data:`~lumotree.sglang.adaptive.WARM`), and the drafted step after it is not cold
+        (:attr:`prev`)."""
         # a step's time includes no prefill: batches ramp up through smaller buckets as a pass's requests are
         # admitted, and samples that held prefills once made a bucket-4 tree step "take" 55 ms against 13 ms
         # at bucket 8, and the bucket served no draft (27B shapes, batch 8, H200)
-        self.clock.start(batch_size, steps)
+        self.clock.start(batch_size, adaptive.WARM if warm else steps)
         if self.shared is not None:
             self.shared.chose(batch_size, steps)
         self.pending.append([steps, cold, None, (), rids, self._ratio])
-        self.prev, self.last_batch = steps, batch_size
+        self.prev, self.last_batch = (adaptive.WARM if warm else steps), batch_size
         w = self._window
         w[0] += 1
         w[1] += steps > 0
@@ -522,8 +535,10 @@ def worker_class():
             steps = (adaptive.candidate_steps(server_args) if adaptive.adaptive_tree_size(server_args)
                      else [self.speculative_num_steps])
             # one candidate that is the configured tree: a fixed tree, no policy ([0] pins the no-draft step)
-            self.tree_policy = (adaptive.TreeSizePolicy(steps, settings=adaptive.policy_settings(server_args))
+            self.tree_policy = (adaptive.TreeSizePolicy(steps, settings=adaptive.policy_settings(server_args),
+                                                        warm_probes=warm_probes(server_args, steps))
                                 if steps != [self.speculative_num_steps] else None)
+            self._warm = False  # this decode step serves no draft warm (the MTP draft-extend runs: TreeSizePolicy.warm)
             self._tree_states = {}
             self._ledger = StepLedger(self.tree_policy, overlap_consistent(server_args), self.speculative_num_steps,
                                       shared=shared_times.for_server(server_args) if self.tree_policy else None,
@@ -565,7 +580,7 @@ def worker_class():
             draft_extend = dw._draft_extend_for_decode
 
             def draft_extend_for_decode(batch, batch_output):
-                if self.speculative_num_steps == 0:
+                if self.speculative_num_steps == 0 and not getattr(self, "_warm", False):
                     return self._stub_skipped_draft_extend(batch, batch_output)
                 return draft_extend(batch, batch_output)
 
@@ -718,8 +733,14 @@ def worker_class():
                     self._admitted.clear()
                 self.activate_step_by_batch(bs)
                 self._step_chosen = True  # SGLang's loop asks again: the choice stands
-                decode = (self._decode_step is not None and self.speculative_num_steps == 0
+                warm = getattr(self, "_warm", False)
+                decode = (self._decode_step is not None and self.speculative_num_steps == 0 and not warm
                           and self._decode_step.serves(batch))
+                if warm:  # SGLang's one-node verify and its draft-extend: every row's draft input is its own after it
+                    if self._stub_rows:
+                        self._stub_rows.difference_update(r.req_pool_idx for r in batch.reqs)
+                    return step_timing.measure("warm", batch, super().forward_batch_generation, batch, *args,
+                                               **kwargs)
                 if self.speculative_num_steps == 0 and getattr(self, "_mtp_entries", None) is not None and not decode:
                     # no draft-extend writes this token's MTP entry: zero the stale one in its slot (the decode
                     # step zeroes it at the slot it looks up for its forward: _no_draft_decode)
@@ -787,8 +808,15 @@ def worker_class():
                 return
             if steps != self.speculative_num_steps:
                 self.apply_runtime_state(self._tree_states[steps])
-            # the first drafted step after no-draft steps drafts from zeros (draft-extend skipped): not an acceptance
-            self._ledger.launched(batch_size, steps, cold=steps > 0 and self._ledger.prev == 0)
+            # the first drafted step after no-draft steps drafts from zeros (draft-extend skipped): not an acceptance;
+            # after a warm no-draft step it drafts from the draft-extend's output (counted)
+            self._warm = steps == 0 and getattr(self.tree_policy, "warm", False)
+            if self._warm:
+                self.warm_steps = getattr(self, "warm_steps", 0) + 1
+                if self.warm_steps in (1, 64) or self.warm_steps % 1024 == 0:
+                    logger.info("LumoTree adaptive: %d warm no-draft steps (a tree probe's first step: one-node verify "
+                                "and the MTP draft-extend)", self.warm_steps)
+            self._ledger.launched(batch_size, steps, cold=steps > 0 and self._ledger.prev == 0, warm=self._warm)
 
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
             if self.tree_policy is None:

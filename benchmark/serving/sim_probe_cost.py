@@ -14,7 +14,13 @@ miss), three warm and three measured passes at p 0.8, three warm passes whose dr
 (``--repeats 3``) --, the three measured miss passes' time over 3 x 128 no-draft steps and how many of their steps
 drafted (``drafted_steps``, mean over seeds): what the policy's probes cost a drafts-miss row of the serving table.
 
-    python3 benchmark/serving/sim_probe_cost.py [--module path/to/adaptive.py] [--sequence repeats]
+    python3 benchmark/serving/sim_probe_cost.py [--module path/to/adaptive.py] [--sequence repeats] \
+        [--warm-probes --warm-ms MS]
+
+``--warm-probes``: the policy as a LUMOTREE server serves it, each probe of the tree after no-draft steps starting with
+a warm no-draft step instead of a cold drafted one; ``--warm-ms``: that step's time over a decode step's (not measured
+yet: 0 gives the warm probes' lower bound). ``benchmark/results/probe_cost_repeats_cpu.json``: both shapes, cold and
+warm (0 ms) probes.
 
 ``--module``: another version of ``adaptive.py`` (e.g. ``git show REV:python/lumotree/sglang/adaptive.py``)
 simulated instead of the installed one. ``--candidates 0,1,3``: a chain that may also serve shallower depths (opt-in,
@@ -68,7 +74,15 @@ def main(argv=None):
     ap.add_argument("--sequence", default="table", choices=("table", "repeats"),
                     help="table: two accepted passes, four whose drafts miss, the measured one; repeats: bench_spec's "
                          "passes with --repeats 3 (module docstring)")
+    ap.add_argument("--warm-probes", action="store_true",
+                    help="probes of the tree after no-draft steps start with a warm no-draft step (the served default "
+                         "of a LUMOTREE server, TreeSizePolicy(warm_probes=True)); needs --warm-ms")
+    ap.add_argument("--warm-ms", type=float, default=None,
+                    help="with --warm-probes: the warm step's time over a decode step's, ms -- not measured yet, so "
+                         "given (0: as a decode step; the drafted step's extra: no cheaper than a cold probe)")
     args = ap.parse_args(argv)
+    if args.warm_probes and args.warm_ms is None:
+        ap.error("--warm-probes needs --warm-ms (the warm step's extra time is not measured)")
     import test_adaptive as sim  # simulate_overlap, oracle_draws
 
     mod = policy_module(args.module)
@@ -78,22 +92,29 @@ def main(argv=None):
         t = {k: (t_none + (t_tree - t_none) * k / 3) / 1e3 for k in cands if k}  # seconds per drafting candidate
         losses, accepted, drafted = [], [], []
         for seed in range(args.seeds):
-            p = mod.TreeSizePolicy(cands)
+            p = mod.TreeSizePolicy(cands, warm_probes=True) if args.warm_probes else mod.TreeSizePolicy(cands)
+            warm, choose = [], p.choose
+            p.choose = lambda b, choose=choose, p=p, warm=warm: (choose(b), warm.append(getattr(p, "warm", False)))[0]
             if args.sequence == "repeats":  # recording pass, 3 + 3 accepted, 3 warm misses, the 3 measured
                 sim.simulate_overlap(p, batch, t_none / 1e3, t, 0.0, steps=PASS, seed=seed + 300)
                 hit = sim.simulate_overlap(p, batch, t_none / 1e3, t, sim.oracle_draws(0.8, 3), steps=6 * PASS,
                                            seed=seed)
                 sim.simulate_overlap(p, batch, t_none / 1e3, t, 0.0, steps=3 * PASS, seed=seed + 100)
+                n = len(warm)
                 served = sim.simulate_overlap(p, batch, t_none / 1e3, t, 0.0, steps=3 * PASS, seed=seed + 200)
             else:
                 hit = sim.simulate_overlap(p, batch, t_none / 1e3, t, sim.oracle_draws(0.8, 3), steps=2 * PASS,
                                            seed=seed)
                 sim.simulate_overlap(p, batch, t_none / 1e3, t, 0.0, steps=4 * PASS, seed=seed + 100)
+                n = len(warm)
                 served = sim.simulate_overlap(p, batch, t_none / 1e3, t, 0.0, steps=PASS, seed=seed + 200)
-            losses.append(sum(t[s] * 1e3 if s else t_none for s in served) / (len(served) * t_none) - 1)
+            warmed = warm[n:]
+            losses.append(sum(t[s] * 1e3 if s else t_none + (args.warm_ms if w else 0.0) for s, w in zip(served, warmed))
+                          / (len(served) * t_none) - 1)
             drafted.append(sum(1 for s in served if s))
             accepted.append(collections.Counter(hit[-PASS:]))  # what the last accepted pass served
-        rows.append(dict(batch=batch, candidates=cands, mean_loss_pct=round(100 * statistics.mean(losses), 2),
+        rows.append(dict(batch=batch, candidates=cands, warm_ms=args.warm_ms if args.warm_probes else None,
+                         mean_loss_pct=round(100 * statistics.mean(losses), 2),
                          max_loss_pct=round(100 * max(losses), 2), drafted_steps=round(statistics.mean(drafted), 1),
                          accepted_pass_served={k: sum(c[k] for c in accepted) for k in cands}))
         print(json.dumps(rows[-1]), flush=True)

@@ -277,7 +277,7 @@ def test_a_warm_no_draft_step_runs_sglang_s_step_and_its_draft_extend(monkeypatc
     from lumotree.sglang.worker import worker_class
 
     w = bare_worker(worker_class(), TreeSizePolicy([0, 3], warm_probes=True), overlap_consistent=False)
-    plan = iter([(0, False), (0, True), (3, False)])
+    plan = iter([(0, False), (0, True), (3, False), (3, False)])
 
     def choose(batch):
         steps, w.tree_policy.warm = next(plan)
@@ -316,7 +316,7 @@ def test_a_warm_no_draft_step_runs_sglang_s_step_and_its_draft_extend(monkeypatc
     w._stub_rows = set()
     assert w._forward(decode) == "sglang" and not w._warm  # the tree
     assert [e[1] for e in w._ledger.pending] == [False, False, False]  # the drafted step after it is counted
-    seen = [s for _, s, _ in w._ledger.clock.samples()]  # (HostEvent: every started step's next has started)
-    assert w._ledger.clock._open[0][2] == 3  # the drafted step's own sample waits for the next step
+    w.activate_step_by_batch(3)  # the next step: the device has passed the warm step, whose time is read now
+    assert list(w._ledger.warm_ms()) == [4]  # the warm step's time, kept for the log alone
     w.tree_policy.observe_time(3, adaptive.WARM, 0.5)
-    assert w.tree_policy.buckets[4].samples[0] == 1 and adaptive.WARM not in w.tree_policy.buckets[4].samples, seen
+    assert w.tree_policy.buckets[4].samples[0] == 1 and adaptive.WARM not in w.tree_policy.buckets[4].samples

@@ -33,6 +33,7 @@ import collections
 import contextlib
 import functools
 import logging
+import statistics
 import time
 import types
 
@@ -278,6 +279,13 @@ class StepLedger:
         self._ratio = None  # the chooser's ratio of the step being chosen (None: the policy chose)
         # since the last summary line: decode steps, drafted ones, and the counted acceptance samples (sum, count)
         self._window = [0, 0, 0.0, 0]
+        self._warm_times = {}  # batch bucket -> the last warm no-draft steps' device times (s)
+
+    def warm_ms(self) -> dict:
+        """The median device time (ms) of the last warm no-draft steps per batch bucket (the policy keeps none: they
+        are no candidate's, :data:`lumotree.sglang.adaptive.WARM`), for the log: what a warm probe's first step costs
+        beside the bucket's no-draft and drafted steps."""
+        return {b: round(1e3 * statistics.median(t), 3) for b, t in sorted(self._warm_times.items()) if t}
 
     def choose(self, batch_size: int, rids=None):
         """The candidate for a decode step of ``batch_size`` requests (``rids``: their ids, which the chooser
@@ -291,6 +299,8 @@ class StepLedger:
                 logger.error("LumoTree adaptive: %s", e)
                 self.pinned, samples = self.first, []
         for b, s, seconds in samples:
+            if s == adaptive.WARM:  # no sample of a candidate: kept for the log (warm_ms)
+                self._warm_times.setdefault(adaptive.bucket(b), collections.deque(maxlen=64)).append(seconds)
             self.policy.observe_time(b, s, seconds)
         self._ratio = None
         if batch_size <= 0:
@@ -339,10 +349,12 @@ class StepLedger:
             by_requests = "" if self.chooser is None else (
                 "; per-request choice (drafted, probes, no draft) %s, probe interval %d" % (
                     self.chooser.decisions, self.chooser.interval))
+            warm = self.warm_ms()
             logger.info("LumoTree adaptive, last %d decode steps: %d drafted; accepted drafts per request %.2f (mean of "
-                        "%d drafted steps' samples); step ms per bucket and candidate %s%s", w[0], w[1],
+                        "%d drafted steps' samples); step ms per bucket and candidate %s%s%s", w[0], w[1],
                         w[2] / max(1, w[3]), w[3],
-                        {b: v["step_ms"] for b, v in self.policy.table()["buckets"].items()}, by_requests)
+                        {b: v["step_ms"] for b, v in self.policy.table()["buckets"].items()},
+                        "; warm no-draft step ms per bucket %s" % warm if warm else "", by_requests)
             self._window = [0, 0, 0.0, 0]
 
     def may_draft(self, new: int) -> bool:

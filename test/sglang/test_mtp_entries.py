@@ -320,3 +320,24 @@ def test_a_warm_no_draft_step_runs_sglang_s_step_and_its_draft_extend(monkeypatc
     assert list(w._ledger.warm_ms()) == [4]  # the warm step's time, kept for the log alone
     w.tree_policy.observe_time(3, adaptive.WARM, 0.5)
     assert w.tree_policy.buckets[4].samples[0] == 1 and adaptive.WARM not in w.tree_policy.buckets[4].samples
+
+
+def test_an_idle_batch_after_a_warm_step_is_not_warm():
+    """The warm flag is the step's own: an idle batch (no decode step chosen) after a warm step does not run the MTP
+    draft-extend as one."""
+    from test_adaptive import TreeSizePolicy, bare_worker
+
+    from lumotree.sglang.worker import worker_class
+
+    w = bare_worker(worker_class(), TreeSizePolicy([0, 3], warm_probes=True), overlap_consistent=False)
+
+    def choose(batch):
+        w.tree_policy.warm = True
+        return 0
+
+    w.tree_policy.choose = choose
+    w.apply_runtime_state = lambda state: None
+    w.activate_step_by_batch(4)
+    assert w._warm
+    w.activate_step_by_batch(0)  # an idle batch: SGLang's loop asks with no running request
+    assert not w._warm

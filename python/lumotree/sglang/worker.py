@@ -816,7 +816,8 @@ def worker_class():
                 self._step_chosen = False
                 return
             steps = self._ledger.choose(batch_size)
-            if steps is None:  # idle batch
+            if steps is None:  # idle batch (no draft-extend of its own: not warm)
+                self._warm = False
                 return
             if steps != self.speculative_num_steps:
                 self.apply_runtime_state(self._tree_states[steps])

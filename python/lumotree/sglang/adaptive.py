@@ -686,8 +686,9 @@ class TreeSizePolicy:
         that first step serves no draft *warm* instead -- a decode step whose MTP draft-extend runs (:attr:`warm`;
         :class:`lumotree.sglang.worker.LumoTreeWorker`), so that the ``length - 1`` drafted steps after it are all
         counted, the first drafting from the model's own draft. Why: where drafts miss, a cold drafted step cost as
-        much as a counted one (~2x a decode step at batch 32 of both shapes, one H100) and measured nothing; a probe
-        from batch 4 on is a cold and one counted step, so the warm step takes half of its drafted steps. The
+        much as a counted one (1.4x a decode step at batch 1 of the 27B shape, 2.3x at batch 32 of the MoE shape, the
+        policy's estimates in the server logs, one H100) and measured nothing; a probe from batch 4 on is a cold and
+        one counted step, so the warm step takes half of its drafted steps. The
         interval between probes stays as for a cold probe (:meth:`_probe_floor` counts ``length`` drafted steps):
         the same probes, each cheaper."""
         if self.warm_probes and self._last == 0 and length > 1:

@@ -37,7 +37,7 @@ def serve(tmp_path, name, args):
 def test_probes_of_a_chain_whose_drafts_miss_start_warm(tmp_path):
     ref, _, _ = serve(tmp_path, "none", [])
     cfg = tmp_path / "probe_often.json"
-    cfg.write_text(json.dumps({"candidate_steps": [0, 3], "probe_every": 8, "probe_max": 16, "probe_budget": 1.0}))
+    cfg.write_text(json.dumps({"candidate_steps": [0, 3], "probe_every": 8, "probe_max": 16, "probe_budget": 0.5}))
     got, meta, log = serve(tmp_path, "lumotree", [
         "--speculative-algorithm", "LUMOTREE", "--speculative-num-steps", "3", "--speculative-eagle-topk", "1",
         "--speculative-num-draft-tokens", "4", "--speculative-adaptive-config", str(cfg)])

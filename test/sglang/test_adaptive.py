@@ -1281,10 +1281,13 @@ def test_each_runtime_state_is_captured_at_its_own_sizes(monkeypatch, caplog):
     from lumotree.sglang import warmup
     warmed = []
     monkeypatch.setattr(warmup, "warm_spec_decode_slots", warmed.append)
+    monkeypatch.setattr(warmup, "warm_verify_kernels", lambda pool, tokens, widths: warmed.append((pool, tokens, widths)))
     w.req_to_token_pool = "the request pool"
     with caplog.at_level(logging.INFO, logger="lumotree.sglang.worker"):
         cls.init_cuda_graphs(w)
-    assert warmed == ["the request pool"]  # the slot kernel compiled for every batch bucket before serving
+    # the slot kernel compiled for every batch bucket before serving; the verify's width-specialised kernels for
+    # every candidate's verify: draft tokens 1 (the one-node verify), 2, 3 and the configured 4, runs of 1-4 tokens
+    assert warmed == ["the request pool", ("the request pool", [1, 2, 3, 4], [1, 2, 3, 4])]
     # each state's start-up in the log: its own verify-graph capture time, apart from the rest
     lines = [r.getMessage() for r in caplog.records if "runtime state for" in r.getMessage()]
     assert len(lines) == 3 and "runtime state for 2 draft steps" in lines[2]

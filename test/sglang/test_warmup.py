@@ -112,3 +112,43 @@ def test_the_warmed_keys_hold_the_calls_sglangs_decode_preparation_makes(monkeyp
     assert seen[0] in keys, (seen[0], sorted(keys, key=str)[:4])
     assert seen[0][2] == warmup.buckets(bs)[-1]
     assert seen[0][0][4][1] == (allocated % 2 == 0)  # the slots' alignment follows the free list's offset
+
+
+def test_the_verify_kernels_are_launched_at_every_width_on_one_scratch_row():
+    """``warm_verify_kernels``: the slot kernel once per draft-token count, the bonus token and the run clamp once per
+    accepted-run width, each on one row of the dtypes a served verify hands them (SGLang's ``eagle_prepare_for_verify``
+    and ``eagle_verify_step``: int64 rows and lengths, int32 tokens, accept lengths and accept index); off the GPU,
+    nothing."""
+    calls = []
+
+    def assign(**k):
+        calls.append(("assign", k["draft_token_num"], k["batch_size"], k["req_pool_indices"].dtype,
+                      k["start_offset"].dtype, k["req_to_token"] is table))
+
+    def fill(tokens, acc, bonus, stride, bs):
+        calls.append(("fill", stride, bs, tuple(tokens.shape), tokens.dtype, acc.dtype, bonus.dtype))
+
+    def clamp(rows, seq, predict, acc, index):
+        calls.append(("clamp", tuple(index.shape), rows.dtype, seq.dtype, predict.dtype, acc.dtype, index.dtype))
+
+    table = torch.Tensor._make_subclass(_OnDevice, torch.zeros(8, 16, dtype=torch.int32))
+    out = warmup.warm_verify_kernels(SimpleNamespace(req_to_token=table), [4, 1, 4], [1, 4], funcs=(assign, fill, clamp))
+    assert out["draft_tokens"] == [1, 4] and out["accept_widths"] == [1, 4]
+    i64, i32 = torch.int64, torch.int32
+    assert calls == [("assign", 1, 1, i64, i64, True), ("assign", 4, 1, i64, i64, True),
+                     ("fill", 1, 1, (1, 1), i32, i32, i32), ("clamp", (1, 1), i64, i64, i32, i32, i32),
+                     ("fill", 4, 1, (1, 4), i32, i32, i32), ("clamp", (1, 4), i64, i64, i32, i32, i32)]
+    calls.clear()
+    cpu = SimpleNamespace(req_to_token=torch.zeros(8, 16, dtype=torch.int32))
+    assert warmup.warm_verify_kernels(cpu, [1], [1], funcs=(assign, fill, clamp)) is None and calls == []
+
+
+def test_verify_kernels_that_cannot_be_launched_ahead_leave_the_server_starting(caplog):
+    def assign(**k):
+        raise TypeError("assign_extend_cache_locs_uniform_func() got an unexpected keyword argument")
+
+    table = torch.Tensor._make_subclass(_OnDevice, torch.zeros(8, 16, dtype=torch.int32))
+    with caplog.at_level("WARNING", logger="lumotree.sglang.warmup"):
+        out = warmup.warm_verify_kernels(SimpleNamespace(req_to_token=table), [1], [1],
+                                         funcs=(assign, None, None))
+    assert out is None and "could not be compiled ahead (TypeError" in caplog.text

@@ -1,4 +1,6 @@
-"""Start-up compile of SGLang's speculative-decode slot kernel at every batch bucket.
+"""Start-up compiles: SGLang's speculative-decode slot kernel at every batch bucket (:func:`warm_spec_decode_slots`),
+and the kernels around a verify that are specialised on its width, at every width the server serves
+(:func:`warm_verify_kernels`).
 
 Every decode step of SGLang's speculative loops (EAGLE V2, which LUMOTREE runs, and NGRAM, which LUMOTREE_SUFFIX
 runs) reserves its KV slots through ``sglang.srt.mem_cache.allocation.alloc_for_spec_decode``, whose Triton kernel
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -66,3 +68,56 @@ def warm_spec_decode_slots(req_to_token_pool, kernel=None) -> Optional[dict]:
     logger.info("LumoTree: SGLang's speculative-decode slot kernel compiled for batch buckets %s (2 alignments) in "
                 "%.2f s, before serving", sizes, took)
     return dict(buckets=sizes, variants=2 * len(sizes), seconds=took)
+
+
+def warm_verify_kernels(req_to_token_pool, draft_tokens: Sequence[int], accept_widths: Sequence[int],
+                        funcs=None) -> Optional[dict]:
+    """Compile, before serving, the Triton kernels around a verify that are specialised on its width: SGLang's
+    ``assign_extend_cache_locs_uniform`` (the verify's KV slots, per draft tokens per request: ``draft_tokens``) and
+    ``fill_bonus_tokens`` (the bonus token, per accepted-run width: ``accept_widths``), and LumoTree's run clamp
+    (:meth:`lumotree.sglang.finish.FinishedRows.clamp_run`, per width) -- by launches on one scratch row of the dtypes
+    a served verify hands them (nothing of the pools is written: the slot kernel reads the table's first row into a
+    scratch output, the clamp reads the finish tables' first row). ``funcs``: ``(assign, fill, clamp)`` in their
+    places (tests). ``{"draft_tokens", "accept_widths", "seconds"}``, or ``None`` off the GPU or where a kernel cannot
+    be launched ahead (it compiles while serving, as before).
+
+    Why: a LUMOTREE server's first one-node verify -- the first warm no-draft step of a probe
+    (:meth:`lumotree.sglang.adaptive.TreeSizePolicy._tree_run`) -- compiled the three for width 1 inside a measured pass
+    (222 ms at batch 1, 27B shape, one H100: the pass ran at 0.68x no speculation), and its first drafted step their
+    width-4 variants (260 ms) while it served its first request (``benchmark/results/
+    serving_speed_27b_flags_alone_h100.json``, its JIT log)."""
+    req_to_token = getattr(req_to_token_pool, "req_to_token", None)
+    if req_to_token is None or not req_to_token.is_cuda:
+        return None
+    if funcs is None:
+        from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_uniform_func as assign
+        from sglang.kernels.ops.speculative.eagle import fill_bonus_tokens_func as fill
+
+        from lumotree.sglang.finish import FinishedRows
+
+        clamp = FinishedRows.of(req_to_token_pool).clamp_run
+    else:
+        assign, fill, clamp = funcs
+    dev = req_to_token.device
+    rows = torch.zeros(1, dtype=torch.int64, device=dev)  # req_pool_indices
+    seq = torch.zeros(1, dtype=torch.int64, device=dev)  # seq_lens
+    tic = time.perf_counter()
+    tokens, widths = sorted(set(int(n) for n in draft_tokens)), sorted(set(int(w) for w in accept_widths))
+    try:
+        for n in tokens:
+            assign(req_pool_indices=rows, req_to_token=req_to_token, start_offset=seq, batch_size=1,
+                   draft_token_num=n, device=dev)
+        for w in widths:
+            predict = torch.zeros(w, dtype=torch.int32, device=dev)  # the verify's greedy tokens
+            accept_lens = torch.ones(1, dtype=torch.int32, device=dev)
+            accept_index = torch.zeros((1, w), dtype=torch.int32, device=dev)
+            fill(predict[accept_index], accept_lens, torch.empty(1, dtype=torch.int32, device=dev), w, 1)
+            clamp(rows, seq, predict, accept_lens, accept_index)
+    except Exception as e:  # a compile ahead of time is not worth a server
+        logger.warning("LumoTree: the verify's width-specialised kernels could not be compiled ahead (%s: %s); they "
+                       "compile at each verify width's first step while serving", type(e).__name__, e)
+        return None
+    took = time.perf_counter() - tic
+    logger.info("LumoTree: the verify's width-specialised kernels compiled for %s draft tokens and accepted-run widths "
+                "%s in %.2f s, before serving", tokens, widths, took)
+    return dict(draft_tokens=tokens, accept_widths=widths, seconds=took)

@@ -661,6 +661,11 @@ def worker_class():
         def init_cuda_graphs(self):
             super().init_cuda_graphs()
             warmup.warm_spec_decode_slots(getattr(self, "req_to_token_pool", None))  # every bucket, before serving
+            served = self.tree_policy.candidates if self.tree_policy is not None else [self.speculative_num_steps]
+            warmup.warm_verify_kernels(  # every verify width served (a no-draft candidate: the one-node verify's)
+                getattr(self, "req_to_token_pool", None),
+                [candidate_tokens(s, self.speculative_num_steps, self.speculative_num_draft_tokens) for s in served],
+                [s + 1 for s in served])
             if (getattr(self, "topk", None) == 1 and torch.cuda.is_available()
                     and not ew.check_cuda_graph_backend(ew.Phase.DECODE, ew.Backend.DISABLED)):
                 # a chain's work after each verify forward as CUDA graphs (lumotree.sglang.post_verify)

@@ -1588,3 +1588,19 @@ def test_a_drafted_step_never_reads_faster_than_no_draft():
         for _ in range(adaptive.MIN_SAMPLES):
             q.observe_time(1, c, t)
     assert [q.decision_time(1, c) for c in (0, 1, 3)] == [0.010, 0.010, 0.012]
+
+
+def test_warm_probes_where_no_draft_is_a_candidate_outside_the_decode_exact_mode(tmp_path):
+    """A LUMOTREE server's probes start warm by default and with a config that lists no draft (the served GPU test's
+    ``[0, 3]``); not where no draft is no candidate, nor in the decode-exact mode (its no-draft step is a decode
+    step)."""
+    from lumotree.sglang.worker import warm_probes
+
+    cfg = tmp_path / "c.json"
+    cfg.write_text(json.dumps({"candidate_steps": [0, 3]}))
+    plain = SimpleNamespace(speculative_algorithm="LUMOTREE", speculative_num_steps=3,
+                            speculative_adaptive_config=None, enable_deterministic_inference=False)
+    listed = SimpleNamespace(**{**vars(plain), "speculative_adaptive_config": str(cfg)})
+    exact = SimpleNamespace(**{**vars(listed), "enable_deterministic_inference": True})
+    assert warm_probes(plain, [0, 3]) and warm_probes(listed, [0, 3])
+    assert not warm_probes(plain, [3]) and not warm_probes(plain, [1, 3]) and not warm_probes(exact, [0, 3])

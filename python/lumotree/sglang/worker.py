@@ -142,7 +142,9 @@ def warm_probes(server_args, candidates) -> bool:
     verify and the MTP draft-extend, :meth:`lumotree.sglang.adaptive.TreeSizePolicy._tree_run`) instead of a cold
     drafted step: where no draft is a candidate, except in the decode-exact mode (its no-draft step is a decode step,
     :func:`lumotree.sglang.adaptive.exact_choice`; the one-node verify is not one)."""
-    return 0 in candidates and len(candidates) > 1 and not adaptive.exact_choice(server_args)
+    from lumotree.sglang.exact import exact_mode
+
+    return 0 in candidates and len(candidates) > 1 and not exact_mode(server_args)
 
 
 def candidate_tokens(steps: int, configured_steps: int, configured_tokens: int) -> int:

@@ -140,8 +140,9 @@ def take_no_speculation_graph_sizes(server_args) -> None:
 def warm_probes(server_args, candidates) -> bool:
     """Whether the policy's probes of the tree after no-draft steps start with a warm no-draft step (SGLang's one-node
     verify and the MTP draft-extend, :meth:`lumotree.sglang.adaptive.TreeSizePolicy._tree_run`) instead of a cold
-    drafted step: where no draft is a candidate, except in the decode-exact mode (its no-draft step is a decode step,
-    :func:`lumotree.sglang.adaptive.exact_choice`; the one-node verify is not one)."""
+    drafted step: where no draft is a candidate, except in the decode-exact mode (``--enable-deterministic-inference``:
+    its no-draft step must be a decode step, :func:`lumotree.sglang.adaptive.exact_choice`; the one-node verify is not
+    one)."""
     from lumotree.sglang.exact import exact_mode
 
     return 0 in candidates and len(candidates) > 1 and not exact_mode(server_args)

@@ -471,3 +471,42 @@ def test_the_decode_graphs_are_captured_with_the_fresh_compiles(monkeypatch):
     assert seen["during"] is not original and seen["during"] in step.graph_runner.lumotree_compiled
     assert fused_moe.moe_sum_reduce_torch_compile is original and mr.spec_algorithm == "EAGLE"
     assert str(seen["spec"]).endswith("NONE")  # captured as a non-speculative runner's decode graphs
+
+
+def test_a_step_after_which_every_request_has_ended_serves_no_draft_without_a_decision(monkeypatch):
+    """A decode step whose requests all end with it (the last of a batch that ends together; under the overlap
+    scheduler also the extra step after it) keeps no draft's token and measures nothing: the worker serves it no
+    draft and the policy is not asked (a probe started there held no running request). Under the overlap scheduler
+    the step launched before -- a decode step of the same requests -- adds a token the host does not count yet."""
+    class Step:
+        serves = staticmethod(ds.DecodeStep.serves)
+
+        def run(self, batch, on_publish=None, on_slots=None, zero_kv=None):
+            return SimpleNamespace(new_seq_lens=batch.seq_lens + 1)
+
+    monkeypatch.setattr("lumotree.sglang.finish.admit_batch", lambda batch: None)
+    w = worker(monkeypatch, Step())
+    w.tree_policy = w._ledger.policy = TreeSizePolicy([0, 3])
+    decided = []
+    w.tree_policy.choose = lambda batch: decided.append(batch) or 3
+
+    def req(out, max_new=6):
+        return SimpleNamespace(output_ids=[1] * out, finished=lambda: False,
+                               sampling_params=SimpleNamespace(max_new_tokens=max_new), req_pool_idx=0)
+
+    def step(outs, overlap=True, **kw):
+        w.calls.clear()
+        out = w.forward_batch_generation(spec_batch(reqs=[req(o, **kw) for o in outs], enable_overlap=overlap))
+        return "verify" if out == "verify-result" else "decode"
+
+    assert step([4, 3]) == "verify" and len(decided) == 1  # 4 + 1: the 5th of 6 (nothing in flight before it)
+    assert step([4, 4]) == "decode" and len(decided) == 1  # 4 + 1 in flight + 1: both end; no decision
+    assert w._ledger.pending[-1][0] == 0 and not w.tree_policy.warm
+    assert step([4, 3]) == "verify" and len(decided) == 2  # the second request has a token to go after it
+    assert step([5, 5], overlap=False) == "decode" and len(decided) == 2  # in step: 5 + 1
+    assert step([4, 4], overlap=False) == "verify" and len(decided) == 3  # no token in flight: 4 + 1 < 6
+    w._ledger.interrupt()  # a prefill launched in between: the requests' last step is processed
+    assert step([4, 4]) == "verify" and len(decided) == 4
+    assert step([3, 3], max_new=None) == "verify" and len(decided) == 5  # no length limit: not certain
+    w.tree_policy = w._ledger.policy = TreeSizePolicy([3])  # no draft is no candidate: the tree is served
+    assert step([5, 5]) == "verify"

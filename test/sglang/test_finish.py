@@ -420,3 +420,31 @@ def test_suffix_worker_prepares_drafts_through_lumotree_and_inserts_nothing(monk
     assert w.ngram_corpus._seen["a"] == 8 and w.prev_accept_lens == [2]
     w._update_ngram_corpus(batch)
     assert w.ngram_corpus._seen["a"] == 8
+
+
+def _req_at(max_new, out, rid="r"):
+    sp = SamplingParams(max_new_tokens=max_new, ignore_eos=True)
+    sp.normalize(None)
+    req = Req(rid, "", [1, 2, 3], sp, eos_token_ids={0}, vocab_size=VOCAB)
+    req.output_ids = list(range(1, out + 1))
+    return req
+
+
+@pytest.mark.parametrize("lag", [0, 1])
+def test_a_step_ends_its_batch_only_where_every_request_is_certain_to_end_with_it(lag):
+    """The step's one token at least, after ``lag`` tokens not yet on the host: a request ``max_new - 1 - lag``
+    tokens in ends with it, one token less does not; every request must, or have finished already."""
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+
+    last = 5 - 1 - lag  # output tokens on the host at the step that brings the request to its 5th
+    assert finish.ends_after_step([_req_at(5, last)], lag)
+    assert finish.ends_after_step([_req_at(5, last + 1), _req_at(7, 6 - lag)], lag)
+    assert not finish.ends_after_step([_req_at(5, last - 1)], lag)
+    assert not finish.ends_after_step([_req_at(5, last), _req_at(9, last)], lag)  # one request goes on
+    done = _req_at(9, 2)
+    done.finished_reason = FINISH_LENGTH(length=2)  # finished (the overlap scheduler's extra step still holds it)
+    assert finish.ends_after_step([done, _req_at(5, last)], lag)
+    assert not finish.ends_after_step([], lag) and not finish.ends_after_step(None, lag)
+    free = _req_at(5, last)
+    free.sampling_params.max_new_tokens = None  # no length limit: never certain
+    assert not finish.ends_after_step([free], lag)

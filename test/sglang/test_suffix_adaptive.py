@@ -78,9 +78,12 @@ def worker(monkeypatch, candidates, step=None, clock=None):
     return w
 
 
-def batch(rids, mode=ForwardMode.DECODE):
+def batch(rids, mode=ForwardMode.DECODE, out=0, max_new=64):
+    """A batch of requests ``rids``, each ``out`` tokens into its ``max_new``."""
     n = len(rids)
-    return SimpleNamespace(forward_mode=mode, reqs=[SimpleNamespace(rid=r) for r in rids], seq_lens=torch.arange(n) + 5,
+    reqs = [SimpleNamespace(rid=r, output_ids=[1] * out, finished=lambda: False,
+                            sampling_params=SimpleNamespace(max_new_tokens=max_new)) for r in rids]
+    return SimpleNamespace(forward_mode=mode, reqs=reqs, seq_lens=torch.arange(n) + 5,
                            req_pool_indices=torch.arange(n), is_extend_in_batch=False, req_to_token_pool=None)
 
 
@@ -370,3 +373,24 @@ def test_a_suffix_server_chooses_per_request_by_default_and_not_when_pinned(monk
     assert isinstance(w._ledger.shared, shared_times.SharedStepTimes)
     w = build(tp_size=2, dp_size=2)
     assert w.tree_policy is None and w._ledger is None
+
+
+def test_a_step_after_which_every_request_has_ended_decodes_without_a_decision(monkeypatch):
+    """As the LUMOTREE worker's (lumotree.sglang.finish.ends_after_step): the tree's drafts could not be kept and a
+    probe started there would measure nothing -- the step decodes and the policy is not asked; under the overlap
+    scheduler a decode step of the same requests launched before it adds a token the host does not count yet."""
+    monkeypatch.setattr("lumotree.sglang.finish.admit_batch", lambda batch: None)  # the run clamp: test_finish.py
+    w = worker(monkeypatch, [0, 1])
+    decided = []
+    w.tree_policy.choose = lambda b: decided.append(b) or 1
+    w.forward_batch_generation(batch(["a", "b"], out=5, max_new=6))  # the 6th token: both end
+    assert w._decode_step.ran == [2] and w.calls == [] and decided == []
+    w.forward_batch_generation(batch(["a", "b"], out=4, max_new=6))  # the 5th: the tree
+    assert w.calls == [("tree", 2)] and decided == [2]
+    overlap = batch(["a", "b"], out=4, max_new=6)
+    overlap.enable_overlap = True  # the step before is in flight: 4 + 1 + 1
+    w.forward_batch_generation(overlap)
+    assert w._decode_step.ran == [2, 2] and decided == [2]
+    w.forward_batch_generation(batch(["c"], ForwardMode.EXTEND))  # a prefill in between: nothing in flight
+    w.forward_batch_generation(overlap)
+    assert w.calls[-1] == ("tree", 2) and w._decode_step.ran == [2, 2] and decided == [2, 2]

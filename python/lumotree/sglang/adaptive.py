@@ -420,6 +420,18 @@ class TreeSizePolicy:
         self._last = steps
         return steps
 
+    def ending_step(self) -> int:
+        """No draft for a decode step after which every request of its batch has ended
+        (:func:`lumotree.sglang.finish.ends_after_step`), without a decision: no token of a draft could be kept, and
+        the step measures nothing (a probe started there held no running request, :data:`EMPTY_PROBE_REPEATS`). The
+        buckets' runs, probe intervals and choices stay as they were; the next drafted step restarts the acceptance's
+        average after a gap, as after any no-draft step. Only where no draft is a candidate."""
+        if 0 not in self.candidates:
+            raise ValueError(f"ending_step: no draft is not a candidate of {self.candidates}")
+        self.warm = False
+        self._last = 0
+        return 0
+
     def _choose(self, batch: int) -> int:
         st = self._bucket(batch)
         run = self.run_step(batch)

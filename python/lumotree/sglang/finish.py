@@ -204,6 +204,26 @@ def trusts_device_finish(req) -> bool:
     return False
 
 
+def ends_after_step(reqs, lag: int) -> bool:
+    """Whether every request of a decode step about to launch is certain to have ended once the step has run: it has
+    finished, or the step's one token at least brings its output to ``max_new_tokens`` -- the output on the host plus
+    ``lag`` tokens not processed yet (the overlap scheduler's: 1 where the step launched before this one held the
+    request -- it adds a token at least --, else 0). ``False`` for no requests or one without a ``max_new_tokens``.
+
+    Such a step (the last of a batch that ends together, and under the overlap scheduler the extra step after it,
+    which still holds the requests the step before finished) keeps none of a draft's tokens: the adaptive worker
+    serves it no draft without a policy decision (:meth:`lumotree.sglang.worker.StepLedger.choose`). A lower bound
+    on the tokens the step adds: where it is wrong (a grammar's sync processed the step before) a step that could
+    have drafted serves no draft -- the output is the same either way."""
+    if not reqs:
+        return False
+    for req in reqs:
+        limit = getattr(getattr(req, "sampling_params", None), "max_new_tokens", None)
+        if limit is None or (len(req.output_ids) + lag + 1 < limit and not req.finished()):
+            return False
+    return True
+
+
 def admit_batch(batch) -> None:
     """A worker's call before each forward: a prefill batch admits its requests into the pool's table."""
     if batch.forward_mode.is_extend():

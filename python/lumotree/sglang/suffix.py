@@ -837,7 +837,8 @@ def ngram_worker(make_corpus):
                     bs = batch.seq_lens.shape[0]
                     t = step_timing.lap(None, None, 0.0)  # timed only in the benchmark
                     rids = [req.rid for req in batch.reqs] if ledger.chooser is not None else None
-                    steps = ledger.choose(bs, rids)
+                    steps = ledger.choose(bs, rids, ending=ledger.ends_after_step(
+                        getattr(batch, "reqs", None), getattr(batch, "enable_overlap", False)))
                     # no draft: chosen, or every request's admission still indexing (the tree would draft nothing)
                     admitting = steps != 0 and self.ngram_corpus_admitting(batch)
                     step_timing.lap("dv_choose", batch, t)
@@ -857,7 +858,7 @@ def ngram_worker(make_corpus):
                 elif batch.forward_mode.is_idle():
                     ledger.choose(0)
                 else:  # a prefill between two decode steps: the one before it has no step time of its own
-                    ledger.clock.interrupt()
+                    ledger.interrupt()
             if batch.forward_mode.is_decode():
                 return self._drafted(batch, *args, **kwargs)
             args, kwargs = publish_prefill_early(batch, args, kwargs)  # its lengths are known: publish, then launch

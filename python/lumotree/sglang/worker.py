@@ -279,6 +279,7 @@ class StepLedger:
         self._live_ring, self._live_next = None, 0  # pinned host buffers of the live rows (note_live_rows)
         self.prev = first
         self.last_batch = 0  # requests of the last decode step launched
+        self.after_decode = False  # the last forward launched was a decode step (no prefill or idle batch since)
         self._ratio = None  # the chooser's ratio of the step being chosen (None: the policy chose)
         # since the last summary line: decode steps, drafted ones, and the counted acceptance samples (sum, count)
         self._window = [0, 0, 0.0, 0]
@@ -290,10 +291,12 @@ class StepLedger:
         beside the bucket's no-draft and drafted steps."""
         return {b: round(1e3 * statistics.median(t), 3) for b, t in sorted(self._warm_times.items()) if t}
 
-    def choose(self, batch_size: int, rids=None):
+    def choose(self, batch_size: int, rids=None, ending: bool = False):
         """The candidate for a decode step of ``batch_size`` requests (``rids``: their ids, which the chooser
         reads), after the policy has taken the step times the device has finished; ``None`` for an idle batch
-        (which ends the last step's time sample)."""
+        (which ends the last step's time sample). ``ending``: every request is certain to have ended after the step
+        (:meth:`ends_after_step`) -- no draft, and no decision of the policy's or the chooser's
+        (:meth:`~lumotree.sglang.adaptive.TreeSizePolicy.ending_step`)."""
         samples = self.clock.samples()
         if self.shared is not None and self.pinned is None:
             try:  # every rank takes rank 0's samples at the same steps
@@ -307,10 +310,12 @@ class StepLedger:
             self.policy.observe_time(b, s, seconds)
         self._ratio = None
         if batch_size <= 0:
-            self.clock.interrupt()
+            self.interrupt()
             return None
         if self.pinned is not None:
             return self.pinned
+        if ending and 0 in self.policy.candidates:
+            return self.policy.ending_step()
         if self.chooser is not None and rids is not None and len(self.policy.candidates) == 2:
             none, tree = self.policy.candidates
             t_tree, t_none = self.policy.step_time(batch_size, tree), self.policy.step_time(batch_size, none)
@@ -345,6 +350,7 @@ class StepLedger:
             self.shared.chose(batch_size, steps)
         self.pending.append([steps, cold, None, (), rids, self._ratio])
         self.prev, self.last_batch = (adaptive.WARM if warm else steps), batch_size
+        self.after_decode = True
         w = self._window
         w[0] += 1
         w[1] += steps > 0
@@ -359,6 +365,26 @@ class StepLedger:
                         {b: v["step_ms"] for b, v in self.policy.table()["buckets"].items()},
                         "; warm no-draft step ms per bucket %s" % warm if warm else "", by_requests)
             self._window = [0, 0, 0.0, 0]
+
+    def interrupt(self) -> None:
+        """A prefill or an idle batch between two decode steps: the step before it gives no time sample
+        (:meth:`StepClock.interrupt`), and the next decode step's requests have no step of theirs in flight."""
+        self.clock.interrupt()
+        self.after_decode = False
+
+    def ends_after_step(self, reqs, overlap: bool) -> bool:
+        """Whether every request of the decode step about to launch (``reqs``) is certain to have ended after it
+        (:func:`lumotree.sglang.finish.ends_after_step`); ``overlap``: SGLang's overlap scheduler, whose step
+        launched before this one -- where it was a decode step, it held these requests -- is not processed yet (a
+        token at least each that the host does not count yet).
+
+        Why: a probe that starts on such a step measures nothing. The benchmark's passes end together, and under
+        the overlap scheduler a probe started on the extra step after a batch's last (the one that still holds the
+        requests the step before finished) or on the one-token passes found no running request and was run again:
+        two of four or five probes per bucket (27B shapes, batches 8-64, one H100)."""
+        from lumotree.sglang.finish import ends_after_step
+
+        return ends_after_step(reqs, 1 if overlap and self.after_decode else 0)
 
     def may_draft(self, new: int) -> bool:
         """Whether the decode steps after the prefills of ``new`` requests since the last decode step may draft:
@@ -743,7 +769,7 @@ def worker_class():
         def _forward(self, batch, *args, **kwargs):
             if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
                 # a prefill between two decode steps: the one before it has no step time of its own
-                self._ledger.clock.interrupt()
+                self._ledger.interrupt()
                 args, kwargs = publish_prefill_early(batch, args, kwargs)  # its lengths are known: publish, launch
                 if getattr(self, "_mtp_entries", None) is not None:  # (only adaptive servers that can serve none)
                     step_timing.measure_size("lt_pf_choose", 0, self._choose_prefill_draft_extend, batch)
@@ -751,6 +777,8 @@ def worker_class():
                 bs = batch.seq_lens.shape[0]
                 if getattr(self, "_admitted", None):
                     self._admitted.clear()
+                self._ending = self._ledger.ends_after_step(getattr(batch, "reqs", None),
+                                                             getattr(batch, "enable_overlap", False))
                 self.activate_step_by_batch(bs)
                 self._step_chosen = True  # SGLang's loop asks again: the choice stands
                 warm = getattr(self, "_warm", False)
@@ -823,7 +851,8 @@ def worker_class():
             if self._step_chosen:
                 self._step_chosen = False
                 return
-            steps = self._ledger.choose(batch_size)
+            steps = self._ledger.choose(batch_size, ending=getattr(self, "_ending", False))
+            self._ending = False
             if steps is None:  # idle batch (no draft-extend of its own: not warm)
                 self._warm = False
                 return

@@ -805,6 +805,29 @@ def test_sim_probe_cost_reports_each_batch_s_measured_miss_pass():
     assert any(r["drafted_steps"] > 0 for r in rows)  # probes fall in the measured passes at some batch
 
 
+def test_sim_pass_ends_runs_no_probe_again_with_the_ending_step():
+    """benchmark/serving/sim_pass_ends.py: through the benchmark's passes -- the overlap scheduler's extra step after
+    each, the one-token passes -- probes that start on an extra step held no running request and were run again; the
+    ending step (no decision there) leaves none to repeat in the measured passes, at the same loss or less."""
+    import importlib.util
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "serving", "sim_pass_ends.py")
+    spec = importlib.util.spec_from_file_location("sim_pass_ends", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    rows = mod.main(["--seeds", "2"])
+    assert [r["batch"] for r in rows] == sorted(mod.STEP_MS["qwen3.5-27b-32l"])
+    assert sum(r["without"]["empty_probe_repeats_all_passes"] for r in rows) > 0
+    for r in rows:
+        assert r["ending_step"]["empty_probe_repeats"] == 0, r
+        assert 0 <= r["ending_step"]["mean_loss_pct"] <= r["without"]["mean_loss_pct"] + 0.1, r
+    # a pass's decode steps: 127 after its prefill's token, and the overlap scheduler's extra one
+    server = mod.Server(TreeSizePolicy([0]), 0.01, {}, True, 0)
+    assert len(mod.serve_pass(server, 4, mod.PASS, lambda rng: 0)) == mod.PASS
+    assert len(mod.serve_pass(server, 4, 1, lambda rng: 0)) == 1
+
+
 def test_the_one_node_verify_captures_few_graphs_where_decode_steps_serve_no_draft():
     """The no-draft state's one-node verify serves only batches a decode step cannot (logprobs, grammars, ...)
     where no-draft steps run as decode steps: its graphs at the powers of two and the largest size (the rest pad

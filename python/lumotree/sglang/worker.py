@@ -378,9 +378,9 @@ class StepLedger:
         launched before this one -- where it was a decode step, it held these requests -- is not processed yet (a
         token at least each that the host does not count yet).
 
-        Why: a probe that starts on such a step measures nothing. The benchmark's passes end together, and under
-        the overlap scheduler a probe started on the extra step after a batch's last (the one that still holds the
-        requests the step before finished) or on the one-token passes found no running request and was run again:
+        Why: a probe that starts on such a step measures nothing. The benchmark's passes end together, and probes
+        that fell on pass ends -- under the overlap scheduler the extra step after a batch's last (it still holds the
+        requests the step before finished), the one-token passes -- found no running request and were run again:
         two of four or five probes per bucket (27B shapes, batches 8-64, one H100)."""
         from lumotree.sglang.finish import ends_after_step
 

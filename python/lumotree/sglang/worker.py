@@ -382,6 +382,8 @@ class StepLedger:
         that fell on pass ends -- under the overlap scheduler the extra step after a batch's last (it still holds the
         requests the step before finished), the one-token passes -- found no running request and were run again:
         two of four or five probes per bucket (27B shapes, batches 8-64, one H100)."""
+        if self.pinned is not None or 0 not in self.policy.candidates:  # no decision to skip (a fixed tree)
+            return False
         from lumotree.sglang.finish import ends_after_step
 
         return ends_after_step(reqs, 1 if overlap and self.after_decode else 0)

@@ -563,6 +563,25 @@ def test_a_warm_probe_is_a_cold_probe_without_its_cold_drafted_step(batch, t_non
     assert p.buckets[batch].chosen == 3, p.table()
 
 
+@pytest.mark.parametrize("warm", [False, True])
+def test_the_first_probe_of_a_tree_whose_times_a_bucket_borrowed_times_it_and_starts_warm(warm):
+    """Bucket 8 met after bucket 1 has measured both candidates borrows their times and serves no draft (drafts
+    miss); its first probe of the tree times it there -- ``RUN`` steps -- and with warm probes the first of them is a
+    warm no-draft step (the tree's cold drafted step before), so that every drafted step of it is counted."""
+    p = TreeSizePolicy([0, 3], warm_probes=warm)
+    simulate_overlap(p, 1, 0.0102, 0.0140, 0.0, steps=300)
+    assert p._borrows and 8 not in p.buckets
+    flags, choose = [], p.choose
+    p.choose = lambda b: (choose(b), flags.append(p.warm))[0]
+    served = simulate_overlap(p, 8, 0.0110, 0.0250, 0.0, steps=p.settings.probe_every + 3 * adaptive.RUN)
+    first = served.index(3)
+    assert 0 < first and served[first - 1] == 0
+    run = served[first:].index(0)
+    assert [i for i, w in enumerate(flags) if w] == ([first - 1] if warm else [])
+    assert run == (adaptive.RUN - 1 if warm else adaptive.RUN)
+    assert p.buckets[8].samples[3] >= adaptive.MIN_SAMPLES and p.buckets[8].chosen == 0
+
+
 def test_overlap_timing_learns_each_candidate_s_own_step_time():
     """Timed by the device's clock, read two launches late, the estimates are each candidate's own."""
     p = TreeSizePolicy([0, 3])

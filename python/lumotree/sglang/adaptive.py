@@ -492,11 +492,11 @@ class TreeSizePolicy:
             st.probed = True
             other = self._probed(st, best)
             st.probe_of, st.extended = other, False
-            if st.samples[other] < MIN_SAMPLES:
-                return self._start_run(st, other, RUN)
+            # a candidate this bucket has borrowed the times of is timed as it is probed: RUN steps, a tree's first
+            # of them warm where probes start warm (its times so far came from another bucket)
+            length = RUN if st.samples[other] < MIN_SAMPLES else probe_run(batch, other)
             st.settle = 1 if other > 0 else 0
-            return (self._tree_run(st, other, probe_run(batch, other)) if other > 0
-                    else self._start_run(st, other, probe_run(batch, other)))
+            return self._tree_run(st, other, length) if other > 0 else self._start_run(st, other, length)
         return best
 
     def _close_call(self, batch: int, rates: Dict[int, float], st: _Bucket) -> bool:

@@ -13,8 +13,19 @@ import torch
 import triton
 import triton.language as tl
 
+# Each kernel's per-step inputs: tensors SGLang's loop hands in (accept lengths, tokens, lengths, rows, state indices),
+# which may be views that start anywhere in a buffer. Triton specialises a pointer argument on its 16-byte alignment,
+# so a view off that grid compiled a new variant while requests waited (seen: mark_finished, its accept lengths off
+# the grid, an 83 ms compile inside a measured pass; Qwen3-Next MoE shape, batch 1, one H100). The kernels load one
+# element or one short row per program: the alignment hint has little to vectorize.
+STEP_INPUTS = {
+    "mark_finished_fwd_kernel": ["p_rows", "p_tok", "p_acc", "p_len", "p_live"],
+    "clamp_run_fwd_kernel": ["p_rows", "p_seq", "p_predict", "p_acc", "p_index", "p_out"],
+    "mask_finished_fwd_kernel": ["p_idx", "p_rows"],
+}
 
-@triton.jit
+
+@triton.jit(do_not_specialize_on_alignment=STEP_INPUTS["mark_finished_fwd_kernel"])
 def mark_finished_fwd_kernel(p_done, p_stop, p_max_len, p_ruled, p_rows, p_tok, p_acc, p_len, p_live, stride,
                              stop_stride, S: tl.constexpr, BLOCK_J: tl.constexpr, HAS_LIVE: tl.constexpr):
     b = tl.program_id(0)
@@ -35,7 +46,7 @@ def mark_finished_fwd_kernel(p_done, p_stop, p_max_len, p_ruled, p_rows, p_tok, 
         tl.store(p_live + b, tl.where(now, 0, 1).to(tl.uint8))
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=STEP_INPUTS["clamp_run_fwd_kernel"])
 def clamp_run_fwd_kernel(p_stop, p_max_len, p_ruled, p_rows, p_seq, p_predict, p_acc, p_index, p_out, W,
                          stop_stride, S: tl.constexpr, BLOCK_W: tl.constexpr):
     b = tl.program_id(0)
@@ -57,7 +68,8 @@ def clamp_run_fwd_kernel(p_stop, p_max_len, p_ruled, p_rows, p_seq, p_predict, p
     tl.store(p_index + b * W + j, tl.where(j >= new_len, -1, b_idx), mask=in_w)
 
 
-@triton.jit(do_not_specialize=["n", "idx_stride"])
+@triton.jit(do_not_specialize=["n", "idx_stride"],
+            do_not_specialize_on_alignment=STEP_INPUTS["mask_finished_fwd_kernel"])
 def mask_finished_fwd_kernel(p_idx, p_done, p_rows, n, idx_stride, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = i < n

@@ -495,13 +495,13 @@ def test_a_slow_outlier_does_not_decide_a_bucket():
     assert p.choose(32) == 0
 
 
-def simulate_overlap(policy, batch, t_none, t_tree, accept, steps, seed=0, rows_of=None):
+def simulate_overlap(policy, batch, t_none, t_tree, accept, steps, seed=0, rows_of=None, t_warm=None):
     """As :func:`simulate`, timed as the worker times a step under SGLang's overlap scheduler: each step's own
     time (the device's clock), read when the next step has started -- at the launch after next -- and results
     (acceptance) one step late. ``accept``: each request's accepted drafts, or a function drawing them from a
     ``random.Random``; ``t_tree``: the drafted step's time, or ``{steps: time}`` per drafting candidate. ``rows_of``:
-    instead, the ``k``-th counted drafted step's rows are ``rows_of(k)`` and step times carry no noise. Returns the
-    candidates served, in order."""
+    instead, the ``k``-th counted drafted step's rows are ``rows_of(k)`` and step times carry no noise. ``t_warm``: a
+    warm no-draft step's time (default ``t_none``). Returns the candidates served, in order."""
     rng, served, pending, timed, k, warm = random.Random(seed), [], None, [], 0, False
     for _ in range(steps):
         s = policy.choose(batch)
@@ -519,8 +519,8 @@ def simulate_overlap(policy, batch, t_none, t_tree, accept, steps, seed=0, rows_
             rows = [min(s, accept(rng)) for _ in range(batch)] if callable(accept) else [min(s, accept)] * batch
         pending = None if cold or not s else (s, rows)
         t = t_tree.get(s) if isinstance(t_tree, dict) else t_tree  # ``t_tree``: per drafting candidate, or one
-        timed.append((WARM if warm else s,
-                      (t if s else t_none) * (1 if rows_of is not None else 1 + 0.02 * rng.random())))
+        base = t if s else t_warm if warm and t_warm is not None else t_none
+        timed.append((WARM if warm else s, base * (1 if rows_of is not None else 1 + 0.02 * rng.random())))
         served.append(s)
     return served
 
@@ -561,6 +561,38 @@ def test_a_warm_probe_is_a_cold_probe_without_its_cold_drafted_step(batch, t_non
     assert p.buckets[batch].chosen == 0
     simulate_overlap(p, batch, t_none, t_tree, 1.4, steps=p.buckets[batch].probe_every + 3 * adaptive.RUN, seed=1)
     assert p.buckets[batch].chosen == 3, p.table()
+
+
+@pytest.mark.parametrize("batch, t_none, t_tree, t_warm, warm_after_first", [
+    (1, 0.00172, 0.00407, 0.01084, False),  # MoE shape, 12 layers, batch 1: the warm step 2.7x the drafted step
+    (1, 0.00979, 0.01343, 0.01095, True),  # 27B shape, batch 1: the warm step cheaper (one H100, the servers' logs)
+])
+def test_a_probe_starts_warm_only_where_the_warm_step_is_measured_no_slower_than_a_drafted_one(
+        batch, t_none, t_tree, t_warm, warm_after_first):
+    """Where drafts miss, the first probe after the exploration starts warm (the bucket has not timed a warm step); the
+    later ones start warm only where that warm step took no longer than a drafted step, else with a cold drafted step
+    -- the same probes at the same steps either way."""
+    p = TreeSizePolicy([0, 3], warm_probes=True)
+    flags, choose = [], p.choose
+    p.choose = lambda b: (choose(b), flags.append(p.warm))[0]
+    served = simulate_overlap(p, batch, t_none, t_tree, 0.0, steps=4000, t_warm=t_warm)
+    warmed = [i for i, w in enumerate(flags) if w]
+    # a probe opens at a warm step or at a drafted step after a no-draft one, past the exploration
+    opens = [i for i in range(adaptive.RUN + 1, len(served)) if flags[i] or (served[i] and not served[i - 1] and not flags[i - 1])]
+    assert len(opens) >= 4 and warmed[0] == opens[0], (opens, warmed)
+    assert warmed == (opens if warm_after_first else opens[:1])
+    assert len(p.buckets[batch].warm_times) == (len(opens) if warm_after_first else 1)
+    assert p.buckets[batch].chosen == 0
+    ref = _probe_opens(batch, t_none, t_tree, None)  # a warm step as cheap as a decode step: probes at the same steps
+    assert ref == opens
+
+
+def _probe_opens(batch, t_none, t_tree, t_warm, steps=4000):
+    p = TreeSizePolicy([0, 3], warm_probes=True)
+    flags, choose = [], p.choose
+    p.choose = lambda b: (choose(b), flags.append(p.warm))[0]
+    served = simulate_overlap(p, batch, t_none, t_tree, 0.0, steps=steps, t_warm=t_warm)
+    return [i for i in range(adaptive.RUN + 1, len(served)) if flags[i] or (served[i] and not served[i - 1] and not flags[i - 1])]
 
 
 @pytest.mark.parametrize("warm", [False, True])

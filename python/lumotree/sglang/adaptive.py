@@ -65,7 +65,8 @@ similar choice for EAGLE chains from a hand-written per-batch config. This polic
   before, was cost without information: its acceptance arrived after the decision. On a LUMOTREE server (MTP drafts,
   not the decode-exact mode) the cold step is a **warm** no-draft step instead: SGLang's one-node verify with the MTP
   draft-extend, so that the drafted steps after it draft from the model's own draft and are all counted
-  (:meth:`TreeSizePolicy._tree_run`; the intervals stay those of a cold probe). Acceptance that drops
+  (:meth:`TreeSizePolicy._tree_run`; the intervals stay those of a cold probe) -- where the bucket's warm step is
+  measured no slower than its drafted step (:meth:`TreeSizePolicy.warm_pays`). Acceptance that drops
   while the tree is served is seen at once (every drafted step measures it), so
   while a tree is served a probe of no draft only refreshes the decode step's time: once the bucket
   has its own samples of it, such probes come every ``PROBE_MAX`` steps. Acceptance that rises while no
@@ -247,6 +248,8 @@ class _Bucket:
     extended: bool = False  # that probe was extended once already (close call)
     empty_probes: int = 0  # tree probes in a row that held no running request (EMPTY_PROBE_REPEATS)
     confirmed: bool = False  # a probe has run since the bucket's choice last changed (its probe floor applies)
+    # the last warm no-draft steps' times (s): whether a probe of the tree starts warm or cold (TreeSizePolicy._tree_run)
+    warm_times: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=WINDOW))
 
 
 class TreeSizePolicy:
@@ -307,7 +310,11 @@ class TreeSizePolicy:
         return self.buckets[b]
 
     def observe_time(self, batch: int, steps: int, seconds: float) -> None:
-        """Time of one decode step of ``batch`` requests served with ``steps`` draft steps."""
+        """Time of one decode step of ``batch`` requests served with ``steps`` draft steps (:data:`WARM`: a warm
+        no-draft step, which is no candidate's sample; :meth:`_tree_run` weighs it against a drafted step)."""
+        if steps == WARM and seconds > 0 and self.warm_probes:
+            self._bucket(batch).warm_times.append(seconds)
+            return
         if steps not in self.candidates or not seconds > 0:
             return
         st = self._bucket(batch)
@@ -457,7 +464,7 @@ class TreeSizePolicy:
             logger.info("LumoTree adaptive: batch bucket %d: a probe of the %s held no running request; probing "
                         "again", bucket(batch), self.tree_name.format(st.probe_of))
             st.settle = 1
-            return self._tree_run(st, st.probe_of, tree_probe_run(batch))
+            return self._tree_run(st, st.probe_of, tree_probe_run(batch), batch)
         if st.probed:
             st.empty_probes = 0
         if st.probed and best == 0 and st.chosen == 0 and self._close_call(batch, rates, st):
@@ -469,7 +476,7 @@ class TreeSizePolicy:
                         self.tree_name.format(st.probe_of), k)
             self._extend_gap = k
             st.settle = 1
-            return self._tree_run(st, st.probe_of, 1 + k)
+            return self._tree_run(st, st.probe_of, 1 + k, batch)
         if st.probed and best == st.chosen and not empty:  # the decision right after a probe run left the choice
             st.probe_every = min(2 * st.probe_every, self.settings.probe_max)
         if best != st.chosen or st.probed:  # changes, and what each probe measured (probes are rare: logged too)
@@ -496,7 +503,7 @@ class TreeSizePolicy:
             # of them warm where probes start warm (its times so far came from another bucket)
             length = RUN if st.samples[other] < MIN_SAMPLES else probe_run(batch, other)
             st.settle = 1 if other > 0 else 0
-            return self._tree_run(st, other, length) if other > 0 else self._start_run(st, other, length)
+            return self._tree_run(st, other, length, batch) if other > 0 else self._start_run(st, other, length)
         return best
 
     def _close_call(self, batch: int, rates: Dict[int, float], st: _Bucket) -> bool:
@@ -692,7 +699,7 @@ class TreeSizePolicy:
             raise ValueError(f"serve_run: {steps} is not a candidate of {self.candidates} or length {length} < 1")
         return self._start_run(self._bucket(batch), steps, length)
 
-    def _tree_run(self, st: _Bucket, steps: int, length: int) -> int:
+    def _tree_run(self, st: _Bucket, steps: int, length: int, batch: int) -> int:
         """A probe run of the drafting candidate ``steps``: ``length`` steps, the first of them cold where the step
         before served no draft (its draft comes from a stub; its acceptance is not counted). With ``warm_probes``
         that first step serves no draft *warm* instead -- a decode step whose MTP draft-extend runs (:attr:`warm`;
@@ -702,12 +709,25 @@ class TreeSizePolicy:
         policy's estimates in the server logs, one H100) and measured nothing; a probe from batch 4 on is a cold and
         one counted step, so the warm step takes half of its drafted steps. The
         interval between probes stays as for a cold probe (:meth:`_probe_floor` counts ``length`` drafted steps):
-        the same probes, each cheaper."""
-        if self.warm_probes and self._last == 0 and length > 1:
+        the same probes, each cheaper -- where the warm step is the cheaper (:meth:`warm_pays`)."""
+        if self.warm_probes and self._last == 0 and length > 1 and self.warm_pays(batch, steps):
             self.warm = True
             self._start_run(st, steps, length)  # the next length - 1 steps draft
             return 0
         return self._start_run(st, steps, length)
+
+    def warm_pays(self, batch: int, steps: int) -> bool:
+        """Whether a probe of the tree ``steps`` at ``batch`` starts with a warm no-draft step rather than a cold
+        drafted one: until the bucket has timed a warm step, and then where its warm steps' median time is at most the
+        tree's step time (:meth:`step_time`). Why: both open a probe and measure nothing, and a warm step was not
+        always the cheaper -- 1.12x a decode step against the chain's 1.37x at batch 1 of the 27B shape, but 10.8 ms
+        against the chain's 4.1 ms (a decode step 1.7 ms) at batch 1 of the 12-layer Qwen3-Next MoE shape, whose
+        warm draft-extend runs outside CUDA graphs (one H100, the servers' logs)."""
+        st = self._bucket(batch)
+        if not st.warm_times:
+            return True
+        t_tree = self.step_time(batch, steps)
+        return t_tree is None or statistics.median(st.warm_times) <= t_tree
 
     @staticmethod
     def _start_run(st: _Bucket, steps: int, length: Optional[int] = None) -> int:

@@ -569,25 +569,37 @@ def test_a_warm_probe_is_a_cold_probe_without_its_cold_drafted_step(batch, t_non
 ])
 def test_a_probe_starts_warm_only_where_the_warm_step_is_measured_no_slower_than_a_drafted_one(
         batch, t_none, t_tree, t_warm, warm_after_first):
-    """Where drafts miss, the first probe after the exploration starts warm (the bucket has not timed a warm step); the
-    later ones start warm only where that warm step took no longer than a drafted step, else with a cold drafted step
-    -- the same probes at the same steps either way."""
+    """Where drafts miss, the first ``MIN_SAMPLES`` probes after the exploration start warm (the bucket times its warm
+    step); the later ones start warm only where that warm step took no longer than a drafted step, else with a cold
+    drafted step -- the same probes at about the same steps either way. And one warm step's one-off cost (a graph capture)
+    does not turn a bucket whose warm step is the cheaper cold."""
     p = TreeSizePolicy([0, 3], warm_probes=True)
     flags, choose = [], p.choose
     p.choose = lambda b: (choose(b), flags.append(p.warm))[0]
-    served = simulate_overlap(p, batch, t_none, t_tree, 0.0, steps=4000, t_warm=t_warm)
+    served = simulate_overlap(p, batch, t_none, t_tree, 0.0, steps=6000, t_warm=t_warm)
     warmed = [i for i, w in enumerate(flags) if w]
     # a probe opens at a warm step or at a drafted step after a no-draft one, past the exploration
     opens = [i for i in range(adaptive.RUN + 1, len(served)) if flags[i] or (served[i] and not served[i - 1] and not flags[i - 1])]
-    assert len(opens) >= 4 and warmed[0] == opens[0], (opens, warmed)
-    assert warmed == (opens if warm_after_first else opens[:1])
-    assert len(p.buckets[batch].warm_times) == (len(opens) if warm_after_first else 1)
+    n = adaptive.MIN_SAMPLES
+    assert len(opens) > n + 1 and warmed[:n] == opens[:n], (opens, warmed)
+    assert warmed == (opens if warm_after_first else opens[:n])
+    assert len(p.buckets[batch].warm_times) == min(adaptive.WINDOW, len(opens) if warm_after_first else n)
     assert p.buckets[batch].chosen == 0
-    ref = _probe_opens(batch, t_none, t_tree, None)  # a warm step as cheap as a decode step: probes at the same steps
-    assert ref == opens
+    # a warm step as cheap as a decode step: the same probes, at the same steps up to the floor's rounding (a cold
+    # drafted step is a sample of the tree's time, a warm step is none)
+    ref = _probe_opens(batch, t_none, t_tree, None)
+    assert len(ref) == len(opens) and max(abs(a - b) for a, b in zip(ref, opens)) <= 2, (ref, opens)
+    if warm_after_first:  # the second warm step's time holds a one-off capture (30 ms): the bucket stays warm
+        q = TreeSizePolicy([0, 3], warm_probes=True)
+        simulate_overlap(q, batch, t_none, t_tree, 0.0, steps=opens[0] + 3, t_warm=t_warm)
+        assert len(q.buckets[batch].warm_times) == 1
+        q.observe_time(batch, adaptive.WARM, 0.030)  # as if the next warm step's sample read so
+        assert q.warm_pays(batch, 3)
+        simulate_overlap(q, batch, t_none, t_tree, 0.0, steps=2000, t_warm=t_warm)
+        assert q.warm_pays(batch, 3) and statistics.median(q.buckets[batch].warm_times) < t_tree
 
 
-def _probe_opens(batch, t_none, t_tree, t_warm, steps=4000):
+def _probe_opens(batch, t_none, t_tree, t_warm, steps=6000):
     p = TreeSizePolicy([0, 3], warm_probes=True)
     flags, choose = [], p.choose
     p.choose = lambda b: (choose(b), flags.append(p.warm))[0]

@@ -718,13 +718,15 @@ class TreeSizePolicy:
 
     def warm_pays(self, batch: int, steps: int) -> bool:
         """Whether a probe of the tree ``steps`` at ``batch`` starts with a warm no-draft step rather than a cold
-        drafted one: until the bucket has timed a warm step, and then where its warm steps' median time is at most the
-        tree's step time (:meth:`step_time`). Why: both open a probe and measure nothing, and a warm step was not
-        always the cheaper -- 1.12x a decode step against the chain's 1.37x at batch 1 of the 27B shape, but 10.8 ms
-        against the chain's 4.1 ms (a decode step 1.7 ms) at batch 1 of the 12-layer Qwen3-Next MoE shape, whose
-        warm draft-extend runs outside CUDA graphs (one H100, the servers' logs)."""
+        drafted one: until the bucket has timed ``MIN_SAMPLES`` warm steps, and then where their median time is at
+        most the tree's step time (:meth:`step_time`). Why: both open a probe and measure nothing, and a warm step was
+        not always the cheaper -- 1.12x a decode step against the chain's 1.37x at batch 1 of the 27B shape, but
+        10.8 ms against the chain's 4.1 ms (a decode step 1.7 ms) at batch 1 of the 12-layer Qwen3-Next MoE shape,
+        whose warm draft-extend runs outside CUDA graphs (one H100, the servers' logs). Several samples, because one
+        warm step's time can hold one-off work (the second one-node verify of a batch size captures its post-verify
+        CUDA graph, :mod:`lumotree.sglang.post_verify`), and a bucket that turned cold never times a warm step again."""
         st = self._bucket(batch)
-        if not st.warm_times:
+        if len(st.warm_times) < MIN_SAMPLES:
             return True
         t_tree = self.step_time(batch, steps)
         return t_tree is None or statistics.median(st.warm_times) <= t_tree

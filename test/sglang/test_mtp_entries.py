@@ -317,7 +317,7 @@ def test_a_warm_no_draft_step_runs_sglang_s_step_and_its_draft_extend(monkeypatc
     assert w._forward(decode) == "sglang" and not w._warm  # the tree
     assert [e[1] for e in w._ledger.pending] == [False, False, False]  # the drafted step after it is counted
     w.activate_step_by_batch(3)  # the next step: the device has passed the warm step, whose time is read now
-    assert list(w._ledger.warm_ms()) == [4]  # the warm step's time, kept for the log alone
+    assert list(w._ledger.warm_ms()) == [4]  # the warm step's time: the policy's, not a candidate's sample
     w.tree_policy.observe_time(3, adaptive.WARM, 0.5)
     assert w.tree_policy.buckets[4].samples[0] == 1 and adaptive.WARM not in w.tree_policy.buckets[4].samples
 

@@ -283,13 +283,13 @@ class StepLedger:
         self._ratio = None  # the chooser's ratio of the step being chosen (None: the policy chose)
         # since the last summary line: decode steps, drafted ones, and the counted acceptance samples (sum, count)
         self._window = [0, 0, 0.0, 0]
-        self._warm_times = {}  # batch bucket -> the last warm no-draft steps' device times (s)
 
     def warm_ms(self) -> dict:
-        """The median device time (ms) of the last warm no-draft steps per batch bucket (the policy keeps none: they
-        are no candidate's, :data:`lumotree.sglang.adaptive.WARM`), for the log: what a warm probe's first step costs
-        beside the bucket's no-draft and drafted steps."""
-        return {b: round(1e3 * statistics.median(t), 3) for b, t in sorted(self._warm_times.items()) if t}
+        """The median device time (ms) of the last warm no-draft steps per batch bucket, as the policy keeps them
+        (no candidate's samples, :data:`lumotree.sglang.adaptive.WARM`; :meth:`TreeSizePolicy.warm_pays` weighs
+        them), for the log: what a warm probe's first step costs beside the bucket's no-draft and drafted steps."""
+        return {b: round(1e3 * statistics.median(st.warm_times), 3)
+                for b, st in sorted(self.policy.buckets.items()) if getattr(st, "warm_times", None)}
 
     def choose(self, batch_size: int, rids=None, ending: bool = False):
         """The candidate for a decode step of ``batch_size`` requests (``rids``: their ids, which the chooser
@@ -305,8 +305,6 @@ class StepLedger:
                 logger.error("LumoTree adaptive: %s", e)
                 self.pinned, samples = self.first, []
         for b, s, seconds in samples:
-            if s == adaptive.WARM:  # no sample of a candidate: kept for the log (warm_ms)
-                self._warm_times.setdefault(adaptive.bucket(b), collections.deque(maxlen=64)).append(seconds)
             self.policy.observe_time(b, s, seconds)
         self._ratio = None
         if batch_size <= 0:

@@ -303,6 +303,12 @@ def test_step_clock_times_each_step_by_the_next_step_s_start_and_skips_interrupt
     clock.start(8, 3)
     assert clock.samples() == [(8, 3, pytest.approx(0.010))]  # the third's; the fourth gave none
     assert clock.samples() == []
+    for t in (0.130, 0.140):
+        dev.now = t
+        clock.start(8, 3)
+    # the first step after the prefill gives none either (its interval holds the prefill's result processing on the
+    # host: test_the_step_after_a_prefill_gives_no_sample_under_the_overlap_pipeline); the one after it does
+    assert clock.samples() == [(8, 3, pytest.approx(0.010))]
 
 
 def test_a_steady_step_clock_times_only_steps_followed_by_their_own_candidate():
@@ -390,6 +396,29 @@ def test_step_clock_under_the_overlap_pipeline_times_each_step_s_own_candidate(h
             assert own[1 if steps == 0 else 0:] == pytest.approx([want] * len(own[1 if steps == 0 else 0:])), got
         # either way the median the policy takes is the candidate's step: neither reads the other's time
         assert statistics.median(own) == pytest.approx(want), got
+
+
+def test_the_step_after_a_prefill_gives_no_sample_under_the_overlap_pipeline():
+    """SGLang's overlap scheduler launches the first decode step after a prefill, then processes the prefill's results
+    (cache insertions, first tokens out: here 6 ms on the host), then launches the next step. Where the host is the
+    bottleneck (a step every 3 ms of host work against 2 ms on the device) the first step's interval holds that
+    processing: 9 ms against its run's 3 ms (at the MoE shape's batch 1 a bucket's no-draft step read 3.5-5.8 ms
+    against its 1.7 ms steps, at pass starts). The clock gives it no sample: every sample is a step's own."""
+    from lumotree.sglang.worker import StepClock
+
+    dev = DeviceClock()
+    clock = StepClock(dev.event)
+    # device times at which each decode step's event is reached: four steps, a prefill from 12 to 32 ms, the first
+    # step after it at 32 ms, the next one 6 + 3 ms later, then every 3 ms
+    for t in (0.000, 0.003, 0.006, 0.009):
+        dev.now = t
+        clock.start(1, 0)
+    clock.interrupt()
+    for t in (0.032, 0.041, 0.044, 0.047, 0.050):
+        dev.now = t
+        clock.start(1, 0)
+    got = clock.samples()
+    assert [x for _, _, x in got] == pytest.approx([0.003] * 6), got  # 3 before the prefill, 3 after the first
 
 
 def bookkeeping_worker(candidates, dev):
@@ -760,7 +789,8 @@ def test_at_batch_1_a_probe_s_decision_rests_on_several_accept_samples(seed):
 
 def test_worker_drops_the_step_time_of_the_decode_step_before_a_prefill(monkeypatch):
     """A decode step's time runs to the next decode step's start on the device: for the step before a prefill
-    that holds the prefill, and is dropped; the first step after the prefill counts."""
+    that holds the prefill, and is dropped; so is the first step after it (its interval holds the host's processing of
+    the prefill's results, under the overlap scheduler); the second counts."""
     pytest.importorskip("sglang")
     import torch
 
@@ -782,9 +812,9 @@ def test_worker_drops_the_step_time_of_the_decode_step_before_a_prefill(monkeypa
 
     step(1.0, decode)
     assert step(1.01, prefill) == "sglang"  # the prefill runs 1.01 .. 1.5 on the device
-    for t in (1.5, 1.51, 1.52, 1.53):
+    for t in (1.5, 1.51, 1.52, 1.53, 1.54):
         step(t, decode)
-    # read at the launch after next: 1.5's and 1.51's, 0.01 s each; 1.0's (0.5 s, the prefill) dropped
+    # read at the launch after next: 1.51's and 1.52's, 0.01 s each; 1.0's (0.5 s, the prefill) and 1.5's dropped
     assert w.tree_policy.buckets[4].samples[3] == 2
     assert w.tree_policy.step_time(4, 3) == pytest.approx(0.01)
 

@@ -177,7 +177,10 @@ class StepClock:
     step; a run of steps of one candidate started with samples of the other (:mod:`lumotree.sglang.adaptive`).
     Results of the device's clock are read without waiting (:meth:`samples`: the events already passed).
 
-    A step followed by other device work (a prefill, :meth:`interrupt`) or an idle gap gives no sample.
+    A step followed by other device work (a prefill, :meth:`interrupt`) or an idle gap gives no sample; nor does the
+    first step after a prefill: SGLang's overlap scheduler processes a prefill's results (its requests' cache insertions, their
+    first tokens' output) after launching the next decode step, so where the host is the bottleneck that step's
+    interval holds the prefill's result processing too.
 
     ``steady``: a step followed by a step of another candidate gives no sample either -- for a loop that drafts on
     the host (LUMOTREE_SUFFIX, SGLang's NGRAM loop): its drafted step waits for the previous step's tokens on the
@@ -212,6 +215,7 @@ class StepClock:
         self._compiled = compiles() if compiles is not None else 0  # the count when the last step started
         self.compile_drops = 0  # samples left out for a compile (diagnostics, tests)
         self._open = collections.deque(maxlen=self.LIMIT)  # [event, batch, steps, counts] in launch order
+        self._resumed = False  # the next step started follows an interruption (it gives no sample)
 
     def start(self, batch: int, steps: int) -> None:
         """A decode step of ``batch`` requests with ``steps`` draft steps is launched now (before its device work)."""
@@ -223,12 +227,15 @@ class StepClock:
             self._compiled = n
         ev = self._event()
         ev.record()
-        self._open.append([ev, batch, steps, True])
+        self._open.append([ev, batch, steps, not self._resumed])
+        self._resumed = False
 
-    def interrupt(self) -> None:
-        """Device work that is not a decode step (a prefill) or an idle gap follows the last step started."""
+    def interrupt(self, prefill: bool = True) -> None:
+        """Device work that is not a decode step (``prefill``: a prefill, whose results the host processes in the
+        next step's interval) or an idle gap follows the last step started."""
         if self._open:
             self._open[-1][3] = False
+        self._resumed = prefill
 
     def samples(self) -> list:
         """``[(batch, steps, seconds)]`` of the steps whose next step has started on the device, oldest first."""
@@ -308,7 +315,7 @@ class StepLedger:
             self.policy.observe_time(b, s, seconds)
         self._ratio = None
         if batch_size <= 0:
-            self.interrupt()
+            self.interrupt(prefill=False)
             return None
         if self.pinned is not None:
             return self.pinned
@@ -364,10 +371,11 @@ class StepLedger:
                         "; warm no-draft step ms per bucket %s" % warm if warm else "", by_requests)
             self._window = [0, 0, 0.0, 0]
 
-    def interrupt(self) -> None:
-        """A prefill or an idle batch between two decode steps: the step before it gives no time sample
-        (:meth:`StepClock.interrupt`), and the next decode step's requests have no step of theirs in flight."""
-        self.clock.interrupt()
+    def interrupt(self, prefill: bool = True) -> None:
+        """A prefill (or, ``prefill`` false, an idle batch) between two decode steps: the step before it gives no
+        time sample (:meth:`StepClock.interrupt`), and the next decode step's requests have no step of theirs in
+        flight."""
+        self.clock.interrupt(prefill)
         self.after_decode = False
 
     def ends_after_step(self, reqs, overlap: bool) -> bool:

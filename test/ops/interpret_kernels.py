@@ -245,6 +245,13 @@ def decode_prep():
     compare_decode_prep("cpu")
 
 
+def state_rows():
+    """The state-row copy kernel vs its reference (test/ops/state_rows_cases.py)."""
+    from state_rows_cases import compare_state_rows
+
+    compare_state_rows("cpu")
+
+
 def tree_attention():
     """The tree verify attention's kernels vs its reference (test/ops/tree_attention_cases.py), and vs
     SGLang's prefill kernel with the verify's custom mask as benchmark/kernels/bench_tree_attention.py
@@ -276,6 +283,7 @@ if __name__ == "__main__":
         sys.exit(0)
     finish_rule()
     decode_prep()
+    state_rows()
     gdn_large_tree_public_op()
     commit_layers()
     for kind in ("chain", "star", "caterpillar", "random", "eagle"):

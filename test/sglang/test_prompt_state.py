@@ -91,6 +91,42 @@ def test_prepare_sets_the_fields_for_tracked_rows():
     assert b.req_to_token_pool.mamba_allocator.available_size() == 8
 
 
+class _DeviceSlots(torch.Tensor):
+    """Slot tensors standing for the allocator's device tensors: reading a value on the host (a device-to-host sync on
+    a GPU) is recorded while ``watch`` is on."""
+
+    watch, reads = False, []
+    HOST_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__, torch.Tensor.__index__,
+                  torch.Tensor.__bool__, torch.Tensor.__float__, torch.Tensor.numpy}
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if cls.watch and func in cls.HOST_READS:
+            cls.reads.append(func.__name__)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+@pytest.mark.parametrize("sizes", [[256, 30, 300], [256, 200, 300]], ids=["some rows", "every row"])
+def test_prepare_builds_the_track_indices_without_reading_a_slot_on_the_host(sizes):
+    """The allocator's slots are device tensors; reading one on the host waits for all launched work (at a prefill:
+    the previous batch's forward). The batch's track indices are built from them on the device."""
+    reqs = [_req(str(i), list(range(n))) for i, n in enumerate(sizes)]
+    b = _batch(reqs, free=10)
+    alloc = b.req_to_token_pool.mamba_allocator
+    alloc.free_slots = alloc.free_slots.as_subclass(_DeviceSlots)
+    _DeviceSlots.reads, _DeviceSlots.watch = [], True
+    try:
+        n = ps.prepare_extend(b, ARGS)
+    finally:
+        _DeviceSlots.watch = False
+    assert _DeviceSlots.reads == []
+    tracked = [getattr(r, ps.ATTR, None) for r in reqs]
+    assert n == sum(t is not None for t in tracked) == (2 if sizes[1] < C else 3)
+    assert b.mamba_track_indices.tolist() == [int(t[1]) if t is not None else 0 for t in tracked]
+    assert b.mamba_track_indices.dtype == torch.int64
+    assert len(set(b.mamba_track_indices.tolist()) - {0}) == n
+
+
 def test_prepare_leaves_a_free_slot_per_request_and_evicts_for_the_rest():
     reqs = [_req(str(i), list(range(200))) for i in range(3)]
     b = _batch(reqs, free=4)  # 3 kept for the prompt-end copies, 1 to track, nothing evictable
@@ -138,19 +174,43 @@ def test_a_forward_no_layer_tracked_gives_the_slots_back():
     assert b.mamba_track_mask is None
 
 
-def test_the_gdn_backend_counts_the_layers_that_tracked(monkeypatch):
+def test_the_gdn_backend_copies_the_tracked_states_and_counts_the_layers_that_tracked(monkeypatch):
+    """A LUMOTREE server's tracked chunk states go into their pool slots by one copy (lumotree.ops.copy_state_rows),
+    as SGLang's copy would put them; SGLang's copy serves a non-LUMOTREE backend and the aligned final-state case.
+    Every layer that tracked is counted."""
     from sglang.srt.layers.attention.hybrid_linear_attn_backend import MambaAttnBackendBase
 
     from lumotree.sglang.backend import LumoTreeGDNBackend
 
     calls = []
-    monkeypatch.setattr(MambaAttnBackendBase, "_track_mamba_state_extend", lambda self, *a: calls.append(a))
+    sglang_copy = MambaAttnBackendBase._track_mamba_state_extend
+    monkeypatch.setattr(MambaAttnBackendBase, "_track_mamba_state_extend",
+                        lambda self, *a: (calls.append(a), sglang_copy(self, *a)))
     be = LumoTreeGDNBackend.__new__(LumoTreeGDNBackend)
+    be.lumotree = False
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(1, 7, 2, 4, 3, generator=g).to(torch.bfloat16)  # [1, chunks, Hv, V, K]
+    pool = torch.randn(6, 2, 4, 3, generator=g)
+    empty = torch.zeros(0, dtype=torch.int64)
+    md = SimpleNamespace(has_mamba_track_mask=True, track_ssm_h_src=torch.tensor([5, 1]),
+                         track_ssm_h_dst=torch.tensor([2, 4]), track_ssm_final_src=empty, track_ssm_final_dst=empty)
     n = ps._tracked
-    be._track_mamba_state_extend(None, None, None, SimpleNamespace(has_mamba_track_mask=False))
-    assert ps._tracked == n and len(calls) == 1
-    be._track_mamba_state_extend(None, None, None, SimpleNamespace(has_mamba_track_mask=True))
-    assert ps._tracked == n + 1 and len(calls) == 2
+    be._track_mamba_state_extend(None, h, pool.clone(), SimpleNamespace(has_mamba_track_mask=False))
+    assert ps._tracked == n and calls == []
+    want = pool.clone()
+    be._track_mamba_state_extend(None, h, want, md)  # SGLang's copy (not a LUMOTREE backend)
+    assert ps._tracked == n + 1 and len(calls) == 1
+    assert torch.equal(want[[2, 4]], h[0, [5, 1]].float()) and torch.equal(want[[0, 1, 3, 5]], pool[[0, 1, 3, 5]])
+    be.lumotree = True
+    got = pool.clone()
+    be._track_mamba_state_extend(None, h, got, md)
+    assert ps._tracked == n + 2 and len(calls) == 1 and torch.equal(got, want)
+    aligned = SimpleNamespace(**{**vars(md), "track_ssm_final_src": torch.tensor([0]),
+                                 "track_ssm_final_dst": torch.tensor([3])})
+    be._track_mamba_state_extend(None, h, got, aligned)  # the aligned final-state case: SGLang's
+    assert ps._tracked == n + 3 and len(calls) == 2 and torch.equal(got[3], got[0])
+    assert ps.copies_rows(h, pool) and not ps.copies_rows(h[:, :, :1], pool)
+    assert not ps.copies_rows(h, pool.transpose(2, 3).contiguous().transpose(2, 3))  # rows not one block each
 
 
 def test_a_batch_rebuilt_before_its_forward_gives_the_slots_back():

@@ -15,6 +15,7 @@ from lumotree.ops.decode_prep import naive as _prep_naive
 from lumotree.ops.finish import naive as _finish_naive
 from lumotree.ops.gdn_tree import naive as _gdn_naive
 from lumotree.ops.select import naive as _select_naive
+from lumotree.ops.state_rows import naive as _rows_naive
 from lumotree.ops.select.naive import probs_from_logits
 from lumotree.ops.tree_attention import naive as _attn_naive
 
@@ -22,7 +23,7 @@ __all__ = [
     "gdn_tree_verify", "gdn_tree_verify_per_node", "gdn_tree_commit", "conv_tree_verify",
     "conv_tree_commit", "tree_select_greedy", "tree_select_sample", "commit_plan", "CommitPlan",
     "probs_from_logits", "backend_for", "tree_select_and_plan", "mark_finished", "mask_finished", "clamp_run",
-    "tree_verify_attention", "decode_prep",
+    "tree_verify_attention", "decode_prep", "copy_state_rows",
 ]
 
 
@@ -125,6 +126,15 @@ def decode_prep(req_to_token, req_pool_indices, seq_lens, zero_kv=()):
 
 
 decode_prep.__doc__ = _prep_naive.decode_prep.__doc__
+
+
+def copy_state_rows(src, src_rows, dst, dst_rows):
+    if backend_for(dst.device) == "triton":
+        return _fused("state_rows.triton").copy_state_rows(src, src_rows, dst, dst_rows)
+    return _rows_naive.copy_state_rows(src, src_rows, dst, dst_rows)
+
+
+copy_state_rows.__doc__ = _rows_naive.copy_state_rows.__doc__
 
 
 def clamp_run(stop, max_len, ruled, req_pool_indices, seq_lens, predict, accept_lens, accept_index):

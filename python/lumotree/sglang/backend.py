@@ -177,6 +177,10 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         # the overlap scheduler with a consistent radix cache: rows finished in the previous step keep their
         # state slot as that step left it (lumotree.sglang.finish)
         self.finished = FinishedRows.of(self.req_to_token_pool) if overlap_consistent(model_runner.server_args) else None
+        from lumotree.sglang import prompt_state
+
+        if prompt_state.applies(model_runner.server_args):  # its prefills keep prompt-interior states: compile the copy
+            prompt_state.warm_copy(self.req_to_token_pool.mamba_pool.mamba_cache.temporal, model_runner.dtype)
 
     # ------------------------------------------------------------------ state indices
     def _skip_finished(self, md, req_pool_indices, forward_mode):
@@ -193,14 +197,25 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         return self._skip_finished(md, req_pool_indices[:bs], forward_mode)
 
     def _track_mamba_state_extend(self, forward_batch, h, ssm_states, forward_metadata):
-        """SGLang's copy of an extend's tracked chunk states; counted for :mod:`lumotree.sglang.prompt_state`,
-        which caches a prefill's tracked slot only where a layer of its forward ran this (not a prefill CUDA graph
-        that replays without the tracking fields)."""
-        super()._track_mamba_state_extend(forward_batch, h, ssm_states, forward_metadata)
-        if forward_metadata.has_mamba_track_mask:
-            from lumotree.sglang import prompt_state
+        """The copy of an extend's tracked chunk states into their pool slots; counted for
+        :mod:`lumotree.sglang.prompt_state`, which caches a prefill's tracked slot only where a layer of its forward
+        ran this (not a prefill CUDA graph that replays without the tracking fields). A LUMOTREE server's tracked
+        states (chunk states ``h``, never the aligned final-state case) are copied in one launch
+        (:func:`lumotree.ops.copy_state_rows`) where the pool's rows are contiguous; SGLang's copy otherwise."""
+        if not forward_metadata.has_mamba_track_mask:
+            return
+        from lumotree.sglang import prompt_state
 
-            prompt_state.note_tracked()
+        if (self.lumotree and h is not None and forward_metadata.track_ssm_final_src.numel() == 0
+                and prompt_state.copies_rows(h, ssm_states)):
+            from lumotree import ops
+
+            if forward_metadata.track_ssm_h_src.numel() > 0:
+                ops.copy_state_rows(h.squeeze(0), forward_metadata.track_ssm_h_src, ssm_states,
+                                    forward_metadata.track_ssm_h_dst)
+        else:
+            super()._track_mamba_state_extend(forward_batch, h, ssm_states, forward_metadata)
+        prompt_state.note_tracked()
 
     # ------------------------------------------------------------------ tree
     def _tree_for(self, layer_id: int, md, bs: int, n: int, device):

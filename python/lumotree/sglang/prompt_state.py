@@ -138,24 +138,67 @@ def prepare_extend(batch, server_args=None) -> int:
 
         cache.evict(EvictParams(num_tokens=0, mamba_num=want - room))
         room = budget(alloc.available_size(), len(batch.reqs))
-    mask, index, seqlen = [], [], []
-    taken = 0
+    mask, slots, seqlen = [], [], []
     for r, t in zip(batch.reqs, points):
-        slot = alloc.alloc(1) if (t is not None and taken < room) else None
+        slot = alloc.alloc(1) if (t is not None and len(slots) < room) else None
         if slot is None:
-            mask.append(False), index.append(0), seqlen.append(-1)
+            mask.append(False), seqlen.append(-1)
             continue
-        taken += 1
+        slots.append(slot)
         setattr(r, ATTR, [t, slot, False])
-        mask.append(True), index.append(int(slot[0])), seqlen.append(kernel_seqlen(t, len(r.prefix_indices), chunk))
-    if taken == 0:
+        mask.append(True), seqlen.append(kernel_seqlen(t, len(r.prefix_indices), chunk))
+    if not slots:
         return 0
     dev = batch.device
     batch.mamba_track_mask = torch.tensor(mask, dtype=torch.bool).to(dev, non_blocking=True)
-    batch.mamba_track_indices = torch.tensor(index, dtype=torch.int64).to(dev, non_blocking=True)
+    batch.mamba_track_indices = track_indices(mask, slots, dev)
     batch.mamba_track_seqlens = torch.tensor(seqlen, dtype=torch.int64).to(dev, non_blocking=True)
     setattr(batch, BATCH_ATTR, batch.mamba_track_mask)
-    return taken
+    return len(slots)
+
+
+def track_indices(mask: Sequence[bool], slots: Sequence, device):
+    """The batch's ``mamba_track_indices`` (int64 ``[len(mask)]`` on ``device``): row ``i`` the slot of the ``i``-th
+    tracked row (``slots``: the allocator's one-element tensors, in row order), 0 where ``mask`` is false -- built on
+    the device: the slots' values are never read on the host. Why: the allocator's slots are device tensors, and
+    reading one (``int(slot[0])``) waits for every launched kernel -- at the start of a prefill the previous batch's
+    whole forward -- then copies; a batch of 32 tracked prompts made 32 such syncs (27B shape, batch 128, one H100:
+    93 device-to-host copies with the device idle between them over three prefill forwards)."""
+    import torch
+
+    values = torch.cat([s.reshape(1) for s in slots]).to(device=device, dtype=torch.int64)
+    if len(slots) == len(mask):
+        return values
+    rows = torch.tensor([i for i, m in enumerate(mask) if m], dtype=torch.int64).to(device, non_blocking=True)
+    return torch.zeros(len(mask), dtype=torch.int64, device=device).index_copy_(0, rows, values)
+
+
+def copies_rows(h, ssm_states) -> bool:
+    """Whether a GDN layer's tracked chunk states (SGLang's ``h``: `[1, chunks, Hv, V, K]`) go into its pool
+    (``ssm_states``: `[slots, Hv, V, K]`) by :func:`lumotree.ops.copy_state_rows`: the same state shape, each state
+    one contiguous block on both sides (not SGLang's page-major envelope pool)."""
+    if h.dim() != ssm_states.dim() + 1 or tuple(h.shape[2:]) != tuple(ssm_states.shape[1:]) or h.shape[0] != 1:
+        return False
+    return all(x.shape[0] > 0 and x[0].is_contiguous() and (x.shape[0] == 1 or x.stride(0) >= x[0].numel())
+               for x in (h[0], ssm_states))
+
+
+def warm_copy(temporal, dtype, devices=("cuda",)) -> None:
+    """Compile :func:`lumotree.ops.copy_state_rows` in the variant a prefill launches -- the model's ``dtype`` chunk
+    states into the pool ``temporal`` (`[layers, slots, Hv, V, K]`; one layer's view), int64 rows -- by one launch on
+    scratch rows of the same shape, so that the first prefill does not compile it while its requests wait. Nothing on
+    ``devices`` other than the pool's: a no-op."""
+    import torch
+
+    from lumotree import ops
+
+    if temporal.device.type not in devices:
+        return
+    state = tuple(temporal.shape[2:])
+    rows = torch.zeros(1, dtype=torch.int64, device=temporal.device)
+    src = torch.zeros((1, *state), dtype=dtype, device=temporal.device)
+    dst = torch.empty((1, *state), dtype=temporal.dtype, device=temporal.device)
+    ops.copy_state_rows(src, rows, dst, rows)
 
 
 _tracked = 0  # GDN layer forwards that copied tracked chunk states (note_tracked, from LumoTree's GDN backend)

@@ -152,3 +152,50 @@ def test_verify_kernels_that_cannot_be_launched_ahead_leave_the_server_starting(
         out = warmup.warm_verify_kernels(SimpleNamespace(req_to_token=table), [1], [1],
                                          funcs=(assign, None, None))
     assert out is None and "could not be compiled ahead (TypeError" in caplog.text
+
+
+def _slot_pool(fuse=True, on_device=True):
+    """A mamba pool as ``warm_slot_copies`` reads it: whether it fuses its slot ops, and its conv descriptor."""
+    def t(*values):
+        x = torch.tensor(values, dtype=torch.int64)
+        return torch.Tensor._make_subclass(_OnDevice, x) if on_device else x
+    desc = SimpleNamespace(ptr=t(1 << 20, 2 << 20), feat=t(24576, 96), layer_stride=t(9000, 9000),
+                           slot_stride=t(30, 30), max_feat_blocks=24)
+    return SimpleNamespace(_should_fuse_slot_ops=lambda: fuse, _conv_slot_desc=desc)
+
+
+def _binder(kernel):
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.runtime.jit import create_function_from_signature
+
+    return create_function_from_signature(kernel.signature, kernel.params, CUDABackend(GPUTarget("cuda", 90, 32)))
+
+
+def test_the_mamba_slot_kernels_are_compiled_for_every_variant_their_index_offsets_select():
+    """SGLang's fused slot copy and clear, warmed through their own signatures: the compile keys Triton's sm_90 binder
+    gives the warmed arguments are every key an index tensor on or off the 16-byte grid can select (copy: source and
+    destination, 4; clear: 2), and nothing is launched."""
+    pytest.importorskip("triton")
+    from sglang.srt.mem_cache import mamba_slot_fused as msf
+
+    calls = {"copy": [], "clear": []}
+    fake = {k: SimpleNamespace(warmup=lambda *a, grid, _k=k: calls[_k].append(a)) for k in calls}
+    out = warmup.warm_slot_copies(_slot_pool(), copy_kernel=fake["copy"], clear_kernel=fake["clear"], block=msf._BLOCK)
+    assert out["variants"] == 6 and len(calls["copy"]) == 4 and len(calls["clear"]) == 2
+    for name, kernel in (("copy", msf._fused_slot_copy_kernel), ("clear", msf._fused_slot_clear_kernel)):
+        bind = _binder(kernel)
+        keys = {repr(bind(*a)[1]) for a in calls[name]}
+        assert len(keys) == len(calls[name]), name  # each warmed call a variant of its own
+        idx = [i for i, p in enumerate(kernel.params) if not p.is_constexpr][4:]  # the slot-index pointers
+        assert [kernel.params[i].name for i in idx] == (["src_arr", "dst_arr"] if name == "copy" else ["index_arr"])
+        seen = {tuple(calls[name][j][i].data_ptr() % 16 == 0 for i in idx) for j in range(len(calls[name]))}
+        assert len(seen) == 2 ** len(idx), (name, seen)  # every alignment combination of the indices
+
+
+def test_the_mamba_slot_kernels_are_not_warmed_where_the_pool_does_not_fuse_them():
+    calls = []
+    k = SimpleNamespace(warmup=lambda *a, grid: calls.append(a))
+    assert warmup.warm_slot_copies(_slot_pool(fuse=False), k, k, 1024) is None
+    assert warmup.warm_slot_copies(_slot_pool(on_device=False), k, k, 1024) is None
+    assert warmup.warm_slot_copies(None, k, k, 1024) is None and calls == []

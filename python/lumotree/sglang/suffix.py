@@ -779,6 +779,7 @@ def ngram_worker(make_corpus):
             from lumotree.sglang.worker import configured_graph_bs, decode_step_graph_bs
 
             warmup.warm_spec_decode_slots(getattr(self, "req_to_token_pool", None))  # every bucket, before serving
+            warmup.warm_slot_copies(getattr(getattr(self, "req_to_token_pool", None), "mamba_pool", None))
 
             mr = self._target_worker.model_runner
             cuda_graph_bs = (None if ew.check_cuda_graph_backend(ew.Phase.DECODE, ew.Backend.DISABLED)

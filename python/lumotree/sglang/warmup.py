@@ -1,5 +1,6 @@
 """Start-up compiles: SGLang's speculative-decode slot kernel at every batch bucket (:func:`warm_spec_decode_slots`),
-and the kernels around a verify that are specialised on its width, at every width the server serves
+its mamba slot copy and clear at every index alignment (:func:`warm_slot_copies`), and the kernels around a verify
+that are specialised on its width, at every width the server serves
 (:func:`warm_verify_kernels`).
 
 Every decode step of SGLang's speculative loops (EAGLE V2, which LUMOTREE runs, and NGRAM, which LUMOTREE_SUFFIX
@@ -68,6 +69,47 @@ def warm_spec_decode_slots(req_to_token_pool, kernel=None) -> Optional[dict]:
     logger.info("LumoTree: SGLang's speculative-decode slot kernel compiled for batch buckets %s (2 alignments) in "
                 "%.2f s, before serving", sizes, took)
     return dict(buckets=sizes, variants=2 * len(sizes), seconds=took)
+
+
+def warm_slot_copies(mamba_pool, copy_kernel=None, clear_kernel=None, block=None) -> Optional[dict]:
+    """Compile SGLang's fused conv-state slot kernels (``sglang.srt.mem_cache.mamba_slot_fused``: the copy the radix
+    cache's ``MambaPool.copy_from`` launches, the clear of ``clear_slots``) for every alignment of their slot-index
+    arguments, before serving; ``{"variants", "seconds"}``, or ``None`` where the pool does not fuse its slot ops or is
+    not on a CUDA device. Why: their index tensors are views at any offset (16-byte aligned or not), and each new
+    combination compiled inside a step -- a LUMOTREE server (``no_buffer`` state cache, whose prompt-end states are
+    copied into cache slots) compiled the copy kernel three times after ready, 390-462 ms each, one inside a measured
+    batch-8 pass (0.533x no speculation; Qwen3-Next MoE shape, one H100,
+    ``benchmark/results/serving_speed_moe_flags_alone_h100.json``). Compile only (Triton's ``warmup``): nothing is
+    launched, no slot is touched."""
+    fuse = getattr(mamba_pool, "_should_fuse_slot_ops", None)
+    if fuse is None or not fuse():
+        return None
+    desc = mamba_pool._conv_slot_desc
+    if not desc.ptr.is_cuda or desc.ptr.numel() == 0:
+        return None
+    if copy_kernel is None or clear_kernel is None or block is None:
+        from sglang.srt.mem_cache import mamba_slot_fused as msf
+
+        copy_kernel, clear_kernel, block = msf._fused_slot_copy_kernel, msf._fused_slot_clear_kernel, msf._BLOCK
+    idx = torch.zeros(2, dtype=torch.int64, device=desc.ptr.device)  # [0:] aligned, [1:] 8 bytes off
+    tic, n = time.perf_counter(), 0
+    try:
+        for src in (idx, idx[1:]):
+            clear_kernel.warmup(desc.ptr, desc.feat, desc.layer_stride, desc.slot_stride, src, desc.max_feat_blocks,
+                                block, grid=(1,))
+            n += 1
+            for dst in (idx, idx[1:]):
+                copy_kernel.warmup(desc.ptr, desc.feat, desc.layer_stride, desc.slot_stride, src, dst,
+                                   desc.max_feat_blocks, block, grid=(1,))
+                n += 1
+    except Exception as e:  # a compile ahead of time is not worth a server: it compiles while serving, as before
+        logger.warning("LumoTree: SGLang's mamba slot kernels could not be compiled ahead (%s: %s); they compile at "
+                       "each new index alignment while serving", type(e).__name__, e)
+        return None
+    took = time.perf_counter() - tic
+    logger.info("LumoTree: SGLang's mamba slot copy and clear kernels compiled for every index alignment (%d variants) "
+                "in %.2f s, before serving", n, took)
+    return dict(variants=n, seconds=took)
 
 
 def warm_verify_kernels(req_to_token_pool, draft_tokens: Sequence[int], accept_widths: Sequence[int],

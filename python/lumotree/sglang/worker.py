@@ -698,6 +698,7 @@ def worker_class():
         def init_cuda_graphs(self):
             super().init_cuda_graphs()
             warmup.warm_spec_decode_slots(getattr(self, "req_to_token_pool", None))  # every bucket, before serving
+            warmup.warm_slot_copies(getattr(getattr(self, "req_to_token_pool", None), "mamba_pool", None))
             served = self.tree_policy.candidates if self.tree_policy is not None else [self.speculative_num_steps]
             warmup.warm_verify_kernels(  # every verify width served (a no-draft candidate: the one-node verify's)
                 getattr(self, "req_to_token_pool", None),

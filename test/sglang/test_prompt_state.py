@@ -342,3 +342,28 @@ def test_the_hooks_name_sglangs_methods():
     for t in targets:
         mod, cls, meth = t.rsplit(".", 2)
         assert callable(getattr(getattr(importlib.import_module(mod), cls), meth)), t
+
+
+def test_the_copy_is_compiled_at_start_up_in_the_variant_a_prefill_launches(monkeypatch, caplog):
+    """``warm_copy`` launches the copy once on scratch rows of the pool's state shape: the model's dtype into the pool's,
+    int64 rows, strided as a layer's view (one state a row); nothing on a device other than the pool's; a failure
+    leaves the server starting."""
+    import lumotree.ops as ops
+
+    calls = []
+    monkeypatch.setattr(ops, "copy_state_rows", lambda *a: calls.append(a))
+    pool = torch.zeros(3, 5, 2, 4, 3)  # [layers, slots, Hv, V, K]
+    ps.warm_copy(pool, torch.bfloat16)  # the pool is on the CPU: nothing to compile
+    assert calls == []
+    ps.warm_copy(pool, torch.bfloat16, devices=("cpu",))
+    (src, src_rows, dst, dst_rows), = calls
+    assert src.dtype == torch.bfloat16 and dst.dtype == pool.dtype and src_rows.dtype == dst_rows.dtype == torch.int64
+    assert src.shape[1:] == dst.shape[1:] == pool.shape[2:]
+    assert src.stride(0) == dst.stride(0) == pool[1].stride(0) and ps.copies_rows(src[None], dst)
+
+    def fails(*a):
+        raise RuntimeError("no compiler")
+    monkeypatch.setattr(ops, "copy_state_rows", fails)
+    with caplog.at_level("WARNING", logger="lumotree.sglang.prompt_state"):
+        ps.warm_copy(pool, torch.bfloat16, devices=("cpu",))
+    assert "could not be compiled ahead (RuntimeError" in caplog.text

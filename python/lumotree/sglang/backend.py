@@ -179,8 +179,9 @@ class LumoTreeGDNBackend(GDNAttnBackend):
         self.finished = FinishedRows.of(self.req_to_token_pool) if overlap_consistent(model_runner.server_args) else None
         from lumotree.sglang import prompt_state
 
-        if prompt_state.applies(model_runner.server_args):  # its prefills keep prompt-interior states: compile the copy
-            prompt_state.warm_copy(self.req_to_token_pool.mamba_pool.mamba_cache.temporal, model_runner.dtype)
+        dtype = getattr(model_runner, "dtype", None)  # the model's: its prefill chunk states'
+        if dtype is not None and prompt_state.applies(model_runner.server_args):  # prompt-interior states: the copy
+            prompt_state.warm_copy(self.req_to_token_pool.mamba_pool.mamba_cache.temporal, dtype)
 
     # ------------------------------------------------------------------ state indices
     def _skip_finished(self, md, req_pool_indices, forward_mode):

@@ -198,7 +198,11 @@ def warm_copy(temporal, dtype, devices=("cuda",)) -> None:
     rows = torch.zeros(1, dtype=torch.int64, device=temporal.device)
     src = torch.zeros((1, *state), dtype=dtype, device=temporal.device)
     dst = torch.empty((1, *state), dtype=temporal.dtype, device=temporal.device)
-    ops.copy_state_rows(src, rows, dst, rows)
+    try:
+        ops.copy_state_rows(src, rows, dst, rows)
+    except Exception as e:  # a compile ahead of time is not worth a server: the first prefill compiles it
+        logger.warning("LumoTree: the prompt-state copy could not be compiled ahead (%s: %s); the first prefill "
+                       "compiles it", type(e).__name__, e)
 
 
 _tracked = 0  # GDN layer forwards that copied tracked chunk states (note_tracked, from LumoTree's GDN backend)

@@ -17,7 +17,7 @@ BLOCK = 4096  # elements of a row per program
 
 
 # row strides and the row length vary with the model, not with the batch: specialised (divisibility), so each model
-# compiles one variant (warmed at start-up: lumotree.sglang.prompt_state.warm); the row indices are the batch's own
+# compiles one variant (at start-up: lumotree.sglang.prompt_state.warm_copy); the row indices are the batch's own
 @triton.jit(do_not_specialize_on_alignment=["p_src_rows", "p_dst_rows"])
 def copy_state_rows_fwd_kernel(p_src, src_stride, p_src_rows, p_dst, dst_stride, p_dst_rows, n_elem,
                                BLOCK: tl.constexpr):
@@ -32,7 +32,8 @@ def copy_state_rows_fwd_kernel(p_src, src_stride, p_src_rows, p_dst, dst_stride,
 
 def _row_major(x: torch.Tensor) -> bool:
     """Each row ``x[j]`` is one contiguous block (the rows themselves may lie at any stride)."""
-    return x.dim() >= 1 and (x.shape[0] <= 1 or x.stride(0) >= x[0].numel()) and (x.shape[0] == 0 or x[0].is_contiguous())
+    return (x.dim() >= 1 and (x.shape[0] <= 1 or x.stride(0) >= x[0].numel())
+            and (x.shape[0] == 0 or x[0].is_contiguous()))
 
 
 def copy_state_rows(src, src_rows, dst, dst_rows):

@@ -34,6 +34,19 @@ import torch
 logger = logging.getLogger(__name__)
 
 
+def _compile_ahead(compile_all, what: str, otherwise: str) -> Optional[float]:
+    """Run ``compile_all`` (Triton ``warmup`` calls) and return its seconds; ``None`` where it raised, which is logged
+    and not raised: a compile ahead of time is not worth a server (``what`` then compiles while serving, as before:
+    ``otherwise``)."""
+    tic = time.perf_counter()
+    try:
+        compile_all()
+    except Exception as e:
+        logger.warning("LumoTree: %s could not be compiled ahead (%s: %s); %s", what, type(e).__name__, e, otherwise)
+        return None
+    return time.perf_counter() - tic
+
+
 def buckets(rows: int) -> List[int]:
     """The powers of two from 1 up to the first one at or above ``rows`` (the batch sizes' ``next_power_of_2``)."""
     out, b = [1], 1
@@ -56,16 +69,17 @@ def warm_spec_decode_slots(req_to_token_pool, kernel=None) -> Optional[dict]:
     rows = torch.zeros(1, dtype=torch.int64, device=dev)  # req_pool_indices (int64, a fresh tensor)
     lens = torch.zeros(1, dtype=torch.int32, device=dev)  # cur / nxt kv lens (int32, fresh: aligned)
     loc = torch.zeros(2, dtype=torch.int64, device=dev)  # out_cache_loc: [0:] aligned, [1:] 8 bytes off
-    tic, sizes = time.perf_counter(), buckets(int(req_to_token.shape[0]))
-    try:
+    sizes = buckets(int(req_to_token.shape[0]))
+
+    def compile_all():
         for b in sizes:
             for out in (loc, loc[1:]):
                 kernel.warmup(rows, req_to_token, lens, lens, out, int(req_to_token.shape[1]), b, grid=(1,))
-    except Exception as e:  # a compile ahead of time is not worth a server: it compiles while serving, as before
-        logger.warning("LumoTree: SGLang's speculative-decode slot kernel could not be compiled ahead (%s: %s); it "
-                       "compiles at each new batch bucket while serving", type(e).__name__, e)
+
+    took = _compile_ahead(compile_all, "SGLang's speculative-decode slot kernel",
+                          "it compiles at each new batch bucket while serving")
+    if took is None:
         return None
-    took = time.perf_counter() - tic
     logger.info("LumoTree: SGLang's speculative-decode slot kernel compiled for batch buckets %s (2 alignments) in "
                 "%.2f s, before serving", sizes, took)
     return dict(buckets=sizes, variants=2 * len(sizes), seconds=took)
@@ -92,8 +106,10 @@ def warm_slot_copies(mamba_pool, copy_kernel=None, clear_kernel=None, block=None
 
         copy_kernel, clear_kernel, block = msf._fused_slot_copy_kernel, msf._fused_slot_clear_kernel, msf._BLOCK
     idx = torch.zeros(2, dtype=torch.int64, device=desc.ptr.device)  # [0:] aligned, [1:] 8 bytes off
-    tic, n = time.perf_counter(), 0
-    try:
+    n = 0
+
+    def compile_all():
+        nonlocal n
         for src in (idx, idx[1:]):
             clear_kernel.warmup(desc.ptr, desc.feat, desc.layer_stride, desc.slot_stride, src, desc.max_feat_blocks,
                                 block, grid=(1,))
@@ -102,11 +118,11 @@ def warm_slot_copies(mamba_pool, copy_kernel=None, clear_kernel=None, block=None
                 copy_kernel.warmup(desc.ptr, desc.feat, desc.layer_stride, desc.slot_stride, src, dst,
                                    desc.max_feat_blocks, block, grid=(1,))
                 n += 1
-    except Exception as e:  # a compile ahead of time is not worth a server: it compiles while serving, as before
-        logger.warning("LumoTree: SGLang's mamba slot kernels could not be compiled ahead (%s: %s); they compile at "
-                       "each new index alignment while serving", type(e).__name__, e)
+
+    took = _compile_ahead(compile_all, "SGLang's mamba slot kernels", "they compile at each new index alignment while "
+                          "serving")
+    if took is None:
         return None
-    took = time.perf_counter() - tic
     logger.info("LumoTree: SGLang's mamba slot copy and clear kernels compiled for every index alignment (%d variants) "
                 "in %.2f s, before serving", n, took)
     return dict(variants=n, seconds=took)

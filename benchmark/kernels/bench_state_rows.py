@@ -12,6 +12,8 @@ import statistics
 
 import torch
 
+from report import emit
+
 
 def device_us(fn, launches=50, repeats=20):
     for _ in range(5):
@@ -62,16 +64,9 @@ def main():
                        speedup=round(t_sg / t_lt, 2), lumotree_gbps=round(moved / t_lt / 1e3, 1))
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print("| shape | tracked prompts | SGLang copy (us / layer) | LumoTree copy (us / layer) | x | LumoTree GB/s |")
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['shape']} | {r['tracked']} | {r['sglang_us']} | {r['lumotree_us']} | {r['speedup']} | "
-              f"{r['lumotree_gbps']} |")
-    if args.out:
-        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                    command="python3 benchmark/kernels/bench_state_rows.py --out " + args.out)
-        json.dump(dict(meta=meta, rows=rows), open(args.out, "w"), indent=1)
-
+    emit(rows, [("shape", "shape"), ("tracked prompts", "tracked"), ("SGLang copy (us / layer)", "sglang_us"),
+                ("LumoTree copy (us / layer)", "lumotree_us"), ("x", "speedup"), ("LumoTree GB/s", "lumotree_gbps")],
+         args.out)
 
 if __name__ == "__main__":
     main()

@@ -15,6 +15,8 @@ import time
 
 import torch
 
+from report import emit
+
 
 def host_us(fn, calls=2000, rounds=9):
     for _ in range(50):
@@ -74,16 +76,9 @@ def main():
                    triton_device_us=round(t_d, 2), torch_device_us=round(r_d, 2))
         rows_out.append(row)
         print(json.dumps(row), flush=True)
-    print("| op | batch | Triton host us | torch ops host us | Triton device us | torch ops device us |")
-    print("|---|---|---|---|---|---|")
-    for r in rows_out:
-        print(f"| {r['op']} | {r['batch']} | {r['triton_host_us']} | {r['torch_host_us']} | {r['triton_device_us']} | "
-              f"{r['torch_device_us']} |")
-    if args.out:
-        meta = dict(device=torch.cuda.get_device_name(), torch=torch.__version__,
-                    command=f"python3 benchmark/kernels/launch_cost.py --batch {bs} --out {args.out}")
-        json.dump(dict(meta=meta, rows=rows_out), open(args.out, "w"), indent=1)
-
+    emit(rows_out, [("op", "op"), ("batch", "batch"), ("Triton host us", "triton_host_us"),
+                    ("torch ops host us", "torch_host_us"), ("Triton device us", "triton_device_us"),
+                    ("torch ops device us", "torch_device_us")], args.out)
 
 if __name__ == "__main__":
     main()

@@ -177,10 +177,11 @@ def copies_rows(h, ssm_states) -> bool:
     """Whether a GDN layer's tracked chunk states (SGLang's ``h``: `[1, chunks, Hv, V, K]`) go into its pool
     (``ssm_states``: `[slots, Hv, V, K]`) by :func:`lumotree.ops.copy_state_rows`: the same state shape, each state
     one contiguous block on both sides (not SGLang's page-major envelope pool)."""
+    from lumotree.ops.state_rows import rows_contiguous
+
     if h.dim() != ssm_states.dim() + 1 or tuple(h.shape[2:]) != tuple(ssm_states.shape[1:]) or h.shape[0] != 1:
         return False
-    return all(x.shape[0] > 0 and x[0].is_contiguous() and (x.shape[0] == 1 or x.stride(0) >= x[0].numel())
-               for x in (h[0], ssm_states))
+    return rows_contiguous(h[0]) and rows_contiguous(ssm_states)
 
 
 def warm_copy(temporal, dtype, devices=("cuda",)) -> None:

@@ -178,9 +178,9 @@ class StepClock:
     Results of the device's clock are read without waiting (:meth:`samples`: the events already passed).
 
     A step followed by other device work (a prefill, :meth:`interrupt`) or an idle gap gives no sample; nor does the
-    first step after a prefill: SGLang's overlap scheduler processes a prefill's results (its requests' cache insertions, their
-    first tokens' output) after launching the next decode step, so where the host is the bottleneck that step's
-    interval holds the prefill's result processing too.
+    first step after a prefill: SGLang's overlap scheduler processes a prefill's results (its requests' cache
+    insertions, their first tokens' output) after launching the next decode step, so where the host is the bottleneck
+    that step's interval holds the prefill's result processing too.
 
     ``steady``: a step followed by a step of another candidate gives no sample either -- for a loop that drafts on
     the host (LUMOTREE_SUFFIX, SGLang's NGRAM loop): its drafted step waits for the previous step's tokens on the

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from lumotree.ops.state_rows import rows_contiguous
+
 BLOCK = 4096  # elements of a row per program
 
 
@@ -30,12 +32,6 @@ def copy_state_rows_fwd_kernel(p_src, src_stride, p_src_rows, p_dst, dst_stride,
     tl.store(p_dst + d * dst_stride + o, b_x.to(p_dst.dtype.element_ty), mask=m)
 
 
-def _row_major(x: torch.Tensor) -> bool:
-    """Each row ``x[j]`` is one contiguous block (the rows themselves may lie at any stride)."""
-    return (x.dim() >= 1 and (x.shape[0] <= 1 or x.stride(0) >= x[0].numel())
-            and (x.shape[0] == 0 or x[0].is_contiguous()))
-
-
 def copy_state_rows(src, src_rows, dst, dst_rows):
     n = src_rows.numel()
     if dst_rows.numel() != n:
@@ -43,7 +39,7 @@ def copy_state_rows(src, src_rows, dst, dst_rows):
     if tuple(src.shape[1:]) != tuple(dst.shape[1:]):
         raise ValueError(f"copy_state_rows: source rows {tuple(src.shape[1:])} and destination rows "
                          f"{tuple(dst.shape[1:])} differ")
-    if not (_row_major(src) and _row_major(dst)):
+    if not (rows_contiguous(src) and rows_contiguous(dst)):
         raise ValueError(f"copy_state_rows: each row must be contiguous (source strides {src.stride()}, destination "
                          f"strides {dst.stride()})")
     if n == 0:

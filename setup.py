@@ -1,8 +1,8 @@
 """LumoTree: pip-installable package (python/lumotree) + optional CUDA extension (csrc/).
 
 Two compiled extensions, both optional (each has a Python / torch fallback) and skipped with
-LUMOTREE_NO_EXTENSION=1: ``lumotree._C`` (CUDA: fused selection) when nvcc is found (CUDA_HOME or
-PATH), and ``lumotree._host`` (C++: the suffix drafter) wherever torch is installed. Build with
+LUMOTREE_NO_EXTENSION=1: ``lumotree._C`` (CUDA: fused selection, the decode step's small kernels) when nvcc is
+found (CUDA_HOME or PATH), and ``lumotree._host`` (C++: the suffix drafter) wherever torch is installed. Build with
 ``pip install --no-build-isolation`` so the installed torch is used. GPU architectures:
 ``TORCH_CUDA_ARCH_LIST`` when set (e.g. ``"9.0"`` for an H100/H200 only, faster to build), else
 :data:`DEFAULT_ARCHS` -- A100 (sm_80), H100/H200 (sm_90), B200 (sm_100), RTX 50xx/RTX PRO (sm_120),
@@ -35,8 +35,8 @@ def nvcc_arch_flags(nvcc: str = "nvcc", env=os.environ) -> list:
     return flags + [f"-gencode=arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
 
 
-# the CUDA extension (fused selection): csrc/*.cc and csrc/select/*.cu, built when nvcc is present
-sources = sorted(glob.glob("csrc/select/*.cu") + glob.glob("csrc/*.cc"))
+# the CUDA extension (fused selection, the step kernels): csrc/*.cc and csrc/<op>/*.cu, built when nvcc is present
+sources = sorted(glob.glob("csrc/*/*.cu") + glob.glob("csrc/*.cc"))
 # the host extension (the suffix drafter in C++, pybind11): csrc/host/*.cc, built wherever torch is
 host_sources = sorted(glob.glob("csrc/host/*.cc"))
 try:

@@ -1,5 +1,6 @@
 // Every LumoTree CUDA op is registered here, once (sgl-kernel's habit). `Tensor!` marks outputs
-// written in place. Python calls them as torch.ops.lumotree.<op> (python/lumotree/ops/select/cuda.py).
+// written in place. Python calls them as torch.ops.lumotree.<op> through one wrapper module each
+// (python/lumotree/ops/{select,finish,decode_prep}/cuda.py).
 #include <Python.h>
 #include <torch/library.h>
 
@@ -13,6 +14,13 @@ void verify_tree_greedy_sglang(at::Tensor& predicts, at::Tensor& accept_index, a
                                const at::Tensor& candidates, const at::Tensor& retrieve_index,
                                const at::Tensor& retrieve_next_token, const at::Tensor& retrieve_next_sibling,
                                const at::Tensor& target_predict);
+void mark_finished(at::Tensor& done, const at::Tensor& stop, const at::Tensor& max_len, const at::Tensor& ruled,
+                   const at::Tensor& req_pool_indices, const at::Tensor& next_token_ids, const at::Tensor& accept_lens,
+                   const at::Tensor& new_seq_lens, const std::optional<at::Tensor>& live, int64_t stride);
+void mask_finished(at::Tensor& state_indices, const at::Tensor& done, const at::Tensor& req_pool_indices);
+void decode_prep(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
+                 at::Tensor& loc, at::Tensor& new_seq_lens, const std::optional<at::Tensor>& k,
+                 const std::optional<at::Tensor>& v);
 }  // namespace lumotree
 
 TORCH_LIBRARY_FRAGMENT(lumotree, m) {
@@ -25,11 +33,21 @@ TORCH_LIBRARY_FRAGMENT(lumotree, m) {
       "verify_tree_greedy_sglang(Tensor! predicts, Tensor! accept_index, Tensor! accept_token_num, "
       "Tensor candidates, Tensor retrieve_index, Tensor retrieve_next_token, Tensor retrieve_next_sibling, "
       "Tensor target_predict) -> ()");
+  m.def(
+      "mark_finished(Tensor! done, Tensor stop, Tensor max_len, Tensor ruled, Tensor req_pool_indices, "
+      "Tensor next_token_ids, Tensor accept_lens, Tensor new_seq_lens, Tensor!? live, int stride) -> ()");
+  m.def("mask_finished(Tensor! state_indices, Tensor done, Tensor req_pool_indices) -> ()");
+  m.def(
+      "decode_prep(Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, Tensor! loc, "
+      "Tensor! new_seq_lens, Tensor!? k, Tensor!? v) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(lumotree, CUDA, m) {
   m.impl("tree_select", &lumotree::tree_select);
   m.impl("verify_tree_greedy_sglang", &lumotree::verify_tree_greedy_sglang);
+  m.impl("mark_finished", &lumotree::mark_finished);
+  m.impl("mask_finished", &lumotree::mask_finished);
+  m.impl("decode_prep", &lumotree::decode_prep);
 }
 
 // A module with no Python functions: importing it runs the registrations above. Limited API

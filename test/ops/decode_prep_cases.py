@@ -1,13 +1,17 @@
 """Cases of a no-draft decode step's preparation shared by the interpreter run (interpret_kernels.py, CPU) and the GPU
-test (test_decode_prep_gpu.py): lumotree.ops.decode_prep's Triton kernel against its reference."""
+test (test_decode_prep_gpu.py): lumotree.ops.decode_prep's Triton kernel and CUDA op against its reference."""
+import importlib
+
 import torch
 
 
-def compare_decode_prep(device):
+def compare_decode_prep(device, impl="triton"):
     """Slots looked up at each request's length, lengths + 1 in their dtype, the draft KV rows at those slots zeroed
     and no other row touched: rows in any order, int32 and int64 lengths, a request-pool map with padding columns, KV
     rows longer than one block, one and two (k, v) buffer pairs and none, float and byte buffers."""
-    from lumotree.ops.decode_prep import naive, triton as tri
+    from lumotree.ops.decode_prep import naive
+
+    tri = importlib.import_module(f"lumotree.ops.decode_prep.{impl}")  # "triton" or "cuda"
 
     g = torch.Generator().manual_seed(5)
     for trial in range(6):

@@ -1,12 +1,17 @@
 """Cases of the device finish rule shared by the interpreter run (interpret_kernels.py, CPU) and the
-GPU test (test_finish_gpu.py): the Triton kernels of lumotree.ops.finish against its reference."""
+GPU test (test_finish_gpu.py): the Triton kernels and CUDA ops of lumotree.ops.finish against its reference."""
+import importlib
+
 import torch
 
 
-def compare_finish_rule(device):
+def compare_finish_rule(device, impl="triton"):
     """The device finish rule's kernels vs its reference: stop hits inside and past the accepted run,
-    length limits, rows the rule does not cover, marks that stay, int32 and int64 token ids."""
+    length limits, rows the rule does not cover, marks that stay, int32 and int64 token ids. ``impl``: the module
+    of the mark and mask under test, "triton" or "cuda" (the run's clamp is Triton's either way)."""
     from lumotree.ops.finish import naive as fin_naive, triton as fin_tri
+
+    fin_impl = importlib.import_module(f"lumotree.ops.finish.{impl}")
 
     g = torch.Generator().manual_seed(11)
 
@@ -34,7 +39,7 @@ def compare_finish_rule(device):
         live1 = torch.zeros(bs + 2, dtype=torch.bool) if trial % 2 == 0 else None
         live2 = torch.ones(bs + 2, dtype=torch.bool, device=device) if live1 is not None else None
         fin_naive.mark_finished(d1, stop, max_len, ruled, rows, tokens, acc, seq + acc, stride, live1)
-        fin_tri.mark_finished(d2, *on(stop, max_len, ruled, rows, tokens, acc, seq + acc), stride, live2)
+        fin_impl.mark_finished(d2, *on(stop, max_len, ruled, rows, tokens, acc, seq + acc), stride, live2)
         assert torch.equal(d1, d2.cpu()), (trial, d1, d2)
         if live1 is not None:
             assert torch.equal(live1[:bs], ~d1[rows]), (trial, live1, d1)  # still running after the step
@@ -52,13 +57,15 @@ def compare_finish_rule(device):
         cuts += int((l1 < acc).sum())
         marks += int((d1 & ~done).sum())
     assert cuts > 0 and marks > 0, (cuts, marks)  # the draws exercised both rules
-    compare_mask_finished(device)
+    compare_mask_finished(device, impl)
 
 
-def compare_mask_finished(device):
+def compare_mask_finished(device, impl="triton"):
     """The finished-row mask of the state indices: kernel vs reference, int32 and int64 indices and rows, a
     strided index view, more rows than one program holds, and rows past the shorter of the two left alone."""
-    from lumotree.ops.finish import naive as fin_naive, triton as fin_tri
+    from lumotree.ops.finish import naive as fin_naive
+
+    fin_impl = importlib.import_module(f"lumotree.ops.finish.{impl}")
 
     g = torch.Generator().manual_seed(5)
     slots = 700
@@ -72,7 +79,7 @@ def compare_mask_finished(device):
         b1, b2 = base.clone(), base.clone().to(device)
         i1, i2 = (b1[::2], b2[::2]) if trial == 1 else (b1[:n_idx], b2[:n_idx])  # a strided view on one trial
         fin_naive.mask_finished(i1, done, rows)
-        fin_tri.mask_finished(i2, done.to(device), rows.to(device))
+        fin_impl.mask_finished(i2, done.to(device), rows.to(device))
         assert torch.equal(b1, b2.cpu()), (trial, b1, b2)  # the whole buffer: nothing written outside the view
         n = min(n_rows, n_idx)
         assert torch.equal(i1[n:], (base[::2] if trial == 1 else base[:n_idx])[n:])  # past the rows: unchanged

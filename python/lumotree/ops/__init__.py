@@ -1,10 +1,13 @@
 """Public LumoTree ops. One dispatch point: CUDA tensors use the fused kernels (Triton, and the
-CUDA C++ extension for selection when it is built), everything else the fp32 references.
+CUDA C++ extension when it is built: selection, and the decode step's small kernels -- the finish rule's mark and
+mask, the no-draft step's preparation -- whose launch cost is the host's on every step), everything else the fp32
+references.
 
 ``LUMOTREE_OPS=naive`` forces the references everywhere (debugging, bisecting a kernel).
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -35,6 +38,16 @@ def backend_for(device: torch.device) -> str:
     if forced == "naive" or torch.device(device).type != "cuda":
         return "naive"
     return "triton"
+
+
+@functools.cache
+def cuda_op(name: str) -> bool:
+    """Whether the CUDA extension is built with op ``name`` registered (``torch.ops.lumotree.<name>``)."""
+    try:
+        import lumotree._C  # noqa: F401  (registers torch.ops.lumotree.*)
+    except ImportError:
+        return False
+    return hasattr(torch.ops.lumotree, name)
 
 
 def _fused(module: str):
@@ -113,15 +126,17 @@ def tree_select_sample(draft_tokens, target_probs, tree, coins=None, coins_final
 def mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids, accept_lens, new_seq_lens, stride,
                   live=None):
     if backend_for(done.device) == "triton":
-        return _fused("finish.triton").mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids,
-                                                     accept_lens, new_seq_lens, stride, live)
+        impl = _fused("finish.cuda" if cuda_op("mark_finished") else "finish.triton")
+        return impl.mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids, accept_lens,
+                                  new_seq_lens, stride, live)
     return _finish_naive.mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids, accept_lens,
                                        new_seq_lens, stride, live)
 
 
 def decode_prep(req_to_token, req_pool_indices, seq_lens, zero_kv=()):
     if backend_for(seq_lens.device) == "triton":
-        return _fused("decode_prep.triton").decode_prep(req_to_token, req_pool_indices, seq_lens, zero_kv)
+        impl = _fused("decode_prep.cuda" if cuda_op("decode_prep") else "decode_prep.triton")
+        return impl.decode_prep(req_to_token, req_pool_indices, seq_lens, zero_kv)
     return _prep_naive.decode_prep(req_to_token, req_pool_indices, seq_lens, zero_kv)
 
 
@@ -147,7 +162,8 @@ def clamp_run(stop, max_len, ruled, req_pool_indices, seq_lens, predict, accept_
 
 def mask_finished(state_indices, done, req_pool_indices):
     if backend_for(done.device) == "triton":
-        return _fused("finish.triton").mask_finished(state_indices, done, req_pool_indices)
+        impl = _fused("finish.cuda" if cuda_op("mask_finished") else "finish.triton")
+        return impl.mask_finished(state_indices, done, req_pool_indices)
     return _finish_naive.mask_finished(state_indices, done, req_pool_indices)
 
 

@@ -100,7 +100,8 @@ class FinishedRows:
         self._live = torch.zeros(slots, dtype=torch.bool, device=device)
         # the rows of the step being marked still running after it (:meth:`mark_step`), ``None`` until it is marked
         self.step_live: Optional[torch.Tensor] = None
-        if self.done.device.type == "cuda" and ops.backend_for(self.done.device) == "triton":
+        if (self.done.device.type == "cuda" and ops.backend_for(self.done.device) == "triton"
+                and not ops.cuda_op("mask_finished")):  # (the CUDA op compiles nothing)
             from lumotree.ops.finish.triton import warm_mask_finished
 
             warm_mask_finished(self.done.device)  # compiled at start-up: mask_rows runs before every decode forward

@@ -135,7 +135,15 @@ SECTIONS = (("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new
             # LumoTree's speculative workers' own prefill work (lumotree.sglang.finish, lumotree.sglang.suffix)
             ("lumotree.sglang.finish.admit_batch", "lt_fin_admit"),
             ("lumotree.sglang.finish.FinishedRows.mark_step", "lt_mark"),
-            ("lumotree.sglang.suffix.admit_prefilled", "lt_admit"))
+            ("lumotree.sglang.suffix.admit_prefilled", "lt_admit"),
+            # and an adaptive LumoTree worker's own work on every decode step, outside its forward: the finished rows'
+            # mask of the state indices, the policy's choice (with the step clock's reads), the step's launch record,
+            # the ending-step check, the no-draft step's early publish of its lengths
+            ("lumotree.sglang.finish.FinishedRows.mask_rows", "lt_mask"),
+            ("lumotree.sglang.worker.StepLedger.choose", "lt_choose"),
+            ("lumotree.sglang.worker.StepLedger.launched", "lt_launched"),
+            ("lumotree.sglang.finish.ends_after_step", "lt_ends"),
+            ("lumotree.sglang.patches.future_map_host_lengths.publish_known", "lt_publish"))
 REPORT_EVERY = 128
 
 KINDS = ("decode", "prefill", "other", "idle")

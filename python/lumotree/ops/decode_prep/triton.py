@@ -40,23 +40,39 @@ def decode_prep_fwd_kernel(p_r2t, r2t_stride, p_rows, p_seq, p_loc, p_new, p_k, 
                      mask=start + j < v_row)
 
 
-def decode_prep(req_to_token, req_pool_indices, seq_lens, zero_kv=()):
+def outputs(req_to_token, seq_lens, zero_kv):
+    """``(loc, new_seq_lens, pairs)`` for a launcher of the preparation (this one's and the CUDA op's,
+    :mod:`lumotree.ops.decode_prep.cuda`): the outputs allocated, the inputs checked, ``zero_kv`` as a list; ``pairs``
+    ``None`` for an empty batch (nothing to launch)."""
     bs = seq_lens.shape[0]
     loc = torch.empty(bs, dtype=torch.int64, device=seq_lens.device)
     new = torch.empty_like(seq_lens)
     if bs == 0:
-        return loc, new
+        return loc, new, None
     if req_to_token.stride(1) != 1:
         raise ValueError(f"decode_prep: req_to_token must have unit column stride, got strides {req_to_token.stride()}")
     pairs = list(zero_kv)
     for k, v in pairs:
         if not (k.is_contiguous() and v.is_contiguous()):
             raise ValueError("decode_prep: the KV buffers to zero must be contiguous (one slot's entry a row)")
-    first = pairs[0] if pairs else (loc, loc)
-    decode_prep_fwd_kernel[(bs,)](req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, loc, new,
-                                  first[0], first[1], first[0][0].numel() if pairs else 0,
-                                  first[1][0].numel() if pairs else 0, HAS_KV=bool(pairs), BLOCK=BLOCK)
-    for k, v in pairs[1:]:  # further layers (a draft model of several): the reference's writes
+    return loc, new, pairs
+
+
+def zero_further(pairs, loc) -> None:
+    """The (k, v) pairs after the first (a draft model of several layers): the reference's writes; the launch zeroes
+    the first."""
+    for k, v in pairs[1:]:
         k[loc] = 0
         v[loc] = 0
+
+
+def decode_prep(req_to_token, req_pool_indices, seq_lens, zero_kv=()):
+    loc, new, pairs = outputs(req_to_token, seq_lens, zero_kv)
+    if pairs is None:
+        return loc, new
+    first = pairs[0] if pairs else (loc, loc)
+    decode_prep_fwd_kernel[(seq_lens.shape[0],)](req_to_token, req_to_token.stride(0), req_pool_indices, seq_lens, loc,
+                                                 new, first[0], first[1], first[0][0].numel() if pairs else 0,
+                                                 first[1][0].numel() if pairs else 0, HAS_KV=bool(pairs), BLOCK=BLOCK)
+    zero_further(pairs, loc)
     return loc, new

@@ -11,18 +11,13 @@ from __future__ import annotations
 
 import torch
 
-from lumotree.ops.finish.triton import _check_tables, _u8
+from lumotree.ops.finish.triton import _u8, check_mark
 
 
 def mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids, accept_lens, new_seq_lens,
                   stride: int, live=None) -> None:
-    bs = accept_lens.shape[0]
-    if bs == 0:
+    if check_mark(done, stop, max_len, ruled, live, accept_lens) == 0:
         return
-    _check_tables(done, stop, max_len, ruled)
-    if live is not None and (live.dtype != torch.bool or live.shape[0] < bs or not live.is_contiguous()):
-        raise ValueError(f"finish rule: live must be a contiguous bool [>= {bs}], got {live.dtype} "
-                         f"{tuple(live.shape)}")
     torch.ops.lumotree.mark_finished(_u8(done), stop, max_len, _u8(ruled), req_pool_indices, next_token_ids,
                                      accept_lens, new_seq_lens, live, int(stride))
 

@@ -95,15 +95,24 @@ def _u8(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype == torch.bool else t
 
 
-def mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids, accept_lens, new_seq_lens,
-                  stride: int, live=None) -> None:
+def check_mark(done, stop, max_len, ruled, live, accept_lens) -> int:
+    """The step's rows (``0``: nothing to launch), the mark's tables and its ``live`` output checked the same for every
+    launcher of it (this one's and the CUDA op's, :mod:`lumotree.ops.finish.cuda`)."""
     bs = accept_lens.shape[0]
     if bs == 0:
-        return
+        return 0
     _check_tables(done, stop, max_len, ruled)
     if live is not None and (live.dtype != torch.bool or live.shape[0] < bs or not live.is_contiguous()):
         raise ValueError(f"finish rule: live must be a contiguous bool [>= {bs}], got {live.dtype} "
                          f"{tuple(live.shape)}")
+    return bs
+
+
+def mark_finished(done, stop, max_len, ruled, req_pool_indices, next_token_ids, accept_lens, new_seq_lens,
+                  stride: int, live=None) -> None:
+    bs = check_mark(done, stop, max_len, ruled, live, accept_lens)
+    if bs == 0:
+        return
     mark_finished_fwd_kernel[(bs,)](_u8(done), stop, max_len, _u8(ruled), req_pool_indices.contiguous(),
                                     next_token_ids.contiguous(), accept_lens.contiguous(), new_seq_lens.contiguous(),
                                     _u8(live) if live is not None else done, stride, stop.stride(0), S=stop.shape[1],

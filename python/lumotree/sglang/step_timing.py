@@ -70,7 +70,10 @@ the graph runner's input copies with its attention metadata and the replay; an E
 preparation and draft-extend; the scheduler's prefill preparation and
 result processing; the radix tree's calls; CUDA event waits; LumoTree's prefill work: its finish rules' admission,
 its adaptive worker's choice whether the prefill runs the MTP draft-extend, ``lt_pf_choose``, and the stub draft input
-that replaces it, ``lt_pf_stub``, :mod:`lumotree.sglang.worker`) are charged to those totals only,
+that replaces it, ``lt_pf_stub``, :mod:`lumotree.sglang.worker`; and an adaptive worker's own work on each decode step
+outside its forward -- the policy's choice ``lt_choose``, the launch record ``lt_launched``, the ending-step check
+``lt_ends``, the finish rule's mask and mark ``lt_mask`` / ``lt_mark``, the no-draft step's publish ``lt_publish``, each
+read with its hook's own cost) are charged to those totals only,
 so that an interval of any kind is split further, the same way for every server. Beside them, the prompt tokens the
 batches that opened each kind's intervals computed (a prefill batch's ``extend_num_tokens``), as
 ``<kind>_tokens N tokens M`` (tokens, intervals that had some), so that two servers' prefill time compares per token.

@@ -229,9 +229,39 @@ def test_a_size_whose_memory_moved_under_its_graph_runs_eagerly_from_then_on(sgl
         worker._prepare_for_speculative_decoding(batch)
         return graphs.run(worker.target_worker, batch, batch.spec_info, torch.zeros(16, VOCAB), "allocator", True)
 
-    outs = [step() for _ in range(3)]  # eager, eager + capture, replay
-    assert len(captures) == 1 and replays == [1] and outs[2] == "replayed" and outs[0] != "replayed"
+    n = graphs.CAPTURE_AT
+    outs = [step() for _ in range(n + 1)]  # eager, ..., eager + capture, replay
+    assert len(captures) == 1 and replays == [1] and outs[n] == "replayed" and "replayed" not in outs[:n]
     where[0] = "moved"
     outs = [step() for _ in range(3)]  # eager from now on
     assert "replayed" not in outs and len(captures) == 1 and replays == [1] and not graphs.graphs
-    assert graphs.stats["stale"] == 1 and graphs.stats["eager"] == 5
+    assert graphs.stats["stale"] == 1 and graphs.stats["eager"] == n + 3
+
+
+def test_a_key_is_captured_at_its_capture_at_th_step_whatever_runs_between(sglang_calls, monkeypatch):
+    """A (tree size, batch size) key that runs now and then -- an adaptive policy's probes where drafts miss -- stays
+    eager until it has run ``CAPTURE_AT`` times; other keys' steps between its runs neither advance nor reset its count,
+    and each key is captured once, at its own ``CAPTURE_AT``-th step."""
+    graphs = post_verify.PostVerifyGraphs("cpu")
+    monkeypatch.setattr(graphs, "_pointers", lambda *a: ("here",))
+    captures = []
+    monkeypatch.setattr(graphs, "_capture", lambda key, *a: captures.append(key) or graphs.graphs.__setitem__(
+        key, post_verify._Graph(SimpleNamespace(replay=lambda: None), None, None, None, ("here",))))
+    monkeypatch.setattr(graphs, "_replay", lambda g, b, vi=None: "replayed")
+    monkeypatch.setattr(graphs, "_sequence", lambda *a: "eager")
+    runner = SimpleNamespace(model_runner=SimpleNamespace(attn_backend=None))
+
+    def step(bs, nodes):
+        batch = SimpleNamespace(seq_lens=torch.zeros(bs), mamba_track_indices=None)
+        return graphs.run(runner, batch, SimpleNamespace(draft_token_num=nodes), None, "allocator", True)
+
+    n = graphs.CAPTURE_AT
+    assert n > 2  # a probe's one or two drafted steps do not capture
+    probe = []
+    for i in range(n - 1):  # a probe of key (4, 1) between served steps of key (4, 8)
+        probe.append(step(1, 4))
+        for _ in range(3):
+            step(8, 4)
+    assert probe == ["eager"] * (n - 1) and captures == [(4, 8, False, id(None))]
+    assert step(1, 4) == "eager" and captures[-1] == (4, 1, False, id(None))  # its n-th: eager, then captured
+    assert step(1, 4) == "replayed" and step(8, 4) == "replayed" and len(captures) == 2

@@ -4,9 +4,9 @@ server's (sampling, state commit, accepted and bonus tokens; the chain on every 
 
 In the decode-exact mode (``--enable-deterministic-inference``: every node computed as the decode step at its
 position) the replies must equal the no-speculation server's in the same mode, token for token, through batches of
-1, 2, 4 and 8 repetitive prompts (each size verified for many steps: eager at its first, captured at its second,
-replayed after): a graph that read a stale row, length or KV slot would change the tokens. In the default mode the
-same batches must capture graphs and finish every request.
+1, 2, 4 and 8 repetitive prompts (each size verified for many steps: eager at its first ones, captured at its
+``PostVerifyGraphs.CAPTURE_AT``-th, replayed after): a graph that read a stale row, length or KV slot would change the
+tokens. In the default mode the same batches must capture graphs and finish every request.
 
 On the H200: ``pytest -q -m gpu test/sglang/test_served_post_verify_graph_gpu.py``."""
 import os

@@ -10,13 +10,13 @@ per step on the H200 machine at any batch size of the tiny model (step timer, ru
 ``benchmark/results/agents_h200.json``), for a GPU that computes them in tens of microseconds.
 
 :class:`PostVerifyGraphs` runs that sequence (:func:`post_verify`, the same SGLang and LumoTree calls in SGLang's
-order) eagerly the first time a batch of a given size and tree size is verified through a CUDA graph, then captures
-it into a CUDA graph of its own and replays it for every later such step: the step's few changing inputs (its
-lengths, request rows, KV slots, prefix-cache snapshot rows) are copied into the graph's buffers, and the outputs
-are copied out in one launch. Everything else the sequence reads is the same memory at every step -- the verify
-graph's logits and state indices for the batch's bucket, the NGRAM worker's per-batch-size draft buffers, the
-verify's scratch, the state and KV pools -- which each replay checks (:meth:`PostVerifyGraphs._pointers`) before it
-trusts the graph.
+order) eagerly for the first steps of a given batch size and tree size verified through a CUDA graph
+(:attr:`PostVerifyGraphs.CAPTURE_AT`), then captures it into a CUDA graph of its own and replays it for every later
+such step: the step's few changing inputs (its lengths, request rows, KV slots, prefix-cache snapshot rows) are
+copied into the graph's buffers, and the outputs are copied out in one launch. Everything else the sequence reads is
+the same memory at every step -- the verify graph's logits and state indices for the batch's bucket, the NGRAM
+worker's per-batch-size draft buffers, the verify's scratch, the state and KV pools -- which each replay checks
+(:meth:`PostVerifyGraphs._pointers`) before it trusts the graph.
 
 Only plain greedy batches whose verify ran on a CUDA graph take this path (:meth:`PostVerifyGraphs.serves`); the
 others (sampling, log-probabilities, grammars, penalties, a verify without a graph) keep SGLang's step unchanged.
@@ -108,8 +108,21 @@ class _Graph:
 
 class PostVerifyGraphs:
     """The post-verify sequence (:func:`post_verify`) of a LUMOTREE_SUFFIX server's drafted steps as one CUDA graph
-    per (tree size, batch size): captured at the second such step (the first runs eagerly, which also compiles its
-    Triton kernels), replayed after (module docstring). ``stats``: steps replayed, run eagerly, graphs captured."""
+    per (tree size, batch size): captured at the :data:`CAPTURE_AT`-th such step (the ones before run eagerly, the
+    first of them also compiling its Triton kernels), replayed after (module docstring). ``stats``: steps replayed,
+    run eagerly, graphs captured."""
+
+    # the step of a (tree size, batch size) key that captures its graph. Why not the second: a capture while serving
+    # was followed by a spell of slow host work -- every section of the next no-draft steps, SGLang's scheduling
+    # included, took about twice its time (16-step medians of the step timing: served step 4.0-5.3 ms against
+    # 2.0 ms before; the server log's decode windows at 339 against 595 tokens/s) for the rest of the pass, while an
+    # eager post-verify of the same key in an earlier probe left the steps as they were (Qwen3-Next MoE shape,
+    # batch 1, drafts that miss, one H100). Where drafts miss, a key runs only in the adaptive policy's probes (a
+    # warm one-node step and one or two drafted steps each, at least 128 steps apart), so capturing at the second
+    # such step put the capture, and the spell, in the server's first seconds; a tree that is served reaches this
+    # count within its first steps, at ~0.65 ms of host work per eager step more than a replay (0.75-0.8 against
+    # 0.09-0.14 ms, module docstring)
+    CAPTURE_AT = 16
 
     # the step's tensors a graph takes as inputs (copied into its buffers at each replay): the batch's, the draft's
     BATCH_INPUTS = ("seq_lens", "req_pool_indices", "out_cache_loc", "mamba_track_indices")
@@ -119,7 +132,7 @@ class PostVerifyGraphs:
     def __init__(self, device):
         self.device = torch.device(device)
         self.graphs: Dict[tuple, _Graph] = {}
-        self.seen = set()
+        self.seen: Dict[tuple, int] = {}  # steps run eagerly per key while not captured (CAPTURE_AT)
         self.eager_only = set()  # keys whose memory moved under a captured graph: never captured again
         self.pool = None
         self.stream = None
@@ -183,10 +196,9 @@ class PostVerifyGraphs:
         self.stats["eager"] += 1
         out = self._sequence(target_worker, batch, verify_input, logits, allocator)
         if self.failed is None and key not in self.eager_only:
-            if key in self.seen:
+            self.seen[key] = self.seen.get(key, 0) + 1
+            if self.seen[key] >= self.CAPTURE_AT:
                 self._capture(key, target_worker, batch, verify_input, logits, allocator)
-            else:
-                self.seen.add(key)
         return out
 
     def _sequence(self, target_worker, batch, verify_input, logits, allocator) -> Tuple[torch.Tensor, ...]:

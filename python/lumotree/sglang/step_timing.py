@@ -147,7 +147,8 @@ SECTIONS = (("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new
             ("lumotree.sglang.worker.StepLedger.launched", "lt_launched"),
             ("lumotree.sglang.finish.ends_after_step", "lt_ends"),
             ("lumotree.sglang.patches.future_map_host_lengths.publish_known", "lt_publish"))
-REPORT_EVERY = 128
+# samples per logged line (``LUMOTREE_BENCH_STEP_TIMING_EVERY``: fewer to follow a spell of slow steps in time)
+REPORT_EVERY = int(os.environ.get("LUMOTREE_BENCH_STEP_TIMING_EVERY", "128"))
 
 KINDS = ("decode", "prefill", "other", "idle")
 TOTALS_EVERY_S = 1.0

@@ -486,7 +486,8 @@ def main():
                             time.sleep(1.2)
                             row["step_totals"] = step_totals(log, {"phase": (t_phase, time.time())}).get("phase")
                         row.update(config=name, shape=None if args.model else args.shape, tp=args.tp, batch=bs,
-                                   accept_p=accept_p, prompts=kind, scheduler=args.scheduler)
+                                   accept_p=accept_p, prompts=kind, scheduler=args.scheduler,
+                                   step_timing=bool(args.step_timing))
                         why = suspect(row)
                         if why:
                             row["suspect"] = why
@@ -783,6 +784,7 @@ def table(rows, memory=None):
         mem = f"{mem / 2**20:.0f} MiB" if mem is not None else "–"
         ap = r.get("accept_p", r.get("oracle_p"))
         cfg += " **suspect**" if r.get("suspect") else ""
+        cfg += " (timing hooks)" if r.get("step_timing") else ""  # host work on the step: not a flags-alone row
         if (r.get("jit") or {}).get("count"):  # the measured pass met kernels it had to compile or load
             cfg += f" (JIT {r['jit']['count']}, {r['jit']['total_ms']:.0f} ms)"
         tps = f"{r['tokens_per_s']:.0f}"

@@ -556,6 +556,11 @@ def test_bench_spec_main_warms_each_batch_times_prefill_and_profiles_chosen_batc
     # the default scheduler: each server with its flags alone (no --disable-overlap-schedule, no environment)
     assert res["scheduler"] == "default" and all(r["scheduler"] == "default" for r in rows)
     assert res["servers"]["lumotree-topk2"]["env"] == {}
+    # without --step-timing no timing hooks: the rows say so, and the table marks none of them
+    assert all(r["step_timing"] is False for r in rows) and "(timing hooks)" not in bs.table(rows)
+    rows[0]["step_timing"] = True  # a row taken with the hooks (host work on the step) is marked as such
+    assert [line.startswith("| lumotree-topk2 (timing hooks) | 1 |") for line in bs.table(rows).splitlines()[2:]] == [
+        True, False]
 
 
 def test_bench_spec_profiles_a_batch_after_all_its_measured_phases(tmp_path, monkeypatch):

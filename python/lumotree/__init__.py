@@ -16,6 +16,10 @@ Environment variables:
                          (``lumotree.sglang.draft_timing``; ``agents_bench.py --draft-timing``).
     LUMOTREE_BENCH_JIT_LOG  ``1`` (benchmark only): a server logs every Triton kernel it compiles, with
                          the time it took (``lumotree.sglang.jit_log``; ``agents_bench.py --jit-log``).
+    LUMOTREE_BENCH_STEP_TIMING  ``1`` (benchmark only): any server logs its decode steps' wall time on the
+                         scheduler's thread by parts (``lumotree.sglang.step_timing``; ``bench_spec.py
+                         --step-timing``); ``LUMOTREE_BENCH_STEP_TIMING_EVERY=N``: samples per logged median
+                         (default 128).
     LUMOTREE_SGLANG_CHECK  ``1`` (diagnostics, with ``--disable-cuda-graph``): every served verify
                          and commit is cross-checked against SGLang's own tree-verify kernel;
                          ``LUMOTREE_SGLANG_CHECK_REPORT=FILE`` / ``LUMOTREE_SGLANG_CHECK_DUMP=DIR``

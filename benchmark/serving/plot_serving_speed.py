@@ -46,6 +46,8 @@ def ratios(runs):
             tag += [run["tag"]] if run.get("tag") else []
             if r.get("accept_p") is None:  # no oracle: its rows on known and on fresh prompts are two series
                 tag += [row_prompts(r) + " prompts"]
+            if r.get("step_timing"):  # taken with the step-timing hooks (host work on each step): a series apart
+                tag += ["timing hooks"]
             key = (r.get("accept_p"), r["config"] + (f" ({', '.join(tag)})" if tag else ""))
             out.setdefault(key, []).append((r["batch"], ratio, r.get("accept_length") or 1.0))
     return out

@@ -1232,6 +1232,10 @@ def test_serving_speed_plot_divides_each_row_by_no_speculation_on_the_same_promp
     r = ps.ratios([dict(rows=rows)])
     assert r[(0.8, "lt")] == [(8, 1.5, 2.9)]
     assert r[(0.0, "lt")] == [(8, 1580.0 / 1600.0, 1.0), (1, 490.0 / 500.0, 1.0)]
+    # a row taken with the step-timing hooks is a series of its own, named so
+    rows[3] = dict(rows[3], step_timing=True)
+    r = ps.ratios([dict(rows=rows)])
+    assert r[(0.0, "lt")] == [(1, 490.0 / 500.0, 1.0)] and r[(0.0, "lt (timing hooks)")] == [(8, 1580.0 / 1600.0, 1.0)]
 
 
 def test_rows_are_compared_pass_by_pass_on_the_same_prompts():

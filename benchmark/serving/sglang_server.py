@@ -381,7 +381,9 @@ def step_totals(log, windows):
     window and kind (``decode``, ``prefill``, ``other``, ``idle``) the seconds and intervals between the last totals
     logged at or before its start (none: zero) and the last at or before its end. The totals are logged at most once
     a second, so a window's edges are that coarse. ``<kind>_tokens``: the prompt tokens the batches that opened those
-    intervals computed, ``dict(tokens, intervals)``. ``{}`` when the log has none."""
+    intervals computed, ``dict(tokens, intervals)``. ``cpu_thread`` / ``cpu_process``: the scheduler thread's and its
+    process's CPU seconds in the window, their ``intervals`` the thread's involuntary / voluntary context switches.
+    ``{}`` when the log has none."""
     try:
         text = open(log, errors="replace").read()
     except (OSError, TypeError):

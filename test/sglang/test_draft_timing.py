@@ -1,6 +1,7 @@
 """The benchmark-only draft-preparation timer (lumotree.sglang.draft_timing) and its reading from a server log."""
 import logging
 import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -266,6 +267,11 @@ def test_step_totals_account_every_interval_to_the_batch_that_started_it_or_to_i
     monkeypatch.setattr(step_timing, "_wall", lambda: next(wall))
     lines = []
     monkeypatch.setattr(step_timing.TIMERS["step"], "log", lambda fmt, *a: lines.append(fmt % a))
+    cpu = iter([(10.0, 1, 30.0, 5), (20.0, 1, 45.0, 6), (60.0, 4, 200.0, 9)])  # thread ms, invol., process ms, vol.
+    monkeypatch.setattr(step_timing, "cpu_totals",
+                        lambda: (lambda a, b, c, d: {"cpu_thread": [a, b], "cpu_process": [c, d]})(*next(cpu)))
+    monkeypatch.setattr(step_timing, "_threads", {"seen": None})
+    monkeypatch.setattr(step_timing.os, "listdir", lambda path: ["1", "2", "3"])
     mode = lambda decode, extend: SimpleNamespace(is_decode=lambda: decode, is_extend=lambda: extend)  # noqa: E731
     dec = SimpleNamespace(forward_mode=mode(True, False), reqs=[0] * 2)
     pre = SimpleNamespace(forward_mode=mode(False, True), reqs=[0], extend_num_tokens=300)
@@ -292,14 +298,17 @@ def test_step_totals_account_every_interval_to_the_batch_that_started_it_or_to_i
                                        "decode_launch": [250.0, 1], "idle_launch": [250.0, 1]}
     assert timers["result"].samples[2] == [500.0, 500.0] and timers["launch"].samples[2] == [250.0] * 3  # ms
     assert len(timers["step"].samples[2]) == 1  # the decode step interval: not the one that went idle
-    # logged at most once a second (wall 100, 101.0 and 102.5), cumulative
-    assert [ln.split(":")[0] for ln in lines] == ["LumoTree step totals at 100.000", "LumoTree step totals at 101.000",
-                                                  "LumoTree step totals at 102.500"]
+    # logged at most once a second (wall 100, 101.0 and 102.5), cumulative; the threads once (unchanged after)
+    assert [ln.split(":")[0] for ln in lines] == ["LumoTree step totals at 100.000", "LumoTree scheduler threads",
+                                                  "LumoTree step totals at 101.000", "LumoTree step totals at 102.500"]
+    assert lines[1] == "LumoTree scheduler threads: 3 tasks; " + ", ".join(
+        sorted(t.name for t in step_timing.threading.enumerate()))
     # the prompt tokens of the batches that opened the intervals: the two prefill batches', none for decode batches
     assert step_timing.TOKENS == {"decode": [0, 0], "prefill": [600, 2], "other": [0, 0], "idle": [0, 0]}
     assert lines[-1].endswith("decode 2000.0 ms 1, prefill 5000.0 ms 2, other 0.0 ms 0, idle 3000.0 ms 1, "
                               "decode_launch 250.0 ms 1, idle_launch 250.0 ms 1, prefill_launch 500.0 ms 2, "
-                              "prefill_result 1000.0 ms 2, prefill_tokens 600 tokens 2")
+                              "prefill_result 1000.0 ms 2, prefill_tokens 600 tokens 2, "
+                              "cpu_thread 60.0 ms 4, cpu_process 200.0 ms 9")
     log = tmp_path / "server.log"
     log.write_text("".join(f"[2026-01-01 00:00:00] {ln}\n" for ln in lines))
     ss = load_script("serving", "sglang_server")
@@ -311,8 +320,29 @@ def test_step_totals_account_every_interval_to_the_batch_that_started_it_or_to_i
     assert got["all"]["prefill_result"] == dict(seconds=1.0, intervals=2)
     assert got["all"]["prefill_tokens"] == dict(tokens=600, intervals=2)
     assert got["late"]["prefill_tokens"] == dict(tokens=300, intervals=1)  # the window's difference, as for the ms
+    # the CPU entries likewise: the thread's CPU seconds and involuntary switches in the window, the process's
+    assert got["late"]["cpu_thread"] == dict(seconds=0.04, intervals=3)
+    assert got["late"]["cpu_process"] == dict(seconds=0.155, intervals=3)
     assert got["early"] == {}
     assert ss.step_totals(str(tmp_path / "missing.log"), {"all": (0, 1)}) == {}
+
+
+def test_cpu_totals_count_the_calling_thread_s_work_and_the_process_s():
+    from lumotree.sglang import step_timing
+
+    a = step_timing.cpu_totals()
+    if not a:
+        pytest.skip("no per-thread CPU usage on this platform")
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.2:  # busy on this thread
+        pass
+    busy = step_timing.cpu_totals()
+    assert busy["cpu_thread"][0] - a["cpu_thread"][0] > 100  # ms of CPU on this thread
+    assert busy["cpu_process"][0] - a["cpu_process"][0] >= busy["cpu_thread"][0] - a["cpu_thread"][0] - 5
+    time.sleep(0.2)  # waiting: no CPU on this thread
+    idle = step_timing.cpu_totals()
+    assert idle["cpu_thread"][0] - busy["cpu_thread"][0] < 50
+    assert idle["cpu_process"][1] > busy["cpu_process"][1]  # the sleep was a voluntary switch
 
 
 def test_forward_and_worker_parts_time_decode_steps_by_batch_or_forward_batch(monkeypatch):

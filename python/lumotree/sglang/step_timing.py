@@ -77,10 +77,17 @@ read with its hook's own cost) are charged to those totals only,
 so that an interval of any kind is split further, the same way for every server. Beside them, the prompt tokens the
 batches that opened each kind's intervals computed (a prefill batch's ``extend_num_tokens``), as
 ``<kind>_tokens N tokens M`` (tokens, intervals that had some), so that two servers' prefill time compares per token.
+And whether the host ran slow or waited: ``cpu_thread X ms N``, the CPU time the scheduler's thread has used (user and
+system) and its involuntary context switches (the kernel took the core from it), and ``cpu_process X ms N``, the CPU
+time of the whole scheduler process (every thread of it, native ones too) and the scheduler thread's voluntary
+switches (it blocked) -- a window's difference of the thread's CPU against its wall time tells a slower host
+(CPU time grows with the wall) from waits and preemption (it does not). Where the process's set of threads changes,
+a line ``LumoTree scheduler threads: N tasks; name, ...`` (its tasks in ``/proc``, its Python threads by name).
 """
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Dict
 
@@ -164,6 +171,35 @@ _logged = {"at": 0.0}
 _clock, _wall = time.perf_counter, time.time  # (tests set them)
 _on = False  # installed (measure times only then)
 _gc = {"t0": None, "on": False}  # a collection in progress; the callback added (the scheduler process's first batch)
+_threads = {"seen": None}  # the scheduler process's threads as last logged
+
+
+def cpu_totals() -> Dict[str, list]:
+    """The totals line's CPU entries (module docstring): ``cpu_thread`` -- the calling thread's CPU ms and involuntary
+    switches -- and ``cpu_process`` -- the process's CPU ms and the thread's voluntary switches. ``{}`` where the
+    platform has no per-thread usage."""
+    import resource
+
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    if who is None:
+        return {}
+    ru = resource.getrusage(who)
+    return {"cpu_thread": [(ru.ru_utime + ru.ru_stime) * 1e3, ru.ru_nivcsw],
+            "cpu_process": [time.process_time() * 1e3, ru.ru_nvcsw]}
+
+
+def threads_line():
+    """``N tasks; name, ...`` for this process (its tasks in ``/proc``, its Python threads' names), or ``None`` if
+    unchanged since the last call."""
+    try:
+        tasks = len(os.listdir("/proc/self/task"))
+    except OSError:
+        tasks = -1
+    got = f"{tasks} tasks; " + ", ".join(sorted(t.name for t in threading.enumerate()))
+    if got == _threads["seen"]:
+        return None
+    _threads["seen"] = got
+    return got
 
 
 def enabled(env=os.environ) -> bool:
@@ -253,8 +289,13 @@ def _account(t0: float, batch, log=None) -> None:
         _logged["at"] = now
         parts = "".join(f", {k} {ms:.1f} ms {n}" for k, (ms, n) in sorted(PART_TOTALS.items()))
         parts += "".join(f", {k}_tokens {t} tokens {n}" for k, (t, n) in TOKENS.items() if n)
-        (log or TIMERS["step"].log)("LumoTree step totals at %.3f: %s", now,
-                                    ", ".join(f"{k} {TOTALS[k][0]:.1f} ms {TOTALS[k][1]}" for k in KINDS) + parts)
+        parts += "".join(f", {k} {ms:.1f} ms {n}" for k, (ms, n) in cpu_totals().items())
+        log = log or TIMERS["step"].log
+        log("LumoTree step totals at %.3f: %s", now,
+            ", ".join(f"{k} {TOTALS[k][0]:.1f} ms {TOTALS[k][1]}" for k in KINDS) + parts)
+        changed = threads_line()
+        if changed is not None:
+            log("LumoTree scheduler threads: %s", changed)
 
 
 def on_idle(original, self, *args, **kwargs):

@@ -1307,3 +1307,17 @@ def test_bench_spec_refuses_miss_rows_of_a_model_with_text_prompts(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--miss", "--configs", "none"])
     with pytest.raises(SystemExit):
         bs.main()
+
+
+def test_the_capture_host_loop_benchmark_says_it_needs_a_cuda_device():
+    import subprocess
+    import sys
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: the benchmark would run")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    got = subprocess.run([sys.executable, os.path.join(root, "benchmark", "serving", "capture_host_loop.py")],
+                         capture_output=True, text=True, timeout=120)
+    assert got.returncode != 0 and "needs a CUDA device" in got.stderr

@@ -112,16 +112,14 @@ class PostVerifyGraphs:
     first of them also compiling its Triton kernels), replayed after (module docstring). ``stats``: steps replayed,
     run eagerly, graphs captured."""
 
-    # the step of a (tree size, batch size) key that captures its graph. Why not the second: a capture while serving
-    # was followed by a spell of slow host work -- every section of the next no-draft steps, SGLang's scheduling
-    # included, took about twice its time (16-step medians of the step timing: served step 4.0-5.3 ms against
-    # 2.0 ms before; the server log's decode windows at 339 against 595 tokens/s) for the rest of the pass, while an
-    # eager post-verify of the same key in an earlier probe left the steps as they were (Qwen3-Next MoE shape,
-    # batch 1, drafts that miss, one H100). Where drafts miss, a key runs only in the adaptive policy's probes (a
-    # warm one-node step and one or two drafted steps each, at least 128 steps apart), so capturing at the second
-    # such step put the capture, and the spell, in the server's first seconds; a tree that is served reaches this
-    # count within its first steps, at ~0.65 ms of host work per eager step more than a replay (0.75-0.8 against
-    # 0.09-0.14 ms, module docstring)
+    # the step of a (tree size, batch size) key that captures its graph. Why not the second: where drafts miss, a key
+    # runs only in the adaptive policy's probes (a warm one-node step and one or two drafted steps each, at least 128
+    # steps apart), so capturing at its second step spent a capture inside a probe of a tree that is not
+    # served; a tree that is served reaches this count within its first steps, at ~0.65 ms of host work per eager step
+    # more than a replay (0.75-0.8 against 0.09-0.14 ms, module docstring). A capture does not slow the host work after
+    # it: a decode-like host loop ran at the same speed before and after one (benchmark/serving/capture_host_loop.py,
+    # one H100); the slow served steps once seen after a capture fell in the server's first seconds after its start
+    # on a fresh machine, which are slow with or without one (docs/performance.md)
     CAPTURE_AT = 16
 
     # the step's tensors a graph takes as inputs (copied into its buffers at each replay): the batch's, the draft's

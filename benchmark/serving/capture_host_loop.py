@@ -32,7 +32,8 @@ def _add_one(x_ptr, n, BLOCK: tl.constexpr):
 x = torch.randn(4096, device=dev)
 w = torch.randn(256, 256, device=dev)
 g0 = torch.cuda.CUDAGraph()
-s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
+s = torch.cuda.Stream()
+s.wait_stream(torch.cuda.current_stream())
 with torch.cuda.stream(s):
     y0 = w @ w
 torch.cuda.current_stream().wait_stream(s)
@@ -41,7 +42,7 @@ with torch.cuda.graph(g0):
 pin = torch.empty(64, dtype=torch.int64, pin_memory=True)
 
 def step():
-    t0 = time.perf_counter(); c0 = time.thread_time()
+    t0, c0 = time.perf_counter(), time.thread_time()
     d = {i: str(i) for i in range(300)}
     parts = [x[: i + 8].sum() for i in range(24)]
     t = torch.stack(parts)
@@ -51,7 +52,8 @@ def step():
     pin[:16].copy_(z, non_blocking=True)
     CPU.append(time.thread_time() - c0)
     return time.perf_counter() - t0
-CPU = []
+CPU = []  # the thread CPU time of each step since the last clear
+
 
 def seq(triton_too):
     a = torch.arange(32, device=dev, dtype=torch.float32)
@@ -63,8 +65,8 @@ def seq(triton_too):
 H = {}
 def capture(triton_too):
     if H.get("pool") is None:
-        H["pool"] = torch.cuda.graph_pool_handle(); H["stream"] = torch.cuda.Stream()
-    g = torch.cuda.CUDAGraph(); cur = torch.cuda.current_stream(); st = H["stream"]
+        H["pool"], H["stream"] = torch.cuda.graph_pool_handle(), torch.cuda.Stream()
+    g, cur, st = torch.cuda.CUDAGraph(), torch.cuda.current_stream(), H["stream"]
     st.wait_stream(cur)
     with torch.cuda.stream(st):
         g.capture_begin(pool=H["pool"], capture_error_mode="thread_local")
@@ -78,14 +80,18 @@ def capture(triton_too):
 def run(event, n_before=600, n_after=3000):
     CPU.clear()
     ts = [step() for _ in range(n_before)]
-    cb = list(CPU); CPU.clear()
-    t0 = time.perf_counter(); event(); ev_ms = 1e3 * (time.perf_counter() - t0)
+    cb = list(CPU)
+    CPU.clear()
+    t0 = time.perf_counter()
+    event()
+    ev_ms = 1e3 * (time.perf_counter() - t0)
     ta = [step() for _ in range(n_after)]
     win = lambda v: [round(1e3 * statistics.median(v[i:i + 100]), 4) for i in range(0, len(v), 100)]
     return dict(event_ms=round(ev_ms, 2), before=win(ts[-300:]), after=win(ta), cpu_before=win(cb[-300:]),
                 cpu_after=win(list(CPU)))
 
-for _ in range(500): step()
+for _ in range(500):  # warm
+    step()
 res = {}
 for name, ev in (("eager", lambda: seq(False)), ("eager_triton", lambda: seq(True)), ("capture_first", lambda: capture(False)),
                  ("capture_second", lambda: capture(False)), ("capture_triton", lambda: capture(True)),

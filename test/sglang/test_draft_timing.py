@@ -337,7 +337,7 @@ def test_cpu_totals_count_the_calling_thread_s_work_and_the_process_s():
     while time.perf_counter() - t0 < 0.2:  # busy on this thread
         pass
     busy = step_timing.cpu_totals()
-    assert busy["cpu_thread"][0] - a["cpu_thread"][0] > 100  # ms of CPU on this thread
+    assert busy["cpu_thread"][0] - a["cpu_thread"][0] > 50  # ms of CPU on this thread (0.2 s busy)
     assert busy["cpu_process"][0] - a["cpu_process"][0] >= busy["cpu_thread"][0] - a["cpu_thread"][0] - 5
     time.sleep(0.2)  # waiting: no CPU on this thread
     idle = step_timing.cpu_totals()

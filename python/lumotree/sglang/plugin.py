@@ -387,6 +387,9 @@ def register() -> None:
     from lumotree.sglang import jit_log  # benchmark only: a no-op unless LUMOTREE_BENCH_JIT_LOG=1
 
     jit_log.install()
+    from lumotree.sglang import stall_dump  # benchmark only: a no-op unless LUMOTREE_BENCH_STALL_DUMP_S is set
+
+    stall_dump.install()
     if os.environ.get(ENV_ACTIVE) == "1":
         from lumotree.sglang.patches import (draft_tree_whole, eagle_sample_end, gdn_backend_classes,
                                              prompt_state_batch, prompt_state_cache, prompt_state_run,

@@ -150,6 +150,10 @@ for _base in [c for c in CONFIGS if c.startswith(("lumotree-topk", "lumotree-cha
     CONFIGS[_base + "-oracle"] = CONFIGS[_base]
 
 
+# --diagnose: a server's stall dump (lumotree.sglang.stall_dump) and torch.compile's compile log
+DIAGNOSE_ENV = {"LUMOTREE_BENCH_STALL_DUMP_S": "2", "TORCH_LOGS": "dynamo,recompiles"}
+
+
 def config_env(name: str) -> dict:
     """LumoTree's server environment of a configuration (its ``-oracle`` twin's too)."""
     return dict(CONFIG_ENV.get(name, CONFIG_ENV.get(name.removesuffix("-oracle"), (None, {})))[1])
@@ -403,6 +407,11 @@ def main():
                          "server's time totals over its phase (step_totals: from its warm passes to its last measured "
                          "pass, all decode intervals, split into the timed sections). Its hooks cost host "
                          "time: such rows are not the flags-alone rows")
+    ap.add_argument("--diagnose", default="",
+                    help="comma-separated configurations whose servers also dump their threads' stacks when a "
+                         "scheduler call runs over 2 s (LUMOTREE_BENCH_STALL_DUMP_S=2, lumotree.sglang.stall_dump) "
+                         "and log torch.compile's compiles and recompiles (TORCH_LOGS=dynamo,recompiles): where a "
+                         "stall with no Triton compile goes. Their rows say so (diagnosed)")
     ap.add_argument("--resume", action="store_true",
                     help="--out holds an earlier, interrupted run of the same command (its --configs may differ): "
                          "keep its configurations that finished (a server and every row) and are named again, run the "
@@ -416,6 +425,9 @@ def main():
         print(table(res["rows"], memory=res["servers"]))
         return
     batches = [int(b) for b in args.batches.split(",")]
+    diagnosed = set(n for n in args.diagnose.split(",") if n)
+    if diagnosed - set(args.configs.split(",")):
+        ap.error(f"--diagnose names configurations that --configs does not: {sorted(diagnosed - set(args.configs.split(',')))}")
     if args.model:
         model, extra = args.model, []
     else:
@@ -450,6 +462,8 @@ def main():
             env["LUMOTREE_BENCH_JIT_LOG"] = "1"
         if args.step_timing:
             env["LUMOTREE_BENCH_STEP_TIMING"] = "1"
+        if name in diagnosed:
+            env.update(DIAGNOSE_ENV)
         srv["env"] = env
         srv["jit_cache"] = args.jit_cache
         srv["machine"] = machine()
@@ -487,7 +501,7 @@ def main():
                             row["step_totals"] = step_totals(log, {"phase": (t_phase, time.time())}).get("phase")
                         row.update(config=name, shape=None if args.model else args.shape, tp=args.tp, batch=bs,
                                    accept_p=accept_p, prompts=kind, scheduler=args.scheduler,
-                                   step_timing=bool(args.step_timing))
+                                   step_timing=bool(args.step_timing), diagnosed=name in diagnosed)
                         why = suspect(row)
                         if why:
                             row["suspect"] = why
@@ -785,6 +799,7 @@ def table(rows, memory=None):
         ap = r.get("accept_p", r.get("oracle_p"))
         cfg += " **suspect**" if r.get("suspect") else ""
         cfg += " (timing hooks)" if r.get("step_timing") else ""  # host work on the step: not a flags-alone row
+        cfg += " (diagnosed)" if r.get("diagnosed") else ""  # a stall dump armed around each scheduler call
         if (r.get("jit") or {}).get("count"):  # the measured pass met kernels it had to compile or load
             cfg += f" (JIT {r['jit']['count']}, {r['jit']['total_ms']:.0f} ms)"
         tps = f"{r['tokens_per_s']:.0f}"

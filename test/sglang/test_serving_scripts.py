@@ -563,6 +563,32 @@ def test_bench_spec_main_warms_each_batch_times_prefill_and_profiles_chosen_batc
         True, False]
 
 
+def test_bench_spec_diagnose_sets_the_stall_dump_on_the_named_servers_only(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    bs = load("bench_spec")
+    fake_bench_endpoints(monkeypatch, bs, lambda batch, n, key: None, lambda payload: None)
+    seen = []
+    monkeypatch.setattr(bs, "sglang_server", recording_server(seen, lambda args, base, env: env))
+    out = tmp_path / "b.json"
+    argv = ["bench_spec.py", "--model", "m", "--configs", "none,lumotree-chain", "--batches", "1", "--repeats", "1",
+            "--output-len", "4", "--out", str(out), "--log-dir", str(tmp_path)]
+    monkeypatch.setattr(sys, "argv", argv + ["--diagnose", "lumotree-chain"])
+    bs.main()
+    assert not set(bs.DIAGNOSE_ENV) & set(seen[0])
+    assert {k: seen[1].get(k) for k in bs.DIAGNOSE_ENV} == bs.DIAGNOSE_ENV
+    assert bs.DIAGNOSE_ENV["LUMOTREE_BENCH_STALL_DUMP_S"] == "2"
+    res = json.load(open(out))
+    assert res["servers"]["lumotree-chain"]["env"] == bs.DIAGNOSE_ENV and res["servers"]["none"]["env"] == {}
+    assert [(r["config"], r["diagnosed"]) for r in res["rows"]] == [("none", False), ("lumotree-chain", True)]
+    lines = bs.table(res["rows"]).splitlines()[2:]
+    assert [line.split(" | ")[0] for line in lines] == ["| none", "| lumotree-chain (diagnosed)"]
+    monkeypatch.setattr(sys, "argv", argv + ["--diagnose", "nextn-chain"])  # not a configuration of the run
+    with pytest.raises(SystemExit):
+        bs.main()
+
+
 def test_bench_spec_profiles_a_batch_after_all_its_measured_phases(tmp_path, monkeypatch):
     """A profiled pass's steps are slow and an adaptive server learns from them: with --miss both phases of
     a batch are measured before either is profiled (a miss phase measured right after a profiled pass was

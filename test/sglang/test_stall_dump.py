@@ -1,4 +1,5 @@
 """The benchmark-only stall dump (lumotree.sglang.stall_dump): thread stacks of a scheduler call that runs too long."""
+import threading
 import time
 
 import pytest
@@ -6,45 +7,67 @@ import pytest
 from lumotree.sglang import stall_dump
 
 
-def slow_scheduler_call(self, seconds):
-    time.sleep(seconds)
+def slow_scheduler_call(self, release):
+    release.wait(5)
     return "done"
 
 
-def _run(tmp_path, sleep_s, threshold_s):
+def test_a_call_over_the_threshold_dumps_every_threads_stack_once_per_threshold(tmp_path):
+    now = [0.0]
     out = tmp_path / "dump.txt"
     with open(out, "w") as f:
-        hook = stall_dump.armed("run_batch", threshold_s, file=f)
-        got = hook(slow_scheduler_call, None, sleep_s)
-        time.sleep(threshold_s * 2)  # a dump armed past the call would land here
-    return got, out.read_text()
-
-
-def test_a_call_over_the_threshold_dumps_its_stack(tmp_path):
-    got, text = _run(tmp_path, 0.6, 0.15)
-    assert got == "done"
-    assert "Timeout (" in text
+        watch = stall_dump.Watch(2.0, file=f, clock=lambda: now[0])
+        release, got = threading.Event(), []
+        t = threading.Thread(target=lambda: got.append(watch.hook("run_batch")(slow_scheduler_call, None, release)))
+        t.start()
+        while watch.call is None:
+            time.sleep(0.001)
+        now[0] = 1.9
+        assert watch.check() is False  # under the threshold
+        now[0] = 2.1
+        assert watch.check() is True
+        now[0] = 3.0
+        assert watch.check() is False  # one dump per threshold
+        now[0] = 4.2
+        assert watch.check() is True
+        release.set()
+        t.join()
+        assert got == ["done"] and watch.call is None
+        now[0] = 9.0
+        assert watch.check() is False  # nothing in progress
+    text = out.read_text()
+    assert text.count("LumoTree stall dump: run_batch running") == 2
+    assert "running 2.1 s" in text and "running 4.2 s" in text
     assert "slow_scheduler_call" in text  # the stalled thread's frame
 
 
-def test_a_call_in_time_dumps_nothing_and_the_timer_is_cancelled(tmp_path):
-    got, text = _run(tmp_path, 0.0, 0.3)
-    assert got == "done"
-    assert text == ""
-
-
-def test_the_timer_is_cancelled_when_the_call_raises(tmp_path):
-    out = tmp_path / "dump.txt"
+def test_the_mark_is_cleared_when_the_call_raises_and_nested_calls_restore_the_outer():
+    watch = stall_dump.Watch(1.0, clock=lambda: 5.0)
 
     def fails(self):
         raise RuntimeError("boom")
 
+    with pytest.raises(RuntimeError):
+        watch.hook("process_batch_result")(fails, None)
+    assert watch.call is None
+
+    def outer(self):
+        assert watch.call == ("run_batch", 5.0)
+        watch.hook("process_batch_result")(lambda s: None, None)
+        return watch.call
+
+    assert watch.hook("run_batch")(outer, None) == ("run_batch", 5.0)
+    assert watch.call is None
+
+
+def test_the_watchdog_thread_dumps_a_real_stall(tmp_path):
+    out = tmp_path / "dump.txt"
     with open(out, "w") as f:
-        hook = stall_dump.armed("process_batch_result", 0.2, file=f)
-        with pytest.raises(RuntimeError):
-            hook(fails, None)
-        time.sleep(0.5)
-    assert out.read_text() == ""
+        watch = stall_dump.Watch(0.2, file=f, poll=0.02).start()
+        watch.hook("run_batch")(lambda self: time.sleep(0.5), None)
+        time.sleep(0.1)
+    text = out.read_text()
+    assert "LumoTree stall dump: run_batch running" in text and "Thread 0x" in text
 
 
 def test_threshold_reads_the_variable_and_names_it_when_wrong():
@@ -61,6 +84,7 @@ def test_install_registers_both_hooks_only_with_the_variable(monkeypatch):
 
     seen = []
     monkeypatch.setattr(patches, "register_hook", lambda target, fn, kind: seen.append((target, kind)))
+    monkeypatch.setattr(stall_dump.Watch, "start", lambda self: self)  # no thread left behind by the test
     assert stall_dump.install({}) is False
     assert seen == []
     assert stall_dump.install({stall_dump.ENV: "2"}) is True

@@ -65,7 +65,8 @@ sys.path.insert(0, HERE)
 
 from parity import memory_report  # noqa: E402
 from sglang_server import (accept_stats, jit_cache_env, jit_compiles, generate, host_speed, log_health,  # noqa: E402
-                           machine, machines_note, post, sglang_server, step_timing, step_totals, stop_profile)
+                           machine, machines_note, post, sglang_server, stall_dumps, step_timing, step_totals,
+                           stop_profile)
 
 SHAPES = {  # Qwen3.5-27B's per-layer shapes, fewer layers (dummy weights)
     "qwen3.5-27b-8l": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=8, num_attention_heads=24,
@@ -529,6 +530,8 @@ def main():
         srv.update(memory_report(log), **log_health(log))
         if args.step_timing:
             srv["step_timing"] = step_timing(log)
+        if name in diagnosed:
+            srv["stalls"] = stall_dumps(log)
         srv["state_slots"] = state_slots(srv.get("memory_log", []))
         srv["adaptive"] = adaptive_decisions(log)
         res["servers"][label(name, args.scheduler)] = srv

@@ -464,6 +464,43 @@ def jit_compiles(log, windows):
     return out
 
 
+STALL_LINE = re.compile(r"LumoTree stall dump: (\w+) running ([\d.]+) s")
+STACK_FRAME = re.compile(r'  File "([^"]+)", line (\d+) in (\S+)')
+SCHEDULER_ENTRY = "run_scheduler_process"  # the scheduler thread's outermost SGLang frame
+
+
+def stall_dumps(log, frames: int = 12):
+    """The stalls a server run with ``LUMOTREE_BENCH_STALL_DUMP_S`` dumped (:mod:`lumotree.sglang.stall_dump`), one
+    per stalled call: ``{"call", "seconds"`` (the last dump's), ``"dumps"``, ``"where"``: the scheduler thread's
+    innermost ``frames`` frames outside the standard library and the dump itself, as ``"path:line fn"`` with the
+    path from its package on, innermost first}``. A call's dumps follow each other with growing seconds; a new call
+    starts when the seconds fall. ``[]`` when the log has none."""
+    try:
+        text = open(log, errors="replace").read()
+    except (OSError, TypeError):
+        return []
+    out = []
+    marks = list(STALL_LINE.finditer(text))
+    for i, m in enumerate(marks):
+        body = text[m.end():marks[i + 1].start() if i + 1 < len(marks) else len(text)]
+        where = []
+        for block in body.split("\n\n"):  # one thread's stack per block, innermost frame first
+            if SCHEDULER_ENTRY in block:
+                for f in STACK_FRAME.finditer(block):
+                    path = f.group(1)
+                    if "/python3." in path and "site-packages" not in path or "stall_dump.py" in path:
+                        continue
+                    short = path.split("site-packages/")[-1].split("/site/")[-1]
+                    where.append(f"{short}:{f.group(2)} {f.group(3)}")
+                break
+        seconds = float(m.group(2))
+        if out and out[-1]["call"] == m.group(1) and seconds > out[-1]["seconds"]:
+            out[-1].update(seconds=seconds, dumps=out[-1]["dumps"] + 1, where=where[:frames] or out[-1]["where"])
+        else:
+            out.append(dict(call=m.group(1), seconds=seconds, dumps=1, where=where[:frames]))
+    return out
+
+
 def generate(url, prompts, max_new_tokens, temperature=0.0, key="text", extra=None):
     """One /generate call with a batch of prompts (texts or token-id lists); returns SGLang's list.
     ``extra``: more top-level request fields (e.g. ``return_logprob``)."""

@@ -380,19 +380,39 @@ def test_warm_prep_launches_the_served_variant_once_on_scratch_tensors(monkeypat
     """Start-up: the preparation kernel compiled in the variant serving launches (the request map's dtype, int64 rows
     and lengths, the first buffer pair's dtypes) by one launch on one-row scratch tensors -- not on the pool's own;
     a no-op where the request map is not on a device that compiles."""
-    calls = []
-    monkeypatch.setattr(ds.ops, "decode_prep", lambda rt, rows, seq, kv: calls.append((rt, rows, seq, kv)))
+    from sglang.srt.model_executor import forward_batch_info
+
+    calls, positions = [], []
+    monkeypatch.setattr(ds.ops, "decode_prep", lambda rt, rows, seq, kv: calls.append((rt, rows, seq, kv))
+                        or (rows.clone(), seq + 1))
+    monkeypatch.setattr(forward_batch_info, "clamp_position", positions.append)  # the one init_new calls
     mr = Runner()
     step = ds.DecodeStep(SimpleNamespace(model_runner=mr), "b", "g")
     k, v = torch.ones(50, 2, 4, dtype=torch.bfloat16), torch.ones(50, 3, dtype=torch.float16)
     step.warm_prep([(k, v), (k, v)])
-    assert calls == []  # the request map is on the CPU
+    assert calls == [] and positions == []  # the request map is on the CPU
     step.warm_prep([(k, v), (k, v)], devices=("cpu",))
+    (lens,) = positions  # SGLang's decode position kernel, on the lengths the preparation returned: int64
+    assert lens.dtype == torch.int64 and lens.tolist() == [1]
     (rt, rows, seq, kv), = calls
     assert rt.shape == (1, 16) and rt.dtype == mr.req_to_token_pool.req_to_token.dtype and not rt.any()
     assert rows.dtype == seq.dtype == torch.int64 and rows.tolist() == seq.tolist() == [0]
     assert len(kv) == 1 and kv[0][0].shape == (1, 2, 4) and kv[0][0].dtype == torch.bfloat16
     assert kv[0][1].shape == (1, 3) and kv[0][1].dtype == torch.float16 and kv[0][0].data_ptr() != k.data_ptr()
+
+
+def test_warm_positions_times_the_call_and_survives_a_failure(caplog):
+    import logging
+
+    seen = []
+    assert ds.warm_positions(torch.ones(1, dtype=torch.int64), clamp=seen.append) >= 0 and len(seen) == 1
+
+    def broken(lens):
+        raise RuntimeError("nvcc not found")
+
+    with caplog.at_level(logging.WARNING, logger=ds.logger.name):
+        assert ds.warm_positions(torch.ones(1, dtype=torch.int64), clamp=broken) is None
+    assert "could not be built ahead (RuntimeError: nvcc not found)" in caplog.text
 
 
 def test_the_decode_graphs_compile_sglangs_compiled_functions_afresh(monkeypatch):

@@ -581,6 +581,7 @@ def test_bench_spec_diagnose_sets_the_stall_dump_on_the_named_servers_only(tmp_p
     assert bs.DIAGNOSE_ENV["LUMOTREE_BENCH_STALL_DUMP_S"] == "2"
     res = json.load(open(out))
     assert res["servers"]["lumotree-chain"]["env"] == bs.DIAGNOSE_ENV and res["servers"]["none"]["env"] == {}
+    assert res["servers"]["lumotree-chain"]["stalls"] == [] and "stalls" not in res["servers"]["none"]  # no log here
     assert [(r["config"], r["diagnosed"]) for r in res["rows"]] == [("none", False), ("lumotree-chain", True)]
     lines = bs.table(res["rows"]).splitlines()[2:]
     assert [line.split(" | ")[0] for line in lines] == ["| none", "| lumotree-chain (diagnosed)"]

@@ -90,3 +90,42 @@ def test_install_registers_both_hooks_only_with_the_variable(monkeypatch):
     assert stall_dump.install({stall_dump.ENV: "2"}) is True
     assert seen == [(f"{stall_dump.SCHEDULER}.run_batch", "AROUND"),
                     (f"{stall_dump.SCHEDULER}.process_batch_result", "AROUND")]
+
+
+def _dump(call, seconds, inner):
+    """One dump as the server log holds it: the line, then each thread's stack (faulthandler's format)."""
+    other = ('Thread 0x00007fba03fff6c0 (most recent call first):\n'
+             '  File "/tmp/site/sglang/srt/utils/watchdog.py", line 147 in _watchdog_once\n'
+             '  File "/usr/lib/python3.12/threading.py", line 1010 in run\n')
+    dumper = ('Current thread 0x00007fc98dc2c6c0 (most recent call first):\n'
+              '  File "/tmp/site/lumotree/sglang/stall_dump.py", line 83 in check\n')
+    sched = ('Thread 0x00007fcd40b00140 (most recent call first):\n'
+             '  File "/usr/lib/python3.12/subprocess.py", line 2115 in _communicate\n'
+             + "".join(f'  File "{p}", line {n} in {fn}\n' for p, n, fn in inner)
+             + '  File "/tmp/site/lumotree/sglang/stall_dump.py", line 65 in around\n'
+             '  File "/tmp/site/sglang/srt/managers/scheduler.py", line 4947 in run_scheduler_process\n'
+             '  File "/usr/lib/python3.12/multiprocessing/process.py", line 108 in run\n')
+    return f"LumoTree stall dump: {call} running {seconds} s\n{other}\n{dumper}\n{sched}\n"
+
+
+def test_stall_dumps_reads_one_entry_per_stalled_call_with_the_scheduler_threads_frames(tmp_path):
+    from utils import load_script
+
+    ss = load_script("serving", "sglang_server")
+    compile_ = [("/tmp/site/tvm_ffi/cpp/extension.py", 592, "build_ninja"),
+                ("/tmp/site/sglang/kernels/ops/attention/clamp_position.py", 17, "_jit_clamp_position_module")]
+    triton = [("/opt/torch/.venv/lib/python3.12/site-packages/triton/compiler/compiler.py", 324, "compile")]
+    log = tmp_path / "server.log"
+    log.write_text("[2026-12-07 16:09:51] INFO: Started server process\n" + _dump("run_batch", 2.2, triton)
+                   + _dump("run_batch", 4.3, triton) + "[2026-12-07 16:10:16] Switch adaptive runtime state\n"
+                   + _dump("run_batch", 2.2, compile_) + _dump("run_batch", 4.2, compile_)
+                   + _dump("run_batch", 6.2, compile_) + _dump("process_batch_result", 2.1, triton))
+    got = ss.stall_dumps(str(log))
+    assert [(s["call"], s["seconds"], s["dumps"]) for s in got] == [
+        ("run_batch", 4.3, 2), ("run_batch", 6.2, 3), ("process_batch_result", 2.1, 1)]
+    assert got[0]["where"][:1] == ["triton/compiler/compiler.py:324 compile"]
+    # innermost first, the standard library's and the dump's own frames left out
+    assert got[1]["where"] == ["tvm_ffi/cpp/extension.py:592 build_ninja",
+                               "sglang/kernels/ops/attention/clamp_position.py:17 _jit_clamp_position_module",
+                               "sglang/srt/managers/scheduler.py:4947 run_scheduler_process"]
+    assert ss.stall_dumps(str(tmp_path / "missing.log")) == []

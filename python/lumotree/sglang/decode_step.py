@@ -29,6 +29,7 @@ import copy
 import functools
 import logging
 import time
+from typing import Optional
 
 import torch
 
@@ -160,6 +161,27 @@ def forward_batch_class():
     return DecodeForwardBatch
 
 
+def warm_positions(seq_lens, clamp=None) -> Optional[float]:
+    """One call of SGLang's decode position kernel on ``seq_lens`` (``clamp``: the function in its place, tests), which
+    builds its just-in-time module for their dtype (:meth:`DecodeStep.warm_prep`): its seconds, or ``None`` where it
+    raised (logged, not raised: the kernel then builds at the first no-draft step, as before)."""
+    tic = time.perf_counter()
+    try:
+        if clamp is None:
+            from sglang.srt.model_executor import forward_batch_info
+
+            clamp = forward_batch_info.clamp_position
+        clamp(seq_lens)
+    except Exception as e:  # a compile ahead of time is not worth a server
+        logger.warning("LumoTree: SGLang's decode position kernel could not be built ahead (%s: %s); it builds at the "
+                       "first no-draft step", type(e).__name__, e)
+        return None
+    took = time.perf_counter() - tic
+    if took > 0.5:  # a build (a load from SGLang's JIT cache takes milliseconds)
+        logger.info("LumoTree: SGLang's decode position kernel built in %.1f s, before serving", took)
+    return took
+
+
 class DecodeStep:
     """The target's decode forward for a LUMOTREE no-draft step (see the module docstring)."""
 
@@ -206,16 +228,27 @@ class DecodeStep:
 
     def warm_prep(self, zero_kv=(), devices=("cuda",)) -> None:
         """Compile the preparation kernel (:func:`lumotree.ops.decode_prep`) in the variant serving launches -- the
-        request map's dtype, int64 rows and lengths, the buffers' dtypes -- by one launch on scratch tensors, so that
-        the first no-draft step does not compile it while its requests wait. Nothing on ``devices`` other than the
-        request map's: a no-op (the torch reference)."""
+        request map's dtype, int64 rows and lengths, the buffers' dtypes -- by one launch on scratch tensors, and
+        SGLang's decode position kernel (``forward_batch_info.clamp_position``, which ``ForwardBatch.init_new`` of a
+        decode batch calls on its int64 lengths) by one call on them, so that the first no-draft step compiles
+        neither while its requests wait. Nothing on ``devices`` other than the request map's: a no-op (the torch
+        reference).
+
+        Why the position kernel: it is a just-in-time CUDA module (``sglang.kernels.ops.attention.clamp_position``,
+        built by nvcc through tvm-ffi, not Triton), which no verify meets (a verify's positions come with its draft).
+        Where SGLang's JIT cache was cold -- a LUMOTREE server started first on a fresh machine -- the first no-draft
+        step stood 8-9 s in its build (thread stacks of the stall, Qwen3-Next MoE shape, one H100:
+        ``benchmark/results/moe_cold_start_h100.json``); that step came in the warm-up request there, but a policy
+        that drafts first meets it while serving."""
         rt = self.model_runner.req_to_token_pool.req_to_token
         if rt.device.type not in devices:
             return
         one = torch.zeros(1, dtype=torch.int64, device=rt.device)
         kv = [(torch.zeros((1, *k.shape[1:]), dtype=k.dtype, device=k.device),
                torch.zeros((1, *v.shape[1:]), dtype=v.dtype, device=v.device)) for k, v in list(zero_kv)[:1]]
-        ops.decode_prep(torch.zeros((1, rt.shape[1]), dtype=rt.dtype, device=rt.device), one, one.clone(), kv)
+        _, new_lens = ops.decode_prep(torch.zeros((1, rt.shape[1]), dtype=rt.dtype, device=rt.device), one,
+                                      one.clone(), kv)
+        warm_positions(new_lens)
 
     @staticmethod
     def serves(batch) -> bool:

@@ -427,8 +427,9 @@ def main():
         return
     batches = [int(b) for b in args.batches.split(",")]
     diagnosed = set(n for n in args.diagnose.split(",") if n)
-    if diagnosed - set(args.configs.split(",")):
-        ap.error(f"--diagnose names configurations that --configs does not: {sorted(diagnosed - set(args.configs.split(',')))}")
+    unknown = sorted(diagnosed - set(args.configs.split(",")))
+    if unknown:
+        ap.error(f"--diagnose names configurations that --configs does not: {unknown}")
     if args.model:
         model, extra = args.model, []
     else:
@@ -802,7 +803,7 @@ def table(rows, memory=None):
         ap = r.get("accept_p", r.get("oracle_p"))
         cfg += " **suspect**" if r.get("suspect") else ""
         cfg += " (timing hooks)" if r.get("step_timing") else ""  # host work on the step: not a flags-alone row
-        cfg += " (diagnosed)" if r.get("diagnosed") else ""  # a stall dump armed around each scheduler call
+        cfg += " (diagnosed)" if r.get("diagnosed") else ""  # its server watched for stalls (--diagnose)
         if (r.get("jit") or {}).get("count"):  # the measured pass met kernels it had to compile or load
             cfg += f" (JIT {r['jit']['count']}, {r['jit']['total_ms']:.0f} ms)"
         tps = f"{r['tokens_per_s']:.0f}"

@@ -12,7 +12,8 @@ def slow_scheduler_call(self, release):
     return "done"
 
 
-def test_a_call_over_the_threshold_dumps_every_threads_stack_once_per_threshold(tmp_path):
+def test_a_call_over_the_threshold_dumps_every_threads_stack_once_per_threshold(tmp_path, monkeypatch):
+    monkeypatch.setattr(stall_dump.Watch, "start", lambda self: self)  # the test looks itself: no watchdog thread
     now = [0.0]
     out = tmp_path / "dump.txt"
     with open(out, "w") as f:
@@ -60,11 +61,13 @@ def test_the_mark_is_cleared_when_the_call_raises_and_nested_calls_restore_the_o
     assert watch.call is None
 
 
-def test_the_watchdog_thread_dumps_a_real_stall(tmp_path):
+def test_the_watchdog_thread_starts_at_the_first_hooked_call_and_dumps_a_real_stall(tmp_path):
     out = tmp_path / "dump.txt"
     with open(out, "w") as f:
-        watch = stall_dump.Watch(0.2, file=f, poll=0.02).start()
+        watch = stall_dump.Watch(0.2, file=f, poll=0.02)
+        assert watch._thread is None
         watch.hook("run_batch")(lambda self: time.sleep(0.5), None)
+        assert watch._thread is not None and watch._thread.is_alive()
         time.sleep(0.1)
     text = out.read_text()
     assert "LumoTree stall dump: run_batch running" in text and "Thread 0x" in text
@@ -84,10 +87,12 @@ def test_install_registers_both_hooks_only_with_the_variable(monkeypatch):
 
     seen = []
     monkeypatch.setattr(patches, "register_hook", lambda target, fn, kind: seen.append((target, kind)))
-    monkeypatch.setattr(stall_dump.Watch, "start", lambda self: self)  # no thread left behind by the test
+    started = []
+    monkeypatch.setattr(stall_dump.Watch, "start", lambda self: started.append(self) or self)  # no thread left behind
     assert stall_dump.install({}) is False
     assert seen == []
     assert stall_dump.install({stall_dump.ENV: "2"}) is True
+    assert started == []  # no thread in a process that never runs a scheduler call
     assert seen == [(f"{stall_dump.SCHEDULER}.run_batch", "AROUND"),
                     (f"{stall_dump.SCHEDULER}.process_batch_result", "AROUND")]
 

@@ -56,9 +56,12 @@ class Watch:
         self._thread = None
 
     def hook(self, name: str):
-        """An ``AROUND`` hook ``(original, self, *args, **kwargs)`` that marks the call ``name`` while it runs."""
+        """An ``AROUND`` hook ``(original, self, *args, **kwargs)`` that marks the call ``name`` while it runs (and
+        starts the watchdog thread at its first call)."""
 
         def around(original, obj, *args, **kwargs):
+            if self._thread is None:  # the first hooked call: only the scheduler's process makes one
+                self.start()
             outer = self.call
             self.call = (name, self.clock())
             try:
@@ -106,7 +109,7 @@ def install(env=os.environ) -> bool:
         return False
     from lumotree.sglang.patches import register_hook
 
-    watch = Watch(seconds).start()
+    watch = Watch(seconds)  # its thread starts at the first hooked call (the plugin loads in every process)
     for name in HOOKED:
         register_hook(f"{SCHEDULER}.{name}", watch.hook(name), "AROUND")
     logger.info("LumoTree stall dump: thread stacks after %g s in Scheduler.%s", seconds, " / ".join(HOOKED))

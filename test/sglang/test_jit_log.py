@@ -37,11 +37,34 @@ def test_install_only_with_the_variable(monkeypatch):
     monkeypatch.setattr(knobs.runtime, "jit_cache_hook", None)
     monkeypatch.setattr(knobs.runtime, "jit_post_compile_hook", None)
     monkeypatch.delenv(jit_log.ENV, raising=False)
-    jit_log.install()
+    build = lambda name, **kw: name  # noqa: E731
+    cpp = SimpleNamespace(load=build, load_inline=build)
+    jit_log.install(cpp=cpp)
     assert knobs.runtime.jit_cache_hook is None and knobs.runtime.jit_post_compile_hook is None
+    assert cpp.load_inline is build
     monkeypatch.setenv(jit_log.ENV, "1")
-    jit_log.install()
+    jit_log.install(cpp=cpp)
     assert knobs.runtime.jit_cache_hook is not None and knobs.runtime.jit_post_compile_hook is not None
+    assert cpp.load_inline is not build and cpp.load_inline("m") == "m"  # watched, passed through
+
+
+def test_jit_cuda_module_builds_are_logged_as_compiles_the_reader_counts(tmp_path):
+    lines = []
+    log = jit_log.JitLog(log=lambda fmt, *a: lines.append("[t] " + fmt % a))
+    from lumotree.sglang import compile_watch
+
+    cpp = SimpleNamespace(load=None, load_inline=lambda name, **kw: name)
+    compile_watch.on_jit_builds(log.built, cpp)
+    cpp.load_inline("sgl_kernel_jit_clamp_position_int64_t_f0f4")
+    assert len(lines) == 1
+    assert " ms tvm_ffi.sgl_kernel_jit_clamp_position_int64_t_f0f4 (nvcc build)" in lines[0]
+    log.built("sgl_kernel_jit_x", 1700000000.0, 8.25)
+    assert lines[-1] == "[t] LumoTree JIT: 1700000008.250000 8250.0 ms tvm_ffi.sgl_kernel_jit_x (nvcc build)"
+    ss = load_script("serving", "sglang_server")
+    f = tmp_path / "server.log"
+    f.write_text("\n".join(lines[-1:]))
+    got = ss.jit_compiles(str(f), {"serving": (1700000000, 1700000010)})
+    assert got["serving"] == dict(count=1, total_ms=8250.0, kernels={"tvm_ffi.sgl_kernel_jit_x": 8250.0})
 
 
 def test_reader_splits_compiles_by_window(tmp_path):

@@ -7,7 +7,9 @@ a fraction of a second to seconds. Start-up warm-up and CUDA-graph capture compi
 served workload meets later shows up as stalls in its turn latencies. This logs each compile, as Triton's
 ``jit_cache_hook`` (before) and ``jit_post_compile_hook`` (after) see it:
 ``LumoTree JIT: <unix time> <ms> ms <module>.<kernel> <each argument's type and specialization>``, which
-``benchmark/serving/sglang_server.py: jit_compiles`` reads back from the server log.
+``benchmark/serving/sglang_server.py: jit_compiles`` reads back from the server log. SGLang's just-in-time CUDA
+modules (built by nvcc through tvm-ffi on first use, not Triton; :func:`lumotree.sglang.compile_watch.on_jit_builds`)
+are logged the same way when they build: ``LumoTree JIT: <unix time> <ms> ms tvm_ffi.<module> (nvcc build)``.
 """
 from __future__ import annotations
 
@@ -45,19 +47,27 @@ class JitLog:
         self.log("LumoTree JIT: %.6f %.1f ms %s %s", self.wall(), ms, name, str(spec)[:400])
         return False
 
+    def built(self, name, started, seconds):
+        """A JIT CUDA module ``name`` built in ``seconds`` (:func:`lumotree.sglang.compile_watch.on_jit_builds`)."""
+        self.log("LumoTree JIT: %.6f %.1f ms tvm_ffi.%s (nvcc build)", started + seconds, seconds * 1e3, name)
+
     @staticmethod
     def _id(kwargs):
         fn = kwargs.get("fn")
         return (id(fn.jit_function) if fn is not None and hasattr(fn, "jit_function") else None, str(kwargs.get("key")))
 
 
-def install() -> None:
-    """Set Triton's compile hooks (when :data:`ENV` is ``1``)."""
+def install(cpp=None) -> None:
+    """Set Triton's compile hooks and watch the JIT CUDA module builds (when :data:`ENV` is ``1``; ``cpp``:
+    ``tvm_ffi.cpp``, for tests)."""
     if not enabled():
         return
     from triton import knobs
 
+    from lumotree.sglang import compile_watch
+
     hooks = JitLog()
+    compile_watch.on_jit_builds(hooks.built, cpp)
     after, previous = hooks.after, knobs.runtime.jit_post_compile_hook  # keep a hook set before (compile_watch)
 
     def post_compile(*args, **kwargs):

@@ -3,11 +3,12 @@
 Registered only when ``LUMOTREE_BENCH_STALL_DUMP_S`` is set (seconds, e.g. ``2``); never part of a normal launch.
 The compile log (:mod:`lumotree.sglang.jit_log`: Triton's compiles, SGLang's JIT CUDA module builds) names a stall
 that a kernel compile causes; a stall with no compile logged -- a first step that waits seconds on something else (a
-``torch.compile`` in a worker pool, a lock, a lazy import) -- shows only as a gap between two log lines. This marks each ``Scheduler.run_batch`` and
-``Scheduler.process_batch_result`` call (SGLang's ``HookRegistry``, ``AROUND``) for a watchdog thread (:class:`Watch`):
-a call that runs longer than the threshold has every thread's stack written to the server's standard error (its log)
-once per threshold while it lasts, after a ``LumoTree stall dump: <call> running <s> s`` line; a call that returns in
-time writes nothing. The stack of the scheduler's thread shows where the call waits, the log lines around it when.
+``torch.compile`` in a worker pool, a lock, a lazy import) -- shows only as a gap between two log lines. This marks
+each ``Scheduler.run_batch`` and ``Scheduler.process_batch_result`` call (SGLang's ``HookRegistry``, ``AROUND``) for a
+watchdog thread (:class:`Watch`): a call that runs longer than the threshold has every thread's stack written to the
+server's standard error (its log) once per threshold while it lasts, after a ``LumoTree stall dump: <call> running
+<s> s`` line; a call that returns in time writes nothing. The stack of the scheduler's thread shows where the call
+waits, the log lines around it when.
 """
 from __future__ import annotations
 

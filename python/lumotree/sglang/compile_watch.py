@@ -20,6 +20,7 @@ inside a LUMOTREE server's first no-draft step on a fresh machine (``benchmark/r
 from __future__ import annotations
 
 import logging
+import time
 from typing import Callable, Optional
 
 logger = logging.getLogger(__name__)
@@ -51,8 +52,6 @@ def on_jit_builds(callback: Callable[[str, float, float], None], cpp=None) -> bo
     just-in-time CUDA module by ``tvm_ffi.cpp`` (``cpp``: that module, for tests) -- chained onto what is there, so that
     several watchers see every build; a build that raises is passed on unreported. ``False`` where tvm-ffi is
     missing."""
-    import time
-
     if cpp is None:
         try:
             from tvm_ffi import cpp

@@ -1348,3 +1348,34 @@ def test_the_capture_host_loop_benchmark_says_it_needs_a_cuda_device():
     got = subprocess.run([sys.executable, os.path.join(root, "benchmark", "serving", "capture_host_loop.py")],
                          capture_output=True, text=True, timeout=120)
     assert got.returncode != 0 and "needs a CUDA device" in got.stderr
+
+
+def test_vcpu_follow_pairs_each_seconds_decode_windows_with_the_probe(tmp_path):
+    vf = load("vcpu_follow")
+    # 2026-12-07 19:09:20 UTC = 1796670560; a slow spell at 21-22 (probe 1.4 ms, decode halved)
+    probe = [f"{1796670560 + s}.{k}00 {3 + s % 2} {ms} 778" for s, ms in
+             [(0, 0.65), (1, 1.40), (2, 1.30), (3, 0.66), (4, 0.64)] for k in range(3)]
+    log = [f"[2026-12-07 19:09:{20 + s}] Decode batch, #running-req: 1, #full token: 300, cuda graph: True, "
+           f"gen throughput (token/s): {tps}, #queue-req: 0" for s, tps in
+           [(0, 594.0), (1, 301.0), (2, 330.5), (3, 590.0), (4, 596.0), (5, 1.6)]]
+    log.append("[2026-12-07 19:09:24] Decode batch, #running-req: 8, gen throughput (token/s): 2280.0, #queue-req: 0")
+    res = vf.report(vf.read_probe(probe), vf.read_decode(log))
+    one = [r for r in res["seconds"] if r["batch"] == 1]
+    assert [r["t"] - 1796670560 for r in one] == [0, 1, 2, 3, 4]  # the 1.6 tokens/s idle window is left out
+    assert one[1]["probe_ms"] == 1.4 and one[1]["decode_tokens_per_s"] == 301.0 and one[1]["vcpus"] == [4]
+    assert res["correlation"][1]["seconds"] == 5 and res["correlation"][1]["correlation"] < -0.9
+    assert 8 not in res["correlation"]  # one second is no correlation
+    stat = "778 (sglang::sched uler) R " + " ".join(str(i) for i in range(4, 39)) + " 11 0 0"  # field 39: the vCPU
+    assert vf.last_cpu(stat) == 11
+
+
+def test_vcpu_follow_finds_the_scheduler_by_its_process_title(tmp_path):
+    vf = load("vcpu_follow")
+    with open("/proc/self/stat") as f:  # this process's own vCPU, as the kernel reports it
+        assert vf.last_cpu(f.read()) in os.sched_getaffinity(0)
+    for pid, title in ((40, b"python3\0-m\0sglang.launch_server"), (52, b"sglang::scheduler_TP1"),
+                       (51, b"sglang::scheduler_TP0"), (60, b"sglang::detokenizer")):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cmdline").write_bytes(title)
+    assert vf.scheduler_pid(str(tmp_path)) == 51
+    assert vf.scheduler_pid(str(tmp_path / "40")) is None

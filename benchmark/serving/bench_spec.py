@@ -63,6 +63,7 @@ from typing import Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+import vcpu_follow  # noqa: E402
 from parity import memory_report  # noqa: E402
 from sglang_server import (accept_stats, jit_cache_env, jit_compiles, generate, host_speed, log_health,  # noqa: E402
                            machine, machines_note, post, sglang_server, stall_dumps, step_timing, step_totals,
@@ -413,6 +414,10 @@ def main():
                          "scheduler call runs over 2 s (LUMOTREE_BENCH_STALL_DUMP_S=2, lumotree.sglang.stall_dump) "
                          "and log torch.compile's compiles and recompiles (TORCH_LOGS=dynamo,recompiles): where a "
                          "stall with no Triton compile goes. Their rows say so (diagnosed)")
+    ap.add_argument("--vcpu-probe", action="store_true",
+                    help="time the vCPU under the live scheduler beside the passes (vcpu_follow.py, ~0.3 %% of that "
+                         "vCPU): each pass records the probe's median (vcpu_probe_ms) and the table counts the passes "
+                         "that ran in a slow spell of the machine's vCPUs, with the ratio of the pairs outside them")
     ap.add_argument("--resume", action="store_true",
                     help="--out holds an earlier, interrupted run of the same command (its --configs may differ): "
                          "keep its configurations that finished (a server and every row) and are named again, run the "
@@ -447,6 +452,22 @@ def main():
     if args.scheduler == "sync":
         base.append("--disable-overlap-schedule")
     done = resumed(res, args, batches) if args.resume else set()
+    probe = None
+    if args.vcpu_probe:
+        args.vcpu_log = os.path.join(args.log_dir, "vcpu-follow.log")
+        probe = vcpu_follow.start(args.vcpu_log, loop=3000)
+        res["vcpu_probe"] = dict(loop=3000, period_s=0.1, spell=vcpu_follow.SPELL)
+    try:
+        run_configs(args, res, done, model, extra, base, batches, prompts, diagnosed)
+    finally:
+        if probe is not None:
+            probe.terminate()
+    print(table(res["rows"], memory=res["servers"]))
+
+
+def run_configs(args, res, done, model, extra, base, batches, prompts, diagnosed):
+    """Each configuration's server in turn: its rows and its server entry into ``res`` (written to ``--out`` as they
+    come)."""
     for name in args.configs.split(","):
         if name in done:
             print(f"{name}: kept from {args.out}", flush=True)
@@ -538,7 +559,6 @@ def main():
         res["servers"][label(name, args.scheduler)] = srv
         print(json.dumps({name: srv})[:2000], flush=True)
         json.dump(res, open(args.out, "w"), indent=1)
-    print(table(res["rows"], memory=res["servers"]))
 
 
 def phases_of(name, args):
@@ -622,6 +642,9 @@ def measure(url, batch, args, key, log):
     row["first_output_ids"] = [int(t) for t in outs[0].get("output_ids", [])] if outs else []  # (first_difference)
     if getattr(args, "jit_log", False):  # the compiles the measured pass met (its window: send to answer)
         row["jit"] = jit_compiles(log, {"pass": (t1, t1 + wall)}).get("pass", dict(count=0, total_ms=0.0, kernels={}))
+    if getattr(args, "vcpu_log", None):  # the vCPU under the scheduler during the pass (vcpu_follow)
+        ms = vcpu_follow.window_ms(args.vcpu_log, t1, t1 + wall)
+        row["vcpu_probe_ms"] = round(statistics.median(ms), 4) if ms else None
     best, med, vals = logged_decode(log, bs, at)  # the measured pass only
     most, at_most = logged_running(log, at)
     row.update(logged_decode_tokens_per_s=best, logged_decode_median_tokens_per_s=med,
@@ -648,7 +671,8 @@ def median_pass(rows):
                            accept_length=r["accept_length"], logged_decode_tokens_per_s=r.get("logged_decode_tokens_per_s"),
                            seconds=r["seconds"], prefill_seconds=r.get("prefill_seconds"),
                            decode_tokens_per_s=r.get("decode_tokens_per_s"),
-                           **{k: r[k] for k in ("output_digests", "first_output_ids", "jit") if k in r}) for r in rows]
+                           **{k: r[k] for k in ("output_digests", "first_output_ids", "jit", "vcpu_probe_ms")
+                              if k in r}) for r in rows]
     row.update(median_of=len(rows), picked=pick,
                tokens_per_s_range=[round(rows[order[0]]["tokens_per_s"], 1), round(rows[order[-1]]["tokens_per_s"], 1)])
     return row
@@ -750,6 +774,19 @@ def label(config, scheduler):
     return config if scheduler in (None, "default") else f"{config} [{scheduler}]"
 
 
+def spell_passes(row, base):
+    """Which passes of ``row`` and of ``base`` ran in a slow spell of the machine's vCPUs (``--vcpu-probe``): their
+    probe median above :data:`vcpu_follow.SPELL` times the median over both rows' passes; ``None`` where either row
+    lacks the probe. Why: one vCPU ran 2x slow for seconds under a host-bound batch-1 server, whichever was serving
+    (``benchmark/results/cpu_speed_h100.json``), and the pass-by-pass ratio follows it."""
+    a, b = row.get("repeats"), base.get("repeats")
+    if not a or not b or len(a) != len(b) or any(r.get("vcpu_probe_ms") is None for r in a + b):
+        return None
+    normal = statistics.median(r["vcpu_probe_ms"] for r in a + b)
+    slow = lambda reps: [r["vcpu_probe_ms"] > vcpu_follow.SPELL * normal for r in reps]  # noqa: E731
+    return slow(a), slow(b)
+
+
 def jit_passes(row) -> int:
     """How many of ``row``'s measured passes met Triton compiles or cache loads (``--jit-log``): such a pass's time
     holds them (no speculation's batch-8 pass on fresh prompts once met a 464 ms compile, and a speculative row's
@@ -778,7 +815,14 @@ def versus(row, base) -> str:
     parts = [i for i in (first_difference(row, base) or []) if i is not None]
     cell += f" (first request parts at token {min(parts)}-{max(parts)})" if parts else ""
     jit = [f"{who} {n}" for who, r in (("no speculation", base), ("this row", row)) if (n := jit_passes(r))]
-    return cell + ("; passes with JIT compiles: " + ", ".join(jit) if jit else "")
+    cell += "; passes with JIT compiles: " + ", ".join(jit) if jit else ""
+    spells = spell_passes(row, base)
+    if spells and (any(spells[0]) or any(spells[1])):
+        _, per = paired_ratio(row, base)
+        calm = [x for x, s, t in zip(per, *spells) if not (s or t)]
+        cell += (f"; passes in a slow vCPU spell: no speculation {sum(spells[1])}, this row {sum(spells[0])}"
+                 + (f" (pass by pass without them {statistics.median(calm):.3f})" if calm else ""))
+    return cell
 
 
 def table(rows, memory=None):

@@ -28,6 +28,7 @@ import time
 
 SCHEDULER_TITLE = b"sglang::scheduler"  # SGLang's process title for a scheduler (TP rank 0 first)
 LOOP = 10000
+SPELL = 1.5  # a pass ran in a slow spell where the probe's median over it exceeds the run's median this many times
 DECODE_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] Decode batch, #running-req: (\d+),.*"
                          r"gen throughput \(token/s\): ([\d.]+)")
 
@@ -50,7 +51,7 @@ def last_cpu(stat_text):
     return int(stat_text.rsplit(")", 1)[1].split()[36])
 
 
-def record(out=sys.stdout, period=0.1):
+def record(out=sys.stdout, period=0.1, loop=LOOP):
     pid = None
     while True:
         if pid is None or not os.path.exists(f"/proc/{pid}"):
@@ -67,7 +68,7 @@ def record(out=sys.stdout, period=0.1):
         os.sched_setaffinity(0, {cpu})
         t = time.perf_counter()
         s = 0
-        for i in range(LOOP):
+        for i in range(loop):
             s += i
         print("%.3f %d %.4f %d" % (time.time(), cpu, 1e3 * (time.perf_counter() - t), pid), file=out, flush=True)
         time.sleep(period)
@@ -81,6 +82,23 @@ def read_probe(lines):
         if len(p) == 4:
             probe[int(float(p[0]))].append((float(p[2]), int(p[1])))
     return probe
+
+
+def window_ms(path, t0, t1):
+    """The probe's readings (ms) taken between unix times ``t0`` and ``t1`` from ``record``'s file ``path``."""
+    try:
+        with open(path) as f:
+            return [float(p[2]) for p in (line.split() for line in f) if len(p) == 4 and t0 <= float(p[0]) <= t1]
+    except OSError:
+        return []
+
+
+def start(path, loop=LOOP):
+    """``record`` in a child process writing to ``path``; stop it with ``.terminate()``."""
+    import subprocess
+
+    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "record", "--loop", str(loop)],
+                            stdout=open(path, "w"), stderr=subprocess.DEVNULL)
 
 
 def read_decode(lines, floor=50.0):
@@ -117,14 +135,15 @@ def report(probe, decode):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("record", help="follow the live scheduler's vCPU (runs until killed)")
+    rec = sub.add_parser("record", help="follow the live scheduler's vCPU (runs until killed)")
+    rec.add_argument("--loop", type=int, default=LOOP, help="iterations of the timed loop")
     rp = sub.add_parser("report", help="decode windows beside the probe, per second")
     rp.add_argument("follow_log")
     rp.add_argument("server_logs", nargs="+")
     rp.add_argument("--json", action="store_true", help="print JSON instead of lines")
     args = ap.parse_args(argv)
     if args.cmd == "record":
-        return record()
+        return record(loop=args.loop)
     with open(args.follow_log) as f:
         probe = read_probe(f)
     out = {}

@@ -1379,3 +1379,45 @@ def test_vcpu_follow_finds_the_scheduler_by_its_process_title(tmp_path):
         (tmp_path / str(pid) / "cmdline").write_bytes(title)
     assert vf.scheduler_pid(str(tmp_path)) == 51
     assert vf.scheduler_pid(str(tmp_path / "40")) is None
+
+
+def test_bench_spec_counts_the_passes_in_a_slow_vcpu_spell_and_pairs_the_rest(tmp_path):
+    bs = load("bench_spec")
+    vf = load("vcpu_follow")
+
+    def row(tps, probe):
+        reps = [dict(tokens_per_s=t, step_ms=1.0, accept_length=None, seconds=1.0, vcpu_probe_ms=p)
+                for t, p in zip(tps, probe)]
+        return dict(config="x", batch=1, tokens_per_s=tps[0], step_ms=1.0, accept_length=None, repeats=reps)
+
+    # no speculation's passes 3-5 in a spell (probe 2x, tokens/s halved); LUMOTREE 1 % below it elsewhere
+    none = row([500, 500, 250, 260, 250], [0.2, 0.21, 0.42, 0.40, 0.41])
+    lt = row([495, 495, 495, 495, 495], [0.2, 0.2, 0.2, 0.21, 0.2])
+    assert bs.spell_passes(lt, none) == ([False] * 5, [False, False, True, True, True])
+    cell = bs.versus(lt, none)
+    assert cell.startswith("1.904 (0.990-1.980)")
+    assert cell.endswith("; passes in a slow vCPU spell: no speculation 3, this row 0 (pass by pass without them 0.990)")
+    picked = bs.median_pass([dict(tokens_per_s=t, step_ms=1.0, accept_length=None, seconds=1.0, vcpu_probe_ms=p)
+                             for t, p in ((500, 0.2), (250, 0.42), (490, None))])
+    assert [r["vcpu_probe_ms"] for r in picked["repeats"]] == [0.2, 0.42, None]
+    calm = row([500] * 5, [0.2] * 5)
+    assert "spell" not in bs.versus(lt, calm)  # no spell: the cell as without the probe
+    none["repeats"][0]["vcpu_probe_ms"] = None  # a pass without readings: no spell counted
+    assert bs.spell_passes(lt, none) is None and "spell" not in bs.versus(lt, none)
+    assert vf.SPELL == 1.5
+    # a pass's readings are those inside its window
+    log = tmp_path / "vcpu-follow.log"
+    log.write_text("100.05 3 0.20 7\n100.15 3 0.40 7\n100.25 4 0.41 7\nbroken\n100.35 4 0.2 7\n")
+    assert vf.window_ms(str(log), 100.1, 100.3) == [0.40, 0.41]
+    assert vf.window_ms(str(tmp_path / "none.log"), 0, 1e12) == []
+
+
+def test_vcpu_follow_starts_and_stops_its_recorder(tmp_path):
+    vf = load("vcpu_follow")
+    p = vf.start(str(tmp_path / "f.log"), loop=100)
+    try:
+        assert p.poll() is None  # running (no scheduler here: it waits for one)
+    finally:
+        p.terminate()
+        p.wait(timeout=10)
+    assert (tmp_path / "f.log").exists()

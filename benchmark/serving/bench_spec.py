@@ -415,7 +415,7 @@ def main():
                          "and log torch.compile's compiles and recompiles (TORCH_LOGS=dynamo,recompiles): where a "
                          "stall with no Triton compile goes. Their rows say so (diagnosed)")
     ap.add_argument("--vcpu-probe", action="store_true",
-                    help="time the vCPU under the live scheduler beside the passes (vcpu_follow.py, ~0.3 %% of that "
+                    help="time the vCPU under the live scheduler beside the passes (vcpu_follow.py, ~0.2 %% of that "
                          "vCPU): each pass records the probe's median (vcpu_probe_ms) and the table counts the passes "
                          "that ran in a slow spell of the machine's vCPUs, with the ratio of the pairs outside them")
     ap.add_argument("--resume", action="store_true",

@@ -2,8 +2,9 @@
 main thread runs on, beside the server's own decode windows.
 
 ``record``: every 0.1 s, read which vCPU the scheduler's main thread last ran on (``/proc/<pid>/stat``), pin this
-probe there and time a fixed 10k-iteration Python loop (~0.65 ms on a fast spell; ~0.3 % of that vCPU). It follows
-each server in turn (a new ``sglang::scheduler`` process when the last one exits). One line a sample:
+probe there and time a fixed 10k-iteration Python loop (~0.65 ms on a fast spell: ~0.7 % of that vCPU's time;
+``--loop`` sets the count). It follows each server in turn (a new ``sglang::scheduler`` process when the last one
+exits). One line a sample:
 ``<unix time> <vcpu> <ms> <scheduler pid>``.
 
 ``report``: each second's decode windows of a server log (``Decode batch ... gen throughput``, one line per 40 steps)

@@ -270,18 +270,19 @@ def profile_pass(url, batch, args, key, tag, prefill_s, step_s=None):
 PROFILE_LEAD_STEPS = 4  # decode steps of a profiled pass before its profiler starts (profile_pass)
 
 
-def profile_prefill_pass(url, batch, args, key, tag):
-    """One-token passes of the batch (its prefill and what a speculative server runs with it: the MTP
+def profile_prefill_pass(url, prompts_of, args, key, tag):
+    """One-token passes of a batch (its prefill and what a speculative server runs with it: the MTP
     draft-extend over the prompt, the first draft) under SGLang's torch profiler, started before the
-    requests and stopped by the server after ``--profile-prefill-steps`` forward steps; two passes are sent
-    so that the count is reached whatever a pass holds. The trace lands in ``--profile-dir/tag``."""
+    requests and stopped by the server after ``--profile-prefill-steps`` forward steps; two passes are sent,
+    each on ``prompts_of()`` (the same known prompts, or new fresh ones), so that the count is reached whatever a
+    pass holds. The trace lands in ``--profile-dir/tag``."""
     out = os.path.abspath(os.path.join(args.profile_dir, tag))
     os.makedirs(out, exist_ok=True)
     post(url + "/start_profile", dict(output_dir=out, num_steps=args.profile_prefill_steps, activities=["CPU", "GPU"],
                                       with_stack=not args.profile_no_stack, profile_prefix=tag))
     time.sleep(0.2)
     for _ in range(2):
-        generate(url, batch, 1, key=key)
+        generate(url, prompts_of(), 1, key=key)
     stop_profile(url, post)
     return out
 
@@ -392,8 +393,9 @@ def main():
                          "--disable-overlap-schedule for every configuration")
     ap.add_argument("--profile-batches", default="1,8")
     ap.add_argument("--profile-steps", type=int, default=30, help="0: no decode profiles (with --profile-prefill: the prefill's alone)")
-    ap.add_argument("--profile-prefill", action="store_true",
-                    help="also profile one-token passes (the prefill) at --profile-batches, after the decode profiles")
+    ap.add_argument("--profile-prefill", nargs="?", const="known", choices=("known", "fresh"), default=None,
+                    help="also profile one-token passes (the prefill) at --profile-batches, after the decode profiles: "
+                         "of the batch's known prompts (the default), or of fresh ones (with --miss)")
     ap.add_argument("--profile-prefill-steps", type=int, default=2)
     ap.add_argument("--profile-no-stack", action="store_true",
                     help="profiles without Python stacks: the host runs at its own speed (with stacks about threefold "
@@ -430,6 +432,8 @@ def main():
         res = merge(args.merge, args.out)
         print(table(res["rows"], memory=res["servers"]))
         return
+    if args.profile_prefill == "fresh" and (not args.miss or args.model):
+        ap.error("--profile-prefill fresh profiles the fresh prompts' phase: it needs --miss (and a dummy shape)")
     batches = [int(b) for b in args.batches.split(",")]
     diagnosed = set(n for n in args.diagnose.split(",") if n)
     unknown = sorted(diagnosed - set(args.configs.split(",")))
@@ -542,10 +546,11 @@ def run_configs(args, res, done, model, extra, base, batches, prompts, diagnosed
                             step_s = row["step_ms"] / 1e3 if row.get("step_ms") else None
                             row["profile"] = profile_pass(url, prompts_of(), args, key, tag, row["prefill_seconds"],
                                                           step_s)
-                        if args.profile_prefill:  # the prompts of the first phase (a known prompt for oracles)
-                            row, prompts_of = measured_rows[0]
-                            row["profile_prefill"] = profile_prefill_pass(url, prompts_of(), args, key,
-                                                                          f"{name}-bs{bs}-prefill")
+                        if args.profile_prefill:  # the phase's prompts (known: a known prompt for oracles too)
+                            row, prompts_of = next((r, p) for r, p in measured_rows
+                                                   if r["prompts"] == args.profile_prefill)
+                            tag = f"{name}-bs{bs}-prefill" + ("-miss" if args.profile_prefill == "fresh" else "")
+                            row["profile_prefill"] = profile_prefill_pass(url, prompts_of, args, key, tag)
                         json.dump(res, open(args.out, "w"), indent=1)
         except Exception as e:
             srv["error"] = repr(e)[:2000]

@@ -1064,6 +1064,25 @@ def test_bench_spec_profiles_one_token_passes_when_asked(tmp_path, monkeypatch):
     assert calls[-5:] == [(2, 16), ("profile", "none-bs2", 30), ("profile", "none-bs2-prefill", 2), (2, 1), (2, 1)]
     row = json.load(open(out))["rows"][0]
     assert row["profile_prefill"].endswith("none-bs2-prefill")
+    # of fresh prompts: the fresh phase's row, prompts it never saw
+    calls.clear()
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--repeats", "1", "--shape", "qwen3.5-27b-8l", "--configs",
+                                      "none", "--prefill-samples", "1", "--batches", "2", "--output-len", "16",
+                                      "--miss", "--out", str(out), "--log-dir", str(tmp_path), "--profile-dir",
+                                      str(tmp_path / "prof"), "--profile-batches", "2", "--profile-steps", "0",
+                                      "--profile-prefill", "fresh"])
+    seen = []
+    monkeypatch.setattr(bs, "generate", lambda url, batch, n, key="text": (seen.append(tuple(map(tuple, batch))), [
+        dict(meta_info=dict(completion_tokens=n, spec_verify_ct=n)) for _ in batch])[1])
+    bs.main()
+    rows = json.load(open(out))["rows"]
+    assert [r["prompts"] for r in rows] == ["known", "fresh"] and "profile_prefill" not in rows[0]
+    assert rows[1]["profile_prefill"].endswith("none-bs2-prefill-miss")
+    assert calls[-1] == ("profile", "none-bs2-prefill-miss", 2)
+    assert seen[-1] != seen[-2] and not set(seen[-2:]) & set(seen[:-2])  # two one-token passes of new prompts
+    monkeypatch.setattr(sys, "argv", [a for a in sys.argv if a != "--miss"])
+    with pytest.raises(SystemExit):
+        bs.main()
 
 
 def test_bench_spec_variants_carry_their_environment_into_their_oracle_twins():

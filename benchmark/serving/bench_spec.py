@@ -270,19 +270,19 @@ def profile_pass(url, batch, args, key, tag, prefill_s, step_s=None):
 PROFILE_LEAD_STEPS = 4  # decode steps of a profiled pass before its profiler starts (profile_pass)
 
 
-def profile_prefill_pass(url, prompts_of, args, key, tag):
-    """One-token passes of a batch (its prefill and what a speculative server runs with it: the MTP
+def profile_prefill_pass(url, batch, args, key, tag):
+    """One-token passes of the batch (its prefill and what a speculative server runs with it: the MTP
     draft-extend over the prompt, the first draft) under SGLang's torch profiler, started before the
-    requests and stopped by the server after ``--profile-prefill-steps`` forward steps; two passes are sent,
-    each on ``prompts_of()`` (the same known prompts, or new fresh ones), so that the count is reached whatever a
-    pass holds. The trace lands in ``--profile-dir/tag``."""
+    requests and stopped by the server after ``--profile-prefill-steps`` forward steps; two passes are sent
+    so that the count is reached whatever a pass holds -- on fresh prompts the first prefills them whole and the
+    second resumes them from what the first left in the radix cache. The trace lands in ``--profile-dir/tag``."""
     out = os.path.abspath(os.path.join(args.profile_dir, tag))
     os.makedirs(out, exist_ok=True)
     post(url + "/start_profile", dict(output_dir=out, num_steps=args.profile_prefill_steps, activities=["CPU", "GPU"],
                                       with_stack=not args.profile_no_stack, profile_prefix=tag))
     time.sleep(0.2)
     for _ in range(2):
-        generate(url, prompts_of(), 1, key=key)
+        generate(url, batch, 1, key=key)
     stop_profile(url, post)
     return out
 
@@ -550,7 +550,7 @@ def run_configs(args, res, done, model, extra, base, batches, prompts, diagnosed
                             row, prompts_of = next((r, p) for r, p in measured_rows
                                                    if r["prompts"] == args.profile_prefill)
                             tag = f"{name}-bs{bs}-prefill" + ("-miss" if args.profile_prefill == "fresh" else "")
-                            row["profile_prefill"] = profile_prefill_pass(url, prompts_of, args, key, tag)
+                            row["profile_prefill"] = profile_prefill_pass(url, prompts_of(), args, key, tag)
                         json.dump(res, open(args.out, "w"), indent=1)
         except Exception as e:
             srv["error"] = repr(e)[:2000]

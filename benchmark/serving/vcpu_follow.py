@@ -52,9 +52,11 @@ def last_cpu(stat_text):
     return int(stat_text.rsplit(")", 1)[1].split()[36])
 
 
-def record(out=sys.stdout, period=0.1, loop=LOOP):
+def record(out=sys.stdout, period=0.1, loop=LOOP, parent=None):
+    """Follow and time until killed, or until the process ``parent`` is no longer this one's parent (``start``: the
+    benchmark that started it ended, even by a signal that skipped its clean-up)."""
     pid = None
-    while True:
+    while parent is None or os.getppid() == parent:
         if pid is None or not os.path.exists(f"/proc/{pid}"):
             pid = scheduler_pid()
             if pid is None:
@@ -98,8 +100,9 @@ def start(path, loop=LOOP):
     """``record`` in a child process writing to ``path``; stop it with ``.terminate()``."""
     import subprocess
 
-    return subprocess.Popen([sys.executable, os.path.abspath(__file__), "record", "--loop", str(loop)],
-                            stdout=open(path, "w"), stderr=subprocess.DEVNULL)
+    with open(path, "w") as f:
+        return subprocess.Popen([sys.executable, os.path.abspath(__file__), "record", "--loop", str(loop),
+                                 "--parent", str(os.getpid())], stdout=f, stderr=subprocess.DEVNULL)
 
 
 def read_decode(lines, floor=50.0):
@@ -138,13 +141,14 @@ def main(argv=None):
     sub = ap.add_subparsers(dest="cmd", required=True)
     rec = sub.add_parser("record", help="follow the live scheduler's vCPU (runs until killed)")
     rec.add_argument("--loop", type=int, default=LOOP, help="iterations of the timed loop")
+    rec.add_argument("--parent", type=int, default=None, help="stop when this pid is no longer the parent")
     rp = sub.add_parser("report", help="decode windows beside the probe, per second")
     rp.add_argument("follow_log")
     rp.add_argument("server_logs", nargs="+")
     rp.add_argument("--json", action="store_true", help="print JSON instead of lines")
     args = ap.parse_args(argv)
     if args.cmd == "record":
-        return record(loop=args.loop)
+        return record(loop=args.loop, parent=args.parent)
     with open(args.follow_log) as f:
         probe = read_probe(f)
     out = {}

@@ -1,6 +1,8 @@
 """The serving scripts' own logic (the servers run on the GPU machine), with fake HTTP calls."""
 import contextlib
 import os
+import sys
+import time
 
 import pytest
 from utils import load_script
@@ -1432,6 +1434,8 @@ def test_bench_spec_counts_the_passes_in_a_slow_vcpu_spell_and_pairs_the_rest(tm
 
 
 def test_vcpu_follow_starts_and_stops_its_recorder(tmp_path):
+    import subprocess
+
     vf = load("vcpu_follow")
     p = vf.start(str(tmp_path / "f.log"), loop=100)
     try:
@@ -1440,3 +1444,11 @@ def test_vcpu_follow_starts_and_stops_its_recorder(tmp_path):
         p.terminate()
         p.wait(timeout=10)
     assert (tmp_path / "f.log").exists()
+    # a recorder whose parent is gone stops by itself (a benchmark killed before its clean-up)
+    code = (f"import sys; sys.path.insert(0, {os.path.dirname(vf.__file__)!r}); import vcpu_follow; "
+            f"print(vcpu_follow.start({str(tmp_path / 'g.log')!r}, loop=100).pid)")
+    orphan = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    deadline = time.time() + 10
+    while os.path.exists(f"/proc/{orphan}") and time.time() < deadline:
+        time.sleep(0.1)
+    assert not os.path.exists(f"/proc/{orphan}") or open(f"/proc/{orphan}/stat").read().split()[2] == "Z"

@@ -637,7 +637,7 @@ def measure(url, batch, args, key, log):
     time.sleep(0.5)  # the log line of the last interval
     st = accept_stats(outs)
     steps = (st["verify_steps"] / bs) if st["verify_steps"] else args.output_len
-    row = dict(seconds=round(wall, 3), prefill_seconds=round(prefill, 3),
+    row = dict(started_at=round(t1, 3), seconds=round(wall, 3), prefill_seconds=round(prefill, 3),
                prefill_samples=[round(x, 4) for x in samples], tokens_per_s=st["completion_tokens"] / wall,
                step_ms=1000 * wall / steps, decode_step_ms=1000 * max(wall - prefill, 0.0) / steps,
                decode_tokens_per_s=st["completion_tokens"] / max(wall - prefill, 1e-9),
@@ -674,7 +674,7 @@ def median_pass(rows):
     row = dict(rows[pick])
     row["repeats"] = [dict(tokens_per_s=round(r["tokens_per_s"], 1), step_ms=round(r["step_ms"], 3),
                            accept_length=r["accept_length"], logged_decode_tokens_per_s=r.get("logged_decode_tokens_per_s"),
-                           seconds=r["seconds"], prefill_seconds=r.get("prefill_seconds"),
+                           seconds=r["seconds"], started_at=r.get("started_at"), prefill_seconds=r.get("prefill_seconds"),
                            decode_tokens_per_s=r.get("decode_tokens_per_s"),
                            **{k: r[k] for k in ("output_digests", "first_output_ids", "jit", "vcpu_probe_ms")
                               if k in r}) for r in rows]

@@ -1452,3 +1452,49 @@ def test_vcpu_follow_starts_and_stops_its_recorder(tmp_path):
     while os.path.exists(f"/proc/{orphan}") and time.time() < deadline:
         time.sleep(0.1)
     assert not os.path.exists(f"/proc/{orphan}") or open(f"/proc/{orphan}/stat").read().split()[2] == "Z"
+
+
+def test_bench_spec_vcpu_probe_records_each_pass_beside_its_start(tmp_path, monkeypatch):
+    """--vcpu-probe: the recorder starts before the servers and stops after them; each measured pass keeps its start
+    time and the probe's median over it, and the passes of each row keep theirs."""
+    import json
+
+    bs = load("bench_spec")
+    started, stopped = [], []
+
+    class FakeRecorder:
+        def terminate(self):
+            stopped.append(True)
+
+    def fake_start(path, loop):
+        started.append((path, loop))
+        open(path, "w").close()
+        return FakeRecorder()
+
+    monkeypatch.setattr(bs.vcpu_follow, "start", fake_start)
+    monkeypatch.setattr(bs, "sglang_server", recording_server([], lambda args, base, env: env))
+    follow = tmp_path / "vcpu-follow.log"
+    passes = []
+
+    def fake_generate(url, batch, n, key="text"):
+        if n == 12:  # a pass of --output-len tokens: the probe reads 0.2 ms, or 0.5 in every third pass
+            passes.append(time.time())
+            ms = 0.5 if len(passes) % 3 == 0 else 0.2
+            with open(follow, "a") as f:
+                f.write(f"{time.time():.6f} 5 {ms} 77\n")
+        return [dict(meta_info=dict(completion_tokens=n, spec_verify_ct=n)) for _ in batch]
+
+    monkeypatch.setattr(bs, "generate", fake_generate)
+    monkeypatch.setattr(bs.time, "sleep", lambda s: None)
+    out = tmp_path / "b.json"
+    monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--repeats", "3", "--model", "m", "--configs", "none",
+                                      "--batches", "1", "--output-len", "12", "--prefill-samples", "1", "--out",
+                                      str(out), "--log-dir", str(tmp_path), "--vcpu-probe"])
+    bs.main()
+    assert started == [(str(follow), 3000)] and stopped == [True]
+    res = json.load(open(out))
+    assert res["vcpu_probe"] == {"loop": 3000, "period_s": 0.1, "spell": 1.5}
+    reps = res["rows"][0]["repeats"]
+    assert [r["vcpu_probe_ms"] for r in reps] == [0.2, 0.5, 0.2]  # (the unmeasured pass before them read 0.2)
+    assert all(reps[i]["started_at"] <= reps[i + 1]["started_at"] for i in range(2))
+    assert reps[0]["started_at"] - 1e-3 <= passes[1] <= reps[0]["started_at"] + reps[0]["seconds"] + 2e-3

@@ -68,7 +68,11 @@ def record(out=sys.stdout, period=0.1, loop=LOOP, parent=None):
         except (OSError, IndexError, ValueError):
             pid = None
             continue
-        os.sched_setaffinity(0, {cpu})
+        try:
+            os.sched_setaffinity(0, {cpu})
+        except OSError:  # a vCPU outside this process's allowed set: no reading this time
+            time.sleep(period)
+            continue
         t = time.perf_counter()
         s = 0
         for i in range(loop):

@@ -65,9 +65,9 @@ sys.path.insert(0, HERE)
 
 import vcpu_follow  # noqa: E402
 from parity import memory_report  # noqa: E402
-from sglang_server import (accept_stats, jit_cache_env, jit_compiles, generate, host_speed, log_health,  # noqa: E402
-                           machine, machines_note, post, sglang_server, stall_dumps, step_timing, step_totals,
-                           stop_profile)
+from sglang_server import (DECODE_LINE, accept_stats, jit_cache_env, jit_compiles, generate, host_speed,  # noqa: E402
+                           log_health, machine, machines_note, post, sglang_server, stall_dumps, step_timing,
+                           step_totals, stop_profile)
 
 SHAPES = {  # Qwen3.5-27B's per-layer shapes, fewer layers (dummy weights)
     "qwen3.5-27b-8l": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=8, num_attention_heads=24,
@@ -197,9 +197,6 @@ def write_config(out, shape):
     json.dump({"bos_token_id": 151643, "eos_token_id": 151645}, open(os.path.join(out, "generation_config.json"), "w"))
     return out
 
-
-DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+),.*?(?:accept len: ([\d.]+),.*?)?"
-                         r"gen throughput \(token/s\): ([\d.]+)")
 
 
 def logged_decode(log, batch, start=0):
@@ -674,7 +671,8 @@ def median_pass(rows):
     row = dict(rows[pick])
     row["repeats"] = [dict(tokens_per_s=round(r["tokens_per_s"], 1), step_ms=round(r["step_ms"], 3),
                            accept_length=r["accept_length"], logged_decode_tokens_per_s=r.get("logged_decode_tokens_per_s"),
-                           seconds=r["seconds"], started_at=r.get("started_at"), prefill_seconds=r.get("prefill_seconds"),
+                           seconds=r["seconds"], started_at=r.get("started_at"),
+                           prefill_seconds=r.get("prefill_seconds"),
                            decode_tokens_per_s=r.get("decode_tokens_per_s"),
                            **{k: r[k] for k in ("output_digests", "first_output_ids", "jit", "vcpu_probe_ms")
                               if k in r}) for r in rows]

@@ -464,6 +464,9 @@ def jit_compiles(log, windows):
     return out
 
 
+# SGLang's decode log line (every 40 decode steps): running requests, accept length (speculative servers), tokens/s
+DECODE_LINE = re.compile(r"Decode batch, #running-req: (\d+),.*?(?:accept len: ([\d.]+),.*?)?"
+                         r"gen throughput \(token/s\): ([\d.]+)")
 STALL_LINE = re.compile(r"LumoTree stall dump: (\w+) running ([\d.]+) s")
 STACK_FRAME = re.compile(r'  File "([^"]+)", line (\d+) in (\S+)')
 SCHEDULER_ENTRY = "run_scheduler_process"  # the scheduler thread's outermost SGLang frame

@@ -27,11 +27,13 @@ import statistics
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import sglang_server  # noqa: E402
+
 SCHEDULER_TITLE = b"sglang::scheduler"  # SGLang's process title for a scheduler (TP rank 0 first)
 LOOP = 10000
 SPELL = 1.5  # a pass ran in a slow spell where the probe's median over it exceeds the run's median this many times
-DECODE_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] Decode batch, #running-req: (\d+),.*"
-                         r"gen throughput \(token/s\): ([\d.]+)")
+DECODE_LINE = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] " + sglang_server.DECODE_LINE.pattern)  # + its time
 
 
 def scheduler_pid(proc="/proc"):
@@ -115,9 +117,9 @@ def read_decode(lines, floor=50.0):
     win = collections.defaultdict(list)
     for line in lines:
         m = DECODE_LINE.match(line)
-        if m and float(m.group(3)) > floor:
+        if m and float(m.group(4)) > floor:
             t = datetime.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S").replace(tzinfo=datetime.timezone.utc)
-            win[(int(t.timestamp()), int(m.group(2)))].append(float(m.group(3)))
+            win[(int(t.timestamp()), int(m.group(2)))].append(float(m.group(4)))
     return win
 
 

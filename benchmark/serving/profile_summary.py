@@ -9,11 +9,13 @@ host-bound -- the CUDA-graph launches, the heaviest kernels, the CUDA runtime ca
 inclusive host time of Python functions (``with_stack``) whose names match ``--focus`` (``--python-top``: of any
 name; ``--compare``: two traces' functions per forward step side by side; ``--gaps``: the GPU's idle gaps, by the
 operations around them and by whether the host launched late; ``--between-graphs``: the eager operations between two
-CUDA-graph replays and what launched each).
+CUDA-graph replays and what launched each; ``--host-waits US``: the host's CUDA calls of US or longer, where it waited
+for the device).
 """
 from __future__ import annotations
 
 import argparse
+import bisect
 import collections
 import gzip
 import json
@@ -287,6 +289,40 @@ def between_graphs(events, top: int = 40) -> dict:
                 median_interval=dict(span_us=round(start - end, 1), ops=rows))
 
 
+def host_waits(events, min_us: float = 100.0, top: int = 20) -> dict:
+    """Where the host waited for the device: CUDA runtime / driver calls of ``min_us`` or longer (a synchronize, a
+    blocking copy, an event wait -- a launch call that long is the host stalled too), in time order, each with its
+    start (from the window's first GPU operation), duration, thread, the outermost ``cpu_op`` / ``user_annotation``
+    events around it (what the host was doing) and the last GPU operation that ended while it ran (what it waited
+    for). Totals per call name. Why: a one-token request's reply waits for whatever the scheduler's thread does
+    before it processes the prefill's result -- under SGLang's overlap scheduler, the launch of the decode step
+    after the prefill -- and a wait on the device inside that launch shows here as a long call. Read from a trace
+    written without Python stacks (``bench_spec.py --profile-no-stack``)."""
+    xs = [e for e in events if e.get("ph") == "X" and "dur" in e and "ts" in e]
+    gpu = sorted((e for e in xs if e.get("cat") in GPU_CATS), key=lambda e: e["ts"] + e["dur"])
+    t0 = min((e["ts"] for e in gpu), default=0.0)
+    host = [e for e in xs if e.get("cat") in ("cpu_op", "user_annotation")]
+    long_calls = sorted((e for e in xs if e.get("cat") in ("cuda_runtime", "cuda_driver") and e["dur"] >= min_us),
+                        key=lambda e: e["ts"])
+    ends = [e["ts"] + e["dur"] for e in gpu]
+    totals = collections.defaultdict(lambda: [0, 0.0])
+    rows = []
+    for c in long_calls:
+        lo, hi = c["ts"], c["ts"] + c["dur"]
+        i = bisect.bisect_right(ends, hi) - 1  # the last GPU operation to end by the call's end: inside it, or none
+        waited = gpu[i] if i >= 0 and ends[i] >= lo else None
+        around = sorted((e for e in host if e.get("tid") == c.get("tid") and e["ts"] <= lo and hi <= e["ts"] + e["dur"]),
+                        key=lambda e: -e["dur"])
+        totals[c["name"]][0] += 1
+        totals[c["name"]][1] += c["dur"]
+        rows.append(dict(at_us=round(lo - t0, 1), dur_us=round(c["dur"], 1), call=c["name"], tid=c.get("tid"),
+                         inside=" / ".join(e["name"][:60] for e in around[:3]),
+                         waited_for=waited["name"][:70] if waited is not None else None))
+    return dict(min_us=min_us, calls=len(rows), wait_us=round(sum(r["dur_us"] for r in rows), 1),
+                by_call={k: dict(count=n, us=round(t, 1)) for k, (n, t) in sorted(totals.items(), key=lambda x: -x[1][1])},
+                waits=sorted(sorted(rows, key=lambda r: -r["dur_us"])[:top], key=lambda r: r["at_us"]))
+
+
 def traces(paths):
     for p in paths:
         if os.path.isdir(p):
@@ -316,6 +352,9 @@ def main(argv=None):
     ap.add_argument("--between-graphs", action="store_true",
                     help="also what the GPU runs between consecutive CUDA-graph replays, outside the graphs: spans, "
                          "eager operations and, for the median interval, each operation and what launched it")
+    ap.add_argument("--host-waits", type=float, default=None, metavar="US",
+                    help="also the host's CUDA calls of US microseconds or longer (its waits for the device), in time "
+                         "order, with what the host was doing and what the device finished meanwhile")
     ap.add_argument("--compare", action="store_true",
                     help="two traces: their Python functions' host time per forward step side by side, under "
                          "'comparison', and their GPU kernels per step, under 'kernel_comparison' (needs --python-top)")
@@ -330,6 +369,8 @@ def main(argv=None):
             res[t]["gpu_gaps"] = gaps(events, top=args.top, steps=args.steps)
         if args.between_graphs:
             res[t]["between_graphs"] = between_graphs(events)
+        if args.host_waits is not None:
+            res[t]["host_waits"] = host_waits(events, min_us=args.host_waits, top=args.top)
         s = res[t]
         print(f"{t}: window {s.get('window_ms')} ms, GPU busy {s.get('gpu_busy_ms')} ms "
               f"(idle {100 * s.get('gpu_idle_fraction', 0):.0f}%), graph launches {s.get('graph_launches')}, "

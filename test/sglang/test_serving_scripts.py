@@ -1498,3 +1498,34 @@ def test_bench_spec_vcpu_probe_records_each_pass_beside_its_start(tmp_path, monk
     assert [r["vcpu_probe_ms"] for r in reps] == [0.2, 0.5, 0.2]  # (the unmeasured pass before them read 0.2)
     assert all(reps[i]["started_at"] <= reps[i + 1]["started_at"] for i in range(2))
     assert reps[0]["started_at"] - 1e-3 <= passes[1] <= reps[0]["started_at"] + reps[0]["seconds"] + 2e-3
+
+
+def test_profile_summary_host_waits_name_the_wait_what_the_host_did_and_what_the_device_finished(tmp_path):
+    """--host-waits 100: a cudaStreamSynchronize of 400 us (at 50, inside scheduler.run_batch / aten::item on thread
+    1) during which kernel p (0-300) ended; a cudaEventSynchronize of 500 us (at 600, thread 2) during which q ended
+    (at 900); a cudaDeviceSynchronize of 100 us (at 1200) during which nothing ended; short calls (a 5 us launch, a
+    99 us copy) left out. In time order, times from the first GPU operation; --top 1 keeps the longest."""
+    ps = load("profile_summary")
+    ev = [dict(ph="X", cat="kernel", name="p", ts=0, dur=300, args=dict(correlation=1)),
+          dict(ph="X", cat="kernel", name="q", ts=500, dur=400, args=dict(correlation=2)),
+          dict(ph="X", cat="cuda_runtime", name="cudaLaunchKernel", ts=-10, dur=5, tid=1, args=dict(correlation=1)),
+          dict(ph="X", cat="cuda_runtime", name="cudaMemcpyAsync", ts=10, dur=99, tid=1),
+          dict(ph="X", cat="cuda_runtime", name="cudaStreamSynchronize", ts=50, dur=400, tid=1),
+          dict(ph="X", cat="cuda_runtime", name="cudaEventSynchronize", ts=600, dur=500, tid=2),
+          dict(ph="X", cat="cuda_driver", name="cudaDeviceSynchronize", ts=1200, dur=100, tid=2),
+          dict(ph="X", cat="cpu_op", name="aten::item", ts=45, dur=410, tid=1),
+          dict(ph="X", cat="user_annotation", name="scheduler.run_batch", ts=40, dur=500, tid=1),
+          dict(ph="X", cat="cpu_op", name="aten::copy_", ts=45, dur=410, tid=2)]  # another thread's: not around it
+    f = write_trace(tmp_path / "w.trace.json.gz", ev)
+    w = ps.main([f, "--host-waits", "100"])[f]["host_waits"]
+    assert (w["calls"], w["wait_us"]) == (3, 1000.0)
+    assert w["by_call"] == {"cudaEventSynchronize": dict(count=1, us=500.0),
+                            "cudaStreamSynchronize": dict(count=1, us=400.0),
+                            "cudaDeviceSynchronize": dict(count=1, us=100.0)}
+    assert w["waits"] == [
+        dict(at_us=50.0, dur_us=400.0, call="cudaStreamSynchronize", tid=1,
+             inside="scheduler.run_batch / aten::item", waited_for="p"),
+        dict(at_us=600.0, dur_us=500.0, call="cudaEventSynchronize", tid=2, inside="", waited_for="q"),
+        dict(at_us=1200.0, dur_us=100.0, call="cudaDeviceSynchronize", tid=2, inside="", waited_for=None)]
+    assert ps.main([f, "--host-waits", "100", "--top", "1"])[f]["host_waits"]["waits"] == w["waits"][1:2]
+    assert "host_waits" not in ps.main([f])[f]

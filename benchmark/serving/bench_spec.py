@@ -413,6 +413,11 @@ def main():
                          "scheduler call runs over 2 s (LUMOTREE_BENCH_STALL_DUMP_S=2, lumotree.sglang.stall_dump) "
                          "and log torch.compile's compiles and recompiles (TORCH_LOGS=dynamo,recompiles): where a "
                          "stall with no Triton compile goes. Their rows say so (diagnosed)")
+    ap.add_argument("--time-stats", action="store_true",
+                    help="every server with --enable-metrics (SGLang's per-request time stats; a diagnostic, not "
+                         "the flags-alone mode): each prefill sample records where its one-token requests' time went "
+                         "(prefill_parts, ms: queued, formed into a batch to its result processed, result to the "
+                         "tokenizer's reply; medians over the sample's requests)")
     ap.add_argument("--vcpu-probe", action="store_true",
                     help="time the vCPU under the live scheduler beside the passes (vcpu_follow.py, ~0.2 %% of that "
                          "vCPU): each pass records the probe's median (vcpu_probe_ms) and the table counts the passes "
@@ -445,6 +450,7 @@ def main():
             "--mem-fraction-static", str(args.mem_fraction_static), "--log-level", "info"]
     base += ["--max-running-requests", str(max(batches))] if args.running_cap == "batches" else []
     base += ["--tp-size", str(args.tp)] if args.tp > 1 else []
+    base += ["--enable-metrics"] if args.time_stats else []
     rng = random.Random(0)
     prompts = [[rng.randrange(1000, 100000) for _ in range(args.input_len)] for _ in range(max(batches))]
     res = dict(command="python3 " + " ".join(sys.argv), model=model, shape=None if args.model else SHAPES[args.shape],
@@ -621,11 +627,13 @@ def measure(url, batch, args, key, log):
     """The batch's prefill (one token) alone, then the measured pass of ``--output-len`` tokens: the
     row's timings, acceptance and the server's own decode throughput over that pass."""
     bs = len(batch)
-    samples = []
+    samples, parts = [], []
     for _ in range(max(1, args.prefill_samples)):  # prefill (+ one token) alone; the median of a few
         t1 = time.time()
-        generate(url, batch, 1, key=key)
+        outs = generate(url, batch, 1, key=key)
         samples.append(time.time() - t1)
+        if getattr(args, "time_stats", False):
+            parts.append(prefill_parts(outs))
     prefill = statistics.median(samples)
     t1 = time.time()
     at = log_size(log)
@@ -640,6 +648,8 @@ def measure(url, batch, args, key, log):
                decode_tokens_per_s=st["completion_tokens"] / max(wall - prefill, 1e-9),
                accept_length=st["accept_length"])
     row.update(request_spread(outs, wall))
+    if parts:
+        row["prefill_parts"] = parts
     row["output_digests"] = output_digests(outs)
     row["first_output_ids"] = [int(t) for t in outs[0].get("output_ids", [])] if outs else []  # (first_difference)
     if getattr(args, "jit_log", False):  # the compiles the measured pass met (its window: send to answer)
@@ -652,6 +662,36 @@ def measure(url, batch, args, key, log):
     row.update(logged_decode_tokens_per_s=best, logged_decode_median_tokens_per_s=med,
                logged_decode_intervals=vals, logged_max_running=most, logged_decode_at_max_running=at_most)
     return row
+
+
+# SGLang's per-request time stats in ``meta_info`` with --enable-metrics (realtime seconds): the tokenizer's receipt, the
+# scheduler's forming of the request's prefill batch (``forward_entry_time``), its processing of the prefill's result
+# (``prefill_finished_time``) and the tokenizer's receipt of the finished request
+PREFILL_MARKS = ("request_received_ts", "forward_entry_time", "prefill_finished_time", "request_finished_ts")
+PREFILL_PARTS = ("queued_ms", "batch_to_result_ms", "result_to_reply_ms")
+
+
+def prefill_parts(outs) -> dict:
+    """Where one-token requests' time went, from their ``meta_info`` time stats (:data:`PREFILL_MARKS`; a server
+    with ``--enable-metrics``): ``queued_ms`` (received to formed into a prefill batch), ``batch_to_result_ms``
+    (formed to its result processed: the batch's preparation and launch, the forward, and under the overlap
+    scheduler whatever the scheduler launched before it processed the result), ``result_to_reply_ms`` (to the
+    tokenizer's receipt of the finished request), and SGLang's ``e2e_ms``; medians over the requests that carry
+    both marks of a part, ``None`` where none does (a server without the stats)."""
+    def med(values):
+        return round(1e3 * statistics.median(values), 3) if values else None
+
+    spans = {k: [] for k in PREFILL_PARTS}
+    e2e = []
+    for o in outs:
+        m = o.get("meta_info", {}) or {}
+        t = [m.get(k) for k in PREFILL_MARKS]
+        for name, a, b in zip(PREFILL_PARTS, t, t[1:]):
+            if a and b:
+                spans[name].append(float(b) - float(a))
+        if m.get("e2e_latency") is not None:
+            e2e.append(float(m["e2e_latency"]))
+    return {**{k: med(v) for k, v in spans.items()}, "e2e_ms": med(e2e)}
 
 
 def measure_repeats(url, prompts_of, args, key, log):

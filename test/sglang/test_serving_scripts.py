@@ -1529,3 +1529,48 @@ def test_profile_summary_host_waits_name_the_wait_what_the_host_did_and_what_the
         dict(at_us=1200.0, dur_us=100.0, call="cudaDeviceSynchronize", tid=2, inside="", waited_for=None)]
     assert ps.main([f, "--host-waits", "100", "--top", "1"])[f]["host_waits"]["waits"] == w["waits"][1:2]
     assert "host_waits" not in ps.main([f])[f]
+
+
+def test_prefill_parts_split_one_token_requests_by_sglang_s_time_stats():
+    """Two requests: received at 0, batched at 0.002 / 0.004, result processed at 0.052 / 0.060, reply at 0.053 /
+    0.062; a third without its batch mark, its result at 0.5 and reply at 0.6, counts in the last part only -> medians
+    3, 53 and 2 ms (of 1, 2 and 100), e2e 57.5 ms; a server without the stats: None."""
+    bs = load("bench_spec")
+    m = lambda *t, e2e=None: dict(meta_info={**{k: v for k, v in zip(bs.PREFILL_MARKS, t) if v is not None},  # noqa: E731
+                                             **({"e2e_latency": e2e} if e2e is not None else {})})
+    outs = [m(100.0, 100.002, 100.052, 100.053, e2e=0.053), m(100.0, 100.004, 100.060, 100.062, e2e=0.062),
+            m(100.0, None, 100.5, 100.6)]
+    assert bs.prefill_parts(outs) == dict(queued_ms=3.0, batch_to_result_ms=53.0, result_to_reply_ms=2.0,
+                                          e2e_ms=57.5)
+    assert bs.prefill_parts([dict(meta_info=dict(completion_tokens=1))]) == dict(
+        queued_ms=None, batch_to_result_ms=None, result_to_reply_ms=None, e2e_ms=None)
+
+
+def test_bench_spec_time_stats_asks_every_server_for_them_and_keeps_each_prefill_sample_s_parts(tmp_path, monkeypatch):
+    import json
+    import sys
+
+    bs = load("bench_spec")
+    seen = []
+    fake_bench_endpoints(monkeypatch, bs, lambda batch, n, key: None, lambda payload: None)
+
+    @contextlib.contextmanager
+    def fake_server(model, args, base_args=(), **kw):
+        seen.append(list(base_args))
+        yield "http://x"
+
+    def fake_generate(url, batch, n, key="text"):
+        marks = dict(zip(bs.PREFILL_MARKS, (10.0, 10.001, 10.041, 10.042)), e2e_latency=0.042)
+        return [dict(meta_info=dict(completion_tokens=n, spec_verify_ct=max(1, n // 2), **marks)) for _ in batch]
+
+    monkeypatch.setattr(bs, "sglang_server", fake_server)
+    monkeypatch.setattr(bs, "generate", fake_generate)
+    for flag, out in (([], tmp_path / "plain.json"), (["--time-stats"], tmp_path / "ts.json")):
+        monkeypatch.setattr(sys, "argv", ["bench_spec.py", "--model", "m", "--configs", "none", "--batches", "2",
+                                          "--repeats", "1", "--prefill-samples", "2", "--output-len", "8", "--out",
+                                          str(out), "--log-dir", str(tmp_path)] + flag)
+        bs.main()
+    assert ["--enable-metrics" in b for b in seen] == [False, True]
+    assert "prefill_parts" not in json.load(open(tmp_path / "plain.json"))["rows"][0]
+    parts = json.load(open(tmp_path / "ts.json"))["rows"][0]["prefill_parts"]
+    assert parts == [dict(queued_ms=1.0, batch_to_result_ms=40.0, result_to_reply_ms=1.0, e2e_ms=42.0)] * 2

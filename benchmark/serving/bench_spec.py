@@ -470,6 +470,8 @@ def main():
         if probe is not None:
             probe.terminate()
     print(table(res["rows"], memory=res["servers"]))
+    for line in prefill_parts_lines(res["rows"]):
+        print(line)
 
 
 def run_configs(args, res, done, model, extra, base, batches, prompts, diagnosed):
@@ -692,6 +694,22 @@ def prefill_parts(outs) -> dict:
         if m.get("e2e_latency") is not None:
             e2e.append(float(m["e2e_latency"]))
     return {**{k: med(v) for k, v in spans.items()}, "e2e_ms": med(e2e)}
+
+
+def prefill_parts_lines(rows) -> list:
+    """One line per row with ``--time-stats`` parts (:func:`prefill_parts`): each part's median over the median
+    pass's prefill samples, ms."""
+    out = []
+    for r in rows:
+        parts = r.get("prefill_parts")
+        if not parts:
+            continue
+        cells = []
+        for k in PREFILL_PARTS + ("e2e_ms",):
+            v = [p[k] for p in parts if p.get(k) is not None]
+            cells.append(f"{k[:-3].replace('_', ' ')} {statistics.median(v):.1f}" if v else f"{k[:-3].replace('_', ' ')} –")
+        out.append(f"prefill parts, {r['config']} batch {r['batch']} ({r.get('prompts', 'known')}), ms: " + ", ".join(cells))
+    return out
 
 
 def measure_repeats(url, prompts_of, args, key, log):

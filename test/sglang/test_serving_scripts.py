@@ -1574,3 +1574,9 @@ def test_bench_spec_time_stats_asks_every_server_for_them_and_keeps_each_prefill
     assert "prefill_parts" not in json.load(open(tmp_path / "plain.json"))["rows"][0]
     parts = json.load(open(tmp_path / "ts.json"))["rows"][0]["prefill_parts"]
     assert parts == [dict(queued_ms=1.0, batch_to_result_ms=40.0, result_to_reply_ms=1.0, e2e_ms=42.0)] * 2
+    # the printed line: each part's median over the samples; a part no sample has: a dash
+    rows = [dict(config="none", batch=1, prompts="fresh", prefill_parts=[
+        dict(queued_ms=1.0, batch_to_result_ms=40.0, result_to_reply_ms=None, e2e_ms=42.0),
+        dict(queued_ms=3.0, batch_to_result_ms=50.0, result_to_reply_ms=None, e2e_ms=52.0)]), dict(config="x", batch=8)]
+    assert bs.prefill_parts_lines(rows) == [
+        "prefill parts, none batch 1 (fresh), ms: queued 2.0, batch to result 45.0, result to reply –, e2e 47.0"]

@@ -177,11 +177,12 @@ def copies_rows(h, ssm_states) -> bool:
     """Whether a GDN layer's tracked chunk states (SGLang's ``h``: `[1, chunks, Hv, V, K]`) go into its pool
     (``ssm_states``: `[slots, Hv, V, K]`) by :func:`lumotree.ops.copy_state_rows`: the same state shape, each state
     one contiguous block on both sides (not SGLang's page-major envelope pool)."""
-    from lumotree.ops.state_rows import rows_contiguous
+    from lumotree.ops.state_rows import rows_contiguous_layout
 
     if h.dim() != ssm_states.dim() + 1 or tuple(h.shape[2:]) != tuple(ssm_states.shape[1:]) or h.shape[0] != 1:
         return False
-    return rows_contiguous(h[0]) and rows_contiguous(ssm_states)
+    return (rows_contiguous_layout(tuple(h.shape[1:]), h.stride()[1:])
+            and rows_contiguous_layout(tuple(ssm_states.shape), ssm_states.stride()))
 
 
 def warm_copy(temporal, dtype, devices=("cuda",)) -> None:

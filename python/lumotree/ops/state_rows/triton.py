@@ -9,6 +9,8 @@ one row, reading the chunk state once in its dtype and writing the fp32 row once
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -44,7 +46,7 @@ def copy_state_rows(src, src_rows, dst, dst_rows):
                          f"strides {dst.stride()})")
     if n == 0:
         return
-    n_elem = dst[0].numel()
+    n_elem = math.prod(dst.shape[1:])  # (no view of a row: host work on a prefill waiting for its host)
     grid = (n, triton.cdiv(n_elem, BLOCK))
     copy_state_rows_fwd_kernel[grid](src, src.stride(0), src_rows, dst, dst.stride(0), dst_rows, n_elem,
                                      BLOCK=BLOCK, num_warps=8)

@@ -20,6 +20,9 @@ Environment variables:
                          scheduler's thread by parts (``lumotree.sglang.step_timing``; ``bench_spec.py
                          --step-timing``); ``LUMOTREE_BENCH_STEP_TIMING_EVERY=N``: samples per logged median
                          (default 128).
+    LUMOTREE_BENCH_STALL_DUMP_S  ``S`` (benchmark only): a server dumps its threads' stacks when a
+                         scheduler call (``run_batch``, ``process_batch_result``) runs over S seconds
+                         (``lumotree.sglang.stall_dump``; ``bench_spec.py --diagnose``).
     LUMOTREE_SGLANG_CHECK  ``1`` (diagnostics, with ``--disable-cuda-graph``): every served verify
                          and commit is cross-checked against SGLang's own tree-verify kernel;
                          ``LUMOTREE_SGLANG_CHECK_REPORT=FILE`` / ``LUMOTREE_SGLANG_CHECK_DUMP=DIR``

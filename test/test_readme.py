@@ -48,3 +48,14 @@ def test_every_environment_variable_is_documented():
     missing_doc = sorted(n for n in names - refused if n not in doc)
     assert not missing_readme, f"README's environment table lacks {missing_readme}"
     assert not missing_doc, f"lumotree/__init__.py's docstring lacks {missing_doc}"
+
+
+def test_readme_keeps_its_sections():
+    """The sections a user reads README for (a results edit once dropped the install, serve, flags and quick-start
+    sections and the coding-agent results without anyone noticing)."""
+    readme = read("README.md")
+    for heading in ("## Quick start", "## Is it faster?", "## Install", "## Serve", "### Flags", "## Limits",
+                    "## Layout"):
+        assert f"\n{heading}" in readme, f"README lost its section {heading!r}"
+    for result in ("**Coding agents.**", "Environment variables", "Refused at start-up"):
+        assert result in readme, f"README lost {result!r}"

@@ -367,3 +367,175 @@ def test_the_copy_is_compiled_at_start_up_in_the_variant_a_prefill_launches(monk
     with caplog.at_level("WARNING", logger="lumotree.sglang.prompt_state"):
         ps.warm_copy(pool, torch.bfloat16, devices=("cpu",))
     assert "could not be compiled ahead (RuntimeError" in caplog.text
+
+
+class _OnDevice(torch.Tensor):
+    """A forward batch's device tensors: what would read one on the host (a sync on a GPU: ``.cpu()``, ``.item()``,
+    ``bool()``, a boolean-mask index) is recorded while ``watch`` is on."""
+
+    watch, reads = False, []
+    HOST_READS = {torch.Tensor.cpu, torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__,
+                  torch.Tensor.__index__, torch.Tensor.__bool__, torch.Tensor.numpy, torch.Tensor.nonzero}
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if cls.watch and (func in cls.HOST_READS or (
+                func is torch.Tensor.__getitem__ and isinstance(args[1], torch.Tensor) and args[1].dtype == torch.bool)):
+            cls.reads.append(func.__name__)
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def _extend(mask, seqlens, ext, pre, slots, host=True):
+    """An extend's forward batch as SGLang builds it (its tracking fields as ``prepare_extend`` sets them)."""
+    fb = SimpleNamespace(mamba_track_mask=torch.tensor(mask, dtype=torch.bool),
+                         mamba_track_indices=torch.tensor(slots, dtype=torch.int64),
+                         mamba_track_seqlens=torch.tensor(seqlens, dtype=torch.int64),
+                         extend_seq_lens=torch.tensor(ext, dtype=torch.int32),
+                         extend_prefix_lens=torch.tensor(pre, dtype=torch.int32),
+                         extend_seq_lens_cpu=list(ext), extend_prefix_lens_cpu=list(pre))
+    if host:
+        setattr(fb.mamba_track_mask, ps.HOST_ATTR, (tuple(mask), tuple(seqlens)))
+    return fb
+
+
+def _prepared(sizes, prefixes):
+    """An extend batch through ``prepare_extend`` (its seqlens pick chunk states) as a forward batch."""
+    reqs = [_req(str(i), list(range(n)), prefix=p) for i, (n, p) in enumerate(zip(sizes, prefixes))]
+    b = _batch(reqs, free=20)
+    ps.prepare_extend(b, ARGS)
+    fb = SimpleNamespace(mamba_track_mask=b.mamba_track_mask, mamba_track_indices=b.mamba_track_indices,
+                         mamba_track_seqlens=b.mamba_track_seqlens,
+                         extend_seq_lens=torch.tensor([n - p for n, p in zip(sizes, prefixes)], dtype=torch.int32),
+                         extend_prefix_lens=torch.tensor(prefixes, dtype=torch.int32),
+                         extend_seq_lens_cpu=[n - p for n, p in zip(sizes, prefixes)], extend_prefix_lens_cpu=list(prefixes))
+    return fb
+
+
+TRACKED_EXTENDS = {
+    "prepared: resend, short, unaligned prefix": lambda: _prepared([256, 30, 300], [0, 0, 100]),
+    "prepared: every row": lambda: _prepared([256, 200, 129, 65], [0, 0, 0, 0]),
+    "prepared: resumed rows": lambda: _prepared([256, 384, 300], [192, 64, 10]),
+    "chunk states and final states": lambda: _extend([True, False, True, True], [193, -1, 128, 64 + 100],
+                                                     [256, 30, 128, 200], [0, 0, 0, 100], [7, 0, 9, 11]),
+    "final states only": lambda: _extend([True, True], [64, 192], [64, 192], [0, 0], [3, 5]),
+    "first row untracked, window clamped at 0": lambda: _extend([False, True], [-1, 3], [5, 70], [0, 0], [0, 4]),
+}
+
+
+@pytest.mark.parametrize("name", list(TRACKED_EXTENDS))
+def test_the_track_indices_built_on_the_host_equal_sglangs(name, monkeypatch):
+    """The GDN backend's conv-window and state indices of a tracked extend, built from the host's marks, equal SGLang's
+    ``_init_track_conv_indices`` / ``_init_track_ssm_indices`` on the same batch -- values and dtypes -- and read no
+    device tensor on the host (SGLang's read the mask, lengths and slots: a sync each on a GPU)."""
+    import sglang.srt.layers.attention.hybrid_linear_attn_backend as hl
+    import sglang.srt.runtime_context as rc
+
+    from lumotree.sglang.backend import LumoTreeGDNBackend
+
+    monkeypatch.setattr(hl, "get_server_args", lambda: ARGS)
+    monkeypatch.setattr(rc, "get_server_args", lambda: ARGS)
+    fb = TRACKED_EXTENDS[name]()
+    conv_len = 4
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(fb.extend_seq_lens, 0).to(torch.int32)])
+    cache_rows = torch.arange(30, 30 + fb.mamba_track_mask.shape[0], dtype=torch.int32)
+    sg = SimpleNamespace(device="cpu", conv_states_shape=(8, 16, conv_len))
+    want_conv = hl.MambaAttnBackendBase._init_track_conv_indices(sg, qsl, fb)
+    want_ssm = hl.MambaAttnBackendBase._init_track_ssm_indices(sg, cache_rows, fb)
+
+    be = LumoTreeGDNBackend.__new__(LumoTreeGDNBackend)
+    be.device, be.conv_states_shape = "cpu", sg.conv_states_shape
+    marks = getattr(fb.mamba_track_mask, ps.HOST_ATTR)
+    for f in ("mamba_track_mask", "mamba_track_indices", "mamba_track_seqlens", "extend_seq_lens", "extend_prefix_lens"):
+        setattr(fb, f, getattr(fb, f).as_subclass(_OnDevice))
+    setattr(fb.mamba_track_mask, ps.HOST_ATTR, marks)
+    _OnDevice.reads, _OnDevice.watch = [], True
+    try:
+        got_conv = be._init_track_conv_indices(qsl.as_subclass(_OnDevice), fb)
+        got_ssm = be._init_track_ssm_indices(cache_rows.as_subclass(_OnDevice), fb)
+        with ps.mask_on_host(fb):
+            tracked = bool(fb.mamba_track_mask.any())  # SGLang's test of the mask, in _forward_metadata
+    finally:
+        _OnDevice.watch = False
+    assert _OnDevice.reads == []
+    assert tracked and type(fb.mamba_track_mask) is _OnDevice  # the device mask back after the metadata
+    assert got_conv.dtype == want_conv.dtype and torch.equal(got_conv, want_conv)
+    assert len(got_ssm) == len(want_ssm) == 4
+    for g, w in zip(got_ssm, want_ssm):
+        assert g.dtype == w.dtype and torch.equal(g.as_subclass(torch.Tensor), w)
+    # SGLang's own methods do read the device on the host (what this saves)
+    _OnDevice.reads, _OnDevice.watch = [], True
+    try:
+        hl.MambaAttnBackendBase._init_track_ssm_indices(sg, cache_rows.as_subclass(_OnDevice), fb)
+    finally:
+        _OnDevice.watch = False
+    assert "cpu" in _OnDevice.reads
+
+
+def test_track_indices_without_the_host_marks_are_sglangs(monkeypatch):
+    """A forward batch whose tracking fields are not prepare_extend's (no host marks: SGLang's own tracking, a padded
+    batch) or that has no host extend lengths: SGLang's methods, and the mask is left on the device."""
+    import sglang.srt.layers.attention.hybrid_linear_attn_backend as hl
+
+    from lumotree.sglang.backend import LumoTreeGDNBackend
+
+    calls = []
+    monkeypatch.setattr(hl.MambaAttnBackendBase, "_init_track_conv_indices", lambda self, q, fb: calls.append("conv"))
+    monkeypatch.setattr(hl.MambaAttnBackendBase, "_init_track_ssm_indices", lambda self, c, fb: calls.append("ssm"))
+    be = LumoTreeGDNBackend.__new__(LumoTreeGDNBackend)
+    be.conv_states_shape = (8, 16, 4)
+    plain = _extend([True], [193], [256], [0], [7], host=False)
+    no_lengths = _extend([True], [193], [256], [0], [7])
+    no_lengths.extend_seq_lens_cpu = None
+    for fb in (plain, no_lengths):
+        assert ps.host_marks(fb) is None
+        be._init_track_conv_indices(torch.tensor([0, 256], dtype=torch.int32), fb)
+        be._init_track_ssm_indices(torch.tensor([3], dtype=torch.int32), fb)
+        mask = fb.mamba_track_mask
+        with ps.mask_on_host(fb):
+            assert fb.mamba_track_mask is mask
+    assert calls == ["conv", "ssm"] * 2
+
+
+@pytest.mark.parametrize("name", list(TRACKED_EXTENDS))
+def test_the_gdn_metadata_s_tracked_rows_are_sglangs_without_a_host_read(name, monkeypatch):
+    """SGLang's GDN ``init_forward_metadata`` takes the tracked rows (``nonzero`` of the mask) and their conv slots;
+    LumoTree's backend gives the same, from the host's mask where it knows it (no read of a device tensor), and
+    leaves SGLang's as it is where the extend plans FlashInfer checkpoints from those rows."""
+    import sglang.srt.layers.attention.hybrid_linear_attn_backend as hl
+    from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+
+    from lumotree.sglang.backend import LumoTreeGDNBackend
+
+    # the base metadata (SGLang's _forward_metadata, its own test of the mask included), without the pools
+    monkeypatch.setattr(hl.MambaAttnBackendBase, "_forward_metadata",
+                        lambda self, fb: SimpleNamespace(has_mamba_track_mask=bool(fb.mamba_track_mask.any())))
+    fb = TRACKED_EXTENDS[name]()
+    fb.req_pool_indices, fb.forward_mode = None, SimpleNamespace(is_decode=lambda: False, is_target_verify=lambda: False)
+    ref = GDNAttnBackend.__new__(GDNAttnBackend)
+    ref.kernel_dispatcher = SimpleNamespace(extend_uses_state_checkpoints=False)
+    GDNAttnBackend.init_forward_metadata(ref, fb)
+    want = ref.forward_metadata
+
+    be = LumoTreeGDNBackend.__new__(LumoTreeGDNBackend)
+    be.kernel_dispatcher, be.finished = SimpleNamespace(extend_uses_state_checkpoints=False), None
+    marks = getattr(fb.mamba_track_mask, ps.HOST_ATTR)
+    fb.mamba_track_mask = fb.mamba_track_mask.as_subclass(_OnDevice)
+    fb.mamba_track_indices = fb.mamba_track_indices.as_subclass(_OnDevice)
+    setattr(fb.mamba_track_mask, ps.HOST_ATTR, marks)
+    _OnDevice.reads, _OnDevice.watch = [], True
+    try:
+        be.init_forward_metadata(fb)
+    finally:
+        _OnDevice.watch = False
+    got = be.forward_metadata
+    assert _OnDevice.reads == [] and type(fb.mamba_track_mask) is _OnDevice
+    assert got.has_mamba_track_mask is want.has_mamba_track_mask is True
+    for f in ("mamba_track_mask_indices", "conv_states_mask_indices"):
+        g, w = getattr(got, f), getattr(want, f)
+        assert g.dtype == w.dtype and torch.equal(g.as_subclass(torch.Tensor), w)
+    # FlashInfer's checkpointed extend: SGLang's method, the device mask read as SGLang reads it
+    be.kernel_dispatcher.extend_uses_state_checkpoints = True
+    monkeypatch.setattr(GDNAttnBackend, "init_forward_metadata", lambda self, fb: _OnDevice.reads.append("sglang's"))
+    _OnDevice.reads = []
+    be.init_forward_metadata(fb)
+    assert _OnDevice.reads == ["sglang's"]

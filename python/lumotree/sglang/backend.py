@@ -142,6 +142,13 @@ def adopt_pool(pool) -> VerifyScratch:
     return scratch
 
 
+def _chunk_size() -> int:
+    """SGLang's prefill chunk grid (``--mamba-cache-chunk-size``), on which an extend's chunk states lie."""
+    from sglang.srt.runtime_context import get_server_args
+
+    return int(get_server_args().mamba_cache_chunk_size)
+
+
 class LumoTreeGDNBackend(GDNAttnBackend):
     """``GDNAttnBackend`` with LumoTree's tree verify and replay commit (LUMOTREE servers only)."""
 
@@ -189,9 +196,38 @@ class LumoTreeGDNBackend(GDNAttnBackend):
             self.finished.mask_rows(md.mamba_cache_indices, req_pool_indices)
         return md
 
+    def init_forward_metadata(self, forward_batch):
+        """SGLang's, with a prompt-interior state's tracking read on the host (:func:`prompt_state.mask_on_host`:
+        SGLang's test of the mask and its tracked rows' ``nonzero``), unless its FlashInfer extend plans checkpoints
+        from those rows (then SGLang's as it is)."""
+        from lumotree.sglang import prompt_state
+
+        if getattr(getattr(self, "kernel_dispatcher", None), "extend_uses_state_checkpoints", False):
+            return super().init_forward_metadata(forward_batch)
+        with prompt_state.mask_on_host(forward_batch):  # (its tracked rows then a host tensor, read by nothing else)
+            super().init_forward_metadata(forward_batch)
+
     def _forward_metadata(self, forward_batch):
-        md = super()._forward_metadata(forward_batch)
+        from lumotree.sglang import prompt_state
+
+        with prompt_state.mask_on_host(forward_batch):  # a prompt-interior state's tracking read on the host
+            md = super()._forward_metadata(forward_batch)
         return self._skip_finished(md, forward_batch.req_pool_indices, forward_batch.forward_mode)
+
+    def _init_track_conv_indices(self, query_start_loc, forward_batch):
+        from lumotree.sglang import prompt_state
+
+        if prompt_state.host_marks(forward_batch) is None:  # not a prompt-interior state's tracking: SGLang's
+            return super()._init_track_conv_indices(query_start_loc, forward_batch)
+        return prompt_state.track_conv_indices(forward_batch, self.conv_states_shape[-1], _chunk_size(),
+                                               query_start_loc.device)
+
+    def _init_track_ssm_indices(self, mamba_cache_indices, forward_batch):
+        from lumotree.sglang import prompt_state
+
+        if prompt_state.host_marks(forward_batch) is None:
+            return super()._init_track_ssm_indices(mamba_cache_indices, forward_batch)
+        return prompt_state.track_ssm_indices(mamba_cache_indices, forward_batch, _chunk_size())
 
     def _replay_metadata(self, bs, req_pool_indices, forward_mode, *args, **kwargs):
         md = super()._replay_metadata(bs, req_pool_indices, forward_mode, *args, **kwargs)

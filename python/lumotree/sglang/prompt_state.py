@@ -37,6 +37,7 @@ hybrid-model cache, and of ``MambaRadixCache``).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import List, Optional, Sequence
 
@@ -44,6 +45,7 @@ logger = logging.getLogger(__name__)
 
 ATTR = "_lumotree_prompt_state"  # on a Req: [T, slot tensor [1], launched] between prepare_extend and commit
 BATCH_ATTR = "_lumotree_prompt_state_mask"  # on a ScheduleBatch: the mamba_track_mask it was given here
+HOST_ATTR = "lumotree_host"  # on that mamba_track_mask tensor: (mask, track seqlens) as host tuples (host_marks)
 
 
 def applies(server_args) -> bool:
@@ -153,6 +155,7 @@ def prepare_extend(batch, server_args=None) -> int:
     batch.mamba_track_mask = torch.tensor(mask, dtype=torch.bool).to(dev, non_blocking=True)
     batch.mamba_track_indices = track_indices(mask, slots, dev)
     batch.mamba_track_seqlens = torch.tensor(seqlen, dtype=torch.int64).to(dev, non_blocking=True)
+    setattr(batch.mamba_track_mask, HOST_ATTR, (tuple(mask), tuple(seqlen)))  # (host_marks)
     setattr(batch, BATCH_ATTR, batch.mamba_track_mask)
     return len(slots)
 
@@ -171,6 +174,93 @@ def track_indices(mask: Sequence[bool], slots: Sequence, device):
         return values
     rows = torch.tensor([i for i, m in enumerate(mask) if m], dtype=torch.int64).to(device, non_blocking=True)
     return torch.zeros(len(mask), dtype=torch.int64, device=device).index_copy_(0, rows, values)
+
+
+def host_marks(forward_batch):
+    """``(mask, track seqlens, extend lengths, prefix lengths)`` of an extend's rows as host sequences, where its
+    tracking fields are the ones :func:`prepare_extend` built (their mask tensor carries them, :data:`HOST_ATTR`) and
+    the forward batch has its extend lengths on the host; else ``None`` (SGLang's own tracking, a padded batch)."""
+    mask_t = getattr(forward_batch, "mamba_track_mask", None)
+    marks = getattr(mask_t, HOST_ATTR, None) if mask_t is not None else None
+    ext = getattr(forward_batch, "extend_seq_lens_cpu", None)
+    pre = getattr(forward_batch, "extend_prefix_lens_cpu", None)
+    if marks is None or ext is None or pre is None:
+        return None
+    mask, seqlens = marks
+    if not len(mask) == len(seqlens) == len(ext) == len(pre) == mask_t.shape[0]:
+        return None
+    return mask, seqlens, [int(x) for x in ext], [int(x) for x in pre]
+
+
+@contextlib.contextmanager
+def mask_on_host(forward_batch):
+    """While SGLang builds an extend's forward metadata: the batch's ``mamba_track_mask`` as a host tensor (with its
+    :data:`HOST_ATTR`) where :func:`host_marks` knows it, so that SGLang's ``bool(mask.any())`` reads the host. Why:
+    each read of a device tensor on the host waits for every kernel launched before it -- at the start of a prefill,
+    the decode step in flight -- and the tracking metadata read the mask, the lengths and the slots that way seven
+    times a tracked prefill (with :func:`track_conv_indices`, :func:`track_ssm_indices`: none)."""
+    import torch
+
+    marks = host_marks(forward_batch)
+    if marks is None:
+        yield
+        return
+    dev = forward_batch.mamba_track_mask
+    host = torch.tensor(marks[0], dtype=torch.bool)
+    setattr(host, HOST_ATTR, getattr(dev, HOST_ATTR))
+    forward_batch.mamba_track_mask = host
+    try:
+        yield
+    finally:
+        forward_batch.mamba_track_mask = dev
+
+
+def track_conv_indices(forward_batch, conv_len: int, chunk: int, device):
+    """SGLang's ``_init_track_conv_indices`` (the flattened input positions of each tracked row's conv window: the
+    ``conv_len`` tokens before its last chunk boundary to track) from :func:`host_marks`, built on the host and sent
+    (no read of a device tensor); ``None`` where the marks are not known."""
+    import torch
+
+    marks = host_marks(forward_batch)
+    if marks is None:
+        return None
+    mask, seqlens, ext, pre = marks
+    starts, q = [], 0
+    for m, t, length, prefix in zip(mask, seqlens, ext, pre):
+        if m:
+            starts.append(q + (t - prefix) // chunk * chunk - conv_len)
+        q += length
+    idx = torch.tensor(starts, dtype=torch.int64)[:, None] + torch.arange(conv_len, dtype=torch.int64)
+    return idx.clamp(0, q - 1).to(device, non_blocking=True)
+
+
+def track_ssm_indices(mamba_cache_indices, forward_batch, chunk: int):
+    """SGLang's ``_init_track_ssm_indices`` for GDN layers -- ``(h_src, h_dst, final_src, final_dst)``: rows whose
+    tracked length is not on the chunk grid take the chunk state ``h`` at their last boundary (its index among the
+    batch's chunks), the others the layer's final state -- with the row choice made on the host from
+    :func:`host_marks` and the slots gathered on the device (no read of a device tensor); ``None`` where the marks are
+    not known."""
+    import torch
+
+    marks = host_marks(forward_batch)
+    if marks is None:
+        return None
+    mask, seqlens, ext, pre = marks
+    offsets, at = [], 0
+    for length in ext:  # each row's first chunk among the batch's chunk states
+        offsets.append(at)
+        at += (length - 1) // chunk + 1
+    rows = [i for i, m in enumerate(mask) if m]
+    aligned = [i for i in rows if (seqlens[i] - pre[i]) % chunk == 0]
+    inside = [i for i in rows if (seqlens[i] - pre[i]) % chunk != 0]
+    track = forward_batch.mamba_track_indices
+
+    def pick(t, sel):
+        return t[:0] if not sel else t.index_select(0, torch.tensor(sel, dtype=torch.int64).to(t.device, non_blocking=True))
+
+    h_src = torch.tensor([offsets[i] + (seqlens[i] - pre[i]) // chunk for i in inside], dtype=torch.int64)
+    return (h_src.to(track.device, non_blocking=True), pick(track, inside), pick(mamba_cache_indices, aligned),
+            pick(track, aligned))
 
 
 def copies_rows(h, ssm_states) -> bool:

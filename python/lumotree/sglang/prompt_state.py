@@ -195,10 +195,12 @@ def host_marks(forward_batch):
 @contextlib.contextmanager
 def mask_on_host(forward_batch):
     """While SGLang builds an extend's forward metadata: the batch's ``mamba_track_mask`` as a host tensor (with its
-    :data:`HOST_ATTR`) where :func:`host_marks` knows it, so that SGLang's ``bool(mask.any())`` reads the host. Why:
-    each read of a device tensor on the host waits for every kernel launched before it -- at the start of a prefill,
-    the decode step in flight -- and the tracking metadata read the mask, the lengths and the slots that way seven
-    times a tracked prefill (with :func:`track_conv_indices`, :func:`track_ssm_indices`: none)."""
+    :data:`HOST_ATTR`) where :func:`host_marks` knows it, so that SGLang's ``bool(mask.any())`` and its GDN
+    backend's ``mask.nonzero()`` read the host. Why: each read of a device tensor on the host waits for every kernel
+    launched before it -- at the start of a prefill, the decode step in flight -- and the tracking metadata read the
+    mask, the lengths and the slots that way nine times a tracked prefill (those two, a boolean-mask index and six
+    ``.cpu()``; with :func:`track_conv_indices` and :func:`track_ssm_indices`: none). A GDN layer's ``h`` copy reads
+    the device indices these build, as SGLang's did."""
     import torch
 
     marks = host_marks(forward_batch)

@@ -204,30 +204,31 @@ class LumoTreeGDNBackend(GDNAttnBackend):
 
         if getattr(getattr(self, "kernel_dispatcher", None), "extend_uses_state_checkpoints", False):
             return super().init_forward_metadata(forward_batch)
-        with prompt_state.mask_on_host(forward_batch):  # (its tracked rows then a host tensor, read by nothing else)
+        # (SGLang's _forward_metadata, called from it, tests the mask; its tracked rows are then a host tensor, read
+        # by nothing else)
+        with prompt_state.mask_on_host(forward_batch):
             super().init_forward_metadata(forward_batch)
 
     def _forward_metadata(self, forward_batch):
-        from lumotree.sglang import prompt_state
-
-        with prompt_state.mask_on_host(forward_batch):  # a prompt-interior state's tracking read on the host
-            md = super()._forward_metadata(forward_batch)
+        md = super()._forward_metadata(forward_batch)
         return self._skip_finished(md, forward_batch.req_pool_indices, forward_batch.forward_mode)
 
     def _init_track_conv_indices(self, query_start_loc, forward_batch):
         from lumotree.sglang import prompt_state
 
-        if prompt_state.host_marks(forward_batch) is None:  # not a prompt-interior state's tracking: SGLang's
+        marks = prompt_state.host_marks(forward_batch)
+        if marks is None:  # not a prompt-interior state's tracking: SGLang's
             return super()._init_track_conv_indices(query_start_loc, forward_batch)
-        return prompt_state.track_conv_indices(forward_batch, self.conv_states_shape[-1], _chunk_size(),
-                                               query_start_loc.device)
+        return prompt_state.track_conv_indices(marks, self.conv_states_shape[-1], _chunk_size(), query_start_loc.device)
 
     def _init_track_ssm_indices(self, mamba_cache_indices, forward_batch):
         from lumotree.sglang import prompt_state
 
-        if prompt_state.host_marks(forward_batch) is None:
+        marks = prompt_state.host_marks(forward_batch)
+        if marks is None:
             return super()._init_track_ssm_indices(mamba_cache_indices, forward_batch)
-        return prompt_state.track_ssm_indices(mamba_cache_indices, forward_batch, _chunk_size())
+        return prompt_state.track_ssm_indices(marks, mamba_cache_indices, forward_batch.mamba_track_indices,
+                                              _chunk_size())
 
     def _replay_metadata(self, bs, req_pool_indices, forward_mode, *args, **kwargs):
         md = super()._replay_metadata(bs, req_pool_indices, forward_mode, *args, **kwargs)

@@ -217,15 +217,12 @@ def mask_on_host(forward_batch):
         forward_batch.mamba_track_mask = dev
 
 
-def track_conv_indices(forward_batch, conv_len: int, chunk: int, device):
+def track_conv_indices(marks, conv_len: int, chunk: int, device):
     """SGLang's ``_init_track_conv_indices`` (the flattened input positions of each tracked row's conv window: the
-    ``conv_len`` tokens before its last chunk boundary to track) from :func:`host_marks`, built on the host and sent
-    (no read of a device tensor); ``None`` where the marks are not known."""
+    ``conv_len`` tokens before its last chunk boundary to track) from an extend's :func:`host_marks`, built on the host
+    and sent (no read of a device tensor)."""
     import torch
 
-    marks = host_marks(forward_batch)
-    if marks is None:
-        return None
     mask, seqlens, ext, pre = marks
     starts, q = [], 0
     for m, t, length, prefix in zip(mask, seqlens, ext, pre):
@@ -236,17 +233,14 @@ def track_conv_indices(forward_batch, conv_len: int, chunk: int, device):
     return idx.clamp(0, q - 1).to(device, non_blocking=True)
 
 
-def track_ssm_indices(mamba_cache_indices, forward_batch, chunk: int):
+def track_ssm_indices(marks, mamba_cache_indices, track, chunk: int):
     """SGLang's ``_init_track_ssm_indices`` for GDN layers -- ``(h_src, h_dst, final_src, final_dst)``: rows whose
     tracked length is not on the chunk grid take the chunk state ``h`` at their last boundary (its index among the
-    batch's chunks), the others the layer's final state -- with the row choice made on the host from
-    :func:`host_marks` and the slots gathered on the device (no read of a device tensor); ``None`` where the marks are
-    not known."""
+    batch's chunks), the others the layer's final state -- with the row choice made on the host from an extend's
+    :func:`host_marks` on ``chunk``'s grid and the slots (``mamba_cache_indices``, its ``mamba_track_indices``
+    ``track``) gathered on the device (no read of a device tensor)."""
     import torch
 
-    marks = host_marks(forward_batch)
-    if marks is None:
-        return None
     mask, seqlens, ext, pre = marks
     offsets, at = [], 0
     for length in ext:  # each row's first chunk among the batch's chunk states
@@ -255,7 +249,6 @@ def track_ssm_indices(mamba_cache_indices, forward_batch, chunk: int):
     rows = [i for i, m in enumerate(mask) if m]
     aligned = [i for i in rows if (seqlens[i] - pre[i]) % chunk == 0]
     inside = [i for i in rows if (seqlens[i] - pre[i]) % chunk != 0]
-    track = forward_batch.mamba_track_indices
 
     def pick(t, sel):
         return t[:0] if not sel else t.index_select(0, torch.tensor(sel, dtype=torch.int64).to(t.device, non_blocking=True))

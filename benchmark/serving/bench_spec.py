@@ -47,6 +47,11 @@ prints the whole table (a longer ``--configs`` list grows the table by the new c
 Scheduler: ``--scheduler default`` runs every server as its flags alone make it (all with SGLang's overlap
 scheduler; LumoTree's with the ``no_buffer`` state cache, ``lumotree.sglang.scheduling``); ``sync`` adds
 ``--disable-overlap-schedule`` to every one.
+
+Prefill graphs: ``--prefill-graphs eager`` (the default here, as the tables in docs/ were made) starts every server
+with ``--disable-piecewise-cuda-graph``, so prefills run eagerly; ``sglang`` gives no such flag: SGLang's default
+prefill CUDA graphs (breakable graphs on CUDA, for the Qwen3.5 and Qwen3-Next shapes alike), what a user runs. Every
+server of a run, no speculation too, prefills the same way; rows and the result say which.
 """
 from __future__ import annotations
 
@@ -385,6 +390,10 @@ def main():
     ap.add_argument("--profile-dir", default=None,
                     help="after the measured pass, profile --profile-steps steps (torch profiler, CPU+GPU) at the "
                          "batch sizes in --profile-batches; summarise with profile_summary.py")
+    ap.add_argument("--prefill-graphs", choices=("eager", "sglang"), default="eager",
+                    help="eager: every server prefills eagerly (--disable-piecewise-cuda-graph, as the tables in docs/ "
+                         "were made); sglang: SGLang's default prefill CUDA graphs (breakable graphs on CUDA for both "
+                         "shapes), what a user who gives no such flag runs")
     ap.add_argument("--scheduler", choices=("default", "sync"), default="default",
                     help="default: each server as its flags alone make it (what a user gets); sync: "
                          "--disable-overlap-schedule for every configuration")
@@ -446,16 +455,17 @@ def main():
     else:
         model = write_config(os.path.join(args.log_dir, "dummy-" + args.shape), args.shape)
         extra = ["--load-format", "dummy", "--skip-tokenizer-init"]
-    base = ["--attention-backend", "triton", "--disable-piecewise-cuda-graph", "--cuda-graph-max-bs", str(max(batches)),
-            "--mem-fraction-static", str(args.mem_fraction_static), "--log-level", "info"]
+    base = ["--attention-backend", "triton", *prefill_graph_args(args.prefill_graphs),
+            "--cuda-graph-max-bs", str(max(batches)), "--mem-fraction-static", str(args.mem_fraction_static),
+            "--log-level", "info"]
     base += ["--max-running-requests", str(max(batches))] if args.running_cap == "batches" else []
     base += ["--tp-size", str(args.tp)] if args.tp > 1 else []
     base += ["--enable-metrics"] if args.time_stats else []
     rng = random.Random(0)
     prompts = [[rng.randrange(1000, 100000) for _ in range(args.input_len)] for _ in range(max(batches))]
     res = dict(command="python3 " + " ".join(sys.argv), model=model, shape=None if args.model else SHAPES[args.shape],
-               input_len=args.input_len, output_len=args.output_len, scheduler=args.scheduler, tp=args.tp, rows=[],
-               servers={})
+               input_len=args.input_len, output_len=args.output_len, scheduler=args.scheduler, tp=args.tp,
+               prefill_graphs=args.prefill_graphs, rows=[], servers={})
     if args.scheduler == "sync":
         base.append("--disable-overlap-schedule")
     done = resumed(res, args, batches) if args.resume else set()
@@ -533,6 +543,7 @@ def run_configs(args, res, done, model, extra, base, batches, prompts, diagnosed
                             row["step_totals"] = step_totals(log, {"phase": (t_phase, time.time())}).get("phase")
                         row.update(config=name, shape=None if args.model else args.shape, tp=args.tp, batch=bs,
                                    accept_p=accept_p, prompts=kind, scheduler=args.scheduler,
+                                   prefill_graphs=args.prefill_graphs,
                                    step_timing=bool(args.step_timing), diagnosed=name in diagnosed)
                         why = suspect(row)
                         if why:
@@ -569,6 +580,14 @@ def run_configs(args, res, done, model, extra, base, batches, prompts, diagnosed
         res["servers"][label(name, args.scheduler)] = srv
         print(json.dumps({name: srv})[:2000], flush=True)
         json.dump(res, open(args.out, "w"), indent=1)
+
+
+def prefill_graph_args(mode: str) -> list:
+    """Every server's prefill-graph flags: ``eager`` turns SGLang's prefill CUDA graphs off
+    (``--disable-piecewise-cuda-graph``), ``sglang`` gives none (SGLang's default)."""
+    if mode not in ("eager", "sglang"):
+        raise ValueError(f"prefill graphs: 'eager' or 'sglang', not {mode!r}")
+    return ["--disable-piecewise-cuda-graph"] if mode == "eager" else []
 
 
 def phases_of(name, args):

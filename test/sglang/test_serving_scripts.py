@@ -592,6 +592,30 @@ def test_bench_spec_diagnose_sets_the_stall_dump_on_the_named_servers_only(tmp_p
         bs.main()
 
 
+def test_bench_spec_prefill_graphs_eager_or_sglangs_default_for_every_server(tmp_path, monkeypatch):
+    """--prefill-graphs eager (the default) turns SGLang's prefill CUDA graphs off on every server; sglang gives no
+    such flag (SGLang's default, what a user runs); rows and the result say which."""
+    import json
+    import sys
+
+    bs = load("bench_spec")
+    fake_bench_endpoints(monkeypatch, bs, lambda batch, n, key: None, lambda payload: None)
+    argv = ["bench_spec.py", "--model", "m", "--configs", "none,lumotree-chain", "--batches", "1", "--repeats", "1",
+            "--output-len", "4", "--log-dir", str(tmp_path)]
+    for mode, flagged in ((None, True), ("eager", True), ("sglang", False)):
+        seen = []
+        monkeypatch.setattr(bs, "sglang_server", recording_server(seen, lambda args, base, env: args + base))
+        out = tmp_path / f"{mode}.json"
+        monkeypatch.setattr(sys, "argv", argv + ["--out", str(out)] + (["--prefill-graphs", mode] if mode else []))
+        bs.main()
+        assert len(seen) == 2 and all(("--disable-piecewise-cuda-graph" in a) == flagged for a in seen), (mode, seen)
+        res = json.load(open(out))
+        assert res["prefill_graphs"] == (mode or "eager")
+        assert [r["prefill_graphs"] for r in res["rows"]] == [mode or "eager"] * 2
+    with pytest.raises(ValueError):
+        bs.prefill_graph_args("graphs")
+
+
 def test_bench_spec_profiles_a_batch_after_all_its_measured_phases(tmp_path, monkeypatch):
     """A profiled pass's steps are slow and an adaptive server learns from them: with --miss both phases of
     a batch are measured before either is profiled (a miss phase measured right after a profiled pass was

@@ -50,7 +50,7 @@ scheduler; LumoTree's with the ``no_buffer`` state cache, ``lumotree.sglang.sche
 
 Prefill graphs: ``--prefill-graphs eager`` (the default here, as the tables in docs/ were made) starts every server
 with ``--disable-piecewise-cuda-graph``, so prefills run eagerly; ``sglang`` gives no such flag: SGLang's default
-prefill CUDA graphs (breakable graphs on CUDA, for the Qwen3.5 and Qwen3-Next shapes alike), what a user runs. Every
+prefill CUDA graphs (breakable graphs on CUDA; for both shapes by SGLang's argument rules), what a user runs. Every
 server of a run, no speculation too, prefills the same way; rows and the result say which.
 """
 from __future__ import annotations

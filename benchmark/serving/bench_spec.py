@@ -913,7 +913,10 @@ def table(rows, memory=None):
         "decode tokens/s (server log, best) | median | accept length | spec. memory | "
         "x no speculation (pass by pass: median, range; decode alone; same tokens) |",
         "|---|---|---|---|---|---|---|---|---|---|---|"]
-    none = {(r["batch"], row_prompts(r), r.get("scheduler")): r for r in rows if r["config"] == "none"}
+    def key(r):  # rows are compared with no speculation's of the same batch, prompts, scheduler and prefill mode
+        return r["batch"], row_prompts(r), r.get("scheduler"), r.get("prefill_graphs", "eager")
+
+    none = {key(r): r for r in rows if r["config"] == "none"}
     for r in rows:
         acc = f"{r['accept_length']:.2f}" if r["accept_length"] else "–"
         dec = f"{r['logged_decode_tokens_per_s']:.0f}" if r.get("logged_decode_tokens_per_s") else "–"
@@ -928,6 +931,7 @@ def table(rows, memory=None):
         cfg += " **suspect**" if r.get("suspect") else ""
         cfg += " (timing hooks)" if r.get("step_timing") else ""  # host work on the step: not a flags-alone row
         cfg += " (diagnosed)" if r.get("diagnosed") else ""  # its server watched for stalls (--diagnose)
+        cfg += " (prefill graphs)" if r.get("prefill_graphs") == "sglang" else ""  # SGLang's default prefill graphs
         if (r.get("jit") or {}).get("count"):  # the measured pass met kernels it had to compile or load
             cfg += f" (JIT {r['jit']['count']}, {r['jit']['total_ms']:.0f} ms)"
         tps = f"{r['tokens_per_s']:.0f}"
@@ -935,7 +939,7 @@ def table(rows, memory=None):
             lo, hi = r["tokens_per_s_range"]
             tps += f" ({lo:.0f}-{hi:.0f})"
         ap = ("–" if ap is None else str(ap)) + (" (fresh)" if ap is None and row_prompts(r) == "fresh" else "")
-        vs = versus(r, none.get((r["batch"], row_prompts(r), r.get("scheduler"))))
+        vs = versus(r, none.get(key(r)))
         out.append(f"| {cfg} | {r['batch']} | {ap} | {r.get('output_len') or '–'} | {tps} | {r['step_ms']:.2f} | {dec} "
                    f"| {acc} | {mem} | {vs} |")
     return "\n".join(out)

@@ -614,6 +614,13 @@ def test_bench_spec_prefill_graphs_eager_or_sglangs_default_for_every_server(tmp
         assert [r["prefill_graphs"] for r in res["rows"]] == [mode or "eager"] * 2
     with pytest.raises(ValueError):
         bs.prefill_graph_args("graphs")
+    # merged, each mode's rows are compared with no speculation's of the same mode and marked
+    eager, graphs = (json.load(open(tmp_path / f"{m}.json"))["rows"] for m in ("eager", "sglang"))
+    lines = bs.table(eager + graphs).splitlines()[2:]
+    assert [line.split(" | ")[0] for line in lines] == ["| none", "| lumotree-chain", "| none (prefill graphs)",
+                                                         "| lumotree-chain (prefill graphs)"]
+    alone = bs.table(eager).splitlines()[2:] + bs.table(graphs).splitlines()[2:]
+    assert lines == alone
 
 
 def test_bench_spec_profiles_a_batch_after_all_its_measured_phases(tmp_path, monkeypatch):
